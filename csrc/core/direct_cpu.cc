@@ -1,0 +1,322 @@
+#include "direct_cpu.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "direct_cpu_microkernels.h"
+
+namespace tfbigconv {
+namespace {
+
+using direct::ChansTile;
+using direct::ColsTile;
+using direct::KernelTable;
+
+template <typename T>
+const KernelTable<T>& Table(Isa isa);
+template <>
+const KernelTable<float>& Table<float>(Isa isa) {
+#if defined(TFBIGCONV_HAVE_X86_VARIANTS)
+  if (isa == Isa::kAvx512) return direct::avx512::kFloat;
+  if (isa == Isa::kAvx2) return direct::avx2::kFloat;
+#endif
+  (void)isa;
+  return direct::baseline::kFloat;
+}
+template <>
+const KernelTable<double>& Table<double>(Isa isa) {
+#if defined(TFBIGCONV_HAVE_X86_VARIANTS)
+  if (isa == Isa::kAvx512) return direct::avx512::kDouble;
+  if (isa == Isa::kAvx2) return direct::avx2::kDouble;
+#endif
+  (void)isa;
+  return direct::baseline::kDouble;
+}
+
+int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t CeilDiv(int64_t x, int64_t m) { return (x + m - 1) / m; }
+
+// Scratch targets: the panel and the filter block should sit in L2 together.
+constexpr int64_t kPanelBytes = 512 << 10;
+constexpr int64_t kFilterBytes = 256 << 10;
+constexpr int64_t kAccBytes = 256 << 10;
+
+// Everything derived from the geometry that the task loop needs.
+struct Layout {
+  DirectBlocking b;
+  int64_t lanes = 0;
+  int64_t unit = 0;      // columns per vector (cols) or pixels per group (chans)
+  int64_t wo_pad = 0;    // output columns rounded up to `unit`
+  int64_t co_pad = 0;    // chans: out channels per group rounded up to CV*lanes
+  int64_t qlen = 0;      // panel entries per phase row
+  int64_t row_blocks = 0;
+  int64_t panel_rows_max = 0;
+  int64_t panel_elems = 0, filter_elems = 0, acc_elems = 0;
+
+  int64_t PanelRows(int64_t nkh, const ConvGeometry& g) const {
+    return (b.task_rows - 1) * g.stride_h + (nkh - 1) * g.dilation_h + 1;
+  }
+};
+
+template <typename T>
+Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
+  Layout l;
+  const int64_t L = kt.lanes, cog = g.out_c_per_group(), cig = g.in_c_per_group();
+  l.lanes = L;
+  l.b.channel_vectors = cog >= L;
+  if (l.b.channel_vectors) {
+    l.b.channels_per_tile = cog >= 2 * L ? 2 : 1;
+    l.unit = kt.chans_pixels[l.b.channels_per_tile];
+    l.co_pad = RoundUp(cog, l.b.channels_per_tile * L);
+    l.wo_pad = RoundUp(std::max<int64_t>(g.out_w, 1), l.unit);
+    const int64_t row_bytes = l.wo_pad * l.co_pad * int64_t(sizeof(T));
+    l.b.task_rows = std::clamp<int64_t>(kAccBytes / row_bytes, 1, direct::kTaskRows);
+    l.acc_elems = l.b.task_rows * l.wo_pad * l.co_pad;
+  } else {
+    l.b.channels_per_tile = int(std::min<int64_t>(cog, 4));
+    l.unit = L;
+    l.co_pad = cog;
+    l.wo_pad = RoundUp(std::max<int64_t>(g.out_w, 1), L);
+    l.b.task_rows = direct::kTaskRows;
+    l.acc_elems = cog * l.b.task_rows * l.wo_pad;
+  }
+  l.qlen = l.wo_pad + (g.filter_w - 1) * g.dilation_w / g.stride_w;
+  // Shrink the (in-channel, filter-row) block until panel and filter fit.
+  int64_t cib = cig, khb = g.filter_h;
+  for (;;) {
+    const int64_t panel = cib * l.PanelRows(khb, g) * g.stride_w * l.qlen * int64_t(sizeof(T));
+    const int64_t filt = cib * khb * g.filter_w * l.co_pad * int64_t(sizeof(T));
+    if (panel <= kPanelBytes && filt <= kFilterBytes) break;
+    if (khb >= cib && khb > 1) khb = CeilDiv(khb, 2);
+    else if (cib > 1) cib = CeilDiv(cib, 2);
+    else break;
+  }
+  l.b.ci_block = cib;
+  l.b.kh_block = khb;
+  l.panel_rows_max = l.PanelRows(khb, g);
+  l.panel_elems = cib * l.panel_rows_max * g.stride_w * l.qlen;
+  l.filter_elems = cib * khb * g.filter_w * l.co_pad;
+  l.row_blocks = CeilDiv(g.out_h, l.b.task_rows);
+  l.b.tasks = g.batch * g.groups * l.row_blocks;
+  l.b.scratch_bytes_per_worker = (l.panel_elems + l.filter_elems + l.acc_elems) *
+                                     int64_t(sizeof(T)) +
+                                 g.filter_w * int64_t(sizeof(int64_t));
+  return l;
+}
+
+// Copies input rows [ih0, ih0 + rows) x channels [0, nci) into the panel,
+// converting to T and writing zeros wherever the window leaves the input.
+// Panel entry (ci, row, phase, q) holds input column q*stride_w + phase + iw0.
+template <typename S, typename T>
+void PackPanel(const S* in, const Strides4& is, const ConvGeometry& g, int64_t ih0,
+               int64_t rows, int64_t iw0, int64_t nci, int64_t qlen, int64_t ci_stride,
+               int64_t row_stride, int64_t phase_stride, int64_t q_stride, T* dst) {
+  const int64_t sw = g.stride_w;
+  for (int64_t ci = 0; ci < nci; ++ci) {
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t ih = ih0 + row;
+      const bool row_ok = ih >= 0 && ih < g.in_h;
+      for (int64_t ph = 0; ph < sw; ++ph) {
+        T* d = dst + ci * ci_stride + row * row_stride + ph * phase_stride;
+        // Columns q with 0 <= iw0 + ph + q*sw < in_w.
+        const int64_t first = iw0 + ph;
+        int64_t q_lo = first >= 0 ? 0 : CeilDiv(-first, sw);
+        int64_t q_hi = first < g.in_w ? (g.in_w - 1 - first) / sw + 1 : 0;
+        q_lo = std::min(q_lo, qlen);
+        q_hi = std::clamp(q_hi, q_lo, qlen);
+        if (!row_ok) q_lo = q_hi = 0;
+        for (int64_t q = 0; q < q_lo; ++q) d[q * q_stride] = T(0);
+        const S* s = in + ih * is.h + ci * is.c + (first + q_lo * sw) * is.w;
+        const int64_t step = sw * is.w;
+        if (q_stride == 1 && step == 1) {
+          for (int64_t q = q_lo; q < q_hi; ++q) d[q] = Load<T>(s[q - q_lo]);
+        } else {
+          for (int64_t q = q_lo; q < q_hi; ++q) d[q * q_stride] = Load<T>(s[(q - q_lo) * step]);
+        }
+        for (int64_t q = q_hi; q < qlen; ++q) d[q * q_stride] = T(0);
+      }
+    }
+  }
+}
+
+template <typename S, typename T>
+class DirectForwardRunner {
+ public:
+  DirectForwardRunner(const DirectForwardParams& p, Isa isa)
+      : g_(p.g),
+        kt_(Table<T>(isa)),
+        l_(MakeLayout(p.g, kt_)),
+        in_(static_cast<const S*>(p.input)),
+        filt_(static_cast<const S*>(p.filter)),
+        out_(static_cast<S*>(p.output)),
+        is_(g_.input_strides()),
+        os_(g_.output_strides()) {}
+
+  void Run(const ParallelFor& parallel_for) {
+    const int64_t cost = g_.macs() / std::max<int64_t>(1, l_.b.tasks) / l_.lanes + 1;
+    parallel_for(l_.b.tasks, cost, [this](int64_t begin, int64_t end) {
+      std::vector<T> panel(l_.panel_elems), filt(l_.filter_elems), acc(l_.acc_elems);
+      std::vector<int64_t> kw_offset(g_.filter_w);
+      for (int64_t t = begin; t < end; ++t)
+        RunTask(t, panel.data(), filt.data(), acc.data(), kw_offset.data());
+    });
+  }
+
+ private:
+  void RunTask(int64_t task, T* panel, T* filt, T* acc, int64_t* kw_offset) const {
+    const int64_t rb = task % l_.row_blocks;
+    const int64_t grp = (task / l_.row_blocks) % g_.groups;
+    const int64_t n = task / (l_.row_blocks * g_.groups);
+    const int64_t oh0 = rb * l_.b.task_rows;
+    const int64_t rows_valid = std::min(l_.b.task_rows, g_.out_h - oh0);
+    const int64_t cig = g_.in_c_per_group(), cog = g_.out_c_per_group();
+    std::fill(acc, acc + l_.acc_elems, T(0));
+    const S* in_n = in_ + n * is_.n + grp * cig * is_.c;
+    for (int64_t ci0 = 0; ci0 < cig; ci0 += l_.b.ci_block) {
+      const int64_t nci = std::min(l_.b.ci_block, cig - ci0);
+      for (int64_t kh0 = 0; kh0 < g_.filter_h; kh0 += l_.b.kh_block) {
+        const int64_t nkh = std::min(l_.b.kh_block, g_.filter_h - kh0);
+        const int64_t rows = l_.PanelRows(nkh, g_);
+        const int64_t ih0 = oh0 * g_.stride_h - g_.pad_top + kh0 * g_.dilation_h;
+        if (l_.b.channel_vectors)
+          ChansBlock(in_n + ci0 * is_.c, ih0, rows, grp, ci0, nci, kh0, nkh, rows_valid, panel,
+                     filt, acc, kw_offset);
+        else
+          ColsBlock(in_n + ci0 * is_.c, ih0, rows, grp, ci0, nci, kh0, nkh, rows_valid, panel,
+                    filt, acc, kw_offset);
+      }
+    }
+    // Write the accumulators out, converting to S.
+    S* out_n = out_ + n * os_.n + oh0 * os_.h + grp * cog * os_.c;
+    for (int64_t r = 0; r < rows_valid; ++r)
+      for (int64_t ow = 0; ow < g_.out_w; ++ow)
+        for (int64_t c = 0; c < cog; ++c) {
+          const T v = l_.b.channel_vectors ? acc[(r * l_.wo_pad + ow) * l_.co_pad + c]
+                                           : acc[(c * l_.b.task_rows + r) * l_.wo_pad + ow];
+          out_n[r * os_.h + ow * os_.w + c * os_.c] = Store<S, T>(v);
+        }
+  }
+
+  // Filter tap (kh, kw, ci, co) of group grp, converted to T.
+  T FilterAt(int64_t kh, int64_t kw, int64_t ci, int64_t grp, int64_t co) const {
+    const int64_t idx =
+        ((kh * g_.filter_w + kw) * g_.in_c_per_group() + ci) * g_.out_c + grp * g_.out_c_per_group() + co;
+    return Load<T>(filt_[idx]);
+  }
+
+  void ColsBlock(const S* in, int64_t ih0, int64_t rows, int64_t grp, int64_t ci0, int64_t nci,
+                 int64_t kh0, int64_t nkh, int64_t rows_valid, T* panel, T* filt, T* acc,
+                 int64_t* kw_offset) const {
+    const int64_t sw = g_.stride_w, qlen = l_.qlen;
+    const int64_t row_stride = sw * qlen, ci_stride = rows * row_stride;
+    PackPanel<S, T>(in, is_, g_, ih0, rows, -g_.pad_left, nci, qlen, ci_stride, row_stride, qlen,
+                    1, panel);
+    for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
+      const int64_t off = kw * g_.dilation_w;
+      kw_offset[kw] = (off % sw) * qlen + off / sw;
+    }
+    const int64_t cog = g_.out_c_per_group(), KW = g_.filter_w;
+    for (int64_t c0 = 0; c0 < cog; c0 += 4) {
+      const int C = int(std::min<int64_t>(4, cog - c0));
+      // Filter block [ci][kh][kw][C] for channels c0 .. c0+C.
+      T* f = filt;
+      for (int64_t ci = 0; ci < nci; ++ci)
+        for (int64_t kh = 0; kh < nkh; ++kh)
+          for (int64_t kw = 0; kw < KW; ++kw)
+            for (int c = 0; c < C; ++c) *f++ = FilterAt(kh0 + kh, kw, ci0 + ci, grp, c0 + c);
+      const int R = kt_.cols_rows[C];
+      ColsTile<T> t;
+      t.panel_ci_stride = ci_stride;
+      t.out_row_step = g_.stride_h * row_stride;
+      t.tap_row_step = g_.dilation_h * row_stride;
+      t.kw_offset = kw_offset;
+      t.filter = filt;
+      t.n_ci = nci;
+      t.n_kh = nkh;
+      t.n_kw = KW;
+      t.acc_c_stride = l_.b.task_rows * l_.wo_pad;
+      t.acc_r_stride = l_.wo_pad;
+      t.n_colvec = l_.wo_pad / l_.lanes;
+      for (int64_t r0 = 0; r0 < rows_valid; r0 += R) {
+        t.panel = panel + r0 * t.out_row_step;
+        t.acc = acc + c0 * t.acc_c_stride + r0 * t.acc_r_stride;
+        kt_.cols[C](t);
+      }
+    }
+  }
+
+  void ChansBlock(const S* in, int64_t ih0, int64_t rows, int64_t grp, int64_t ci0, int64_t nci,
+                  int64_t kh0, int64_t nkh, int64_t rows_valid, T* panel, T* filt, T* acc,
+                  int64_t* kw_offset) const {
+    const int64_t sw = g_.stride_w, qlen = l_.qlen;
+    const int64_t q_stride = nci, phase_stride = qlen * q_stride, row_stride = sw * phase_stride;
+    PackPanel<S, T>(in, is_, g_, ih0, rows, -g_.pad_left, nci, qlen, 1, row_stride, phase_stride,
+                    q_stride, panel);
+    for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
+      const int64_t off = kw * g_.dilation_w;
+      kw_offset[kw] = (off % sw) * phase_stride + (off / sw) * q_stride;
+    }
+    const int64_t cog = g_.out_c_per_group(), KW = g_.filter_w;
+    const int CV = l_.b.channels_per_tile;
+    const int64_t block = CV * l_.lanes;  // channels per micro-tile
+    const int64_t block_elems = nkh * KW * nci * block;
+    // Filter blocks [m][kh][kw][ci][block], zero past cog.
+    T* f = filt;
+    for (int64_t c0 = 0; c0 < l_.co_pad; c0 += block)
+      for (int64_t kh = 0; kh < nkh; ++kh)
+        for (int64_t kw = 0; kw < KW; ++kw)
+          for (int64_t ci = 0; ci < nci; ++ci)
+            for (int64_t c = 0; c < block; ++c)
+              *f++ = c0 + c < cog ? FilterAt(kh0 + kh, kw, ci0 + ci, grp, c0 + c) : T(0);
+    ChansTile<T> t;
+    t.tap_row_step = g_.dilation_h * row_stride;
+    t.q_stride = q_stride;
+    t.kw_offset = kw_offset;
+    t.n_ci = nci;
+    t.n_kh = nkh;
+    t.n_kw = KW;
+    t.acc_col_stride = l_.co_pad;
+    t.n_pixgroups = l_.wo_pad / l_.unit;
+    for (int64_t m = 0; m * block < l_.co_pad; ++m) {
+      t.filter = filt + m * block_elems;
+      for (int64_t r = 0; r < rows_valid; ++r) {
+        t.panel = panel + r * g_.stride_h * row_stride;
+        t.acc = acc + r * l_.wo_pad * l_.co_pad + m * block;
+        kt_.chans[CV](t);
+      }
+    }
+  }
+
+  const ConvGeometry g_;
+  const KernelTable<T>& kt_;
+  const Layout l_;
+  const S* in_;
+  const S* filt_;
+  S* out_;
+  const Strides4 is_, os_;
+};
+
+template <typename S, typename T>
+void RunDirect(const DirectForwardParams& p, const ParallelFor& pf, Isa isa) {
+  DirectForwardRunner<S, T>(p, isa).Run(pf);
+}
+
+}  // namespace
+
+DirectBlocking DirectForwardBlocking(const ConvGeometry& g, DType dtype, Isa isa) {
+  return dtype == DType::kDouble ? MakeLayout(g, Table<double>(isa)).b
+                                 : MakeLayout(g, Table<float>(isa)).b;
+}
+
+void DirectForward(const DirectForwardParams& p, const ParallelFor& pf, Isa isa) {
+  if (p.g.output_elements() == 0) return;
+  switch (p.dtype) {
+    case DType::kFloat: return RunDirect<float, float>(p, pf, isa);
+    case DType::kDouble: return RunDirect<double, double>(p, pf, isa);
+    case DType::kHalf: return RunDirect<f16, float>(p, pf, isa);
+    case DType::kBFloat16: return RunDirect<bf16, float>(p, pf, isa);
+  }
+}
+
+}  // namespace tfbigconv

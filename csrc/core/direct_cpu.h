@@ -1,0 +1,42 @@
+// Tiled direct convolution on the CPU: no im2col, no padded copy of the
+// input. Each worker uses a small scratch (a packed input panel, a packed
+// filter block and a float accumulator tile, sized by DirectBlocking) that
+// stays within a few hundred KiB whatever the tensor sizes.
+#pragma once
+
+#include <cstdint>
+
+#include "dtypes.h"
+#include "geometry.h"
+#include "isa.h"
+#include "parallel.h"
+
+namespace tfbigconv {
+
+// What the kernel sees: a validated geometry and raw pointers. Tensors are
+// dense in g.data_format; the filter is HWIO. Half types compute in float.
+struct DirectForwardParams {
+  ConvGeometry g;
+  DType dtype = DType::kFloat;
+  const void* input = nullptr;
+  const void* filter = nullptr;
+  void* output = nullptr;  // fully overwritten
+};
+
+// How the direct forward pass tiles a geometry; exposed for tests and the
+// planner (scratch bytes).
+struct DirectBlocking {
+  bool channel_vectors = false;  // "chans" kernel (vectors over out channels)
+  int channels_per_tile = 0;     // C (cols kernel) or CV (chans kernel)
+  int64_t task_rows = 0;         // output rows per task
+  int64_t ci_block = 0, kh_block = 0;
+  int64_t tasks = 0;
+  int64_t scratch_bytes_per_worker = 0;
+};
+
+DirectBlocking DirectForwardBlocking(const ConvGeometry& g, DType dtype, Isa isa);
+
+// Runs the forward pass with the given ISA (must be in SupportedIsas()).
+void DirectForward(const DirectForwardParams& p, const ParallelFor& parallel_for, Isa isa);
+
+}  // namespace tfbigconv

@@ -1,0 +1,70 @@
+// Register-blocked micro-kernels of the direct convolution, one set per ISA.
+// They see only packed, zero-padded panels and accumulate into a float (or
+// double) scratch tile, so they have no bounds checks and no tails: the
+// driver in direct_cpu.cc rounds every packed extent up to the tile size.
+#pragma once
+
+#include <cstdint>
+
+#include "isa.h"
+
+namespace tfbigconv {
+namespace direct {
+
+// Kernel "cols": vectors run along output columns; R output rows x C output
+// channels of accumulators. For few output channels per group.
+// Panel layout [ci][row][phase][q] with q contiguous (phase = stride_w phase).
+template <typename T>
+struct ColsTile {
+  const T* panel;            // ci 0, panel row of output row 0, phase 0, q 0
+  int64_t panel_ci_stride;
+  int64_t out_row_step;      // panel offset between consecutive output rows
+  int64_t tap_row_step;      // panel offset between consecutive filter rows
+  const int64_t* kw_offset;  // panel offset of each filter column
+  const T* filter;           // packed [ci][kh][kw][C]
+  int64_t n_ci, n_kh, n_kw;
+  T* acc;                    // [c][r][col]
+  int64_t acc_c_stride, acc_r_stride;
+  int64_t n_colvec;          // column vectors to compute
+};
+
+// Kernel "chans": vectors run along output channels; P output pixels of one
+// row x CV channel vectors of accumulators. For many channels per group.
+// Panel layout [row][phase][q][ci] with ci contiguous.
+template <typename T>
+struct ChansTile {
+  const T* panel;            // panel row of this output row, phase 0, q 0, ci 0
+  int64_t tap_row_step;
+  int64_t q_stride;          // panel offset between consecutive q
+  const int64_t* kw_offset;
+  const T* filter;           // packed [kh][kw][ci][CV * lanes]
+  int64_t n_ci, n_kh, n_kw;
+  T* acc;                    // [col][co]
+  int64_t acc_col_stride;
+  int64_t n_pixgroups;       // groups of P pixels to compute
+};
+
+template <typename T>
+struct KernelTable {
+  int lanes;                  // vector lanes of T
+  int cols_rows[5];           // R for C = 1..4
+  void (*cols[5])(const ColsTile<T>&);
+  int chans_pixels[3];        // P for CV = 1..2
+  void (*chans[3])(const ChansTile<T>&);
+};
+
+#define TFBIGCONV_DECLARE_TABLES(ns)            \
+  namespace ns {                                \
+  extern const KernelTable<float> kFloat;       \
+  extern const KernelTable<double> kDouble;     \
+  }
+TFBIGCONV_DECLARE_TABLES(baseline)
+TFBIGCONV_DECLARE_TABLES(avx2)
+TFBIGCONV_DECLARE_TABLES(avx512)
+#undef TFBIGCONV_DECLARE_TABLES
+
+// Rows of accumulators per task; a multiple of every cols_rows entry.
+constexpr int kTaskRows = 12;
+
+}  // namespace direct
+}  // namespace tfbigconv

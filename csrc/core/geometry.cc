@@ -1,0 +1,211 @@
+#include "geometry.h"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+
+namespace tfbigconv {
+namespace {
+
+std::string ListToString(const std::vector<int64_t>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+// Index of H, W and C in data_format order.
+struct DimIndex {
+  int h, w, c;
+};
+DimIndex Dims(DataFormat f) {
+  return f == DataFormat::kNHWC ? DimIndex{1, 2, 3} : DimIndex{2, 3, 1};
+}
+
+// a * b overflows int64?
+bool MulOverflows(int64_t a, int64_t b) {
+  return a != 0 && b > std::numeric_limits<int64_t>::max() / a;
+}
+
+}  // namespace
+
+Strides4 ConvGeometry::input_strides() const {
+  if (data_format == DataFormat::kNHWC)
+    return {in_h * in_w * in_c, in_w * in_c, in_c, 1};
+  return {in_c * in_h * in_w, in_w, 1, in_h * in_w};
+}
+
+Strides4 ConvGeometry::output_strides() const {
+  if (data_format == DataFormat::kNHWC)
+    return {out_h * out_w * out_c, out_w * out_c, out_c, 1};
+  return {out_c * out_h * out_w, out_w, 1, out_h * out_w};
+}
+
+std::vector<int64_t> ConvGeometry::output_shape() const {
+  if (data_format == DataFormat::kNHWC) return {batch, out_h, out_w, out_c};
+  return {batch, out_c, out_h, out_w};
+}
+
+std::string ParsePadding(const std::string& s, Padding* out) {
+  if (s == "SAME") *out = Padding::kSame;
+  else if (s == "VALID") *out = Padding::kValid;
+  else if (s == "EXPLICIT") *out = Padding::kExplicit;
+  else return "padding must be one of 'SAME', 'VALID' or 'EXPLICIT', got '" + s + "'";
+  return "";
+}
+
+std::string ParseDataFormat(const std::string& s, DataFormat* out) {
+  if (s == "NHWC") *out = DataFormat::kNHWC;
+  else if (s == "NCHW") *out = DataFormat::kNCHW;
+  else return "data_format must be 'NHWC' or 'NCHW', got '" + s + "'";
+  return "";
+}
+
+std::string ValidateAttrs(const ConvAttrs& a) {
+  const DimIndex d = Dims(a.data_format);
+  const char* fmt = a.data_format == DataFormat::kNHWC ? "NHWC" : "NCHW";
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<int64_t>& v = which == 0 ? a.strides : a.dilations;
+    const char* name = which == 0 ? "strides" : "dilations";
+    if (v.size() != 4)
+      return std::string(name) + " must have 4 elements (one per dimension of " + fmt +
+             "), got " + std::to_string(v.size()) + ": " + ListToString(v);
+    for (int64_t x : v)
+      if (x <= 0) return std::string(name) + " must be positive, got " + ListToString(v);
+    if (v[0] != 1 || v[d.c] != 1)
+      return std::string(name) + " on the batch and depth dimensions must be 1, got " +
+             ListToString(v) + " for data_format " + fmt;
+  }
+  if (a.padding == Padding::kExplicit) {
+    const auto& p = a.explicit_paddings;
+    if (p.size() != 8)
+      return "explicit_paddings must have 8 elements (before and after for each of the 4 "
+             "dimensions) when padding is 'EXPLICIT', got " + std::to_string(p.size()) + ": " +
+             ListToString(p);
+    for (int64_t x : p)
+      if (x < 0) return "explicit_paddings must be non-negative, got " + ListToString(p);
+    if (p[0] != 0 || p[1] != 0 || p[2 * d.c] != 0 || p[2 * d.c + 1] != 0)
+      return "explicit_paddings on the batch and depth dimensions must be 0, got " +
+             ListToString(p) + " for data_format " + fmt;
+  } else if (!a.explicit_paddings.empty()) {
+    return "explicit_paddings must be empty unless padding is 'EXPLICIT', got " +
+           ListToString(a.explicit_paddings);
+  }
+  return "";
+}
+
+std::string ComputeOutputSize(int64_t in, int64_t filter, int64_t stride,
+                              int64_t dilation, Padding padding,
+                              int64_t pad_before, int64_t pad_after,
+                              const char* dim, int64_t* out,
+                              int64_t* out_pad_before, int64_t* out_pad_after) {
+  if (stride <= 0 || dilation <= 0)
+    return std::string("strides and dilations must be positive along ") + dim;
+  if (MulOverflows(filter - 1 < 0 ? 0 : filter - 1, dilation))
+    return std::string("filter size times dilation overflows along ") + dim;
+  const int64_t eff = (filter - 1) * dilation + 1;
+  switch (padding) {
+    case Padding::kValid:
+      pad_before = pad_after = 0;
+      break;
+    case Padding::kSame: {
+      const int64_t o = (in + stride - 1) / stride;
+      const int64_t total = std::max<int64_t>(0, (o - 1) * stride + eff - in);
+      pad_before = total / 2;
+      pad_after = total - pad_before;
+      break;
+    }
+    case Padding::kExplicit:
+      break;
+  }
+  const int64_t padded = in + pad_before + pad_after;
+  if (eff > padded) {
+    std::ostringstream os;
+    os << "filter is larger than the padded input along " << dim
+       << ": effective filter size " << eff << " (filter " << filter << ", dilation "
+       << dilation << ") > padded input size " << padded << " (input " << in
+       << ", padding " << pad_before << "+" << pad_after << ")";
+    return os.str();
+  }
+  *out = (padded - eff) / stride + 1;
+  if (out_pad_before) *out_pad_before = pad_before;
+  if (out_pad_after) *out_pad_after = pad_after;
+  return "";
+}
+
+std::string ComputeConvGeometry(const std::vector<int64_t>& in,
+                                const std::vector<int64_t>& f,
+                                const ConvAttrs& a, ConvGeometry* g) {
+  if (in.size() != 4)
+    return "input must be rank 4, got rank " + std::to_string(in.size()) + ": shape " +
+           ListToString(in);
+  if (f.size() != 4)
+    return "filter must be rank 4 [height, width, in_depth/groups, out_depth], got rank " +
+           std::to_string(f.size()) + ": shape " + ListToString(f);
+  for (int64_t x : in)
+    if (x < 0) return "input shape must be non-negative, got " + ListToString(in);
+  for (int64_t x : f)
+    if (x < 0) return "filter shape must be non-negative, got " + ListToString(f);
+  std::string err = ValidateAttrs(a);
+  if (!err.empty()) return err;
+
+  const DimIndex d = Dims(a.data_format);
+  ConvGeometry r;
+  r.data_format = a.data_format;
+  r.batch = in[0];
+  r.in_h = in[d.h];
+  r.in_w = in[d.w];
+  r.in_c = in[d.c];
+  r.filter_h = f[0];
+  r.filter_w = f[1];
+  r.filter_in_c = f[2];
+  r.out_c = f[3];
+  if (r.filter_h < 1 || r.filter_w < 1)
+    return "filter height and width must be at least 1, got filter shape " + ListToString(f);
+  if (r.filter_in_c < 1)
+    return "filter in_depth (dimension 2) must be at least 1, got filter shape " +
+           ListToString(f);
+  if (r.in_c % r.filter_in_c != 0)
+    return "input depth " + std::to_string(r.in_c) +
+           " must be a multiple of the filter's in_depth " + std::to_string(r.filter_in_c) +
+           " (groups = input depth / filter in_depth); input shape " + ListToString(in) +
+           ", filter shape " + ListToString(f);
+  r.groups = r.in_c / r.filter_in_c;
+  if (r.groups == 0)
+    return "input depth must be at least the filter's in_depth " +
+           std::to_string(r.filter_in_c) + ", got input shape " + ListToString(in);
+  if (r.out_c % r.groups != 0)
+    return "filter out_depth " + std::to_string(r.out_c) + " must be a multiple of groups " +
+           std::to_string(r.groups) + " (input depth " + std::to_string(r.in_c) +
+           " / filter in_depth " + std::to_string(r.filter_in_c) + ")";
+  r.stride_h = a.strides[d.h];
+  r.stride_w = a.strides[d.w];
+  r.dilation_h = a.dilations[d.h];
+  r.dilation_w = a.dilations[d.w];
+  const auto& p = a.explicit_paddings;
+  const bool ex = a.padding == Padding::kExplicit;
+  err = ComputeOutputSize(r.in_h, r.filter_h, r.stride_h, r.dilation_h, a.padding,
+                          ex ? p[2 * d.h] : 0, ex ? p[2 * d.h + 1] : 0, "height",
+                          &r.out_h, &r.pad_top, &r.pad_bottom);
+  if (!err.empty()) return err;
+  err = ComputeOutputSize(r.in_w, r.filter_w, r.stride_w, r.dilation_w, a.padding,
+                          ex ? p[2 * d.w] : 0, ex ? p[2 * d.w + 1] : 0, "width",
+                          &r.out_w, &r.pad_left, &r.pad_right);
+  if (!err.empty()) return err;
+  // Every later index computation is int64; make sure the products fit.
+  const int64_t sizes[][4] = {{r.batch, r.in_h, r.in_w, r.in_c},
+                              {r.batch, r.out_h, r.out_w, r.out_c},
+                              {r.filter_h, r.filter_w, r.filter_in_c, r.out_c}};
+  for (const auto& s : sizes) {
+    int64_t prod = 1;
+    for (int64_t x : s) {
+      if (MulOverflows(prod, x)) return "tensor sizes overflow 64-bit indexing";
+      prod *= x;
+    }
+  }
+  *g = r;
+  return "";
+}
+
+}  // namespace tfbigconv

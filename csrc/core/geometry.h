@@ -1,0 +1,79 @@
+// ConvGeometry: the single place where tf.nn.conv2d's shape semantics live.
+// Framework-free: the TF shape function, the kernels and Python (via _core)
+// all call into this file. Errors are returned as strings that name the
+// offending argument; an empty string means success.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tfbigconv {
+
+enum class Padding { kSame, kValid, kExplicit };
+enum class DataFormat { kNHWC, kNCHW };
+
+// Attributes exactly as the op (and tf.nn.conv2d) receives them: strides and
+// dilations have 4 entries in data_format order; explicit_paddings has 8
+// entries (before/after for each dimension, data_format order).
+struct ConvAttrs {
+  std::vector<int64_t> strides{1, 1, 1, 1};
+  std::vector<int64_t> dilations{1, 1, 1, 1};
+  Padding padding = Padding::kValid;
+  std::vector<int64_t> explicit_paddings;
+  DataFormat data_format = DataFormat::kNHWC;
+};
+
+// Element strides of a 4-D tensor addressed by logical (n, h, w, c).
+struct Strides4 {
+  int64_t n, h, w, c;
+};
+
+struct ConvGeometry {
+  int64_t batch = 0, in_h = 0, in_w = 0, in_c = 0;
+  int64_t filter_h = 0, filter_w = 0, filter_in_c = 0, out_c = 0;  // HWIO
+  int64_t groups = 1;
+  int64_t stride_h = 1, stride_w = 1, dilation_h = 1, dilation_w = 1;
+  int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+  int64_t out_h = 0, out_w = 0;
+  DataFormat data_format = DataFormat::kNHWC;
+
+  int64_t in_c_per_group() const { return filter_in_c; }
+  int64_t out_c_per_group() const { return out_c / groups; }
+  int64_t effective_filter_h() const { return (filter_h - 1) * dilation_h + 1; }
+  int64_t effective_filter_w() const { return (filter_w - 1) * dilation_w + 1; }
+  Strides4 input_strides() const;
+  Strides4 output_strides() const;
+  int64_t input_elements() const { return batch * in_h * in_w * in_c; }
+  int64_t output_elements() const { return batch * out_h * out_w * out_c; }
+  int64_t filter_elements() const { return filter_h * filter_w * filter_in_c * out_c; }
+  // Multiply-adds of the convolution (each is 2 FLOPs).
+  int64_t macs() const {
+    return batch * out_h * out_w * out_c * filter_h * filter_w * filter_in_c;
+  }
+  // Shape of the output tensor in data_format order.
+  std::vector<int64_t> output_shape() const;
+};
+
+std::string ParsePadding(const std::string& s, Padding* out);
+std::string ParseDataFormat(const std::string& s, DataFormat* out);
+
+// Checks the attributes alone (lengths, signs, batch/depth entries).
+std::string ValidateAttrs(const ConvAttrs& attrs);
+
+// Output size of one spatial dimension. pad_before/pad_after are only read
+// for EXPLICIT padding; the padding actually applied is returned through the
+// out_pad_* pointers. `dim` names the dimension in error messages.
+std::string ComputeOutputSize(int64_t in, int64_t filter, int64_t stride,
+                              int64_t dilation, Padding padding,
+                              int64_t pad_before, int64_t pad_after,
+                              const char* dim, int64_t* out,
+                              int64_t* out_pad_before, int64_t* out_pad_after);
+
+// The full geometry. input_shape is in data_format order; filter_shape is
+// HWIO. Validates everything, including ValidateAttrs.
+std::string ComputeConvGeometry(const std::vector<int64_t>& input_shape,
+                                const std::vector<int64_t>& filter_shape,
+                                const ConvAttrs& attrs, ConvGeometry* g);
+
+}  // namespace tfbigconv

@@ -1,0 +1,90 @@
+// CPU kernels: validate, allocate, fill a plain params struct, call the core.
+#include <string>
+#include <vector>
+
+#include "attrs.h"
+#include "direct_cpu.h"
+#include "geometry.h"
+#include "isa.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace tfbigconv {
+namespace {
+
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+template <typename T> constexpr DType kDType = DType::kFloat;
+template <> constexpr DType kDType<double> = DType::kDouble;
+template <> constexpr DType kDType<Eigen::half> = DType::kHalf;
+template <> constexpr DType kDType<Eigen::bfloat16> = DType::kBFloat16;
+static_assert(sizeof(Eigen::half) == sizeof(f16) && sizeof(Eigen::bfloat16) == sizeof(bf16),
+              "16-bit float layouts must match");
+
+std::vector<int64_t> Dims(const TensorShape& s) {
+  std::vector<int64_t> d(s.dims());
+  for (int i = 0; i < s.dims(); ++i) d[i] = s.dim_size(i);
+  return d;
+}
+
+ParallelFor TfParallelFor(OpKernelContext* ctx) {
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  return [pool](int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
+    pool->ParallelFor(total, cost, fn);
+  };
+}
+
+template <typename T>
+class BigConv2DOp : public OpKernel {
+ public:
+  explicit BigConv2DOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, GetConvAttrs(ctx, &attrs_));
+    std::string algorithm;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("algorithm", &algorithm));
+    OP_REQUIRES(ctx, algorithm != "fft",
+                tensorflow::errors::Unimplemented(
+                    "algorithm='fft' is not implemented yet on the CPU; use 'direct' or 'auto'"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& input = ctx->input(0);
+    const Tensor& filter = ctx->input(1);
+    ConvGeometry g;
+    const std::string err =
+        ComputeConvGeometry(Dims(input.shape()), Dims(filter.shape()), attrs_, &g);
+    OP_REQUIRES(ctx, err.empty(), tensorflow::errors::InvalidArgument(err));
+    TensorShape out_shape;
+    OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape(g.output_shape(), &out_shape));
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &output));
+    if (output->NumElements() == 0) return;
+    DirectForwardParams p;
+    p.g = g;
+    p.dtype = kDType<T>;
+    p.input = input.tensor_data().data();
+    p.filter = filter.tensor_data().data();
+    p.output = const_cast<char*>(output->tensor_data().data());
+    DirectForward(p, TfParallelFor(ctx), ActiveIsa());
+  }
+
+ private:
+  ConvAttrs attrs_;
+};
+
+#define REGISTER(T)                                                                   \
+  REGISTER_KERNEL_BUILDER(                                                            \
+      Name("BigConv2D").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),         \
+      BigConv2DOp<T>);
+REGISTER(Eigen::half)
+REGISTER(Eigen::bfloat16)
+REGISTER(float)
+REGISTER(double)
+#undef REGISTER
+
+}  // namespace
+}  // namespace tfbigconv

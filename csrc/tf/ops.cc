@@ -1,0 +1,113 @@
+// Op interfaces and shape functions. Shape math comes from core/geometry.
+#include <string>
+#include <vector>
+
+#include "attrs.h"
+#include "geometry.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tfbigconv {
+namespace {
+
+using tensorflow::shape_inference::DimensionHandle;
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+absl::Status RequireRank4(InferenceContext* c, ShapeHandle s, const char* name) {
+  if (c->RankKnown(s) && c->Rank(s) != 4)
+    return tensorflow::errors::InvalidArgument(name, " must be rank 4, got rank ", c->Rank(s),
+                                               ": shape ", c->DebugString(s));
+  return absl::OkStatus();
+}
+
+// Output shape of a convolution from (possibly partially known) input and
+// filter shapes. Known dimensions are validated by ComputeConvGeometry.
+absl::Status ConvOutputShape(InferenceContext* c, ShapeHandle input, ShapeHandle filter,
+                             ShapeHandle* out) {
+  ConvAttrs a;
+  TF_RETURN_IF_ERROR(GetConvAttrs(c, &a));
+  TF_RETURN_IF_ERROR(RequireRank4(c, input, "input"));
+  TF_RETURN_IF_ERROR(RequireRank4(c, filter, "filter"));
+  TF_RETURN_IF_ERROR(c->WithRank(input, 4, &input));
+  TF_RETURN_IF_ERROR(c->WithRank(filter, 4, &filter));
+  const bool nhwc = a.data_format == DataFormat::kNHWC;
+  const int hi = nhwc ? 1 : 2, wi = nhwc ? 2 : 3, ci = nhwc ? 3 : 1;
+  std::vector<int64_t> in_dims(4), f_dims(4);
+  bool all_known = true;
+  for (int i = 0; i < 4; ++i) {
+    in_dims[i] = c->Value(c->Dim(input, i));
+    f_dims[i] = c->Value(c->Dim(filter, i));
+    all_known = all_known && in_dims[i] >= 0 && f_dims[i] >= 0;
+  }
+  std::vector<DimensionHandle> o(4);
+  if (all_known) {
+    ConvGeometry g;
+    const std::string err = ComputeConvGeometry(in_dims, f_dims, a, &g);
+    if (!err.empty()) return tensorflow::errors::InvalidArgument(err);
+    const std::vector<int64_t> s = g.output_shape();
+    for (int i = 0; i < 4; ++i) o[i] = c->MakeDim(s[i]);
+  } else {
+    // Each known spatial pair still gets its size (and its checks).
+    int64_t sizes[2] = {-1, -1};
+    const int idx[2] = {hi, wi};
+    const char* names[2] = {"height", "width"};
+    for (int k = 0; k < 2; ++k) {
+      const int64_t in = in_dims[idx[k]], f = f_dims[k];
+      if (in < 0 || f < 0) continue;
+      const bool ex = a.padding == Padding::kExplicit;
+      const std::string err = ComputeOutputSize(
+          in, f, a.strides[idx[k]], a.dilations[idx[k]], a.padding,
+          ex ? a.explicit_paddings[2 * idx[k]] : 0, ex ? a.explicit_paddings[2 * idx[k] + 1] : 0,
+          names[k], &sizes[k], nullptr, nullptr);
+      if (!err.empty()) return tensorflow::errors::InvalidArgument(err);
+    }
+    const int64_t in_c = in_dims[ci], f_in = f_dims[2], f_out = f_dims[3];
+    if (in_c >= 0 && f_in > 0 && in_c % f_in != 0)
+      return tensorflow::errors::InvalidArgument("input depth ", in_c,
+                                                 " must be a multiple of the filter's in_depth ",
+                                                 f_in);
+    if (in_c > 0 && f_in > 0 && f_out >= 0 && in_c % f_in == 0 && f_out % (in_c / f_in) != 0)
+      return tensorflow::errors::InvalidArgument("filter out_depth ", f_out,
+                                                 " must be a multiple of groups ", in_c / f_in);
+    o[0] = c->Dim(input, 0);
+    o[hi] = sizes[0] >= 0 ? c->MakeDim(sizes[0]) : c->UnknownDim();
+    o[wi] = sizes[1] >= 0 ? c->MakeDim(sizes[1]) : c->UnknownDim();
+    o[ci] = c->Dim(filter, 3);
+  }
+  *out = c->MakeShape(o);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tfbigconv
+
+// Attributes shared by every BigConv2D* op (DESIGN.md section 3).
+#define TFBIGCONV_CONV_ATTRS                                       \
+  Attr("T: {half, bfloat16, float, double}")                       \
+      .Attr("strides: list(int)")                                  \
+      .Attr("padding: {'SAME', 'VALID', 'EXPLICIT'}")              \
+      .Attr("explicit_paddings: list(int) = []")                   \
+      .Attr("data_format: {'NHWC', 'NCHW'} = 'NHWC'")              \
+      .Attr("dilations: list(int) = [1, 1, 1, 1]")                 \
+      .Attr("algorithm: {'auto', 'direct', 'fft'} = 'auto'")       \
+      .Attr("workspace_limit_bytes: int = 0")
+
+REGISTER_OP("BigConv2D")
+    .Input("input: T")
+    .Input("filter: T")
+    .Output("output: T")
+    .TFBIGCONV_CONV_ATTRS
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(tfbigconv::ConvOutputShape(c, c->input(0), c->input(1), &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+2-D convolution with tf.nn.conv2d's semantics (groups, explicit padding,
+NCHW, dilations), computed without im2col. filter is [H, W, in_depth/groups,
+out_depth]. algorithm: 'direct' (tiled direct convolution), 'fft' (not yet
+available) or 'auto'. workspace_limit_bytes: 0 means decided from free memory.
+)doc");

@@ -1,0 +1,118 @@
+"""bigconv2d: tf.nn.conv2d's interface on tfbigconv's kernels."""
+import numbers
+
+import tensorflow as tf
+
+from tfbigconv import _core
+from tfbigconv._ops import ops as _ops
+
+ALGORITHMS = ("auto", "direct", "fft")
+DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+def _invalid(message):
+    return tf.errors.InvalidArgumentError(None, None, message)
+
+
+def _expand(value, name, data_format):
+    """strides/dilations in tf.nn.conv2d's forms -> 4 ints in data_format order."""
+    if value is None:
+        return [1, 1, 1, 1]
+    if isinstance(value, numbers.Integral):
+        value = [int(value)]
+    try:
+        value = [int(v) for v in value]
+    except (TypeError, ValueError):
+        raise _invalid(f"{name} must be an int or a list of 1, 2 or 4 ints, got {value!r}")
+    if len(value) == 1:
+        value = value * 2
+    if len(value) == 2:
+        h, w = value
+        return [1, h, w, 1] if data_format == "NHWC" else [1, 1, h, w]
+    if len(value) == 4:
+        return value
+    raise _invalid(f"{name} must be an int or a list of 1, 2 or 4 ints, got {value!r}")
+
+
+def _padding(padding):
+    """'SAME' / 'VALID' / [[before, after]] * 4 -> (padding attr, explicit_paddings)."""
+    if isinstance(padding, str):
+        return padding.upper(), []
+    try:
+        pairs = [list(p) for p in padding]
+        flat = [int(x) for p in pairs for x in p]
+    except (TypeError, ValueError):
+        raise _invalid(
+            f"padding must be 'SAME', 'VALID' or a list of 4 [before, after] pairs, got {padding!r}")
+    if len(pairs) != 4 or any(len(p) != 2 for p in pairs):
+        raise _invalid(
+            f"explicit padding must be a list of 4 [before, after] pairs (one per dimension), "
+            f"got {padding!r}")
+    return "EXPLICIT", flat
+
+
+def _static_shape(t):
+    shape = t.shape
+    if shape.rank is None or any(d is None for d in shape.as_list()):
+        return None
+    return shape.as_list()
+
+
+def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=None, name=None,
+              *, algorithm="auto", workspace_limit=0):
+    """Computes a 2-D convolution like `tf.nn.conv2d`, without im2col.
+
+    Arguments and semantics are tf.nn.conv2d's: `input` is 4-D in `data_format`
+    ("NHWC" or "NCHW"); `filters` is [height, width, in_depth / groups, out_depth],
+    where groups = input depth / filter in_depth (grouped and depthwise convolution);
+    `strides` and `dilations` are an int or a list of 1, 2 or 4 ints; `padding` is
+    "SAME", "VALID" or an explicit list of 4 [before, after] pairs in data_format
+    order. Works in eager mode and in tf.function, also with unknown shapes.
+    Supported dtypes: float16, bfloat16 (both accumulate in float32), float32, float64.
+
+    Keyword-only:
+      algorithm: "direct" is the tiled direct convolution (no workspace beyond a
+        few hundred KiB of per-thread scratch). "auto" currently means "direct";
+        the FFT algorithm and the memory-aware dispatcher are not available yet,
+        and "fft" raises UnimplementedError.
+      workspace_limit: workspace budget in bytes for algorithms that need one;
+        0 means decided from free memory.
+
+    Gradients are not registered yet.
+
+    Raises:
+      tf.errors.InvalidArgumentError naming the bad argument.
+    """
+    with tf.name_scope(name or "bigconv2d"):
+        if not isinstance(data_format, str) or data_format.upper() not in ("NHWC", "NCHW"):
+            raise _invalid(f"data_format must be 'NHWC' or 'NCHW', got {data_format!r}")
+        data_format = data_format.upper()
+        if algorithm not in ALGORITHMS:
+            raise _invalid(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        if not isinstance(workspace_limit, numbers.Integral) or workspace_limit < 0:
+            raise _invalid(f"workspace_limit must be a non-negative int, got {workspace_limit!r}")
+        input = tf.convert_to_tensor(input, name="input")
+        if input.dtype not in DTYPES:
+            raise _invalid(
+                f"input dtype must be one of float16, bfloat16, float32, float64, got {input.dtype.name}")
+        if isinstance(filters, (tf.Tensor, tf.Variable)) and filters.dtype != input.dtype:
+            raise _invalid(
+                f"filters dtype {filters.dtype.name} must match input dtype {input.dtype.name}")
+        filters = tf.convert_to_tensor(filters, dtype=input.dtype, name="filters")
+        strides = _expand(strides, "strides", data_format)
+        dilations = _expand(dilations, "dilations", data_format)
+        pad, explicit = _padding(padding)
+        try:
+            _core.validate_attrs(strides, pad, explicit, data_format, dilations)
+            for t, what in ((input, "input"), (filters, "filters")):
+                if t.shape.rank is not None and t.shape.rank != 4:
+                    raise ValueError(f"{what} must be rank 4, got rank {t.shape.rank}: shape {t.shape}")
+            in_shape, f_shape = _static_shape(input), _static_shape(filters)
+            if in_shape is not None and f_shape is not None:
+                _core.conv_geometry(in_shape, f_shape, strides, pad, explicit, data_format, dilations)
+        except ValueError as e:
+            raise _invalid(str(e)) from None
+        return _ops.big_conv2d(
+            input=input, filter=filters, strides=strides, padding=pad,
+            explicit_paddings=explicit, data_format=data_format, dilations=dilations,
+            algorithm=algorithm, workspace_limit_bytes=int(workspace_limit))
