@@ -1,0 +1,47 @@
+# make demo / make test: each sets everything up on a fresh machine with only
+# Python 3.11 and a C++ compiler: the .venv, pinned dependencies, the build.
+PYTHON ?= python3
+VENV ?= .venv
+TF_PACKAGE ?= tensorflow-cpu
+TF_VERSION ?= 2.21.0
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# pytest arguments for `make test`, e.g. PYTEST_ARGS="-m slow"
+PYTEST_ARGS ?=
+
+SOURCES := $(shell find csrc tfbigconv -type f \( -name '*.cc' -o -name '*.h' -o -name '*.inc' -o -name '*.py' \)) \
+	CMakeLists.txt setup.py pyproject.toml
+
+.PHONY: all venv deps install test demo bench clean
+
+all: install
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Dependencies, re-installed when the pins change.
+$(VENV)/.deps-stamp: requirements-dev.txt Makefile | $(PY)
+	$(PIP) install --upgrade pip
+	$(PIP) install -r requirements-dev.txt "$(TF_PACKAGE)==$(TF_VERSION)"
+	touch $@
+
+deps: $(VENV)/.deps-stamp
+
+# Build and install the package when any source changed.
+$(VENV)/.install-stamp: $(VENV)/.deps-stamp $(SOURCES)
+	$(PIP) install --no-build-isolation --no-deps .
+	touch $@
+
+install: $(VENV)/.install-stamp
+
+test: install
+	cd tests && ../$(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: install
+	$(PY) benchmarks/demo.py
+
+bench: install
+	$(PY) benchmarks/bench_direct.py
+
+clean:
+	rm -rf build *.egg-info $(VENV)/.install-stamp

@@ -1,0 +1,239 @@
+"""Benchmark bigconv2d(algorithm="direct") against tf.nn.conv2d: forward, float32, NHWC, SAME.
+
+Grid (square K x K filters, stride 1, no dilation):
+
+    K in {3, 7, 15, 31, 63}            (--quick: K in {7, 31}; --ks overrides both)
+    Cin/Cout  input (N, H, W, Cin)     filter (K, K, Cin, Cout)
+    1/3       (4, 321, 321, 1)         an image filter bank, like DESIGN.md section 1
+    16/16     (4, 128, 128, 16)
+    64/64     (2, 128, 128, 64)        the largest point: tf.nn.conv2d takes about 3 s at K=63
+
+Each (point, method) runs in a fresh subprocess (this script with --worker). The worker
+builds its inputs from numpy's default_rng(0), turns them into tf constants, reads
+ru_maxrss as the baseline, makes one warm-up call, then times `--reps` calls (default 5;
+3 at most when the warm-up took over 2 s). It reports the median time and the peak RSS
+increase over the baseline (warm-up included), in MiB and as a percentage of the bytes of
+input + output + filter.
+
+The machine's float32 peak is the median of 3 numpy 4096x4096 float32 matmuls, measured
+in its own subprocess with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed from its
+environment (they slow OpenBLAS down here). "% of peak" is the direct kernel's GFLOP/s
+(2 * MACs / median time) over that peak.
+
+Usage:
+    python benchmarks/bench_direct.py [--quick] [--ks 7,31] [--reps 5]
+                                      [--out benchmarks/RESULTS.md] [--json results.json]
+"""
+import argparse
+import datetime
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+KS = (3, 7, 15, 31, 63)
+QUICK_KS = (7, 31)
+# (Cin, Cout) -> input shape (N, H, W, Cin)
+SHAPES = {
+    (1, 3): (4, 321, 321, 1),
+    (16, 16): (4, 128, 128, 16),
+    (64, 64): (2, 128, 128, 64),
+}
+METHODS = ("direct", "tf")
+SLOW_CALL_S = 2.0
+SLOW_CALL_MAX_REPS = 3
+MIB = 1 << 20
+
+PEAK_CODE = """
+import statistics, time
+import numpy as np
+rng = np.random.default_rng(0)
+a = rng.standard_normal((4096, 4096), dtype=np.float32)
+b = rng.standard_normal((4096, 4096), dtype=np.float32)
+a @ b
+times = []
+for _ in range(3):
+    t = time.perf_counter()
+    a @ b
+    times.append(time.perf_counter() - t)
+print(2 * 4096 ** 3 / statistics.median(times) / 1e9)
+"""
+
+
+def max_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def worker(spec):
+    """Runs one (point, method) in this process and prints its result as one JSON line."""
+    import numpy as np
+    import tensorflow as tf
+    import tfbigconv
+
+    in_shape, f_shape = spec["input_shape"], spec["filter_shape"]
+    geometry = tfbigconv._core.conv_geometry(
+        in_shape, f_shape, [1, 1, 1, 1], "SAME", [], "NHWC", [1, 1, 1, 1])
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal(in_shape, dtype=np.float32))
+    w = tf.constant(rng.standard_normal(f_shape, dtype=np.float32))
+    if spec["method"] == "direct":
+        def conv():
+            return tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm="direct")
+    else:
+        def conv():
+            return tf.nn.conv2d(x, w, 1, "SAME")
+
+    baseline = max_rss_bytes()
+    start = time.perf_counter()
+    conv()
+    warmup_s = time.perf_counter() - start
+    reps = spec["reps"]
+    if warmup_s > SLOW_CALL_S:
+        reps = min(reps, SLOW_CALL_MAX_REPS)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        conv()
+        times.append(time.perf_counter() - start)
+    rss_increase = max_rss_bytes() - baseline
+
+    out_shape = geometry["output_shape"]
+    io_bytes = 4 * sum(int(np.prod(s)) for s in (in_shape, f_shape, out_shape))
+    print(json.dumps({
+        "median_s": statistics.median(times),
+        "times_s": times,
+        "warmup_s": warmup_s,
+        "reps": reps,
+        "macs": geometry["macs"],
+        "output_shape": out_shape,
+        "io_bytes": io_bytes,
+        "baseline_maxrss_bytes": baseline,
+        "rss_increase_bytes": rss_increase,
+        "tf_version": tf.__version__,
+    }))
+
+
+def run_worker(spec):
+    """Runs worker(spec) in a fresh subprocess; returns its result, or {"error": ...}."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        return {"error": tail[0]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure_peak_gflops():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    proc = subprocess.run([sys.executable, "-c", PEAK_CODE], env=env,
+                          capture_output=True, text=True, check=True)
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def fmt_rss(result):
+    mib = result["rss_increase_bytes"] / MIB
+    pct = 100 * result["rss_increase_bytes"] / result["io_bytes"]
+    return f"{mib:.1f} ({pct:.0f}%)"
+
+
+def table(rows, peak):
+    lines = [
+        "| Cin/Cout | K | input shape | direct ms | tf ms | speedup (tf/direct) | direct GF/s "
+        "| % of peak | direct RSS +MiB (% of in+out+filter) | tf RSS +MiB (% of in+out+filter) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        d, t = row["direct"], row["tf"]
+        cells = [f"{row['cin']}/{row['cout']}", str(row["k"]),
+                 "x".join(map(str, row["input_shape"]))]
+        cells.append(f"{1e3 * d['median_s']:.1f}" if "error" not in d else f"error: {d['error']}")
+        cells.append(f"{1e3 * t['median_s']:.1f}" if "error" not in t else f"error: {t['error']}")
+        if "error" not in d and "error" not in t:
+            cells.append(f"{t['median_s'] / d['median_s']:.2f}x")
+        else:
+            cells.append("-")
+        if "error" not in d:
+            gflops = 2 * d["macs"] / d["median_s"] / 1e9
+            cells += [f"{gflops:.1f}", f"{100 * gflops / peak:.0f}%", fmt_rss(d)]
+        else:
+            cells += ["-", "-", "-"]
+        cells.append(fmt_rss(t) if "error" not in t else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help=f"K in {QUICK_KS} only")
+    p.add_argument("--ks", help="comma-separated filter sizes, e.g. 7,31 (overrides --quick)")
+    p.add_argument("--reps", type=int, default=5, help="timed calls per point (default 5)")
+    p.add_argument("--out", help="append the table, with the command and machine, to this markdown file")
+    p.add_argument("--json", help="write the raw results to this JSON file")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def main():
+    args = parse_args()
+    if args.worker:
+        worker(json.loads(args.worker))
+        return
+    if args.ks:
+        ks = [int(k) for k in args.ks.split(",")]
+    else:
+        ks = QUICK_KS if args.quick else KS
+
+    peak = measure_peak_gflops()
+    print(f"numpy float32 matmul peak (4096x4096, median of 3): {peak:.1f} GFLOP/s", file=sys.stderr)
+
+    rows = []
+    for (cin, cout), in_shape in SHAPES.items():
+        for k in ks:
+            row = {"cin": cin, "cout": cout, "k": k, "input_shape": list(in_shape),
+                   "filter_shape": [k, k, cin, cout]}
+            for method in METHODS:
+                spec = {"method": method, "input_shape": row["input_shape"],
+                        "filter_shape": row["filter_shape"], "reps": args.reps}
+                row[method] = run_worker(spec)
+                res = row[method]
+                status = res["error"] if "error" in res else f"{1e3 * res['median_s']:.1f} ms"
+                print(f"  {cin}/{cout} K={k} {method}: {status}", file=sys.stderr)
+            rows.append(row)
+
+    tf_version = next((row[m]["tf_version"] for row in rows for m in METHODS
+                       if "tf_version" in row[m]), "unknown")
+    command = shlex.join([os.path.basename(sys.executable)] + sys.argv)
+    date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    header = (f"`{command}` — {date}, TensorFlow {tf_version}, CPU {cpu_model()} "
+              f"({os.cpu_count()} cores), numpy float32 matmul peak {peak:.1f} GFLOP/s")
+    body = table(rows, peak)
+    print(header)
+    print()
+    print(body)
+
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(f"\n### bench_direct\n\n{header}\n\n{body}\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": command, "date": date, "tf_version": tf_version,
+                       "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+                       "peak_gflops": peak, "results": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

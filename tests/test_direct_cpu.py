@@ -1,0 +1,175 @@
+"""The direct CPU kernel through _core (no TensorFlow in the loop): every ISA
+variant, NaN-poisoned outputs, tile edges, blocking and thread counts."""
+import numpy as np
+import pytest
+
+from tfbigconv import _core
+
+from conftest import TOLERANCE, flat_explicit, random_case, to4
+from reference import conv2d_reference, rel_l2
+
+ISAS = _core.supported_isas()
+
+
+def run(x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=((0, 0), (0, 0)), isa="",
+        threads=0, out_dtype=None):
+    explicit = flat_explicit(pads, fmt) if padding == "EXPLICIT" else []
+    geo = _core.conv_geometry(list(x.shape), list(w.shape), to4(strides, fmt), padding, explicit,
+                              fmt, to4(dil, fmt))
+    out = np.full(geo["output_shape"], np.nan, dtype=x.dtype)  # unwritten elements show
+    _core.direct_forward(x, w, to4(strides, fmt), padding, explicit, fmt, to4(dil, fmt), out=out,
+                         isa=isa, num_threads=threads)
+    return out
+
+
+def check(x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=((0, 0), (0, 0)), isa="",
+          tol=None):
+    got = run(x, w, strides, padding, dil, fmt, pads, isa)
+    s = (strides, strides) if isinstance(strides, int) else strides
+    d = (dil, dil) if isinstance(dil, int) else dil
+    ref = conv2d_reference(x, w, s, padding, d, fmt, pads)
+    err = rel_l2(got, ref)
+    assert err <= (tol or TOLERANCE[x.dtype.name]), f"rel L2 {err}"
+    return got
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("cout", [1, 2, 3, 4, 5, 7, 8, 16, 31, 32, 33, 64])
+def test_output_channel_tiles(isa, cout):
+    """Output channels around the C=1..4 column tiles and the 2-vector channel tiles."""
+    check(random_case((2, 13, 21, 3), 1), random_case((5, 4, 3, cout), 2), 1, "SAME", isa=isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("width", [1, 3, 4, 5, 8, 9, 15, 16, 17, 23, 24, 25, 33, 49])
+def test_output_width_edges(isa, width):
+    """Output widths below, at, one over and past the vector (4/8/16) and pixel-group sizes."""
+    for cout in (3, 40):
+        check(random_case((1, 5, width + 2, 2), width), random_case((3, 3, 2, cout), 7), isa=isa)
+
+
+@pytest.mark.parametrize("height", [1, 2, 3, 5, 6, 11, 12, 13, 24, 25, 37])
+def test_output_height_edges(height):
+    """Output heights around the row tiles (3, 4, 6, 12) and the 12-row task."""
+    for cout in (1, 3, 4, 48):
+        check(random_case((2, height + 4, 9, 2), height), random_case((5, 2, 2, cout), 3))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 15, 31])
+def test_square_filters(isa, dtype, k):
+    x = random_case((2, 37, 41, 2), k, dtype)
+    w = random_case((k, k, 2, 3), k + 1, dtype)
+    check(x, w, 1, "SAME", isa=isa)
+
+
+@pytest.mark.parametrize("shape,fshape", [
+    ((1, 70, 67, 1), (63, 63, 1, 3)),
+    ((1, 140, 137, 1), (135, 135, 1, 2)),
+    ((1, 20, 30, 2), (1, 29, 2, 3)),
+    ((1, 30, 20, 2), (29, 1, 2, 3)),
+    ((2, 17, 13, 3), (17, 13, 3, 5)),   # filter as large as the input
+])
+def test_large_and_nonsquare_filters(shape, fshape):
+    check(random_case(shape, 3), random_case(fshape, 4), 1, "VALID")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("padding,pads", [
+    ("SAME", ((0, 0), (0, 0))),
+    ("VALID", ((0, 0), (0, 0))),
+    ("EXPLICIT", ((0, 3), (2, 1))),
+    ("EXPLICIT", ((5, 0), (0, 6))),
+])
+@pytest.mark.parametrize("strides", [1, 2, 3, 4, (1, 3), (4, 2)])
+@pytest.mark.parametrize("dil", [1, 2, 3, (1, 2)])
+def test_padding_strides_dilations(isa, padding, pads, strides, dil):
+    for cout in (2, 36):
+        check(random_case((2, 23, 29, 3), 5), random_case((4, 5, 3, cout), 6), strides, padding,
+              dil, pads=pads, isa=isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("cin,fin,cout", [
+    (6, 3, 4),      # 2 groups
+    (6, 2, 9),      # 3 groups
+    (8, 1, 8),      # depthwise
+    (8, 1, 16),     # depthwise, multiplier 2
+    (4, 1, 128),    # depthwise, multiplier 32 (channel-vector tiles)
+    (64, 16, 128),  # 4 groups of 16 -> 32
+])
+def test_groups_and_layouts(isa, fmt, cin, fin, cout):
+    shape = (2, 19, 22, cin) if fmt == "NHWC" else (2, cin, 19, 22)
+    check(random_case(shape, cin), random_case((5, 6, fin, cout), cout), 2, "SAME", 1, fmt,
+          isa=isa)
+
+
+def test_blocking_over_filter_rows_and_channels():
+    """A filter too big for one L2 block runs in several (ci, kh) blocks."""
+    shape, fshape = (1, 40, 44, 48), (31, 31, 48, 40)
+    b = _core.direct_forward_blocking(list(shape), list(fshape), [1] * 4, "SAME", [], "NHWC",
+                                      [1] * 4)
+    assert b["kh_block"] < 31 or b["ci_block"] < 48, b
+    check(random_case(shape, 1), random_case(fshape, 2), 1, "SAME")
+
+
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+def test_batch_zero_and_empty(fmt):
+    x = random_case((0, 8, 8, 2) if fmt == "NHWC" else (0, 2, 8, 8), 0)
+    out = run(x, random_case((3, 3, 2, 4), 1), fmt=fmt)
+    assert out.shape == ((0, 6, 6, 4) if fmt == "NHWC" else (0, 4, 6, 6))
+    # Zero output channels.
+    assert run(random_case((1, 8, 8, 2), 0), random_case((3, 3, 2, 0), 1)).shape == (1, 6, 6, 0)
+
+
+def test_zero_input_channels_padding_only_window():
+    """Explicit padding larger than the input: windows that see only padding give 0."""
+    x = random_case((1, 2, 2, 1), 0)
+    out = run(x, random_case((3, 3, 1, 2), 1), 1, "EXPLICIT", pads=((4, 4), (4, 4)))
+    ref = conv2d_reference(x, random_case((3, 3, 1, 2), 1), (1, 1), "EXPLICIT", (1, 1), "NHWC",
+                           ((4, 4), (4, 4)))
+    assert rel_l2(out, ref) < 1e-6
+    assert np.all(out[:, 0] == 0)
+
+
+@pytest.mark.parametrize("cout", [3, 64])
+def test_results_independent_of_thread_count(cout):
+    x, w = random_case((3, 30, 33, 4), 0), random_case((7, 7, 4, cout), 1)
+    outs = [run(x, w, 1, "SAME", threads=t) for t in (1, 2, 3, 7)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_half_and_bfloat16():
+    import ml_dtypes
+    x64, w64 = random_case((2, 20, 23, 3), 0, np.float64), random_case((9, 9, 3, 5), 1, np.float64)
+    # float16: inputs rounded first; the reference sees the rounded values.
+    x16, w16 = x64.astype(np.float16), w64.astype(np.float16)
+    got = run(x16, w16, 1, "SAME")
+    ref = conv2d_reference(x16, w16, (1, 1), "SAME")
+    assert rel_l2(got, ref) <= TOLERANCE["float16"]
+    # bfloat16: uint16 views plus dtype='bfloat16'.
+    xb, wb = x64.astype(ml_dtypes.bfloat16), w64.astype(ml_dtypes.bfloat16)
+    geo = _core.conv_geometry(list(xb.shape), list(wb.shape), [1] * 4, "SAME", [], "NHWC", [1] * 4)
+    out = np.full(geo["output_shape"], 0xFFFF, dtype=np.uint16)  # NaN pattern
+    _core.direct_forward(xb.view(np.uint16), wb.view(np.uint16), [1] * 4, "SAME", [], "NHWC",
+                         [1] * 4, out=out, dtype="bfloat16")
+    ref = conv2d_reference(xb.astype(np.float64), wb.astype(np.float64), (1, 1), "SAME")
+    assert rel_l2(out.view(ml_dtypes.bfloat16), ref) <= TOLERANCE["bfloat16"]
+
+
+def test_nan_propagates():
+    """A NaN in the input must reach the output, never be masked."""
+    x, w = random_case((1, 9, 9, 1), 0), random_case((3, 3, 1, 2), 1)
+    x[0, 4, 4, 0] = np.nan
+    out = run(x, w)
+    assert np.isnan(out[0, 3, 3]).all() and np.isfinite(out[0, 0, 0]).all()
+
+
+def test_isa_selection():
+    assert _core.active_isa() in ISAS
+    assert "baseline" in ISAS
+    with pytest.raises(ValueError, match="isa"):
+        run(random_case((1, 5, 5, 1), 0), random_case((3, 3, 1, 1), 1), isa="sse9")
