@@ -3,7 +3,15 @@
 `bigconv2d` is a drop-in for `tf.nn.conv2d`. Importing this package loads the
 custom ops, so SavedModels that use them can be loaded afterwards.
 """
-from tfbigconv import _core
+try:
+    from tfbigconv import _core
+except ImportError as e:  # pragma: no cover - build or path problem
+    import os as _os
+    raise ImportError(
+        f"tfbigconv's compiled module _core is missing from {_os.path.dirname(__file__)}. "
+        "If that is the source tree, run from another directory so that the installed "
+        "package is imported; otherwise build with: pip install --no-build-isolation ."
+    ) from e
 from tfbigconv._ops import ops as _raw_ops  # noqa: F401  (registers the ops)
 from tfbigconv.conv import ALGORITHMS, bigconv2d
 
