@@ -40,7 +40,11 @@ int64_t CeilDiv(int64_t x, int64_t m) { return (x + m - 1) / m; }
 // Scratch targets: the panel and the filter block should sit in L2 together.
 constexpr int64_t kPanelBytes = 512 << 10;
 constexpr int64_t kFilterBytes = 256 << 10;
-constexpr int64_t kAccBytes = 256 << 10;
+// The accumulator tile is touched once per kernel call, so it may be large;
+// large tasks amortise the packing of the filter block over more pixels.
+constexpr int64_t kAccBytes = 2 << 20;
+// Enough tasks to balance the threads.
+constexpr int64_t kMinTasks = 16;
 
 // Everything derived from the geometry that the task loop needs.
 struct Layout {
@@ -67,28 +71,38 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   // Two channel vectors per tile keep loads under FMAs; below that the
   // column kernel (C=4: 6 loads per 24 FMAs) does better than one vector.
   l.b.channel_vectors = cog >= 2 * L;
+  int64_t row_bytes, row_multiple;
   if (l.b.channel_vectors) {
-    l.b.channels_per_tile = cog >= 2 * L ? 2 : 1;
-    l.unit = kt.chans_pixels[l.b.channels_per_tile];
-    l.co_pad = RoundUp(cog, l.b.channels_per_tile * L);
+    // Tiles of two channel vectors, and one of a single vector for a tail
+    // of at most `lanes` channels (both kernels use the same pixel groups).
+    l.b.channels_per_tile = 2;
+    l.unit = kt.chans_pixels;
+    l.co_pad = RoundUp(cog, L);
     l.wo_pad = RoundUp(std::max<int64_t>(g.out_w, 1), l.unit);
-    const int64_t row_bytes = l.wo_pad * l.co_pad * int64_t(sizeof(T));
-    l.b.task_rows = std::clamp<int64_t>(kAccBytes / row_bytes, 1, direct::kTaskRows);
-    l.acc_elems = l.b.task_rows * l.wo_pad * l.co_pad;
+    row_bytes = l.wo_pad * l.co_pad * int64_t(sizeof(T));
+    row_multiple = 1;
   } else {
     l.b.channels_per_tile = int(std::min<int64_t>(cog, 4));
     l.unit = L;
     l.co_pad = cog;
     l.wo_pad = RoundUp(std::max<int64_t>(g.out_w, 1), L);
-    l.b.task_rows = direct::kTaskRows;
-    l.acc_elems = cog * l.b.task_rows * l.wo_pad;
+    row_bytes = cog * l.wo_pad * int64_t(sizeof(T));
+    row_multiple = direct::kTaskRows;  // every micro-kernel row count divides it
   }
+  // As many rows as the accumulator budget allows, short of starving threads.
+  const int64_t images = std::max<int64_t>(1, g.batch * g.groups);
+  int64_t rows = std::min(kAccBytes / row_bytes, CeilDiv(g.out_h * images, kMinTasks) );
+  rows = std::min(std::max<int64_t>(rows, 1), std::max<int64_t>(g.out_h, 1));
+  l.b.task_rows = RoundUp(rows, row_multiple);
+  l.acc_elems = l.b.task_rows * row_bytes / int64_t(sizeof(T));
   l.qlen = l.wo_pad + (g.filter_w - 1) * g.dilation_w / g.stride_w;
-  // Shrink the (in-channel, filter-row) block until panel and filter fit.
+  // Shrink the (in-channel, filter-row) block until the panel and the filter
+  // block of one channel tile (what a micro-kernel streams) fit.
+  const int64_t tile_c = l.b.channel_vectors ? std::min(l.co_pad, 2 * L) : std::min<int64_t>(cog, 4);
   int64_t cib = cig, khb = g.filter_h;
   for (;;) {
     const int64_t panel = cib * l.PanelRows(khb, g) * g.stride_w * l.qlen * int64_t(sizeof(T));
-    const int64_t filt = cib * khb * g.filter_w * l.co_pad * int64_t(sizeof(T));
+    const int64_t filt = cib * khb * g.filter_w * tile_c * int64_t(sizeof(T));
     if (panel <= kPanelBytes && filt <= kFilterBytes) break;
     if (khb >= cib && khb > 1) khb = CeilDiv(khb, 2);
     else if (cib > 1) cib = CeilDiv(cib, 2);
@@ -98,13 +112,20 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   l.b.kh_block = khb;
   l.panel_rows_max = l.PanelRows(khb, g);
   l.panel_elems = cib * l.panel_rows_max * g.stride_w * l.qlen;
-  l.filter_elems = cib * khb * g.filter_w * l.co_pad;
+  l.filter_elems = cib * khb * g.filter_w * tile_c;
   l.row_blocks = CeilDiv(g.out_h, l.b.task_rows);
   l.b.tasks = g.batch * g.groups * l.row_blocks;
   l.b.scratch_bytes_per_worker = (l.panel_elems + l.filter_elems + l.acc_elems) *
                                      int64_t(sizeof(T)) +
                                  g.filter_w * int64_t(sizeof(int64_t));
   return l;
+}
+
+// dst[0 .. n) = src converted to T; returns dst + n.
+template <typename S, typename T>
+T* ConvertN(const S* src, int64_t n, T* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Load<T>(src[i]);
+  return dst + n;
 }
 
 // Copies input rows [ih0, ih0 + rows) x channels [0, nci) into the panel,
@@ -156,8 +177,7 @@ class DirectForwardRunner {
         os_(g_.output_strides()) {}
 
   void Run(const ParallelFor& parallel_for) {
-    const int64_t cost = g_.macs() / std::max<int64_t>(1, l_.b.tasks) / l_.lanes + 1;
-    parallel_for(l_.b.tasks, cost, [this](int64_t begin, int64_t end) {
+    parallel_for(l_.b.tasks, [this](int64_t begin, int64_t end, int /*worker*/) {
       std::vector<T> panel(l_.panel_elems), filt(l_.filter_elems), acc(l_.acc_elems);
       std::vector<int64_t> kw_offset(g_.filter_w);
       for (int64_t t = begin; t < end; ++t)
@@ -200,11 +220,10 @@ class DirectForwardRunner {
         }
   }
 
-  // Filter tap (kh, kw, ci, co) of group grp, converted to T.
-  T FilterAt(int64_t kh, int64_t kw, int64_t ci, int64_t grp, int64_t co) const {
-    const int64_t idx =
-        ((kh * g_.filter_w + kw) * g_.in_c_per_group() + ci) * g_.out_c + grp * g_.out_c_per_group() + co;
-    return Load<T>(filt_[idx]);
+  // Filter taps (kh, kw, ci, co .. co + n) of group grp are contiguous (HWIO).
+  const S* FilterRow(int64_t kh, int64_t kw, int64_t ci, int64_t grp, int64_t co) const {
+    return filt_ + ((kh * g_.filter_w + kw) * g_.in_c_per_group() + ci) * g_.out_c +
+           grp * g_.out_c_per_group() + co;
   }
 
   void ColsBlock(const S* in, int64_t ih0, int64_t rows, int64_t grp, int64_t ci0, int64_t nci,
@@ -226,7 +245,7 @@ class DirectForwardRunner {
       for (int64_t ci = 0; ci < nci; ++ci)
         for (int64_t kh = 0; kh < nkh; ++kh)
           for (int64_t kw = 0; kw < KW; ++kw)
-            for (int c = 0; c < C; ++c) *f++ = FilterAt(kh0 + kh, kw, ci0 + ci, grp, c0 + c);
+            f = ConvertN(FilterRow(kh0 + kh, kw, ci0 + ci, grp, c0), C, f);
       const int R = kt_.cols_rows[C];
       ColsTile<T> t;
       t.panel_ci_stride = ci_stride;
@@ -260,17 +279,7 @@ class DirectForwardRunner {
       kw_offset[kw] = (off % sw) * phase_stride + (off / sw) * q_stride;
     }
     const int64_t cog = g_.out_c_per_group(), KW = g_.filter_w;
-    const int CV = l_.b.channels_per_tile;
-    const int64_t block = CV * l_.lanes;  // channels per micro-tile
-    const int64_t block_elems = nkh * KW * nci * block;
-    // Filter blocks [m][kh][kw][ci][block], zero past cog.
-    T* f = filt;
-    for (int64_t c0 = 0; c0 < l_.co_pad; c0 += block)
-      for (int64_t kh = 0; kh < nkh; ++kh)
-        for (int64_t kw = 0; kw < KW; ++kw)
-          for (int64_t ci = 0; ci < nci; ++ci)
-            for (int64_t c = 0; c < block; ++c)
-              *f++ = c0 + c < cog ? FilterAt(kh0 + kh, kw, ci0 + ci, grp, c0 + c) : T(0);
+    const int64_t L = l_.lanes;
     ChansTile<T> t;
     t.tap_row_step = g_.dilation_h * row_stride;
     t.q_stride = q_stride;
@@ -280,13 +289,25 @@ class DirectForwardRunner {
     t.n_kw = KW;
     t.acc_col_stride = l_.co_pad;
     t.n_pixgroups = l_.wo_pad / l_.unit;
-    for (int64_t m = 0; m * block < l_.co_pad; ++m) {
-      t.filter = filt + m * block_elems;
+    // Channel tiles of 2 vectors, the last one of 1 vector if that covers it.
+    for (int64_t c0 = 0; c0 < l_.co_pad;) {
+      const int CV = l_.co_pad - c0 >= 2 * L ? 2 : 1;
+      const int64_t block = CV * L;
+      const int64_t n = std::min(block, cog - c0);  // real channels; zero the rest
+      T* f = filt;  // [kh][kw][ci][block]
+      for (int64_t kh = 0; kh < nkh; ++kh)
+        for (int64_t kw = 0; kw < KW; ++kw)
+          for (int64_t ci = 0; ci < nci; ++ci) {
+            f = ConvertN(FilterRow(kh0 + kh, kw, ci0 + ci, grp, c0), n, f);
+            f = std::fill_n(f, block - n, T(0));
+          }
+      t.filter = filt;
       for (int64_t r = 0; r < rows_valid; ++r) {
         t.panel = panel + r * g_.stride_h * row_stride;
-        t.acc = acc + r * l_.wo_pad * l_.co_pad + m * block;
+        t.acc = acc + r * l_.wo_pad * l_.co_pad + c0;
         kt_.chans[CV](t);
       }
+      c0 += block;
     }
   }
 

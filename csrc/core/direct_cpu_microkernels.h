@@ -49,7 +49,7 @@ struct KernelTable {
   int lanes;                  // vector lanes of T
   int cols_rows[5];           // R for C = 1..4
   void (*cols[5])(const ColsTile<T>&);
-  int chans_pixels[3];        // P for CV = 1..2
+  int chans_pixels;           // P, the same for CV = 1 and 2
   void (*chans[3])(const ChansTile<T>&);
 };
 

@@ -32,11 +32,18 @@ std::vector<int64_t> Dims(const TensorShape& s) {
   return d;
 }
 
+// The intra-op pool; ids 0..NumThreads() (the caller may run a block too).
 ParallelFor TfParallelFor(OpKernelContext* ctx) {
   auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  return [pool](int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
-    pool->ParallelFor(total, cost, fn);
-  };
+  const int threads = pool->NumThreads();
+  return ParallelFor(threads + 1, [pool, threads](int64_t total, const ParallelFor::Body& body) {
+    // Equal blocks, one per pool thread: more shards than cores would put the
+    // caller thread on a core too and make the threads evict each other's L2.
+    const int64_t block = std::max<int64_t>(1, (total + threads - 1) / threads);
+    pool->ParallelForWithWorkerId(
+        total, tsl::thread::ThreadPool::SchedulingParams::Fixed(block),
+        [&body](int64_t begin, int64_t end, int id) { body(begin, end, id); });
+  });
 }
 
 template <typename T>
