@@ -40,11 +40,13 @@ int64_t CeilDiv(int64_t x, int64_t m) { return (x + m - 1) / m; }
 // Scratch targets: the panel and the filter block should sit in L2 together.
 constexpr int64_t kPanelBytes = 512 << 10;
 constexpr int64_t kFilterBytes = 256 << 10;
-// The accumulator tile is touched once per kernel call, so it may be large;
-// large tasks amortise the packing of the filter block over more pixels.
-constexpr int64_t kAccBytes = 2 << 20;
+// The accumulator tile is touched once per kernel call, so it may be large.
+constexpr int64_t kAccBytes = 1 << 20;
 // Enough tasks to balance the threads.
 constexpr int64_t kMinTasks = 16;
+// Output pixels per task: each packed filter element then serves this many
+// multiply-adds, so packing costs a few percent at most.
+constexpr int64_t kTaskPixels = 4096;
 
 // Everything derived from the geometry that the task loop needs.
 struct Layout {
@@ -89,9 +91,11 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
     row_bytes = cog * l.wo_pad * int64_t(sizeof(T));
     row_multiple = direct::kTaskRows;  // every micro-kernel row count divides it
   }
-  // As many rows as the accumulator budget allows, short of starving threads.
+  // Enough pixels per task to amortise packing the filter block, within the
+  // accumulator budget and short of starving the threads.
   const int64_t images = std::max<int64_t>(1, g.batch * g.groups);
-  int64_t rows = std::min(kAccBytes / row_bytes, CeilDiv(g.out_h * images, kMinTasks) );
+  int64_t rows = std::min({CeilDiv(kTaskPixels, l.wo_pad), kAccBytes / row_bytes,
+                           CeilDiv(g.out_h * images, kMinTasks)});
   rows = std::min(std::max<int64_t>(rows, 1), std::max<int64_t>(g.out_h, 1));
   l.b.task_rows = RoundUp(rows, row_multiple);
   l.acc_elems = l.b.task_rows * row_bytes / int64_t(sizeof(T));
