@@ -5,10 +5,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "direct_cpu.h"
+#include "fft_cpu.h"
+#include "memory_info.h"
+#include "plan.h"
 #include "geometry.h"
 #include "isa.h"
 #include "parallel.h"
@@ -92,40 +96,118 @@ bool Dense(const py::array& a) {
   return (a.flags() & py::array::c_style) != 0;
 }
 
+// A forward convolution on numpy arrays: validated geometry, dtype and an
+// output array (the caller's `out`, checked, or a new one).
+struct NumpyConv {
+  ConvGeometry g;
+  DType dtype;
+  py::array input, filter, output;
+};
+
+NumpyConv PrepareForward(py::array input, py::array filter, const std::vector<int64_t>& strides,
+                         const std::string& padding, const std::vector<int64_t>& explicit_paddings,
+                         const std::string& data_format, const std::vector<int64_t>& dilations,
+                         py::object out, const std::string& dtype) {
+  NumpyConv c;
+  const ConvAttrs a = MakeAttrs(strides, padding, explicit_paddings, data_format, dilations);
+  std::vector<int64_t> in_shape(input.shape(), input.shape() + input.ndim());
+  std::vector<int64_t> f_shape(filter.shape(), filter.shape() + filter.ndim());
+  c.g = Geometry(in_shape, f_shape, a);
+  c.dtype = PickDType(input, dtype);
+  if (!input.dtype().is(filter.dtype())) throw py::value_error("input and filter dtypes differ");
+  if (!Dense(input) || !Dense(filter)) throw py::value_error("input and filter must be C-contiguous");
+  const std::vector<int64_t> oshape = c.g.output_shape();
+  if (out.is_none()) {
+    c.output = py::array(input.dtype(), std::vector<py::ssize_t>(oshape.begin(), oshape.end()));
+  } else {
+    c.output = out.cast<py::array>();
+    std::vector<int64_t> got(c.output.shape(), c.output.shape() + c.output.ndim());
+    if (got != oshape || !c.output.dtype().is(input.dtype()) || !Dense(c.output) ||
+        !c.output.writeable())
+      throw py::value_error("out must be a writeable C-contiguous array of the output shape and dtype");
+  }
+  c.input = input;
+  c.filter = filter;
+  return c;
+}
+
 py::array DirectForwardNumpy(py::array input, py::array filter, const std::vector<int64_t>& strides,
                              const std::string& padding, const std::vector<int64_t>& explicit_paddings,
                              const std::string& data_format, const std::vector<int64_t>& dilations,
                              py::object out, const std::string& isa, int num_threads,
                              const std::string& dtype) {
-  const ConvAttrs a = MakeAttrs(strides, padding, explicit_paddings, data_format, dilations);
-  std::vector<int64_t> in_shape(input.shape(), input.shape() + input.ndim());
-  std::vector<int64_t> f_shape(filter.shape(), filter.shape() + filter.ndim());
-  const ConvGeometry g = Geometry(in_shape, f_shape, a);
-  const DType dt = PickDType(input, dtype);
-  if (!input.dtype().is(filter.dtype())) throw py::value_error("input and filter dtypes differ");
-  if (!Dense(input) || !Dense(filter)) throw py::value_error("input and filter must be C-contiguous");
-  py::array result;
-  const std::vector<int64_t> oshape = g.output_shape();
-  if (out.is_none()) {
-    result = py::array(input.dtype(), std::vector<py::ssize_t>(oshape.begin(), oshape.end()));
-  } else {
-    result = out.cast<py::array>();
-    std::vector<int64_t> got(result.shape(), result.shape() + result.ndim());
-    if (got != oshape || !result.dtype().is(input.dtype()) || !Dense(result) || !result.writeable())
-      throw py::value_error("out must be a writeable C-contiguous array of the output shape and dtype");
-  }
+  NumpyConv c = PrepareForward(input, filter, strides, padding, explicit_paddings, data_format,
+                               dilations, out, dtype);
   DirectForwardParams p;
-  p.g = g;
-  p.dtype = dt;
-  p.input = input.data();
-  p.filter = filter.data();
-  p.output = result.mutable_data();
+  p.g = c.g;
+  p.dtype = c.dtype;
+  p.input = c.input.data();
+  p.filter = c.filter.data();
+  p.output = c.output.mutable_data();
   const Isa chosen = PickIsa(isa);
   {
     py::gil_scoped_release release;
     DirectForward(p, StdThreadParallelFor(num_threads), chosen);
   }
-  return result;
+  return c.output;
+}
+
+int64_t BudgetOrDefault(int64_t workspace_limit) {
+  if (workspace_limit < 0) throw py::value_error("workspace_limit must be non-negative");
+  return workspace_limit > 0 ? workspace_limit : DefaultHostWorkspaceBudget();
+}
+
+py::dict PlanDict(const FftPlan& p) {
+  py::dict d;
+  d["tile_h"] = p.tile_h;
+  d["tile_w"] = p.tile_w;
+  d["fft_h"] = p.fft_h;
+  d["fft_w"] = p.fft_w;
+  d["tiles_h"] = p.tiles_h;
+  d["tiles_w"] = p.tiles_w;
+  d["items"] = p.items;
+  d["chunk"] = p.chunk;
+  d["workers"] = p.workers;
+  d["filter_spectra_bytes"] = p.filter_spectra_bytes;
+  d["item_spectra_bytes"] = p.item_spectra_bytes;
+  d["worker_bytes"] = p.worker_bytes;
+  d["fused_mix"] = p.fused_mix;
+  d["workspace_bytes"] = p.workspace_bytes;
+  d["cost"] = p.cost;
+  return d;
+}
+
+FftPlan PlanOrThrow(const ConvGeometry& g, DType dtype, int64_t workspace_limit, int workers) {
+  FftPlan plan;
+  const std::string err = PlanFftForward(g, dtype, BudgetOrDefault(workspace_limit), workers, &plan);
+  if (!err.empty()) throw py::value_error(err);
+  return plan;
+}
+
+py::array FftForwardNumpy(py::array input, py::array filter, const std::vector<int64_t>& strides,
+                          const std::string& padding, const std::vector<int64_t>& explicit_paddings,
+                          const std::string& data_format, const std::vector<int64_t>& dilations,
+                          py::object out, int64_t workspace_limit, int num_threads,
+                          const std::string& dtype) {
+  NumpyConv c = PrepareForward(input, filter, strides, padding, explicit_paddings, data_format,
+                               dilations, out, dtype);
+  const ParallelFor pf = StdThreadParallelFor(num_threads);
+  FftForwardParams p;
+  p.g = c.g;
+  p.dtype = c.dtype;
+  p.plan = PlanOrThrow(c.g, c.dtype, workspace_limit, pf.num_workers());
+  p.input = c.input.data();
+  p.filter = c.filter.data();
+  p.output = c.output.mutable_data();
+  // Exactly the planned bytes, poisoned with NaN so that unwritten reads show.
+  std::vector<double> workspace((p.plan.workspace_bytes + 7) / 8,
+                                std::numeric_limits<double>::quiet_NaN());
+  p.workspace = workspace.data();
+  {
+    py::gil_scoped_release release;
+    FftForward(p, pf);
+  }
+  return c.output;
 }
 
 }  // namespace
@@ -186,6 +268,35 @@ PYBIND11_MODULE(_core, m) {
         py::arg("isa") = "", py::arg("num_threads") = 0, py::arg("dtype") = "",
         "Direct forward convolution on numpy arrays. `out`, if given, is overwritten. "
         "bfloat16 data is passed as uint16 arrays with dtype='bfloat16'.");
+  m.def(
+      "fft_plan",
+      [](const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
+         const std::vector<int64_t>& strides, const std::string& padding,
+         const std::vector<int64_t>& explicit_paddings, const std::string& data_format,
+         const std::vector<int64_t>& dilations, const std::string& dtype,
+         int64_t workspace_limit, int workers) {
+        const ConvGeometry g = Geometry(
+            input_shape, filter_shape,
+            MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
+        DType dt = DType::kFloat;
+        if (dtype == "float64") dt = DType::kDouble;
+        else if (dtype == "float16") dt = DType::kHalf;
+        else if (dtype == "bfloat16") dt = DType::kBFloat16;
+        else if (dtype != "float32") throw py::value_error("unknown dtype " + dtype);
+        return PlanDict(PlanOrThrow(g, dt, workspace_limit, workers));
+      },
+      py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
+      py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
+      py::arg("dtype") = "float32", py::arg("workspace_limit") = 0, py::arg("workers") = 1,
+      "The FFT plan (tiles, chunk, exact workspace bytes) the forward pass would use; "
+      "raises ValueError stating the minimum workspace when the limit is too small.");
+  m.def("fft_forward", &FftForwardNumpy, py::arg("input"), py::arg("filter"),
+        py::arg("strides"), py::arg("padding"), py::arg("explicit_paddings"),
+        py::arg("data_format"), py::arg("dilations"), py::arg("out") = py::none(),
+        py::arg("workspace_limit") = 0, py::arg("num_threads") = 0, py::arg("dtype") = "",
+        "FFT forward convolution on numpy arrays with a workspace of exactly the planned size.");
+  m.def("free_host_memory", &FreeHostMemoryBytes);
+  m.def("default_workspace_budget", &DefaultHostWorkspaceBudget);
   m.def("supported_isas", [] {
     std::vector<std::string> v;
     for (Isa i : SupportedIsas()) v.push_back(IsaName(i));

@@ -4,6 +4,9 @@
 
 #include "attrs.h"
 #include "direct_cpu.h"
+#include "fft_cpu.h"
+#include "memory_info.h"
+#include "plan.h"
 #include "geometry.h"
 #include "isa.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -51,11 +54,11 @@ class BigConv2DOp : public OpKernel {
  public:
   explicit BigConv2DOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, GetConvAttrs(ctx, &attrs_));
-    std::string algorithm;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("algorithm", &algorithm));
-    OP_REQUIRES(ctx, algorithm != "fft",
-                tensorflow::errors::Unimplemented(
-                    "algorithm='fft' is not implemented yet on the CPU; use 'direct' or 'auto'"));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("algorithm", &algorithm_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("workspace_limit_bytes", &workspace_limit_));
+    OP_REQUIRES(ctx, workspace_limit_ >= 0,
+                tensorflow::errors::InvalidArgument("workspace_limit_bytes must be non-negative, got ",
+                                                    workspace_limit_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -70,17 +73,40 @@ class BigConv2DOp : public OpKernel {
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &output));
     if (output->NumElements() == 0) return;
-    DirectForwardParams p;
+    const void* in = input.tensor_data().data();
+    const void* f = filter.tensor_data().data();
+    void* out = const_cast<char*>(output->tensor_data().data());
+    const ParallelFor pf = TfParallelFor(ctx);
+    if (algorithm_ == "fft") {
+      FftForwardParams p;
+      p.g = g;
+      p.dtype = kDType<T>;
+      const int64_t limit = workspace_limit_ > 0 ? workspace_limit_ : DefaultHostWorkspaceBudget();
+      const std::string plan_err = PlanFftForward(g, p.dtype, limit, pf.num_workers(), &p.plan);
+      OP_REQUIRES(ctx, plan_err.empty(), tensorflow::errors::ResourceExhausted(plan_err));
+      Tensor workspace;
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8,
+                                             TensorShape({p.plan.workspace_bytes}), &workspace));
+      p.input = in;
+      p.filter = f;
+      p.output = out;
+      p.workspace = const_cast<char*>(workspace.tensor_data().data());
+      FftForward(p, pf);
+      return;
+    }
+    DirectForwardParams p;  // "direct", and for now "auto"
     p.g = g;
     p.dtype = kDType<T>;
-    p.input = input.tensor_data().data();
-    p.filter = filter.tensor_data().data();
-    p.output = const_cast<char*>(output->tensor_data().data());
-    DirectForward(p, TfParallelFor(ctx), ActiveIsa());
+    p.input = in;
+    p.filter = f;
+    p.output = out;
+    DirectForward(p, pf, ActiveIsa());
   }
 
  private:
   ConvAttrs attrs_;
+  std::string algorithm_;
+  int64_t workspace_limit_ = 0;
 };
 
 #define REGISTER(T)                                                                   \

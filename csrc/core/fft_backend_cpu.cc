@@ -1,0 +1,88 @@
+#include "fft_backend_cpu.h"
+
+#include <algorithm>
+
+#include "isa.h"
+
+namespace tfbigconv {
+#define TFBIGCONV_DECLARE_BACKENDS(ns)       \
+  namespace ns {                             \
+  extern const fft::Backend<float> kFloat;   \
+  extern const fft::Backend<double> kDouble; \
+  }
+TFBIGCONV_DECLARE_BACKENDS(fft_baseline)
+TFBIGCONV_DECLARE_BACKENDS(fft_avx2)
+#undef TFBIGCONV_DECLARE_BACKENDS
+
+namespace fft {
+namespace {
+
+template <typename T>
+const Backend<T>& Pick();
+template <>
+const Backend<float>& Pick<float>() {
+#if defined(TFBIGCONV_HAVE_X86_VARIANTS)
+  static const Backend<float>& b =
+      ActiveIsa() == Isa::kBaseline ? fft_baseline::kFloat : fft_avx2::kFloat;
+  return b;
+#else
+  return fft_baseline::kFloat;
+#endif
+}
+template <>
+const Backend<double>& Pick<double>() {
+#if defined(TFBIGCONV_HAVE_X86_VARIANTS)
+  static const Backend<double>& b =
+      ActiveIsa() == Isa::kBaseline ? fft_baseline::kDouble : fft_avx2::kDouble;
+  return b;
+#else
+  return fft_baseline::kDouble;
+#endif
+}
+
+}  // namespace
+
+int64_t GoodSize(int64_t n) {
+  if (n <= 1) return 1;
+  int64_t best = 1;
+  while (best < n) best *= 2;  // a power of two always qualifies
+  for (int64_t f7 = 1; f7 < best; f7 *= 7)
+    for (int64_t f5 = f7; f5 < best; f5 *= 5)
+      for (int64_t f3 = f5; f3 < best; f3 *= 3) {
+        int64_t x = f3;
+        while (x < n) x *= 2;
+        best = std::min(best, x);
+      }
+  return best;
+}
+
+template <typename T>
+void RealRowsForward(const T* in, int64_t in_stride, int64_t rows, int64_t n,
+                     std::complex<T>* out, int64_t out_stride) {
+  Pick<T>().real_rows_forward(in, in_stride, rows, n, out, out_stride);
+}
+
+template <typename T>
+void ComplexColumns(std::complex<T>* data, int64_t rows, int64_t cols, int64_t row_stride,
+                    bool forward) {
+  Pick<T>().complex_columns(data, rows, cols, row_stride, forward);
+}
+
+template <typename T>
+void RealRowsBackward(const std::complex<T>* in, int64_t in_stride, int64_t rows, int64_t n,
+                      T* out, int64_t out_stride, T scale) {
+  Pick<T>().real_rows_backward(in, in_stride, rows, n, out, out_stride, scale);
+}
+
+#define INSTANTIATE(T)                                                                      \
+  template void RealRowsForward<T>(const T*, int64_t, int64_t, int64_t, std::complex<T>*,   \
+                                   int64_t);                                                \
+  template void ComplexColumns<T>(std::complex<T>*, int64_t, int64_t, int64_t, bool);       \
+  template void RealRowsBackward<T>(const std::complex<T>*, int64_t, int64_t, int64_t, T*,  \
+                                    int64_t, T);
+INSTANTIATE(float)
+INSTANTIATE(double)
+#undef INSTANTIATE
+
+}  // namespace fft
+}  // namespace tfbigconv

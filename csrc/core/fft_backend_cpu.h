@@ -1,0 +1,44 @@
+// A thin wrapper over ducc0's FFTs (the library TensorFlow itself uses), on
+// plain pointers. Every call is single-threaded: callers parallelise over
+// channels, images and frequency blocks themselves. ducc0 is built for the
+// baseline ISA and for AVX2 (its widest float vectors are 8 lanes), and the
+// build that ActiveIsa() allows is used.
+#pragma once
+
+#include <complex>
+#include <cstdint>
+
+namespace tfbigconv {
+namespace fft {
+
+// Smallest n' >= n whose prime factors are all 2, 3, 5 or 7.
+int64_t GoodSize(int64_t n);
+
+// One ISA's build of the three transforms below (fft_backend_cpu_kernels.inc).
+template <typename T>
+struct Backend {
+  void (*real_rows_forward)(const T*, int64_t, int64_t, int64_t, std::complex<T>*, int64_t);
+  void (*complex_columns)(std::complex<T>*, int64_t, int64_t, int64_t, bool);
+  void (*real_rows_backward)(const std::complex<T>*, int64_t, int64_t, int64_t, T*, int64_t, T);
+};
+
+// Forward real FFT along each of `rows` rows of length n (stride in_stride
+// elements) into rows of n/2+1 bins (stride out_stride).
+template <typename T>
+void RealRowsForward(const T* in, int64_t in_stride, int64_t rows, int64_t n,
+                     std::complex<T>* out, int64_t out_stride);
+
+// In-place complex FFT along the columns of a rows x cols array whose rows
+// are row_stride elements apart. forward=false is the unscaled inverse.
+template <typename T>
+void ComplexColumns(std::complex<T>* data, int64_t rows, int64_t cols, int64_t row_stride,
+                    bool forward);
+
+// Inverse real FFT of `rows` rows of n/2+1 bins (stride in_stride) into rows
+// of n reals (stride out_stride), multiplied by scale.
+template <typename T>
+void RealRowsBackward(const std::complex<T>* in, int64_t in_stride, int64_t rows, int64_t n,
+                      T* out, int64_t out_stride, T scale);
+
+}  // namespace fft
+}  // namespace tfbigconv

@@ -1,0 +1,217 @@
+#include "fft_cpu.h"
+
+#include <algorithm>
+#include <complex>
+#include <cstring>
+
+#include "fft_backend_cpu.h"
+
+namespace tfbigconv {
+namespace {
+
+// Frequency bins per channel-mixing work unit: the x, w and y blocks of one
+// (item, channel) pair stay in L1.
+constexpr int64_t kBinBlock = 256;
+
+// y = x * conj(w), or y += x * conj(w), over n complex values stored as
+// interleaved (re, im) pairs. Correlation is convolution with conj(W).
+template <typename T>
+void MulConj(const T* __restrict x, const T* __restrict w, T* __restrict y, int64_t n,
+             bool accumulate) {
+  if (accumulate) {
+    for (int64_t j = 0; j < 2 * n; j += 2) {
+      y[j] += x[j] * w[j] + x[j + 1] * w[j + 1];
+      y[j + 1] += x[j + 1] * w[j] - x[j] * w[j + 1];
+    }
+  } else {
+    for (int64_t j = 0; j < 2 * n; j += 2) {
+      y[j] = x[j] * w[j] + x[j + 1] * w[j + 1];
+      y[j + 1] = x[j + 1] * w[j] - x[j] * w[j + 1];
+    }
+  }
+}
+
+template <typename S, typename T>
+class FftForwardRunner {
+  using C = std::complex<T>;
+
+ public:
+  explicit FftForwardRunner(const FftForwardParams& p)
+      : g_(p.g),
+        pl_(p.plan),
+        in_(static_cast<const S*>(p.input)),
+        filt_(static_cast<const S*>(p.filter)),
+        out_(static_cast<S*>(p.output)),
+        is_(g_.input_strides()),
+        os_(g_.output_strides()),
+        bw_(pl_.bins_w()),
+        bins_(pl_.bins()) {
+    char* ws = static_cast<char*>(p.workspace);
+    wspec_ = reinterpret_cast<C*>(ws);
+    items_ = reinterpret_cast<C*>(ws + pl_.filter_spectra_bytes);
+    workers_ = ws + pl_.filter_spectra_bytes + pl_.chunk * pl_.item_spectra_bytes;
+  }
+
+  void Run(const ParallelFor& pf) {
+    const int64_t cig = g_.in_c_per_group(), cin = g_.in_c, cout = g_.out_c;
+    pf(cout * cig, [&](int64_t b, int64_t e, int worker) {
+      for (int64_t i = b; i < e; ++i) FilterSpectrum(i / cig, i % cig, Staging(worker));
+    });
+    for (int64_t c0 = 0; c0 < pl_.items; c0 += pl_.chunk) {
+      const int64_t n = std::min(pl_.chunk, pl_.items - c0);
+      pf(n * cin, [&](int64_t b, int64_t e, int worker) {
+        for (int64_t i = b; i < e; ++i) ForwardItem(c0 + i / cin, i / cin, i % cin, Staging(worker));
+      });
+      if (!pl_.fused_mix) {
+        pf((bins_ + kBinBlock - 1) / kBinBlock, [&](int64_t b, int64_t e, int) {
+          for (int64_t blk = b; blk < e; ++blk) MixBlock(n, blk * kBinBlock);
+        });
+      }
+      pf(n * cout, [&](int64_t b, int64_t e, int worker) {
+        for (int64_t i = b; i < e; ++i) {
+          const int64_t slot = i / cout, co = i % cout;
+          C* y = pl_.fused_mix ? WorkerSpectrum(worker) : Y(slot, co);
+          if (pl_.fused_mix) MixInto(slot, co, 0, bins_, y);
+          InverseItem(c0 + slot, co, y, Staging(worker));
+        }
+      });
+    }
+  }
+
+ private:
+  char* Worker(int worker) const { return workers_ + int64_t(worker) * pl_.worker_bytes; }
+  T* Staging(int worker) const { return reinterpret_cast<T*>(Worker(worker)); }
+  C* WorkerSpectrum(int worker) const {
+    return reinterpret_cast<C*>(Worker(worker) + pl_.fft_h * pl_.fft_w * int64_t(sizeof(T)));
+  }
+  int64_t ItemSpectra() const { return g_.in_c + (pl_.fused_mix ? 0 : g_.out_c); }
+  C* X(int64_t item, int64_t ci) const { return items_ + (item * ItemSpectra() + ci) * bins_; }
+  C* Y(int64_t item, int64_t co) const {
+    return items_ + (item * ItemSpectra() + g_.in_c + co) * bins_;
+  }
+  C* W(int64_t co, int64_t ci) const { return wspec_ + (co * g_.in_c_per_group() + ci) * bins_; }
+
+  void ZeroRows(C* spec, int64_t r0, int64_t r1) const {
+    if (r1 > r0) std::fill(spec + r0 * bw_, spec + r1 * bw_, C(0));
+  }
+
+  // Spectrum of the dilated filter tap plane (co, ci), placed at the origin.
+  void FilterSpectrum(int64_t co, int64_t ci, T* st) const {
+    const int64_t eh = g_.effective_filter_h(), ew = g_.effective_filter_w(), fw = pl_.fft_w;
+    std::fill(st, st + eh * fw, T(0));
+    for (int64_t kh = 0; kh < g_.filter_h; ++kh)
+      for (int64_t kw = 0; kw < g_.filter_w; ++kw)
+        st[kh * g_.dilation_h * fw + kw * g_.dilation_w] =
+            Load<T>(filt_[((kh * g_.filter_w + kw) * g_.in_c_per_group() + ci) * g_.out_c + co]);
+    (void)ew;
+    C* spec = W(co, ci);
+    fft::RealRowsForward(st, fw, eh, fw, spec, bw_);
+    ZeroRows(spec, eh, pl_.fft_h);
+    fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, true);
+  }
+
+  // Where an item's tile sits: image, first output row/col, valid extent.
+  struct Tile {
+    int64_t n, oh0, ow0, vh, vw;
+  };
+  Tile TileOf(int64_t item) const {
+    const int64_t per_image = pl_.tiles_h * pl_.tiles_w;
+    const int64_t t = item % per_image;
+    Tile r;
+    r.n = item / per_image;
+    r.oh0 = (t / pl_.tiles_w) * pl_.tile_h;
+    r.ow0 = (t % pl_.tiles_w) * pl_.tile_w;
+    r.vh = std::min(pl_.tile_h, g_.out_h - r.oh0);
+    r.vw = std::min(pl_.tile_w, g_.out_w - r.ow0);
+    return r;
+  }
+
+  // Spectrum of input channel ci over the tile's window. Window rows and
+  // columns outside the image are zero: their row transforms are skipped.
+  void ForwardItem(int64_t item, int64_t slot, int64_t ci, T* st) const {
+    const Tile t = TileOf(item);
+    const int64_t fw = pl_.fft_w;
+    const int64_t need_h = (t.vh - 1) * g_.stride_h + g_.effective_filter_h();
+    const int64_t need_w = (t.vw - 1) * g_.stride_w + g_.effective_filter_w();
+    const int64_t ih0 = t.oh0 * g_.stride_h - g_.pad_top;
+    const int64_t iw0 = t.ow0 * g_.stride_w - g_.pad_left;
+    const int64_t r_lo = std::max<int64_t>(0, -ih0);
+    const int64_t r_hi = std::max(r_lo, std::min(need_h, g_.in_h - ih0));
+    const int64_t c_lo = std::min(fw, std::max<int64_t>(0, -iw0));
+    const int64_t c_hi = std::max(c_lo, std::min(need_w, g_.in_w - iw0));
+    C* spec = X(slot, ci);
+    if (r_hi == r_lo || c_hi == c_lo) {  // the window sees only padding
+      ZeroRows(spec, 0, pl_.fft_h);
+      return;
+    }
+    const S* src = in_ + t.n * is_.n + ci * is_.c + (ih0 + r_lo) * is_.h + (iw0 + c_lo) * is_.w;
+    for (int64_t r = 0; r < r_hi - r_lo; ++r) {
+      T* row = st + r * fw;
+      std::fill(row, row + c_lo, T(0));
+      const S* s = src + r * is_.h;
+      for (int64_t c = c_lo; c < c_hi; ++c) row[c] = Load<T>(s[(c - c_lo) * is_.w]);
+      std::fill(row + c_hi, row + fw, T(0));
+    }
+    ZeroRows(spec, 0, r_lo);
+    ZeroRows(spec, r_hi, pl_.fft_h);
+    fft::RealRowsForward(st, fw, r_hi - r_lo, fw, spec + r_lo * bw_, bw_);
+    fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, true);
+  }
+
+  // y[b0, b1) = sum over the group's input channels of X(slot, ci) * conj(W).
+  void MixInto(int64_t slot, int64_t co, int64_t b0, int64_t b1, C* y) const {
+    const int64_t cig = g_.in_c_per_group();
+    const int64_t ci_base = (co / g_.out_c_per_group()) * cig;
+    for (int64_t ci = 0; ci < cig; ++ci)
+      MulConj(reinterpret_cast<const T*>(X(slot, ci_base + ci) + b0),
+              reinterpret_cast<const T*>(W(co, ci) + b0), reinterpret_cast<T*>(y + b0), b1 - b0,
+              ci > 0);
+  }
+
+  // All output spectra of a chunk over bins [b0, b0 + kBinBlock): each
+  // filter block is read once and stays in L1 across the chunk's items.
+  void MixBlock(int64_t n_items, int64_t b0) const {
+    const int64_t b1 = std::min(b0 + kBinBlock, bins_);
+    for (int64_t co = 0; co < g_.out_c; ++co)
+      for (int64_t it = 0; it < n_items; ++it) MixInto(it, co, b0, b1, Y(it, co));
+  }
+
+  // Output channel co of the tile: inverse transform, keeping only the rows
+  // and columns that the stride samples.
+  void InverseItem(int64_t item, int64_t co, C* spec, T* st) const {
+    const Tile t = TileOf(item);
+    const int64_t fw = pl_.fft_w;
+    fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, false);
+    const T scale = T(1) / (T(pl_.fft_h) * T(fw));
+    fft::RealRowsBackward(spec, g_.stride_h * bw_, t.vh, fw, st, fw, scale);
+    S* dst = out_ + t.n * os_.n + t.oh0 * os_.h + t.ow0 * os_.w + co * os_.c;
+    for (int64_t r = 0; r < t.vh; ++r)
+      for (int64_t c = 0; c < t.vw; ++c)
+        dst[r * os_.h + c * os_.w] = Store<S, T>(st[r * fw + c * g_.stride_w]);
+  }
+
+  const ConvGeometry g_;
+  const FftPlan pl_;
+  const S* in_;
+  const S* filt_;
+  S* out_;
+  const Strides4 is_, os_;
+  const int64_t bw_, bins_;
+  C* wspec_;
+  C* items_;
+  char* workers_;
+};
+
+}  // namespace
+
+void FftForward(const FftForwardParams& p, const ParallelFor& pf) {
+  if (p.g.output_elements() == 0) return;
+  switch (p.dtype) {
+    case DType::kFloat: return FftForwardRunner<float, float>(p).Run(pf);
+    case DType::kDouble: return FftForwardRunner<double, double>(p).Run(pf);
+    case DType::kHalf: return FftForwardRunner<f16, float>(p).Run(pf);
+    case DType::kBFloat16: return FftForwardRunner<bf16, float>(p).Run(pf);
+  }
+}
+
+}  // namespace tfbigconv

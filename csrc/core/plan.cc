@@ -1,0 +1,112 @@
+#include "plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+#include "fft_backend_cpu.h"
+
+namespace tfbigconv {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Items per chunk beyond which a bigger chunk buys little (spectra of a chunk
+// stay near the last-level cache) unless threads would idle.
+constexpr int64_t kChunkTargetBytes = 16 << 20;
+
+// Flops of a complex FFT of length n (the usual 5 n log2 n).
+double FftFlops(int64_t n) { return n < 2 ? 0.0 : 5.0 * double(n) * std::log2(double(n)); }
+
+// (tile, fft size) candidates along one dimension: every 7-smooth size from
+// the smallest that holds the filter up to the one holding the whole output.
+struct Dim {
+  int64_t tile, fft;
+};
+std::vector<Dim> Candidates(int64_t out, int64_t stride, int64_t eff) {
+  std::vector<Dim> c;
+  const int64_t whole = fft::GoodSize((out - 1) * stride + eff);
+  int64_t last_tile = 0;
+  for (int64_t f = fft::GoodSize(eff); f <= whole; f = fft::GoodSize(f + 1)) {
+    const int64_t tile = std::min(out, (f - eff) / stride + 1);
+    if (tile > last_tile) c.push_back({tile, f});
+    last_tile = tile;
+    if (tile == out) break;
+  }
+  return c;
+}
+
+}  // namespace
+
+void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
+  const int64_t real = FftRealBytes(dtype), cplx = 2 * real;
+  p->tiles_h = CeilDiv(g.out_h, p->tile_h);
+  p->tiles_w = CeilDiv(g.out_w, p->tile_w);
+  p->items = g.batch * p->tiles_h * p->tiles_w;
+  p->fused_mix = g.in_c_per_group() <= kFusedMixMaxInChannels;
+  p->filter_spectra_bytes = g.in_c_per_group() * g.out_c * p->bins() * cplx;
+  p->item_spectra_bytes = (g.in_c + (p->fused_mix ? 0 : g.out_c)) * p->bins() * cplx;
+  p->worker_bytes = p->fft_h * p->fft_w * real + (p->fused_mix ? p->bins() * cplx : 0);
+  p->workspace_bytes = p->filter_spectra_bytes + p->chunk * p->item_spectra_bytes +
+                       int64_t(p->workers) * p->worker_bytes;
+}
+
+std::string PlanFftForward(const ConvGeometry& g, DType dtype, int64_t limit, int workers,
+                           FftPlan* out) {
+  if (workers < 1) workers = 1;
+  const int64_t eff_h = g.effective_filter_h(), eff_w = g.effective_filter_w();
+  const std::vector<Dim> hs = Candidates(std::max<int64_t>(g.out_h, 1), g.stride_h, eff_h);
+  const std::vector<Dim> ws = Candidates(std::max<int64_t>(g.out_w, 1), g.stride_w, eff_w);
+  bool found = false;
+  FftPlan best;
+  int64_t min_needed = std::numeric_limits<int64_t>::max();
+  const double cig = double(g.in_c_per_group()), cin = double(g.in_c), cout = double(g.out_c);
+  for (const Dim& h : hs) {
+    for (const Dim& w : ws) {
+      FftPlan p;
+      p.tile_h = h.tile;
+      p.fft_h = h.fft;
+      p.tile_w = w.tile;
+      p.fft_w = w.fft;
+      p.workers = workers;
+      p.chunk = 1;
+      FillFftWorkspace(g, dtype, &p);
+      min_needed = std::min(min_needed, p.workspace_bytes);
+      if (p.workspace_bytes > limit) continue;
+      const int64_t fit = 1 + (limit - p.workspace_bytes) / p.item_spectra_bytes;
+      const int64_t target =
+          std::max<int64_t>(2 * workers, kChunkTargetBytes / p.item_spectra_bytes);
+      p.chunk = std::max<int64_t>(1, std::min({p.items, fit, target}));
+      FillFftWorkspace(g, dtype, &p);
+      // Cost: transform and channel-mixing flops, plus bytes moved through
+      // memory, each weighted 1 (calibration comes with the dispatcher).
+      const double bw = double(p.bins_w()), bins = double(p.bins());
+      const double in_rows = double(std::min(p.fft_h, (p.tile_h - 1) * g.stride_h + eff_h));
+      const double fwd = cin * (in_rows * 0.5 * FftFlops(p.fft_w) + bw * FftFlops(p.fft_h));
+      const double inv = cout * (bw * FftFlops(p.fft_h) + p.tile_h * 0.5 * FftFlops(p.fft_w));
+      const double mix = cig * cout * bins * 8.0;
+      const double filt = cig * cout * (eff_h * 0.5 * FftFlops(p.fft_w) + bw * FftFlops(p.fft_h));
+      // Fused mixing reads every filter spectrum once per item instead.
+      const double filter_reads = p.fused_mix ? double(p.items) : double(CeilDiv(p.items, p.chunk));
+      const double bytes = filter_reads * double(p.filter_spectra_bytes) +
+                           3.0 * double(p.items) * double(p.item_spectra_bytes);
+      p.cost = double(p.items) * (fwd + inv + mix) + filt + bytes;
+      if (!found || p.cost < best.cost) {
+        best = p;
+        found = true;
+      }
+    }
+  }
+  if (!found) {
+    std::ostringstream os;
+    os << "the FFT algorithm needs a workspace of at least " << min_needed
+       << " bytes for this convolution (one tile), but the limit is " << limit << " bytes";
+    return os.str();
+  }
+  *out = best;
+  return "";
+}
+
+}  // namespace tfbigconv

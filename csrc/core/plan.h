@@ -1,0 +1,56 @@
+// The planner: tiling, chunking and exact workspace of the FFT algorithm.
+// The kernels allocate exactly FftPlan::workspace_bytes, and the planner
+// never returns a plan above the caller's limit.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dtypes.h"
+#include "geometry.h"
+
+namespace tfbigconv {
+
+// Overlap-save FFT convolution of one pass. The output of each image is cut
+// into tiles of tile_h x tile_w pixels; each tile's input window (with its
+// halo) is transformed at fft_h x fft_w. "Items" are (image, tile) pairs,
+// processed chunk at a time.
+struct FftPlan {
+  int64_t tile_h = 0, tile_w = 0;
+  int64_t fft_h = 0, fft_w = 0;
+  int64_t tiles_h = 0, tiles_w = 0;
+  int64_t items = 0;   // batch * tiles_h * tiles_w
+  int64_t chunk = 0;   // items per chunk
+  int workers = 0;     // per-worker buffers, one per ParallelFor worker id
+  // With few input channels per group, each output spectrum is mixed right
+  // before its inverse transform in a per-worker buffer, while it is in
+  // cache; otherwise all output spectra of a chunk are mixed in one pass
+  // over frequency blocks, reading each filter spectrum once per chunk.
+  bool fused_mix = false;
+  // Workspace layout, in this order; all sizes in bytes.
+  int64_t filter_spectra_bytes = 0;     // in_c/groups * out_c spectra
+  int64_t item_spectra_bytes = 0;       // in_c (+ out_c unless fused) spectra of one item
+  int64_t worker_bytes = 0;             // one worker's real staging (+ a spectrum if fused)
+  int64_t workspace_bytes = 0;          // the exact total
+  double cost = 0;                      // cost-model estimate, in model units
+
+  int64_t bins_w() const { return fft_w / 2 + 1; }
+  int64_t bins() const { return fft_h * bins_w(); }
+};
+
+// Input channels per group up to which FftPlan::fused_mix is used.
+constexpr int64_t kFusedMixMaxInChannels = 4;
+
+// Bytes per real element of the FFT arithmetic (float for 16-bit types).
+inline int64_t FftRealBytes(DType t) { return t == DType::kDouble ? 8 : 4; }
+
+// Workspace of a plan with the given tile, chunk and workers (fills the byte
+// fields of *plan from its tile and fft sizes).
+void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* plan);
+
+// The cheapest plan whose workspace is at most workspace_limit bytes. On
+// failure returns an error that states the minimum workspace needed.
+std::string PlanFftForward(const ConvGeometry& g, DType dtype, int64_t workspace_limit,
+                           int workers, FftPlan* plan);
+
+}  // namespace tfbigconv
