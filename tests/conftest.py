@@ -4,6 +4,8 @@ import os
 import numpy as np
 import pytest
 
+from reference import conv2d_reference, rel_l2
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # Relative L2 error allowed against the float64 reference, per dtype. 16-bit
@@ -50,3 +52,26 @@ def explicit_pairs(pads, data_format):
 
 def flat_explicit(pads, data_format):
     return [x for p in explicit_pairs(pads, data_format) for x in p]
+
+
+def run_core(kind, x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=((0, 0), (0, 0)),
+             **kwargs):
+    """Runs _core.<kind>_forward on numpy arrays into a NaN-poisoned output."""
+    from tfbigconv import _core
+    explicit = flat_explicit(pads, fmt) if padding == "EXPLICIT" else []
+    geo = _core.conv_geometry(list(x.shape), list(w.shape), to4(strides, fmt), padding, explicit,
+                              fmt, to4(dil, fmt))
+    out = np.full(geo["output_shape"], np.nan, dtype=x.dtype)  # unwritten elements show
+    fn = {"direct": _core.direct_forward, "fft": _core.fft_forward}[kind]
+    fn(x, w, to4(strides, fmt), padding, explicit, fmt, to4(dil, fmt), out=out, **kwargs)
+    return out
+
+
+def check_core(kind, x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=((0, 0), (0, 0)),
+               tol=None, **kwargs):
+    """run_core, compared with the float64 reference by relative L2 error."""
+    got = run_core(kind, x, w, strides, padding, dil, fmt, pads, **kwargs)
+    ref = conv2d_reference(x, w, hw_pair(strides), padding, hw_pair(dil), fmt, pads)
+    err = rel_l2(got, ref)
+    assert err <= (tol or TOLERANCE[x.dtype.name]), f"rel L2 {err}"
+    return got

@@ -5,32 +5,19 @@ import pytest
 
 from tfbigconv import _core
 
-from conftest import TOLERANCE, flat_explicit, random_case, to4
+from conftest import TOLERANCE, check_core, random_case, run_core
 from reference import conv2d_reference, rel_l2
 
 ISAS = _core.supported_isas()
 
 
 def run(x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=((0, 0), (0, 0)), isa="",
-        threads=0, out_dtype=None):
-    explicit = flat_explicit(pads, fmt) if padding == "EXPLICIT" else []
-    geo = _core.conv_geometry(list(x.shape), list(w.shape), to4(strides, fmt), padding, explicit,
-                              fmt, to4(dil, fmt))
-    out = np.full(geo["output_shape"], np.nan, dtype=x.dtype)  # unwritten elements show
-    _core.direct_forward(x, w, to4(strides, fmt), padding, explicit, fmt, to4(dil, fmt), out=out,
-                         isa=isa, num_threads=threads)
-    return out
+        threads=0):
+    return run_core("direct", x, w, strides, padding, dil, fmt, pads, isa=isa, num_threads=threads)
 
 
-def check(x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=((0, 0), (0, 0)), isa="",
-          tol=None):
-    got = run(x, w, strides, padding, dil, fmt, pads, isa)
-    s = (strides, strides) if isinstance(strides, int) else strides
-    d = (dil, dil) if isinstance(dil, int) else dil
-    ref = conv2d_reference(x, w, s, padding, d, fmt, pads)
-    err = rel_l2(got, ref)
-    assert err <= (tol or TOLERANCE[x.dtype.name]), f"rel L2 {err}"
-    return got
+def check(x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=((0, 0), (0, 0)), isa=""):
+    return check_core("direct", x, w, strides, padding, dil, fmt, pads, isa=isa)
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -70,8 +70,3 @@ def test_raw_op_rejects_bad_attrs():
     with pytest.raises(tf.errors.InvalidArgumentError, match="explicit_paddings"):
         tfbigconv._raw_ops.big_conv2d(input=X, filter=W, strides=[1, 1, 1, 1], padding="EXPLICIT",
                                       explicit_paddings=[1, 1])
-
-
-def test_fft_not_available_yet():
-    with pytest.raises(tf.errors.UnimplementedError, match="fft"):
-        call(algorithm="fft")

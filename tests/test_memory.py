@@ -1,5 +1,6 @@
-"""Peak memory of the direct kernel, measured as subprocess RSS: beyond the
-output it allocates only its small per-thread scratch."""
+"""Peak memory, measured as subprocess RSS: the direct kernel allocates only
+its small per-thread scratch beyond the output, and the FFT kernel stays
+within output + workspace limit."""
 import json
 import os
 import subprocess
@@ -11,15 +12,16 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     import tensorflow as tf
     import tfbigconv
-    shape, fshape, fmt = (64, 321, 481, 1), (15, 15, 1, 3), sys.argv[1]
+    fmt, algorithm, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    shape, fshape = json.loads(sys.argv[4]), json.loads(sys.argv[5])
     if fmt == "NCHW":
         shape = (shape[0], shape[3], shape[1], shape[2])
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal(shape, dtype=np.float32))
     w = tf.constant(rng.standard_normal(fshape, dtype=np.float32))
-    # Warm up thread pools and op registration on a small case first.
-    tfbigconv.bigconv2d(x[:1, :, :40] if fmt == "NHWC" else x[:1, :, :40], w, 1, "VALID",
-                        data_format=fmt).numpy()
+    conv = lambda x: tfbigconv.bigconv2d(x, w, 1, "VALID", data_format=fmt, algorithm=algorithm,
+                                         workspace_limit=limit)
+    conv(x[:1]).numpy()  # warm up the runtime on one image
     def status(field):  # kB fields of /proc/self/status
         for line in open("/proc/self/status"):
             if line.startswith(field + ":"):
@@ -27,16 +29,17 @@ SCRIPT = textwrap.dedent("""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets the peak (VmHWM) to the current RSS
     before = status("VmRSS")
-    y = tfbigconv.bigconv2d(x, w, 1, "VALID", data_format=fmt)
+    y = conv(x)
     peak = status("VmHWM")
     print(json.dumps({"increase": peak - before, "out_bytes": int(y.numpy().nbytes),
                       "in_bytes": int(x.numpy().nbytes)}))
 """)
 
 
-def measure(fmt):
+def measure(fmt, algorithm="direct", limit=0, shape=(64, 321, 481, 1), fshape=(15, 15, 1, 3)):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, "-c", SCRIPT, fmt], env=env, check=True,
+    args = [fmt, algorithm, str(limit), json.dumps(list(shape)), json.dumps(list(fshape))]
+    out = subprocess.run([sys.executable, "-c", SCRIPT] + args, env=env, check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -47,4 +50,13 @@ def test_direct_forward_peak_rss_is_output_plus_scratch():
         # The output itself is new memory; beyond it only per-thread scratch
         # (about 1 MiB a worker) and allocator slack: under 5% of the tensors.
         budget = r["out_bytes"] + 0.05 * (r["in_bytes"] + r["out_bytes"])
+        assert r["increase"] <= budget, (fmt, r)
+
+
+def test_fft_forward_peak_rss_within_workspace_limit():
+    """The seed geometry at N=64 (135x135 filter) with a 24 MiB workspace limit."""
+    limit = 24 << 20
+    for fmt in ("NHWC", "NCHW"):
+        r = measure(fmt, "fft", limit, fshape=(135, 135, 1, 3))
+        budget = r["out_bytes"] + limit + 0.02 * (r["in_bytes"] + r["out_bytes"])
         assert r["increase"] <= budget, (fmt, r)

@@ -1,0 +1,162 @@
+"""The FFT CPU kernel through _core (no TensorFlow): the geometry matrix,
+overlap-save tile edges, the workspace contract, and independence of the
+results from chunking and thread count."""
+import numpy as np
+import pytest
+
+from tfbigconv import _core
+
+from conftest import TOLERANCE, check_core, random_case, run_core, to4
+from reference import conv2d_reference, rel_l2
+
+FFT_TOL = 1e-4  # float32 through FFTs (DESIGN.md section 7)
+
+
+def run(x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=((0, 0), (0, 0)), **kw):
+    return run_core("fft", x, w, strides, padding, dil, fmt, pads, **kw)
+
+
+def check(x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=((0, 0), (0, 0)), **kw):
+    tol = FFT_TOL if x.dtype == np.float32 else None
+    return check_core("fft", x, w, strides, padding, dil, fmt, pads, tol=tol, **kw)
+
+
+def plan(x_shape, w_shape, strides=1, padding="VALID", dil=1, fmt="NHWC", **kw):
+    return _core.fft_plan(list(x_shape), list(w_shape), to4(strides, fmt), padding, [], fmt,
+                          to4(dil, fmt), **kw)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 15, 31])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_square_filters(k, dtype):
+    check(random_case((2, 37, 41, 2), k, dtype), random_case((k, k, 2, 3), k + 1, dtype), 1, "SAME")
+
+
+@pytest.mark.parametrize("shape,fshape", [
+    ((1, 70, 67, 1), (63, 63, 1, 3)),
+    ((2, 140, 137, 1), (135, 135, 1, 3)),
+    ((1, 20, 30, 2), (1, 29, 2, 3)),
+    ((1, 30, 20, 2), (29, 1, 2, 3)),
+    ((2, 17, 13, 3), (17, 13, 3, 5)),   # filter as large as the input
+])
+def test_large_and_nonsquare_filters(shape, fshape):
+    check(random_case(shape, 3), random_case(fshape, 4), 1, "VALID")
+
+
+@pytest.mark.parametrize("padding,pads", [
+    ("SAME", ((0, 0), (0, 0))),
+    ("VALID", ((0, 0), (0, 0))),
+    ("EXPLICIT", ((0, 3), (2, 1))),
+    ("EXPLICIT", ((5, 0), (0, 6))),
+])
+@pytest.mark.parametrize("strides", [1, 2, 3, 4, (1, 3), (4, 2)])
+@pytest.mark.parametrize("dil", [1, 2, 3, (1, 2)])
+def test_padding_strides_dilations(padding, pads, strides, dil):
+    for cout in (2, 7):
+        check(random_case((2, 23, 29, 3), 5), random_case((4, 5, 3, cout), 6), strides, padding,
+              dil, pads=pads)
+
+
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("cin,fin,cout", [
+    (6, 3, 4),      # 2 groups, fused mixing
+    (6, 2, 9),      # 3 groups
+    (8, 1, 8),      # depthwise
+    (8, 1, 16),     # depthwise, multiplier 2
+    (20, 10, 6),    # 2 groups of 10 input channels: blocked mixing
+    (12, 12, 5),    # dense, blocked mixing
+])
+def test_groups_and_layouts(fmt, cin, fin, cout):
+    shape = (2, 19, 22, cin) if fmt == "NHWC" else (2, cin, 19, 22)
+    check(random_case(shape, cin), random_case((5, 6, fin, cout), cout), 2, "SAME", 1, fmt)
+
+
+def test_both_mixing_paths_are_planned():
+    assert plan((1, 16, 16, 4), (3, 3, 4, 4))["fused_mix"]
+    assert not plan((1, 16, 16, 8), (3, 3, 8, 4))["fused_mix"]
+
+
+def test_half_and_double():
+    x64, w64 = random_case((2, 20, 23, 3), 0, np.float64), random_case((9, 9, 3, 5), 1, np.float64)
+    got = run(x64, w64, 1, "SAME")
+    assert rel_l2(got, conv2d_reference(x64, w64, (1, 1), "SAME")) <= TOLERANCE["float64"]
+    x16, w16 = x64.astype(np.float16), w64.astype(np.float16)
+    got = run(x16, w16, 1, "SAME")
+    assert rel_l2(got, conv2d_reference(x16, w16, (1, 1), "SAME")) <= TOLERANCE["float16"]
+
+
+@pytest.mark.parametrize("limit_kib", [6, 9, 14, 20, 40, 100])
+@pytest.mark.parametrize("out_hw", [(1, 1), (7, 9), (16, 16), (17, 23), (31, 30)])
+def test_tile_edges(limit_kib, out_hw):
+    """Small workspace limits force small overlap-save tiles: output sizes
+    below, at and past the tile sizes, with partial last tiles."""
+    k = 5
+    x = random_case((2, out_hw[0] + k - 1, out_hw[1] + k - 1, 1), sum(out_hw))
+    w = random_case((k, k, 1, 2), limit_kib)
+    limit = limit_kib << 10
+    p = plan(x.shape, w.shape, workspace_limit=limit, workers=2)
+    assert p["workspace_bytes"] <= limit
+    check(x, w, workspace_limit=limit, num_threads=2)
+
+
+def test_tiles_used_for_small_filters_on_large_images():
+    p = plan((1, 512, 512, 1), (7, 7, 1, 1))
+    assert p["tiles_h"] * p["tiles_w"] > 1, p
+
+
+@pytest.mark.parametrize("limit", [2 ** 17, 2 ** 19, 2 ** 21, 2 ** 23, 2 ** 26])
+def test_workspace_never_exceeds_limit(limit):
+    for shape, fshape in [((4, 100, 90, 3), (21, 21, 3, 4)), ((3, 64, 64, 8), (9, 9, 8, 8)),
+                          ((2, 140, 137, 1), (135, 135, 1, 3))]:
+        try:
+            p = plan(shape, fshape, workspace_limit=limit, workers=3)
+        except ValueError as e:
+            assert "at least" in str(e)
+            continue
+        assert p["workspace_bytes"] <= limit
+        assert p["workspace_bytes"] == (p["filter_spectra_bytes"] + p["chunk"] * p["item_spectra_bytes"]
+                                        + 3 * p["worker_bytes"])
+
+
+def test_too_small_limit_states_minimum():
+    with pytest.raises(ValueError, match=r"at least (\d+) bytes") as e:
+        plan((2, 140, 137, 1), (135, 135, 1, 3), workspace_limit=1000)
+    minimum = int(str(e.value).split("at least ")[1].split()[0])
+    p = plan((2, 140, 137, 1), (135, 135, 1, 3), workspace_limit=minimum)
+    assert p["workspace_bytes"] <= minimum
+    with pytest.raises(ValueError, match="at least"):
+        plan((2, 140, 137, 1), (135, 135, 1, 3), workspace_limit=minimum - 1)
+
+
+def test_results_independent_of_chunking():
+    x, w = random_case((6, 40, 44, 3), 0), random_case((9, 9, 3, 4), 1)
+    big = run(x, w, 1, "SAME", workspace_limit=1 << 30, num_threads=2)
+    plans = set()
+    for limit in (60_000, 100_000, 200_000, 1 << 30):
+        p = plan(x.shape, w.shape, padding="SAME", workspace_limit=limit, workers=2)
+        plans.add((p["tile_h"], p["tile_w"], p["chunk"]))
+        got = run(x, w, 1, "SAME", workspace_limit=limit, num_threads=2)
+        assert rel_l2(got, big) < 1e-6
+    assert len(plans) > 2  # the limits really changed the tiling or chunking
+
+
+def test_results_independent_of_thread_count():
+    x, w = random_case((5, 33, 30, 6), 0), random_case((7, 7, 6, 6), 1)
+    outs = [run(x, w, 1, "SAME", num_threads=t) for t in (1, 2, 3, 5)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_batch_zero_and_padding_only_windows():
+    assert run(random_case((0, 8, 8, 2), 0), random_case((3, 3, 2, 4), 1)).shape == (0, 6, 6, 4)
+    x, w = random_case((1, 2, 2, 1), 0), random_case((3, 3, 1, 2), 1)
+    got = run(x, w, 1, "EXPLICIT", pads=((4, 4), (4, 4)))
+    ref = conv2d_reference(x, w, (1, 1), "EXPLICIT", (1, 1), "NHWC", ((4, 4), (4, 4)))
+    assert rel_l2(got, ref) < FFT_TOL
+
+
+def test_agrees_with_direct():
+    x, w = random_case((2, 50, 47, 4), 0), random_case((17, 15, 2, 6), 1)
+    a = run(x, w, (2, 1), "SAME", (1, 2))
+    b = run_core("direct", x, w, (2, 1), "SAME", (1, 2))
+    assert rel_l2(a, b) < FFT_TOL
