@@ -9,15 +9,16 @@ Grid (square K x K filters, stride 1, no dilation):
     64/64     (2, 128, 128, 64)        the largest point: tf.nn.conv2d takes about 3 s at K=63
 
 Each (point, method) runs in a fresh subprocess (this script with --worker). The worker
-builds its inputs from numpy's default_rng(0), turns them into tf constants, resets the
+builds its inputs from numpy's default_rng(0), turns them into tf constants,
 warms the TF runtime up on a tiny convolution, resets the peak RSS to the current RSS
 (/proc/self/clear_refs) and reads ru_maxrss as the baseline; the first real call's peak
 RSS increase over it is the method's memory (its output plus any workspace). Then it times
 `--reps` calls (default 5; 3 at most when a call takes over 2 s). The machine is noisy, so
 each (point, method) runs in `--rounds` subprocesses (default 2, interleaved with the other
-method) and the smallest median counts. The table gives the peak RSS increase in MiB, and
-the part of it beyond the output's own bytes as a percentage of the bytes of input +
-output + filter (the memory target: under 5%).
+method) and the smallest median counts. The machinery is shared with the other benchmark
+scripts in _harness.py. The table gives the peak RSS increase in MiB, and the part of it
+beyond the output's own bytes as a percentage of the bytes of input + output + filter
+(the memory target: under 5%).
 
 The machine's float32 peak is the best of 3 numpy 4096x4096 float32 matmuls, measured
 in its own subprocess with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed from its
@@ -29,15 +30,12 @@ Usage:
                                       [--out benchmarks/RESULTS.md] [--json results.json]
 """
 import argparse
-import datetime
 import json
 import os
-import resource
-import shlex
-import statistics
-import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
 
 KS = (3, 7, 15, 31, 63)
 QUICK_KS = (7, 31)
@@ -48,41 +46,7 @@ SHAPES = {
     (64, 64): (2, 128, 128, 64),
 }
 METHODS = ("direct", "tf")
-SLOW_CALL_S = 2.0
-SLOW_CALL_MAX_REPS = 3
-MIB = 1 << 20
-
-PEAK_CODE = """
-import time
-import numpy as np
-rng = np.random.default_rng(0)
-a = rng.standard_normal((4096, 4096), dtype=np.float32)
-b = rng.standard_normal((4096, 4096), dtype=np.float32)
-a @ b
-times = []
-for _ in range(3):
-    t = time.perf_counter()
-    a @ b
-    times.append(time.perf_counter() - t)
-print(*(2 * 4096 ** 3 / t / 1e9 for t in times))
-"""
-
-
-def max_rss_bytes():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
-def reset_max_rss():
-    """Lowers this process's peak RSS to its current RSS (Linux 4.0+; a no-op elsewhere).
-
-    Building the inputs frees temporaries (the numpy arrays copied into tf constants), so
-    without this the peak would sit above the current RSS and hide part of the increase.
-    """
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
+MIB = _harness.MIB
 
 
 def worker(spec):
@@ -105,63 +69,22 @@ def worker(spec):
     # Warm up the TF runtime on a tiny case, so that the first real call's
     # peak RSS is the method's own memory: its output plus any workspace.
     conv_with(x[:1, :8, :8], w[:3, :3]).numpy()
-    reset_max_rss()
-    baseline = max_rss_bytes()
-    start = time.perf_counter()
-    conv_with(x, w)
-    warmup_s = time.perf_counter() - start
-    rss_increase = max_rss_bytes() - baseline
-    reps = spec["reps"]
-    if warmup_s > SLOW_CALL_S:
-        reps = min(reps, SLOW_CALL_MAX_REPS)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        conv_with(x, w)
-        times.append(time.perf_counter() - start)
+    m = _harness.measure_call(lambda: conv_with(x, w), spec["reps"])
 
     out_shape = geometry["output_shape"]
     io_bytes = 4 * sum(int(np.prod(s)) for s in (in_shape, f_shape, out_shape))
     print(json.dumps({
-        "median_s": statistics.median(times),
-        "times_s": times,
-        "warmup_s": warmup_s,
-        "reps": reps,
+        "median_s": m["median_s"],
+        "times_s": m["times_s"],
+        "warmup_s": m["warmup_s"],
+        "reps": m["reps"],
         "macs": geometry["macs"],
         "output_shape": out_shape,
         "io_bytes": io_bytes,
-        "baseline_maxrss_bytes": baseline,
-        "rss_increase_bytes": rss_increase,
+        "baseline_maxrss_bytes": m["baseline_maxrss_bytes"],
+        "rss_increase_bytes": m["rss_increase_bytes"],
         "tf_version": tf.__version__,
     }))
-
-
-def run_worker(spec):
-    """Runs worker(spec) in a fresh subprocess; returns its result, or {"error": ...}."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-        return {"error": tail[0]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def measure_peak_gflops():
-    """GFLOP/s of 3 numpy float32 matmuls, each measured (the peak is the best)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-    proc = subprocess.run([sys.executable, "-c", PEAK_CODE], env=env,
-                          capture_output=True, text=True, check=True)
-    return [float(v) for v in proc.stdout.split()]
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def fmt_rss(result):
@@ -221,7 +144,7 @@ def main():
     else:
         ks = QUICK_KS if args.quick else KS
 
-    peak_runs = measure_peak_gflops()
+    peak_runs = _harness.measure_peak_gflops()
     peak = max(peak_runs)
     print(f"numpy float32 matmul peak (4096x4096, best of 3): {peak:.1f} GFLOP/s "
           f"(runs: {', '.join(f'{v:.0f}' for v in peak_runs)})", file=sys.stderr)
@@ -231,40 +154,29 @@ def main():
         for k in ks:
             row = {"cin": cin, "cout": cout, "k": k, "input_shape": list(in_shape),
                    "filter_shape": [k, k, cin, cout]}
-            for rnd in range(args.rounds):
-                for method in METHODS:
-                    spec = {"method": method, "input_shape": row["input_shape"],
-                            "filter_shape": row["filter_shape"], "reps": args.reps}
-                    res = run_worker(spec)
-                    best = row.get(method)
-                    if best is None or "error" in best or (
-                            "error" not in res and res["median_s"] < best["median_s"]):
-                        row[method] = res
-                    status = res["error"] if "error" in res else f"{1e3 * res['median_s']:.1f} ms"
-                    print(f"  {cin}/{cout} K={k} {method} round {rnd + 1}: {status}",
-                          file=sys.stderr)
+            specs = {method: {"method": method, "input_shape": row["input_shape"],
+                              "filter_shape": row["filter_shape"], "reps": args.reps}
+                     for method in METHODS}
+            row.update(_harness.best_of_rounds(__file__, specs, args.rounds,
+                                               f"{cin}/{cout} K={k}"))
             rows.append(row)
 
     tf_version = next((row[m]["tf_version"] for row in rows for m in METHODS
                        if "tf_version" in row[m]), "unknown")
-    command = shlex.join([os.path.basename(sys.executable)] + sys.argv)
-    date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    header = (f"`{command}` — {date}, TensorFlow {tf_version}, CPU {cpu_model()} "
-              f"({os.cpu_count()} cores), numpy float32 matmul peak {peak:.1f} GFLOP/s")
+    command, date, header = _harness.run_header(
+        tf_version, f", numpy float32 matmul peak {peak:.1f} GFLOP/s")
     body = table(rows, peak)
     print(header)
     print()
     print(body)
 
     if args.out:
-        with open(args.out, "a") as f:
-            f.write(f"\n### bench_direct\n\n{header}\n\n{body}\n")
+        _harness.append_markdown(args.out, "bench_direct", header, body)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": command, "date": date, "tf_version": tf_version,
-                       "cpu": cpu_model(), "cpu_count": os.cpu_count(),
-                       "peak_gflops": peak, "peak_gflops_runs": peak_runs, "results": rows},
-                      f, indent=2)
+        _harness.write_json(args.json, {
+            "command": command, "date": date, "tf_version": tf_version,
+            "cpu": _harness.cpu_model(), "cpu_count": os.cpu_count(),
+            "peak_gflops": peak, "peak_gflops_runs": peak_runs, "results": rows})
 
 
 if __name__ == "__main__":

@@ -62,8 +62,8 @@ def run_core(kind, x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=((0
     geo = _core.conv_geometry(list(x.shape), list(w.shape), to4(strides, fmt), padding, explicit,
                               fmt, to4(dil, fmt))
     out = np.full(geo["output_shape"], np.nan, dtype=x.dtype)  # unwritten elements show
-    fn = {"direct": _core.direct_forward, "fft": _core.fft_forward}[kind]
-    fn(x, w, to4(strides, fmt), padding, explicit, fmt, to4(dil, fmt), out=out, **kwargs)
+    _core.run_pass(kind, "forward", x, w, [], to4(strides, fmt), padding, explicit, fmt,
+                   to4(dil, fmt), out=out, **kwargs)
     return out
 
 
@@ -75,3 +75,14 @@ def check_core(kind, x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=(
     err = rel_l2(got, ref)
     assert err <= (tol or TOLERANCE[x.dtype.name]), f"rel L2 {err}"
     return got
+
+
+def run_core_pass(kind, pass_, a, b, sizes, strides=1, padding="VALID", dil=1, fmt="NHWC",
+                  pads=((0, 0), (0, 0)), **kwargs):
+    """_core.run_pass for a gradient pass, into a NaN-poisoned output of shape `sizes`."""
+    from tfbigconv import _core
+    explicit = flat_explicit(pads, fmt) if padding == "EXPLICIT" else []
+    out = np.full(tuple(sizes), np.nan, dtype=a.dtype)
+    _core.run_pass(kind, pass_, a, b, list(sizes), to4(strides, fmt), padding, explicit, fmt,
+                   to4(dil, fmt), out=out, **kwargs)
+    return out

@@ -19,34 +19,92 @@ def _out_and_pads(n, k, s, d, padding, explicit):
     return out, before, after
 
 
+def _setup(x_shape, w_shape, strides, padding, dilations, explicit):
+    """Padded input shape, output size and pads (NHWC shapes)."""
+    n, h, wd, c = x_shape
+    kh, kw, cig, co = w_shape
+    oh, pt, pb = _out_and_pads(h, kh, strides[0], dilations[0], padding, explicit[0])
+    ow, pl, pr = _out_and_pads(wd, kw, strides[1], dilations[1], padding, explicit[1])
+    return (oh, ow), (pt, pb, pl, pr), c // cig, co // (c // cig)
+
+
+def _taps(w_shape, out_hw, strides, dilations):
+    """(i, j, row slice, column slice) of the padded input for every filter tap."""
+    (oh, ow), (sh, sw) = out_hw, strides
+    for i in range(w_shape[0]):
+        for j in range(w_shape[1]):
+            r0, c0 = i * dilations[0], j * dilations[1]
+            yield i, j, slice(r0, r0 + (oh - 1) * sh + 1, sh), slice(c0, c0 + (ow - 1) * sw + 1, sw)
+
+
+def _to_nhwc(a, data_format):
+    return a.transpose(0, 2, 3, 1) if data_format == "NCHW" else a
+
+
+def _from_nhwc(a, data_format):
+    return a.transpose(0, 3, 1, 2) if data_format == "NCHW" else a
+
+
 def conv2d_reference(x, w, strides=(1, 1), padding="VALID", dilations=(1, 1),
                      data_format="NHWC", explicit=((0, 0), (0, 0))):
     """x: input in data_format; w: HWIO. strides/dilations/explicit are (h, w) pairs.
 
     Returns float64 output in data_format."""
-    x = np.asarray(x, dtype=np.float64)
+    x = _to_nhwc(np.asarray(x, dtype=np.float64), data_format)
     w = np.asarray(w, dtype=np.float64)
-    if data_format == "NCHW":
-        x = x.transpose(0, 2, 3, 1)
+    out_hw, (pt, pb, pl, pr), groups, cog = _setup(x.shape, w.shape, strides, padding, dilations,
+                                                   explicit)
     n, h, wd, c = x.shape
-    kh, kw, cig, co = w.shape
-    groups = c // cig
-    cog = co // groups
-    oh, pt, pb = _out_and_pads(h, kh, strides[0], dilations[0], padding, explicit[0])
-    ow, pl, pr = _out_and_pads(wd, kw, strides[1], dilations[1], padding, explicit[1])
+    cig = w.shape[2]
     xp = np.zeros((n, h + pt + pb, wd + pl + pr, c))
     xp[:, pt:pt + h, pl:pl + wd, :] = x
-    out = np.zeros((n, oh, ow, co))
-    sh, sw = strides
-    for i in range(kh):
-        for j in range(kw):
-            r0, c0 = i * dilations[0], j * dilations[1]
-            patch = xp[:, r0:r0 + (oh - 1) * sh + 1:sh, c0:c0 + (ow - 1) * sw + 1:sw, :]
-            for g in range(groups):
-                out[..., g * cog:(g + 1) * cog] += patch[..., g * cig:(g + 1) * cig] @ w[i, j, :, g * cog:(g + 1) * cog]
+    out = np.zeros((n,) + out_hw + (w.shape[3],))
+    for i, j, rs, cs in _taps(w.shape, out_hw, strides, dilations):
+        patch = xp[:, rs, cs, :]
+        for g in range(groups):
+            out[..., g * cog:(g + 1) * cog] += patch[..., g * cig:(g + 1) * cig] @ w[i, j, :, g * cog:(g + 1) * cog]
+    return _from_nhwc(out, data_format)
+
+
+def conv2d_reference_backprop_input(dy, w, input_shape, strides=(1, 1), padding="VALID",
+                                    dilations=(1, 1), data_format="NHWC",
+                                    explicit=((0, 0), (0, 0))):
+    """Gradient of conv2d_reference with respect to x (input_shape in data_format)."""
+    dy = _to_nhwc(np.asarray(dy, dtype=np.float64), data_format)
+    w = np.asarray(w, dtype=np.float64)
+    shape = tuple(input_shape)
     if data_format == "NCHW":
-        out = out.transpose(0, 3, 1, 2)
-    return out
+        shape = (shape[0], shape[2], shape[3], shape[1])
+    out_hw, (pt, pb, pl, pr), groups, cog = _setup(shape, w.shape, strides, padding, dilations,
+                                                   explicit)
+    n, h, wd, c = shape
+    cig = w.shape[2]
+    dxp = np.zeros((n, h + pt + pb, wd + pl + pr, c))
+    for i, j, rs, cs in _taps(w.shape, out_hw, strides, dilations):
+        for g in range(groups):
+            dxp[:, rs, cs, g * cig:(g + 1) * cig] += dy[..., g * cog:(g + 1) * cog] @ w[i, j, :, g * cog:(g + 1) * cog].T
+    return _from_nhwc(dxp[:, pt:pt + h, pl:pl + wd, :], data_format)
+
+
+def conv2d_reference_backprop_filter(x, dy, filter_shape, strides=(1, 1), padding="VALID",
+                                     dilations=(1, 1), data_format="NHWC",
+                                     explicit=((0, 0), (0, 0))):
+    """Gradient of conv2d_reference with respect to w (HWIO filter_shape)."""
+    x = _to_nhwc(np.asarray(x, dtype=np.float64), data_format)
+    dy = _to_nhwc(np.asarray(dy, dtype=np.float64), data_format)
+    out_hw, (pt, pb, pl, pr), groups, cog = _setup(x.shape, filter_shape, strides, padding,
+                                                   dilations, explicit)
+    n, h, wd, c = x.shape
+    cig = filter_shape[2]
+    xp = np.zeros((n, h + pt + pb, wd + pl + pr, c))
+    xp[:, pt:pt + h, pl:pl + wd, :] = x
+    dw = np.zeros(tuple(filter_shape))
+    for i, j, rs, cs in _taps(filter_shape, out_hw, strides, dilations):
+        patch = xp[:, rs, cs, :]
+        for g in range(groups):
+            dw[i, j, :, g * cog:(g + 1) * cog] = np.einsum(
+                "nhwc,nhwo->co", patch[..., g * cig:(g + 1) * cig], dy[..., g * cog:(g + 1) * cog])
+    return dw
 
 
 def rel_l2(got, ref):

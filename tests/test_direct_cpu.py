@@ -96,7 +96,7 @@ def test_groups_and_layouts(isa, fmt, cin, fin, cout):
 def test_blocking_over_filter_rows_and_channels():
     """A filter too big for one L2 block runs in several (ci, kh) blocks."""
     shape, fshape = (1, 40, 44, 48), (31, 31, 48, 40)
-    b = _core.direct_forward_blocking(list(shape), list(fshape), [1] * 4, "SAME", [], "NHWC",
+    b = _core.direct_blocking(list(shape), list(fshape), [1] * 4, "SAME", [], "NHWC",
                                       [1] * 4)
     assert b["kh_block"] < 31 or b["ci_block"] < 48, b
     check(random_case(shape, 1), random_case(fshape, 2), 1, "SAME")
@@ -141,8 +141,8 @@ def test_half_and_bfloat16():
     xb, wb = x64.astype(ml_dtypes.bfloat16), w64.astype(ml_dtypes.bfloat16)
     geo = _core.conv_geometry(list(xb.shape), list(wb.shape), [1] * 4, "SAME", [], "NHWC", [1] * 4)
     out = np.full(geo["output_shape"], 0xFFFF, dtype=np.uint16)  # NaN pattern
-    _core.direct_forward(xb.view(np.uint16), wb.view(np.uint16), [1] * 4, "SAME", [], "NHWC",
-                         [1] * 4, out=out, dtype="bfloat16")
+    _core.run_pass("direct", "forward", xb.view(np.uint16), wb.view(np.uint16), [], [1] * 4,
+                   "SAME", [], "NHWC", [1] * 4, out=out, dtype="bfloat16")
     ref = conv2d_reference(xb.astype(np.float64), wb.astype(np.float64), (1, 1), "SAME")
     assert rel_l2(out.view(ml_dtypes.bfloat16), ref) <= TOLERANCE["bfloat16"]
 

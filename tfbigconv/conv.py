@@ -71,14 +71,17 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
     Supported dtypes: float16, bfloat16 (both accumulate in float32), float32, float64.
 
     Keyword-only:
-      algorithm: "direct" is the tiled direct convolution (no workspace beyond a
-        few hundred KiB of per-thread scratch). "auto" currently means "direct";
-        the FFT algorithm and the memory-aware dispatcher are not available yet,
-        and "fft" raises UnimplementedError.
-      workspace_limit: workspace budget in bytes for algorithms that need one;
-        0 means decided from free memory.
+      algorithm: "direct" is the tiled direct convolution (no workspace beyond
+        about 1 MiB of scratch per thread); "fft" is overlap-save FFT
+        convolution, whose workspace stays under `workspace_limit`; "auto"
+        picks, per pass, the one with the smaller estimated time that fits
+        (a rough model for now; tf.nn.conv2d itself is not yet a candidate).
+      workspace_limit: workspace budget in bytes; 0 means half of the free
+        host memory (cgroup-aware). If the FFT cannot fit, "fft" raises
+        ResourceExhaustedError stating the minimum needed.
 
-    Gradients are not registered yet.
+    Gradients of any order are registered (BigConv2DBackpropInput and
+    BigConv2DBackpropFilter, with the same algorithm and workspace limit).
 
     Raises:
       tf.errors.InvalidArgumentError naming the bad argument.
@@ -116,3 +119,40 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
             input=input, filter=filters, strides=strides, padding=pad,
             explicit_paddings=explicit, data_format=data_format, dilations=dilations,
             algorithm=algorithm, workspace_limit_bytes=int(workspace_limit))
+
+
+# Gradients, mirroring TensorFlow's nn_grad.py for Conv2D and its backprops.
+_ATTRS = ("strides", "padding", "explicit_paddings", "data_format", "dilations", "algorithm",
+          "workspace_limit_bytes")
+
+
+def _attrs(op):
+    return {name: op.get_attr(name) for name in _ATTRS}
+
+
+@tf.RegisterGradient("BigConv2D")
+def _big_conv2d_grad(op, grad):
+    x, w = op.inputs
+    a = _attrs(op)
+    return (_ops.big_conv2d_backprop_input(tf.shape(x), w, grad, **a),
+            _ops.big_conv2d_backprop_filter(x, tf.shape(w), grad, **a))
+
+
+@tf.RegisterGradient("BigConv2DBackpropInput")
+def _big_conv2d_backprop_input_grad(op, grad):
+    # dx = BackpropInput(sizes, w, dy) is linear in w and in dy.
+    _, w, dy = op.inputs
+    a = _attrs(op)
+    return (None,
+            _ops.big_conv2d_backprop_filter(grad, tf.shape(w), dy, **a),
+            _ops.big_conv2d(grad, w, **a))
+
+
+@tf.RegisterGradient("BigConv2DBackpropFilter")
+def _big_conv2d_backprop_filter_grad(op, grad):
+    # dw = BackpropFilter(x, sizes, dy) is linear in x and in dy.
+    x, _, dy = op.inputs
+    a = _attrs(op)
+    return (_ops.big_conv2d_backprop_input(tf.shape(x), grad, dy, **a),
+            None,
+            _ops.big_conv2d(x, grad, **a))

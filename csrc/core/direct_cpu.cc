@@ -125,41 +125,56 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   return l;
 }
 
-// dst[0 .. n) = src converted to T; returns dst + n.
+// dst[0 .. n) = src[0, stride, ...] converted to T; returns dst + n.
 template <typename S, typename T>
-T* ConvertN(const S* src, int64_t n, T* dst) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = Load<T>(src[i]);
+T* ConvertN(const S* src, int64_t stride, int64_t n, T* dst) {
+  if (stride == 1) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = Load<T>(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = Load<T>(src[i * stride]);
+  }
   return dst + n;
 }
 
 // Copies input rows [ih0, ih0 + rows) x channels [0, nci) into the panel,
 // converting to T and writing zeros wherever the window leaves the input.
 // Panel entry (ci, row, phase, q) holds input column q*stride_w + phase + iw0.
+// Rows and columns are "virtual" ones: with in_dilation u, input sample i
+// sits at virtual position i*u and the positions between are zero.
 template <typename S, typename T>
-void PackPanel(const S* in, const Strides4& is, const ConvGeometry& g, int64_t ih0,
+void PackPanel(const S* in, const TensorView& v, const ConvGeometry& g, int64_t ih0,
                int64_t rows, int64_t iw0, int64_t nci, int64_t qlen, int64_t ci_stride,
                int64_t row_stride, int64_t phase_stride, int64_t q_stride, T* dst) {
-  const int64_t sw = g.stride_w;
+  const int64_t sw = g.stride_w, uh = g.in_dilation_h, uw = g.in_dilation_w;
+  const int64_t vh = g.virtual_in_h(), vw = g.virtual_in_w();
   for (int64_t ci = 0; ci < nci; ++ci) {
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t ih = ih0 + row;
-      const bool row_ok = ih >= 0 && ih < g.in_h;
+      const bool row_ok = ih >= 0 && ih < vh && ih % uh == 0;
       for (int64_t ph = 0; ph < sw; ++ph) {
         T* d = dst + ci * ci_stride + row * row_stride + ph * phase_stride;
-        // Columns q with 0 <= iw0 + ph + q*sw < in_w.
+        // Columns q with 0 <= iw0 + ph + q*sw < vw.
         const int64_t first = iw0 + ph;
         int64_t q_lo = first >= 0 ? 0 : CeilDiv(-first, sw);
-        int64_t q_hi = first < g.in_w ? (g.in_w - 1 - first) / sw + 1 : 0;
+        int64_t q_hi = first < vw ? (vw - 1 - first) / sw + 1 : 0;
         q_lo = std::min(q_lo, qlen);
         q_hi = std::clamp(q_hi, q_lo, qlen);
         if (!row_ok) q_lo = q_hi = 0;
         for (int64_t q = 0; q < q_lo; ++q) d[q * q_stride] = T(0);
-        const S* s = in + ih * is.h + ci * is.c + (first + q_lo * sw) * is.w;
-        const int64_t step = sw * is.w;
-        if (q_stride == 1 && step == 1) {
-          for (int64_t q = q_lo; q < q_hi; ++q) d[q] = Load<T>(s[q - q_lo]);
+        const S* s = in + (ih / uh) * v.h + ci * v.c;
+        if (uw == 1) {
+          const S* s0 = s + (first + q_lo * sw) * v.w;
+          const int64_t step = sw * v.w;
+          if (q_stride == 1 && step == 1) {
+            for (int64_t q = q_lo; q < q_hi; ++q) d[q] = Load<T>(s0[q - q_lo]);
+          } else {
+            for (int64_t q = q_lo; q < q_hi; ++q) d[q * q_stride] = Load<T>(s0[(q - q_lo) * step]);
+          }
         } else {
-          for (int64_t q = q_lo; q < q_hi; ++q) d[q * q_stride] = Load<T>(s[(q - q_lo) * step]);
+          for (int64_t q = q_lo; q < q_hi; ++q) {
+            const int64_t iw = first + q * sw;
+            d[q * q_stride] = iw % uw == 0 ? Load<T>(s[(iw / uw) * v.w]) : T(0);
+          }
         }
         for (int64_t q = q_hi; q < qlen; ++q) d[q * q_stride] = T(0);
       }
@@ -170,15 +185,16 @@ void PackPanel(const S* in, const Strides4& is, const ConvGeometry& g, int64_t i
 template <typename S, typename T>
 class DirectForwardRunner {
  public:
-  DirectForwardRunner(const DirectForwardParams& p, Isa isa)
-      : g_(p.g),
+  DirectForwardRunner(const DirectParams& p, Isa isa)
+      : g_(p.problem.g),
         kt_(Table<T>(isa)),
-        l_(MakeLayout(p.g, kt_)),
+        l_(MakeLayout(g_, kt_)),
         in_(static_cast<const S*>(p.input)),
         filt_(static_cast<const S*>(p.filter)),
         out_(static_cast<S*>(p.output)),
-        is_(g_.input_strides()),
-        os_(g_.output_strides()) {}
+        iv_(p.problem.in),
+        ov_(p.problem.out),
+        fv_(p.problem.filter) {}
 
   void Run(const ParallelFor& parallel_for) {
     parallel_for(l_.b.tasks, [this](int64_t begin, int64_t end, int /*worker*/) {
@@ -198,7 +214,7 @@ class DirectForwardRunner {
     const int64_t rows_valid = std::min(l_.b.task_rows, g_.out_h - oh0);
     const int64_t cig = g_.in_c_per_group(), cog = g_.out_c_per_group();
     std::fill(acc, acc + l_.acc_elems, T(0));
-    const S* in_n = in_ + n * is_.n + grp * cig * is_.c;
+    const S* in_n = in_ + n * iv_.n + grp * iv_.g;
     for (int64_t ci0 = 0; ci0 < cig; ci0 += l_.b.ci_block) {
       const int64_t nci = std::min(l_.b.ci_block, cig - ci0);
       for (int64_t kh0 = 0; kh0 < g_.filter_h; kh0 += l_.b.kh_block) {
@@ -206,28 +222,27 @@ class DirectForwardRunner {
         const int64_t rows = l_.PanelRows(nkh, g_);
         const int64_t ih0 = oh0 * g_.stride_h - g_.pad_top + kh0 * g_.dilation_h;
         if (l_.b.channel_vectors)
-          ChansBlock(in_n + ci0 * is_.c, ih0, rows, grp, ci0, nci, kh0, nkh, rows_valid, panel,
+          ChansBlock(in_n + ci0 * iv_.c, ih0, rows, grp, ci0, nci, kh0, nkh, rows_valid, panel,
                      filt, acc, kw_offset);
         else
-          ColsBlock(in_n + ci0 * is_.c, ih0, rows, grp, ci0, nci, kh0, nkh, rows_valid, panel,
+          ColsBlock(in_n + ci0 * iv_.c, ih0, rows, grp, ci0, nci, kh0, nkh, rows_valid, panel,
                     filt, acc, kw_offset);
       }
     }
     // Write the accumulators out, converting to S.
-    S* out_n = out_ + n * os_.n + oh0 * os_.h + grp * cog * os_.c;
+    S* out_n = out_ + n * ov_.n + oh0 * ov_.h + grp * ov_.g;
     for (int64_t r = 0; r < rows_valid; ++r)
       for (int64_t ow = 0; ow < g_.out_w; ++ow)
         for (int64_t c = 0; c < cog; ++c) {
           const T v = l_.b.channel_vectors ? acc[(r * l_.wo_pad + ow) * l_.co_pad + c]
                                            : acc[(c * l_.b.task_rows + r) * l_.wo_pad + ow];
-          out_n[r * os_.h + ow * os_.w + c * os_.c] = Store<S, T>(v);
+          out_n[r * ov_.h + ow * ov_.w + c * ov_.c] = Store<S, T>(v);
         }
   }
 
-  // Filter taps (kh, kw, ci, co .. co + n) of group grp are contiguous (HWIO).
-  const S* FilterRow(int64_t kh, int64_t kw, int64_t ci, int64_t grp, int64_t co) const {
-    return filt_ + ((kh * g_.filter_w + kw) * g_.in_c_per_group() + ci) * g_.out_c +
-           grp * g_.out_c_per_group() + co;
+  // Filter tap (kh, kw, ci, co) of group grp; output channels are fv_.o apart.
+  const S* FilterAt(int64_t kh, int64_t kw, int64_t ci, int64_t grp, int64_t co) const {
+    return filt_ + fv_.offset + kh * fv_.h + kw * fv_.w + ci * fv_.i + grp * fv_.g + co * fv_.o;
   }
 
   void ColsBlock(const S* in, int64_t ih0, int64_t rows, int64_t grp, int64_t ci0, int64_t nci,
@@ -235,7 +250,7 @@ class DirectForwardRunner {
                  int64_t* kw_offset) const {
     const int64_t sw = g_.stride_w, qlen = l_.qlen;
     const int64_t row_stride = sw * qlen, ci_stride = rows * row_stride;
-    PackPanel<S, T>(in, is_, g_, ih0, rows, -g_.pad_left, nci, qlen, ci_stride, row_stride, qlen,
+    PackPanel<S, T>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, ci_stride, row_stride, qlen,
                     1, panel);
     for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
       const int64_t off = kw * g_.dilation_w;
@@ -249,7 +264,7 @@ class DirectForwardRunner {
       for (int64_t ci = 0; ci < nci; ++ci)
         for (int64_t kh = 0; kh < nkh; ++kh)
           for (int64_t kw = 0; kw < KW; ++kw)
-            f = ConvertN(FilterRow(kh0 + kh, kw, ci0 + ci, grp, c0), C, f);
+            f = ConvertN(FilterAt(kh0 + kh, kw, ci0 + ci, grp, c0), fv_.o, C, f);
       const int R = kt_.cols_rows[C];
       ColsTile<T> t;
       t.panel_ci_stride = ci_stride;
@@ -276,7 +291,7 @@ class DirectForwardRunner {
                   int64_t* kw_offset) const {
     const int64_t sw = g_.stride_w, qlen = l_.qlen;
     const int64_t q_stride = nci, phase_stride = qlen * q_stride, row_stride = sw * phase_stride;
-    PackPanel<S, T>(in, is_, g_, ih0, rows, -g_.pad_left, nci, qlen, 1, row_stride, phase_stride,
+    PackPanel<S, T>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, 1, row_stride, phase_stride,
                     q_stride, panel);
     for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
       const int64_t off = kw * g_.dilation_w;
@@ -302,7 +317,7 @@ class DirectForwardRunner {
       for (int64_t kh = 0; kh < nkh; ++kh)
         for (int64_t kw = 0; kw < KW; ++kw)
           for (int64_t ci = 0; ci < nci; ++ci) {
-            f = ConvertN(FilterRow(kh0 + kh, kw, ci0 + ci, grp, c0), n, f);
+            f = ConvertN(FilterAt(kh0 + kh, kw, ci0 + ci, grp, c0), fv_.o, n, f);
             f = std::fill_n(f, block - n, T(0));
           }
       t.filter = filt;
@@ -321,23 +336,51 @@ class DirectForwardRunner {
   const S* in_;
   const S* filt_;
   S* out_;
-  const Strides4 is_, os_;
+  const TensorView iv_, ov_;
+  const FilterView fv_;
 };
 
+template <typename S>
+void ZeroView(const ConvProblem& p, S* out) {
+  const ConvGeometry& g = p.g;
+  const S zero = Store<S, float>(0.0f);
+  const int64_t cog = g.out_c_per_group();
+  for (int64_t n = 0; n < g.batch; ++n)
+    for (int64_t h = 0; h < g.out_h; ++h)
+      for (int64_t w = 0; w < g.out_w; ++w)
+        for (int64_t grp = 0; grp < g.groups; ++grp)
+          for (int64_t c = 0; c < cog; ++c)
+            out[n * p.out.n + h * p.out.h + w * p.out.w + grp * p.out.g + c * p.out.c] = zero;
+}
+
 template <typename S, typename T>
-void RunDirect(const DirectForwardParams& p, const ParallelFor& pf, Isa isa) {
+void RunDirect(const DirectParams& p, const ParallelFor& pf, Isa isa) {
   DirectForwardRunner<S, T>(p, isa).Run(pf);
 }
 
 }  // namespace
 
-DirectBlocking DirectForwardBlocking(const ConvGeometry& g, DType dtype, Isa isa) {
+void ZeroConvOutput(const ConvProblem& p, DType dtype, void* output) {
+  switch (dtype) {
+    case DType::kFloat: return ZeroView(p, static_cast<float*>(output));
+    case DType::kDouble: return ZeroView(p, static_cast<double*>(output));
+    case DType::kHalf: return ZeroView(p, static_cast<f16*>(output));
+    case DType::kBFloat16: return ZeroView(p, static_cast<bf16*>(output));
+  }
+}
+
+DirectBlocking DirectConvBlocking(const ConvGeometry& g, DType dtype, Isa isa) {
   return dtype == DType::kDouble ? MakeLayout(g, Table<double>(isa)).b
                                  : MakeLayout(g, Table<float>(isa)).b;
 }
 
-void DirectForward(const DirectForwardParams& p, const ParallelFor& pf, Isa isa) {
-  if (p.g.output_elements() == 0) return;
+void DirectConv(const DirectParams& p, const ParallelFor& pf, Isa isa) {
+  const ConvGeometry& g = p.problem.g;
+  if (g.batch * g.out_h * g.out_w * g.out_c == 0) return;
+  if (g.in_c_per_group() == 0 || g.filter_h * g.filter_w == 0) {  // empty sums
+    ZeroConvOutput(p.problem, p.dtype, p.output);
+    return;
+  }
   switch (p.dtype) {
     case DType::kFloat: return RunDirect<float, float>(p, pf, isa);
     case DType::kDouble: return RunDirect<double, double>(p, pf, isa);

@@ -13,10 +13,11 @@
 
 namespace tfbigconv {
 
-// What the kernel sees: a validated geometry and raw pointers. Tensors are
-// dense in g.data_format; the filter is HWIO. Half types compute in float.
-struct DirectForwardParams {
-  ConvGeometry g;
+// What the kernel sees: a convolution problem (geometry and operand views:
+// the forward pass, or a gradient posed as a convolution) and raw pointers.
+// Half types compute in float.
+struct DirectParams {
+  ConvProblem problem;
   DType dtype = DType::kFloat;
   const void* input = nullptr;
   const void* filter = nullptr;
@@ -34,9 +35,12 @@ struct DirectBlocking {
   int64_t scratch_bytes_per_worker = 0;
 };
 
-DirectBlocking DirectForwardBlocking(const ConvGeometry& g, DType dtype, Isa isa);
+DirectBlocking DirectConvBlocking(const ConvGeometry& g, DType dtype, Isa isa);
 
-// Runs the forward pass with the given ISA (must be in SupportedIsas()).
-void DirectForward(const DirectForwardParams& p, const ParallelFor& parallel_for, Isa isa);
+// Writes zeros to every output element of the problem (empty reductions).
+void ZeroConvOutput(const ConvProblem& p, DType dtype, void* output);
+
+// Runs the problem with the given ISA (must be in SupportedIsas()).
+void DirectConv(const DirectParams& p, const ParallelFor& parallel_for, Isa isa);
 
 }  // namespace tfbigconv

@@ -4,6 +4,7 @@
 #include <complex>
 #include <cstring>
 
+#include "direct_cpu.h"
 #include "fft_backend_cpu.h"
 
 namespace tfbigconv {
@@ -36,14 +37,15 @@ class FftForwardRunner {
   using C = std::complex<T>;
 
  public:
-  explicit FftForwardRunner(const FftForwardParams& p)
-      : g_(p.g),
+  explicit FftForwardRunner(const FftParams& p)
+      : g_(p.problem.g),
         pl_(p.plan),
         in_(static_cast<const S*>(p.input)),
         filt_(static_cast<const S*>(p.filter)),
         out_(static_cast<S*>(p.output)),
-        is_(g_.input_strides()),
-        os_(g_.output_strides()),
+        iv_(p.problem.in),
+        ov_(p.problem.out),
+        fv_(p.problem.filter),
         bw_(pl_.bins_w()),
         bins_(pl_.bins()) {
     char* ws = static_cast<char*>(p.workspace);
@@ -95,15 +97,15 @@ class FftForwardRunner {
     if (r1 > r0) std::fill(spec + r0 * bw_, spec + r1 * bw_, C(0));
   }
 
-  // Spectrum of the dilated filter tap plane (co, ci), placed at the origin.
+  // Spectrum of the dilated filter tap plane (co, ci within its group),
+  // placed at the origin.
   void FilterSpectrum(int64_t co, int64_t ci, T* st) const {
-    const int64_t eh = g_.effective_filter_h(), ew = g_.effective_filter_w(), fw = pl_.fft_w;
+    const int64_t eh = g_.effective_filter_h(), fw = pl_.fft_w, cog = g_.out_c_per_group();
     std::fill(st, st + eh * fw, T(0));
+    const S* f = filt_ + fv_.offset + ci * fv_.i + (co / cog) * fv_.g + (co % cog) * fv_.o;
     for (int64_t kh = 0; kh < g_.filter_h; ++kh)
       for (int64_t kw = 0; kw < g_.filter_w; ++kw)
-        st[kh * g_.dilation_h * fw + kw * g_.dilation_w] =
-            Load<T>(filt_[((kh * g_.filter_w + kw) * g_.in_c_per_group() + ci) * g_.out_c + co]);
-    (void)ew;
+        st[kh * g_.dilation_h * fw + kw * g_.dilation_w] = Load<T>(f[kh * fv_.h + kw * fv_.w]);
     C* spec = W(co, ci);
     fft::RealRowsForward(st, fw, eh, fw, spec, bw_);
     ZeroRows(spec, eh, pl_.fft_h);
@@ -127,30 +129,36 @@ class FftForwardRunner {
   }
 
   // Spectrum of input channel ci over the tile's window. Window rows and
-  // columns outside the image are zero: their row transforms are skipped.
+  // columns outside the (virtual, see in_dilation) input are zero: their row
+  // transforms are skipped.
   void ForwardItem(int64_t item, int64_t slot, int64_t ci, T* st) const {
     const Tile t = TileOf(item);
-    const int64_t fw = pl_.fft_w;
+    const int64_t fw = pl_.fft_w, uh = g_.in_dilation_h, uw = g_.in_dilation_w;
     const int64_t need_h = (t.vh - 1) * g_.stride_h + g_.effective_filter_h();
     const int64_t need_w = (t.vw - 1) * g_.stride_w + g_.effective_filter_w();
     const int64_t ih0 = t.oh0 * g_.stride_h - g_.pad_top;
     const int64_t iw0 = t.ow0 * g_.stride_w - g_.pad_left;
-    const int64_t r_lo = std::max<int64_t>(0, -ih0);
-    const int64_t r_hi = std::max(r_lo, std::min(need_h, g_.in_h - ih0));
-    const int64_t c_lo = std::min(fw, std::max<int64_t>(0, -iw0));
-    const int64_t c_hi = std::max(c_lo, std::min(need_w, g_.in_w - iw0));
+    const int64_t r_lo = std::min(need_h, std::max<int64_t>(0, -ih0));
+    const int64_t r_hi = std::max(r_lo, std::min(need_h, g_.virtual_in_h() - ih0));
+    const int64_t c_lo = std::min(need_w, std::max<int64_t>(0, -iw0));
+    const int64_t c_hi = std::max(c_lo, std::min(need_w, g_.virtual_in_w() - iw0));
     C* spec = X(slot, ci);
     if (r_hi == r_lo || c_hi == c_lo) {  // the window sees only padding
       ZeroRows(spec, 0, pl_.fft_h);
       return;
     }
-    const S* src = in_ + t.n * is_.n + ci * is_.c + (ih0 + r_lo) * is_.h + (iw0 + c_lo) * is_.w;
+    const int64_t cig = g_.in_c_per_group();
+    const S* src = in_ + t.n * iv_.n + (ci / cig) * iv_.g + (ci % cig) * iv_.c;
     for (int64_t r = 0; r < r_hi - r_lo; ++r) {
       T* row = st + r * fw;
-      std::fill(row, row + c_lo, T(0));
-      const S* s = src + r * is_.h;
-      for (int64_t c = c_lo; c < c_hi; ++c) row[c] = Load<T>(s[(c - c_lo) * is_.w]);
-      std::fill(row + c_hi, row + fw, T(0));
+      std::fill(row, row + fw, T(0));
+      const int64_t vr = ih0 + r_lo + r;
+      if (vr % uh != 0) continue;
+      const S* s = src + (vr / uh) * iv_.h;
+      for (int64_t c = c_lo; c < c_hi; ++c) {
+        const int64_t vc = iw0 + c;
+        if (vc % uw == 0) row[c] = Load<T>(s[(vc / uw) * iv_.w]);
+      }
     }
     ZeroRows(spec, 0, r_lo);
     ZeroRows(spec, r_hi, pl_.fft_h);
@@ -184,10 +192,12 @@ class FftForwardRunner {
     fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, false);
     const T scale = T(1) / (T(pl_.fft_h) * T(fw));
     fft::RealRowsBackward(spec, g_.stride_h * bw_, t.vh, fw, st, fw, scale);
-    S* dst = out_ + t.n * os_.n + t.oh0 * os_.h + t.ow0 * os_.w + co * os_.c;
+    const int64_t cog = g_.out_c_per_group();
+    S* dst = out_ + t.n * ov_.n + t.oh0 * ov_.h + t.ow0 * ov_.w + (co / cog) * ov_.g +
+             (co % cog) * ov_.c;
     for (int64_t r = 0; r < t.vh; ++r)
       for (int64_t c = 0; c < t.vw; ++c)
-        dst[r * os_.h + c * os_.w] = Store<S, T>(st[r * fw + c * g_.stride_w]);
+        dst[r * ov_.h + c * ov_.w] = Store<S, T>(st[r * fw + c * g_.stride_w]);
   }
 
   const ConvGeometry g_;
@@ -195,7 +205,8 @@ class FftForwardRunner {
   const S* in_;
   const S* filt_;
   S* out_;
-  const Strides4 is_, os_;
+  const TensorView iv_, ov_;
+  const FilterView fv_;
   const int64_t bw_, bins_;
   C* wspec_;
   C* items_;
@@ -204,8 +215,10 @@ class FftForwardRunner {
 
 }  // namespace
 
-void FftForward(const FftForwardParams& p, const ParallelFor& pf) {
-  if (p.g.output_elements() == 0) return;
+void FftConv(const FftParams& p, const ParallelFor& pf) {
+  const ConvGeometry& g = p.problem.g;
+  if (g.batch * g.out_h * g.out_w * g.out_c == 0) return;
+  if (g.in_c_per_group() == 0) return ZeroConvOutput(p.problem, p.dtype, p.output);
   switch (p.dtype) {
     case DType::kFloat: return FftForwardRunner<float, float>(p).Run(pf);
     case DType::kDouble: return FftForwardRunner<double, double>(p).Run(pf);

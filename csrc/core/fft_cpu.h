@@ -10,16 +10,16 @@
 
 namespace tfbigconv {
 
-struct FftForwardParams {
-  ConvGeometry g;
+struct FftParams {
+  ConvProblem problem;  // the forward pass, or a gradient posed as a convolution
   DType dtype = DType::kFloat;
-  FftPlan plan;  // from PlanFftForward, with plan.workers >= the ParallelFor's workers
+  FftPlan plan;  // from PlanFft, with plan.workers >= the ParallelFor's workers
   const void* input = nullptr;
   const void* filter = nullptr;
   void* output = nullptr;     // fully overwritten
   void* workspace = nullptr;  // plan.workspace_bytes, any alignment of 16 or more
 };
 
-void FftForward(const FftForwardParams& p, const ParallelFor& parallel_for);
+void FftConv(const FftParams& p, const ParallelFor& parallel_for);
 
 }  // namespace tfbigconv

@@ -47,6 +47,78 @@ std::vector<int64_t> ConvGeometry::output_shape() const {
   return {batch, out_c, out_h, out_w};
 }
 
+namespace {
+TensorView GroupedView(const Strides4& s, int64_t channels_per_group) {
+  return {s.n, s.h, s.w, s.c * channels_per_group, s.c};
+}
+}  // namespace
+
+ConvProblem ForwardProblem(const ConvGeometry& g) {
+  ConvProblem p;
+  p.g = g;
+  p.in = GroupedView(g.input_strides(), g.in_c_per_group());
+  p.out = GroupedView(g.output_strides(), g.out_c_per_group());
+  const int64_t cig = g.in_c_per_group(), co = g.out_c;
+  p.filter = {0, g.filter_w * cig * co, cig * co, co, g.out_c_per_group(), 1};
+  return p;
+}
+
+ConvProblem BackpropInputProblem(const ConvGeometry& f) {
+  const ConvProblem fwd = ForwardProblem(f);
+  ConvProblem p;
+  ConvGeometry& g = p.g;
+  g = f;
+  g.in_h = f.out_h;
+  g.in_w = f.out_w;
+  g.in_c = f.out_c;
+  g.filter_in_c = f.out_c_per_group();
+  g.out_c = f.in_c;
+  g.out_h = f.in_h;
+  g.out_w = f.in_w;
+  g.stride_h = g.stride_w = 1;
+  g.in_dilation_h = f.stride_h;
+  g.in_dilation_w = f.stride_w;
+  // Full correlation with the flipped filter, less the forward padding.
+  g.pad_top = f.effective_filter_h() - 1 - f.pad_top;
+  g.pad_left = f.effective_filter_w() - 1 - f.pad_left;
+  g.pad_bottom = (g.out_h - 1) + f.effective_filter_h() - g.virtual_in_h() - g.pad_top;
+  g.pad_right = (g.out_w - 1) + f.effective_filter_w() - g.virtual_in_w() - g.pad_left;
+  p.in = fwd.out;
+  p.out = fwd.in;
+  // Flip both spatial axes; swap the in/out channel strides.
+  const FilterView& w = fwd.filter;
+  p.filter = {(f.filter_h - 1) * w.h + (f.filter_w - 1) * w.w, -w.h, -w.w, w.o, w.g, w.i};
+  return p;
+}
+
+ConvProblem BackpropFilterProblem(const ConvGeometry& f) {
+  const ConvProblem fwd = ForwardProblem(f);
+  ConvProblem p;
+  ConvGeometry& g = p.g;
+  g = f;
+  g.batch = f.in_c_per_group();
+  g.in_c = f.groups * f.batch;
+  g.filter_in_c = f.batch;
+  g.filter_h = f.out_h;
+  g.filter_w = f.out_w;
+  g.stride_h = f.dilation_h;
+  g.stride_w = f.dilation_w;
+  g.dilation_h = f.stride_h;
+  g.dilation_w = f.stride_w;
+  g.out_h = f.filter_h;
+  g.out_w = f.filter_w;
+  g.pad_bottom = (g.out_h - 1) * g.stride_h + g.effective_filter_h() - f.in_h - g.pad_top;
+  g.pad_right = (g.out_w - 1) * g.stride_w + g.effective_filter_w() - f.in_w - g.pad_left;
+  // Input: batch <- channel within group, channel <- batch.
+  p.in = {fwd.in.c, fwd.in.h, fwd.in.w, fwd.in.g, fwd.in.n};
+  // Filter <- dL/doutput: (oh, ow, n, group, co within group).
+  p.filter = {0, fwd.out.h, fwd.out.w, fwd.out.n, fwd.out.g, fwd.out.c};
+  // Output <- dL/dfilter, HWIO: (ci within group, kh, kw, group, co within group).
+  const FilterView& w = fwd.filter;
+  p.out = {w.i, w.h, w.w, w.g, w.o};
+  return p;
+}
+
 std::string ParsePadding(const std::string& s, Padding* out) {
   if (s == "SAME") *out = Padding::kSame;
   else if (s == "VALID") *out = Padding::kValid;

@@ -29,19 +29,36 @@ struct Strides4 {
   int64_t n, h, w, c;
 };
 
+// How a kernel addresses its operands: element strides of an image tensor by
+// (n, h, w, group, channel within group), and of a filter by (kh, kw, input
+// channel within group, group, output channel within group) from an offset.
+// Views let one kernel run the gradients as convolutions over transposed,
+// flipped operands without copying them.
+struct TensorView {
+  int64_t n, h, w, g, c;
+};
+struct FilterView {
+  int64_t offset, h, w, i, g, o;
+};
+
 struct ConvGeometry {
   int64_t batch = 0, in_h = 0, in_w = 0, in_c = 0;
   int64_t filter_h = 0, filter_w = 0, filter_in_c = 0, out_c = 0;  // HWIO
   int64_t groups = 1;
   int64_t stride_h = 1, stride_w = 1, dilation_h = 1, dilation_w = 1;
-  int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+  int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;  // negative: cropping
   int64_t out_h = 0, out_w = 0;
+  // Zeros inserted between input samples (a transposed convolution's input):
+  // the kernels see an input of (in - 1) * in_dilation + 1 samples.
+  int64_t in_dilation_h = 1, in_dilation_w = 1;
   DataFormat data_format = DataFormat::kNHWC;
 
   int64_t in_c_per_group() const { return filter_in_c; }
   int64_t out_c_per_group() const { return out_c / groups; }
   int64_t effective_filter_h() const { return (filter_h - 1) * dilation_h + 1; }
   int64_t effective_filter_w() const { return (filter_w - 1) * dilation_w + 1; }
+  int64_t virtual_in_h() const { return in_h == 0 ? 0 : (in_h - 1) * in_dilation_h + 1; }
+  int64_t virtual_in_w() const { return in_w == 0 ? 0 : (in_w - 1) * in_dilation_w + 1; }
   Strides4 input_strides() const;
   Strides4 output_strides() const;
   int64_t input_elements() const { return batch * in_h * in_w * in_c; }
@@ -54,6 +71,26 @@ struct ConvGeometry {
   // Shape of the output tensor in data_format order.
   std::vector<int64_t> output_shape() const;
 };
+
+// A convolution as the kernels run it: geometry plus operand views.
+struct ConvProblem {
+  ConvGeometry g;
+  TensorView in, out;
+  FilterView filter;
+};
+
+// The forward pass of a validated geometry on dense tensors (data_format,
+// HWIO filter).
+ConvProblem ForwardProblem(const ConvGeometry& g);
+// dL/dinput as a convolution: input = dL/doutput upsampled by the strides
+// (in_dilation), filter = the forward filter flipped with in and out channels
+// swapped, output = dL/dinput. Tensors keep the forward layouts.
+ConvProblem BackpropInputProblem(const ConvGeometry& g);
+// dL/dfilter as a convolution: batch = input channels within a group,
+// channels = the forward batch, input = the forward input, filter =
+// dL/doutput (dilated by the forward strides, strided by the forward
+// dilations), output = dL/dfilter (HWIO).
+ConvProblem BackpropFilterProblem(const ConvGeometry& g);
 
 std::string ParsePadding(const std::string& s, Padding* out);
 std::string ParseDataFormat(const std::string& s, DataFormat* out);

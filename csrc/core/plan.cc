@@ -53,7 +53,7 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
                        int64_t(p->workers) * p->worker_bytes;
 }
 
-std::string PlanFftForward(const ConvGeometry& g, DType dtype, int64_t limit, int workers,
+std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int workers,
                            FftPlan* out) {
   if (workers < 1) workers = 1;
   const int64_t eff_h = g.effective_filter_h(), eff_w = g.effective_filter_w();
@@ -75,9 +75,9 @@ std::string PlanFftForward(const ConvGeometry& g, DType dtype, int64_t limit, in
       FillFftWorkspace(g, dtype, &p);
       min_needed = std::min(min_needed, p.workspace_bytes);
       if (p.workspace_bytes > limit) continue;
-      const int64_t fit = 1 + (limit - p.workspace_bytes) / p.item_spectra_bytes;
-      const int64_t target =
-          std::max<int64_t>(2 * workers, kChunkTargetBytes / p.item_spectra_bytes);
+      const int64_t per_item = std::max<int64_t>(1, p.item_spectra_bytes);  // 0: no channels
+      const int64_t fit = 1 + (limit - p.workspace_bytes) / per_item;
+      const int64_t target = std::max<int64_t>(2 * workers, kChunkTargetBytes / per_item);
       p.chunk = std::max<int64_t>(1, std::min({p.items, fit, target}));
       FillFftWorkspace(g, dtype, &p);
       // Cost: transform and channel-mixing flops, plus bytes moved through
@@ -106,6 +106,42 @@ std::string PlanFftForward(const ConvGeometry& g, DType dtype, int64_t limit, in
     return os.str();
   }
   *out = best;
+  return "";
+}
+
+namespace {
+// Throughputs of the two algorithms on the 2-core development machine (see
+// benchmarks/RESULTS.md): the direct kernel's FLOP/s, and FFT cost-model
+// units per second. Rough; the dispatcher issue calibrates them per machine.
+constexpr double kDirectFlopsPerSecond = 3.5e11;
+constexpr double kFftUnitsPerSecond = 3.9e10;
+}  // namespace
+
+std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
+                            int64_t limit, int workers, AlgorithmChoice* c) {
+  if (requested != "auto" && requested != "direct" && requested != "fft")
+    return "algorithm must be 'auto', 'direct' or 'fft', got '" + requested + "'";
+  *c = AlgorithmChoice();
+  c->direct_seconds = 2.0 * double(g.macs()) / kDirectFlopsPerSecond;
+  std::string fft_err;
+  if (requested != "direct") {
+    fft_err = PlanFft(g, dtype, limit, workers, &c->fft);
+    if (fft_err.empty()) c->fft_seconds = c->fft.cost / kFftUnitsPerSecond;
+  }
+  if (requested == "fft") {
+    if (!fft_err.empty()) return fft_err;
+    c->algorithm = Algorithm::kFft;
+    c->reason = "fft requested";
+  } else if (requested == "direct") {
+    c->reason = "direct requested";
+  } else if (!fft_err.empty()) {
+    c->reason = "auto: direct, no FFT plan fits the workspace limit";
+  } else {
+    c->algorithm = c->fft_seconds < c->direct_seconds ? Algorithm::kFft : Algorithm::kDirect;
+    std::ostringstream os;
+    os << "auto: estimated direct " << c->direct_seconds << " s, fft " << c->fft_seconds << " s";
+    c->reason = os.str();
+  }
   return "";
 }
 

@@ -50,7 +50,23 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* plan);
 
 // The cheapest plan whose workspace is at most workspace_limit bytes. On
 // failure returns an error that states the minimum workspace needed.
-std::string PlanFftForward(const ConvGeometry& g, DType dtype, int64_t workspace_limit,
+std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t workspace_limit,
                            int workers, FftPlan* plan);
+
+enum class Algorithm { kDirect, kFft };
+
+// The algorithm for one pass: "direct" or "fft" as requested, or for "auto"
+// the one with the smaller estimated time among those that fit the budget.
+struct AlgorithmChoice {
+  Algorithm algorithm = Algorithm::kDirect;
+  FftPlan fft;          // valid when algorithm == kFft
+  double direct_seconds = 0, fft_seconds = 0;  // estimates (fft: 0 if no plan fits)
+  std::string reason;
+};
+
+// Errors: an unknown algorithm name (InvalidArgument), or "fft" requested
+// and no plan fits the limit (the message states the minimum).
+std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
+                            int64_t workspace_limit, int workers, AlgorithmChoice* choice);
 
 }  // namespace tfbigconv

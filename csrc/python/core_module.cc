@@ -96,62 +96,6 @@ bool Dense(const py::array& a) {
   return (a.flags() & py::array::c_style) != 0;
 }
 
-// A forward convolution on numpy arrays: validated geometry, dtype and an
-// output array (the caller's `out`, checked, or a new one).
-struct NumpyConv {
-  ConvGeometry g;
-  DType dtype;
-  py::array input, filter, output;
-};
-
-NumpyConv PrepareForward(py::array input, py::array filter, const std::vector<int64_t>& strides,
-                         const std::string& padding, const std::vector<int64_t>& explicit_paddings,
-                         const std::string& data_format, const std::vector<int64_t>& dilations,
-                         py::object out, const std::string& dtype) {
-  NumpyConv c;
-  const ConvAttrs a = MakeAttrs(strides, padding, explicit_paddings, data_format, dilations);
-  std::vector<int64_t> in_shape(input.shape(), input.shape() + input.ndim());
-  std::vector<int64_t> f_shape(filter.shape(), filter.shape() + filter.ndim());
-  c.g = Geometry(in_shape, f_shape, a);
-  c.dtype = PickDType(input, dtype);
-  if (!input.dtype().is(filter.dtype())) throw py::value_error("input and filter dtypes differ");
-  if (!Dense(input) || !Dense(filter)) throw py::value_error("input and filter must be C-contiguous");
-  const std::vector<int64_t> oshape = c.g.output_shape();
-  if (out.is_none()) {
-    c.output = py::array(input.dtype(), std::vector<py::ssize_t>(oshape.begin(), oshape.end()));
-  } else {
-    c.output = out.cast<py::array>();
-    std::vector<int64_t> got(c.output.shape(), c.output.shape() + c.output.ndim());
-    if (got != oshape || !c.output.dtype().is(input.dtype()) || !Dense(c.output) ||
-        !c.output.writeable())
-      throw py::value_error("out must be a writeable C-contiguous array of the output shape and dtype");
-  }
-  c.input = input;
-  c.filter = filter;
-  return c;
-}
-
-py::array DirectForwardNumpy(py::array input, py::array filter, const std::vector<int64_t>& strides,
-                             const std::string& padding, const std::vector<int64_t>& explicit_paddings,
-                             const std::string& data_format, const std::vector<int64_t>& dilations,
-                             py::object out, const std::string& isa, int num_threads,
-                             const std::string& dtype) {
-  NumpyConv c = PrepareForward(input, filter, strides, padding, explicit_paddings, data_format,
-                               dilations, out, dtype);
-  DirectForwardParams p;
-  p.g = c.g;
-  p.dtype = c.dtype;
-  p.input = c.input.data();
-  p.filter = c.filter.data();
-  p.output = c.output.mutable_data();
-  const Isa chosen = PickIsa(isa);
-  {
-    py::gil_scoped_release release;
-    DirectForward(p, StdThreadParallelFor(num_threads), chosen);
-  }
-  return c.output;
-}
-
 int64_t BudgetOrDefault(int64_t workspace_limit) {
   if (workspace_limit < 0) throw py::value_error("workspace_limit must be non-negative");
   return workspace_limit > 0 ? workspace_limit : DefaultHostWorkspaceBudget();
@@ -179,35 +123,84 @@ py::dict PlanDict(const FftPlan& p) {
 
 FftPlan PlanOrThrow(const ConvGeometry& g, DType dtype, int64_t workspace_limit, int workers) {
   FftPlan plan;
-  const std::string err = PlanFftForward(g, dtype, BudgetOrDefault(workspace_limit), workers, &plan);
+  const std::string err = PlanFft(g, dtype, BudgetOrDefault(workspace_limit), workers, &plan);
   if (!err.empty()) throw py::value_error(err);
   return plan;
 }
 
-py::array FftForwardNumpy(py::array input, py::array filter, const std::vector<int64_t>& strides,
-                          const std::string& padding, const std::vector<int64_t>& explicit_paddings,
-                          const std::string& data_format, const std::vector<int64_t>& dilations,
-                          py::object out, int64_t workspace_limit, int num_threads,
-                          const std::string& dtype) {
-  NumpyConv c = PrepareForward(input, filter, strides, padding, explicit_paddings, data_format,
-                               dilations, out, dtype);
-  const ParallelFor pf = StdThreadParallelFor(num_threads);
-  FftForwardParams p;
-  p.g = c.g;
-  p.dtype = c.dtype;
-  p.plan = PlanOrThrow(c.g, c.dtype, workspace_limit, pf.num_workers());
-  p.input = c.input.data();
-  p.filter = c.filter.data();
-  p.output = c.output.mutable_data();
-  // Exactly the planned bytes, poisoned with NaN so that unwritten reads show.
-  std::vector<double> workspace((p.plan.workspace_bytes + 7) / 8,
-                                std::numeric_limits<double>::quiet_NaN());
-  p.workspace = workspace.data();
-  {
-    py::gil_scoped_release release;
-    FftForward(p, pf);
+std::vector<int64_t> Shape(const py::array& a) {
+  return std::vector<int64_t>(a.shape(), a.shape() + a.ndim());
+}
+
+// Runs one pass of a convolution on numpy arrays. pass: "forward" (a = input,
+// b = filter), "backprop_input" (a = out_backprop, b = filter, sizes = input
+// shape) or "backprop_filter" (a = input, b = out_backprop, sizes = filter
+// shape). `out`, if given, must have the result's shape and dtype and is
+// overwritten; the FFT workspace is exactly the planned size, NaN-poisoned.
+py::array RunPass(const std::string& algorithm, const std::string& pass, py::array a, py::array b,
+                  const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+                  const std::string& padding, const std::vector<int64_t>& explicit_paddings,
+                  const std::string& data_format, const std::vector<int64_t>& dilations,
+                  py::object out, const std::string& isa, int64_t workspace_limit,
+                  int num_threads, const std::string& dtype) {
+  const ConvAttrs attrs = MakeAttrs(strides, padding, explicit_paddings, data_format, dilations);
+  if (!a.dtype().is(b.dtype())) throw py::value_error("operand dtypes differ");
+  if (!Dense(a) || !Dense(b)) throw py::value_error("operands must be C-contiguous");
+  const DType dt = PickDType(a, dtype);
+  ConvProblem problem;
+  std::vector<int64_t> result_shape;
+  if (pass == "forward") {
+    problem = ForwardProblem(Geometry(Shape(a), Shape(b), attrs));
+    result_shape = problem.g.output_shape();
+  } else if (pass == "backprop_input" || pass == "backprop_filter") {
+    const bool bpi = pass == "backprop_input";
+    const ConvGeometry g = bpi ? Geometry(sizes, Shape(b), attrs) : Geometry(Shape(a), sizes, attrs);
+    if (Shape(bpi ? a : b) != g.output_shape())
+      throw py::value_error("out_backprop has the wrong shape for this convolution");
+    problem = bpi ? BackpropInputProblem(g) : BackpropFilterProblem(g);
+    result_shape = sizes;
+  } else {
+    throw py::value_error("pass must be forward, backprop_input or backprop_filter");
   }
-  return c.output;
+  py::array result;
+  if (out.is_none()) {
+    result = py::array(a.dtype(), std::vector<py::ssize_t>(result_shape.begin(), result_shape.end()));
+  } else {
+    result = out.cast<py::array>();
+    if (Shape(result) != result_shape || !result.dtype().is(a.dtype()) || !Dense(result) ||
+        !result.writeable())
+      throw py::value_error("out must be a writeable C-contiguous array of the result's shape and dtype");
+  }
+  const ParallelFor pf = StdThreadParallelFor(num_threads);
+  const ConvGeometry& g = problem.g;
+  if (g.batch * g.out_h * g.out_w * g.out_c == 0) return result;
+  if (algorithm == "direct") {
+    DirectParams p;
+    p.problem = problem;
+    p.dtype = dt;
+    p.input = a.data();
+    p.filter = b.data();
+    p.output = result.mutable_data();
+    const Isa chosen = PickIsa(isa);
+    py::gil_scoped_release release;
+    DirectConv(p, pf, chosen);
+  } else if (algorithm == "fft") {
+    FftParams p;
+    p.problem = problem;
+    p.dtype = dt;
+    p.plan = PlanOrThrow(g, dt, workspace_limit, pf.num_workers());
+    p.input = a.data();
+    p.filter = b.data();
+    p.output = result.mutable_data();
+    std::vector<double> workspace((p.plan.workspace_bytes + 7) / 8,
+                                  std::numeric_limits<double>::quiet_NaN());
+    p.workspace = workspace.data();
+    py::gil_scoped_release release;
+    FftConv(p, pf);
+  } else {
+    throw py::value_error("algorithm must be direct or fft");
+  }
+  return result;
 }
 
 }  // namespace
@@ -239,7 +232,7 @@ PYBIND11_MODULE(_core, m) {
       py::arg("strides"), py::arg("padding"), py::arg("explicit_paddings"),
       py::arg("data_format"), py::arg("dilations"));
   m.def(
-      "direct_forward_blocking",
+      "direct_blocking",
       [](const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
          const std::vector<int64_t>& strides, const std::string& padding,
          const std::vector<int64_t>& explicit_paddings, const std::string& data_format,
@@ -248,7 +241,7 @@ PYBIND11_MODULE(_core, m) {
             input_shape, filter_shape,
             MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
         const DirectBlocking b =
-            DirectForwardBlocking(g, dtype == "float64" ? DType::kDouble : DType::kFloat, PickIsa(isa));
+            DirectConvBlocking(g, dtype == "float64" ? DType::kDouble : DType::kFloat, PickIsa(isa));
         py::dict d;
         d["channel_vectors"] = b.channel_vectors;
         d["channels_per_tile"] = b.channels_per_tile;
@@ -262,11 +255,12 @@ PYBIND11_MODULE(_core, m) {
       py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
       py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
       py::arg("dtype") = "float32", py::arg("isa") = "");
-  m.def("direct_forward", &DirectForwardNumpy, py::arg("input"), py::arg("filter"),
-        py::arg("strides"), py::arg("padding"), py::arg("explicit_paddings"),
-        py::arg("data_format"), py::arg("dilations"), py::arg("out") = py::none(),
-        py::arg("isa") = "", py::arg("num_threads") = 0, py::arg("dtype") = "",
-        "Direct forward convolution on numpy arrays. `out`, if given, is overwritten. "
+  m.def("run_pass", &RunPass, py::arg("algorithm"), py::arg("pass_"), py::arg("a"),
+        py::arg("b"), py::arg("sizes"), py::arg("strides"), py::arg("padding"),
+        py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
+        py::arg("out") = py::none(), py::arg("isa") = "", py::arg("workspace_limit") = 0,
+        py::arg("num_threads") = 0, py::arg("dtype") = "",
+        "One pass (forward, backprop_input, backprop_filter) with algorithm direct or fft. "
         "bfloat16 data is passed as uint16 arrays with dtype='bfloat16'.");
   m.def(
       "fft_plan",
@@ -290,11 +284,6 @@ PYBIND11_MODULE(_core, m) {
       py::arg("dtype") = "float32", py::arg("workspace_limit") = 0, py::arg("workers") = 1,
       "The FFT plan (tiles, chunk, exact workspace bytes) the forward pass would use; "
       "raises ValueError stating the minimum workspace when the limit is too small.");
-  m.def("fft_forward", &FftForwardNumpy, py::arg("input"), py::arg("filter"),
-        py::arg("strides"), py::arg("padding"), py::arg("explicit_paddings"),
-        py::arg("data_format"), py::arg("dilations"), py::arg("out") = py::none(),
-        py::arg("workspace_limit") = 0, py::arg("num_threads") = 0, py::arg("dtype") = "",
-        "FFT forward convolution on numpy arrays with a workspace of exactly the planned size.");
   m.def("free_host_memory", &FreeHostMemoryBytes);
   m.def("default_workspace_budget", &DefaultHostWorkspaceBudget);
   m.def("supported_isas", [] {

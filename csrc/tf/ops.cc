@@ -80,6 +80,19 @@ absl::Status ConvOutputShape(InferenceContext* c, ShapeHandle input, ShapeHandle
   return absl::OkStatus();
 }
 
+// Shape given by a 4-element int32 sizes input (input_sizes/filter_sizes).
+absl::Status ShapeFromSizes(InferenceContext* c, int sizes_input, const char* name,
+                            ShapeHandle* out) {
+  ShapeHandle sizes = c->input(sizes_input);
+  if (c->RankKnown(sizes) && c->Rank(sizes) != 1)
+    return tensorflow::errors::InvalidArgument(name, " must be a 1-D tensor of 4 sizes");
+  if (c->RankKnown(sizes) && c->ValueKnown(c->Dim(sizes, 0)) && c->Value(c->Dim(sizes, 0)) != 4)
+    return tensorflow::errors::InvalidArgument(name, " must have 4 elements, got ",
+                                               c->Value(c->Dim(sizes, 0)));
+  TF_RETURN_IF_ERROR(c->MakeShapeFromShapeTensor(sizes_input, out));
+  return c->WithRank(*out, 4, out);
+}
+
 }  // namespace
 }  // namespace tfbigconv
 
@@ -110,4 +123,39 @@ REGISTER_OP("BigConv2D")
 NCHW, dilations), computed without im2col. filter is [H, W, in_depth/groups,
 out_depth]. algorithm: 'direct' (tiled direct convolution), 'fft' (not yet
 available) or 'auto'. workspace_limit_bytes: 0 means decided from free memory.
+)doc");
+
+REGISTER_OP("BigConv2DBackpropInput")
+    .Input("input_sizes: int32")
+    .Input("filter: T")
+    .Input("out_backprop: T")
+    .Output("output: T")
+    .TFBIGCONV_CONV_ATTRS
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(tfbigconv::ShapeFromSizes(c, 0, "input_sizes", &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Gradient of BigConv2D with respect to its input: a transposed convolution
+computed in gather form (no scatter, no atomics). Same attributes as BigConv2D.
+)doc");
+
+REGISTER_OP("BigConv2DBackpropFilter")
+    .Input("input: T")
+    .Input("filter_sizes: int32")
+    .Input("out_backprop: T")
+    .Output("output: T")
+    .TFBIGCONV_CONV_ATTRS
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(tfbigconv::ShapeFromSizes(c, 1, "filter_sizes", &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Gradient of BigConv2D with respect to its filter: a reduction over batch and
+output pixels for every tap, in a fixed order (deterministic). Same attributes
+as BigConv2D.
 )doc");

@@ -1,0 +1,168 @@
+"""Machinery shared by the benchmark scripts in this directory.
+
+A benchmark script re-invokes itself with `--worker JSON` for every (point, method), so
+each measurement runs in a fresh process (run_worker, best_of_rounds). Inside the worker,
+measure_call warms nothing up itself: the caller runs a tiny call of the same method first,
+then measure_call resets the peak RSS to the current RSS, takes the first real call's peak
+RSS increase as the method's memory (its output plus any workspace) and times the next
+calls. The main process keeps, per (point, method), the round with the smallest median.
+"""
+import datetime
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MIB = 1 << 20
+SLOW_CALL_S = 2.0
+SLOW_CALL_MAX_REPS = 3
+
+PEAK_CODE = """
+import time
+import numpy as np
+rng = np.random.default_rng(0)
+a = rng.standard_normal((4096, 4096), dtype=np.float32)
+b = rng.standard_normal((4096, 4096), dtype=np.float32)
+a @ b
+times = []
+for _ in range(3):
+    t = time.perf_counter()
+    a @ b
+    times.append(time.perf_counter() - t)
+print(*(2 * 4096 ** 3 / t / 1e9 for t in times))
+"""
+
+
+def max_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def reset_max_rss():
+    """Lowers this process's peak RSS to its current RSS (Linux 4.0+; a no-op elsewhere).
+
+    Building the inputs frees temporaries (the numpy arrays copied into tf constants), so
+    without this the peak would sit above the current RSS and hide part of the increase.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def measure_call(call, reps, keep=None):
+    """Peak RSS increase and time of call()'s first run, then the times of `reps` more.
+
+    Run a tiny call of the same method before this, so that the first call's peak RSS
+    holds only the method's own memory. A first call slower than SLOW_CALL_S caps reps at
+    SLOW_CALL_MAX_REPS. keep(first_output), if given, is evaluated after the memory is
+    read and before the first output is dropped; its value comes back as "kept".
+    """
+    reset_max_rss()
+    baseline = max_rss_bytes()
+    start = time.perf_counter()
+    first = call()
+    warmup_s = time.perf_counter() - start
+    rss_increase = max_rss_bytes() - baseline
+    kept = keep(first) if keep else None
+    del first
+    if warmup_s > SLOW_CALL_S:
+        reps = min(reps, SLOW_CALL_MAX_REPS)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return {
+        "median_s": statistics.median(times),
+        "times_s": times,
+        "warmup_s": warmup_s,
+        "reps": reps,
+        "baseline_maxrss_bytes": baseline,
+        "rss_increase_bytes": rss_increase,
+        "kept": kept,
+    }
+
+
+def run_worker(script, spec):
+    """Runs `script --worker JSON(spec)` in a fresh subprocess; returns the JSON its last
+    stdout line holds, or {"error": ...}.
+
+    The subprocess runs in this directory: from the repository root, the source folder
+    tfbigconv/ (no compiled modules) would shadow the installed package.
+    """
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    cmd = [sys.executable, os.path.abspath(script), "--worker", json.dumps(spec)]
+    proc = subprocess.run(cmd, env=env, cwd=HERE, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        return {"error": tail[0]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def better(best, res):
+    """The result to keep of two rounds: one without an error, then the smaller median."""
+    if best is None or "error" in best:
+        return res
+    if "error" not in res and res["median_s"] < best["median_s"]:
+        return res
+    return best
+
+
+def best_of_rounds(script, specs, rounds, label):
+    """Runs each spec of {method: spec} `rounds` times, interleaving the methods round by
+    round (the machine is noisy); returns {method: the best round's result}."""
+    best = {}
+    for rnd in range(rounds):
+        for method, spec in specs.items():
+            res = run_worker(script, spec)
+            best[method] = better(best.get(method), res)
+            status = res["error"] if "error" in res else f"{1e3 * res['median_s']:.1f} ms"
+            print(f"  {label} {method} round {rnd + 1}: {status}", file=sys.stderr)
+    return best
+
+
+def measure_peak_gflops():
+    """GFLOP/s of 3 numpy float32 matmuls, each measured (the peak is the best).
+
+    OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the environment: they slow
+    OpenBLAS down here.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    proc = subprocess.run([sys.executable, "-c", PEAK_CODE], env=env, cwd=HERE,
+                          capture_output=True, text=True, check=True)
+    return [float(v) for v in proc.stdout.split()]
+
+
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def run_header(tf_version, extra=""):
+    """(command, date, header): the markdown line that says how and where a table was made."""
+    command = shlex.join([os.path.basename(sys.executable)] + sys.argv)
+    date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    header = (f"`{command}` — {date}, TensorFlow {tf_version}, CPU {cpu_model()} "
+              f"({os.cpu_count()} cores){extra}")
+    return command, date, header
+
+
+def append_markdown(path, title, header, body):
+    """Appends a `### title` section with the header line and the body to path."""
+    with open(path, "a") as f:
+        f.write(f"\n### {title}\n\n{header}\n\n{body}\n")
+
+
+def write_json(path, data):
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
