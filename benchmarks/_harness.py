@@ -55,13 +55,16 @@ def reset_max_rss():
         pass
 
 
-def measure_call(call, reps, keep=None):
+def measure_call(call, reps, keep=None, budget_s=None):
     """Peak RSS increase and time of call()'s first run, then the times of `reps` more.
 
     Run a tiny call of the same method before this, so that the first call's peak RSS
     holds only the method's own memory. A first call slower than SLOW_CALL_S caps reps at
     SLOW_CALL_MAX_REPS. keep(first_output), if given, is evaluated after the memory is
     read and before the first output is dropped; its value comes back as "kept".
+    budget_s, if given, bounds the time of all the calls, the first included: a timed call
+    starts only if the time spent plus the previous call's time fits in it. If not even
+    one fits, "median_s" is the first call's time and "reps" is 0.
     """
     reset_max_rss()
     baseline = max_rss_bytes()
@@ -74,35 +77,98 @@ def measure_call(call, reps, keep=None):
     if warmup_s > SLOW_CALL_S:
         reps = min(reps, SLOW_CALL_MAX_REPS)
     times = []
+    spent = warmup_s
     for _ in range(reps):
+        if budget_s is not None and spent + (times[-1] if times else warmup_s) > budget_s:
+            break
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
+        spent += times[-1]
     return {
-        "median_s": statistics.median(times),
+        "median_s": statistics.median(times) if times else warmup_s,
         "times_s": times,
         "warmup_s": warmup_s,
-        "reps": reps,
+        "reps": len(times),
         "baseline_maxrss_bytes": baseline,
         "rss_increase_bytes": rss_increase,
         "kept": kept,
     }
 
 
-def run_worker(script, spec):
+def run_worker(script, spec, timeout=None, max_rss=None):
     """Runs `script --worker JSON(spec)` in a fresh subprocess; returns the JSON its last
     stdout line holds, or {"error": ...}.
 
     The subprocess runs in this directory: from the repository root, the source folder
     tfbigconv/ (no compiled modules) would shadow the installed package.
+
+    With timeout (seconds) or max_rss (bytes), the subprocess is watched (its RSS read
+    every WATCH_POLL_S) and killed when it runs longer or its RSS goes over; the error
+    then says so, and every error result carries "observed_peak_rss_bytes" (the largest
+    RSS seen, which can miss a short peak) and "elapsed_s".
     """
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     cmd = [sys.executable, os.path.abspath(script), "--worker", json.dumps(spec)]
-    proc = subprocess.run(cmd, env=env, cwd=HERE, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-        return {"error": tail[0]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    if timeout is None and max_rss is None:
+        proc = subprocess.run(cmd, env=env, cwd=HERE, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+            return {"error": tail[0]}
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    returncode, stdout, stderr, killed, peak, elapsed = _run_watched(
+        cmd, env, timeout, max_rss)
+    if killed or returncode != 0:
+        if killed:
+            error = killed
+        elif returncode < 0:
+            error = f"killed by signal {-returncode}" + (" (OOM?)" if -returncode == 9 else "")
+        else:
+            error = (stderr.strip().splitlines()[-1:] or [f"exit status {returncode}"])[0]
+        return {"error": error, "observed_peak_rss_bytes": peak, "elapsed_s": elapsed}
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+WATCH_POLL_S = 0.1
+
+
+def process_rss_bytes(pid):
+    """Current RSS of process pid (Linux /proc), or 0 if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _run_watched(cmd, env, timeout, max_rss):
+    """(returncode, stdout, stderr, why killed or None, largest RSS seen, elapsed s)."""
+    proc = subprocess.Popen(cmd, env=env, cwd=HERE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    start = time.monotonic()
+    peak, killed = 0, None
+    while True:
+        try:
+            stdout, stderr = proc.communicate(timeout=WATCH_POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        rss = process_rss_bytes(proc.pid)
+        peak = max(peak, rss)
+        elapsed = time.monotonic() - start
+        if timeout is not None and elapsed > timeout:
+            killed = f"timeout (killed after {timeout:g} s)"
+        elif max_rss is not None and rss > max_rss:
+            killed = (f"killed: RSS {rss / MIB:.0f} MiB went over the cap of "
+                      f"{max_rss / MIB:.0f} MiB")
+        if killed:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            break
+    return proc.returncode, stdout, stderr, killed, peak, time.monotonic() - start
 
 
 def better(best, res):

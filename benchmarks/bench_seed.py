@@ -10,6 +10,7 @@ Sections (--quick in brackets):
             K in {5, 15, 31, 63, 135}                                     [K in {15, 135}]
             bigconv2d(algorithm="direct") runs here too; time and memory vs K go to --plot.
     dense   input (4, 128, 128, 32), filter (31, 31, 32, 32), SAME        [N=1]
+            all five contenders; oaconvolve takes about 0.7 s per image here, so it stays.
 
 Contenders, each (point, contender) in fresh subprocesses (the machinery is _harness.py,
 shared with bench_direct.py): warm-up on a tiny case, the first real call's peak RSS
@@ -25,15 +26,15 @@ increase, the median of --reps timed calls, the best median of --rounds subproce
 
 "peak RSS / (in+out)" is the peak RSS increase over the bytes of the input and the output
 of that run (a method that needs nothing beyond its output scores out/(in+out)).
-"fft speedup" is the contender's time over bigconv2d fft's, both from this run. "rel L2"
-is ||y0 - ref|| / ||ref|| for the first output image y0 against a float64 numpy FFT
-convolution of the first input image, computed in the worker after the measurement.
+"bigconv2d fft speedup" is the contender's time over bigconv2d fft's, both from this run.
+"rel L2" is ||y0 - ref|| / ||ref|| for the first output image y0 against a float64 numpy
+FFT convolution of the first input image, computed in the worker after the measurement.
 Before measuring, a self-check compares tf_fft_conv2d, oaconvolve_conv2d and the float64
 reference with tf.nn.conv2d on small odd shapes (VALID and SAME) and stops if any is off
 by more than 1e-5.
 
 Usage:
-    python benchmarks/bench_seed.py [--quick] [--full] [--reps 5] [--rounds 2]
+    python benchmarks/bench_seed.py [--quick] [--full] [--reps 5] [--rounds 2 (--quick: 1)]
         [--plot benchmarks/seed_sweep.png] [--out benchmarks/RESULTS.md] [--json seed.json]
     python benchmarks/bench_seed.py --self-check
 """
@@ -209,13 +210,17 @@ class Runner:
         """points: {method: (input shape, filter shape, padding)} -> {method: result}."""
         specs = {m: {"method": m, "input_shape": list(i), "filter_shape": list(f),
                      "padding": p, "reps": self.reps} for m, (i, f, p) in points.items()}
-        key = lambda spec: json.dumps(spec, sort_keys=True)  # noqa: E731
-        todo = {m: s for m, s in specs.items() if key(s) not in self.done}
-        for m in specs.keys() - todo.keys():
-            print(f"  {label} {m}: measured above, reused", file=sys.stderr)
+        todo = {m: s for m, s in specs.items() if spec_key(s) not in self.done}
+        for m in specs:
+            if m not in todo:
+                print(f"  {label} {m}: measured above, reused", file=sys.stderr)
         best = _harness.best_of_rounds(__file__, todo, self.rounds, label)
-        self.done.update({key(todo[m]): res for m, res in best.items()})
-        return {m: self.done[key(s)] for m, s in specs.items()}
+        self.done.update({spec_key(todo[m]): res for m, res in best.items()})
+        return {m: self.done[spec_key(s)] for m, s in specs.items()}
+
+
+def spec_key(spec):
+    return json.dumps(spec, sort_keys=True)
 
 
 def point(name, n, results, **extra):
@@ -231,7 +236,7 @@ def scaled_s(res, n):
 def table(points):
     lines = [
         "| point | contender | N run | median ms at N | per image ms | peak RSS +MiB (at N run) "
-        "| peak RSS / (in+out) | fft speedup | rel L2 |",
+        "| peak RSS / (in+out) | bigconv2d fft speedup | rel L2 |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for pt in points:
@@ -266,7 +271,8 @@ def fft_plan_note(points):
                 f"- {pt['name']}, N={pt['n']}: bigconv2d fft plan: tile {plan['tile_h']}x"
                 f"{plan['tile_w']} (FFT {plan['fft_h']}x{plan['fft_w']}, "
                 f"{plan['tiles_h']}x{plan['tiles_w']} tiles), chunk {plan['chunk']} of "
-                f"{plan['items']} items, workspace {plan['workspace_bytes'] / _harness.MIB:.1f} MiB")
+                f"{plan['items']} items, "
+                f"workspace {plan['workspace_bytes'] / _harness.MIB:.1f} MiB")
     return "\n".join(notes)
 
 
@@ -284,14 +290,18 @@ def plot(sweep_points, path):
         ks = [k for k, _ in pts]
         ax_t.plot(ks, [1e3 * r["median_s"] for _, r in pts], "o-", label=label)
         ax_m.plot(ks, [r["rss_increase_bytes"] / _harness.MIB for _, r in pts], "o-", label=label)
-    shape = sweep_points[0]["results"]["fft"]["input_shape"]
     for ax, ylabel in ((ax_t, "median time (ms)"), (ax_m, "peak RSS increase (MiB)")):
         ax.set_xlabel("filter size K (K x K x 1 x 3)")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
+    for ax in (ax_t, ax_m):
+        ax.set_xscale("log")
+        ax.set_xticks([pt["k"] for pt in sweep_points], [str(pt["k"]) for pt in sweep_points])
+        ax.minorticks_off()
     ax_t.set_yscale("log")
     ax_t.legend(fontsize=8)
-    fig.suptitle(f"input {tuple(shape)} float32, VALID, forward")
+    fig.suptitle(f"input ({SWEEP_N}, {SEED_IMAGE[0]}, {SEED_IMAGE[1]}, 1) float32, VALID, "
+                 "forward")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -300,13 +310,15 @@ def plot(sweep_points, path):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help=f"seed at N={QUICK_SEED_N}, K in {QUICK_SWEEP_KS}, dense at N={QUICK_DENSE_N}")
+                   help=f"seed at N={QUICK_SEED_N}, K in {QUICK_SWEEP_KS}, "
+                        f"dense at N={QUICK_DENSE_N}")
     p.add_argument("--full", action="store_true",
                    help="run tf.nn.conv2d on the whole seed batch instead of scaling from "
                         f"N={TF_SEED_N}")
     p.add_argument("--reps", type=int, default=5, help="timed calls per point (default 5)")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="subprocesses per (point, contender); the smallest median counts")
+    p.add_argument("--rounds", type=int,
+                   help="subprocesses per (point, contender); the smallest median counts "
+                        "(default 2; 1 with --quick)")
     p.add_argument("--plot", default=DEFAULT_PLOT,
                    help="PNG of the sweep's time and memory vs K ('' for none)")
     p.add_argument("--out", help="append the tables, with the command and machine, to this file")
@@ -337,6 +349,8 @@ def main():
     checks = run_self_check()
     if args.self_check:
         return
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 2
     runner = Runner(args.rounds, args.reps)
 
     seed_n = QUICK_SEED_N if args.quick else SEED_N
@@ -385,11 +399,11 @@ def main():
          dense_points, ""),
     ]
     body = "\n\n".join(
-        f"**{title}**\n\n{note}Times are medians of the best of {args.rounds} rounds.\n\n"
+        f"**{title}**\n\n{note}Times: the best median of {args.rounds} round(s).\n\n"
         f"{table(pts)}\n\n{fft_plan_note(pts)}" for title, pts, note in sections)
     if args.plot:
         plot(sweep_points, args.plot)
-        body += f"\n\nSweep plot: {os.path.relpath(args.plot)}"
+        body += f"\n\nSweep plot: {args.plot}"
     print(header)
     print()
     print(body)

@@ -160,3 +160,19 @@ def test_agrees_with_direct():
     a = run(x, w, (2, 1), "SAME", (1, 2))
     b = run_core("direct", x, w, (2, 1), "SAME", (1, 2))
     assert rel_l2(a, b) < FFT_TOL
+
+
+def test_reduction_blocks_bound_the_filter_spectra():
+    """A limit below the filter spectra of all input channels makes the sum
+    over input channels run in blocks; results stay within FFT accuracy."""
+    x, w = random_case((2, 30, 28, 12), 0), random_case((9, 9, 12, 10), 1)
+    full = plan(x.shape, w.shape, padding="SAME", workers=2)
+    limit = full["filter_spectra_bytes"] // 3
+    small = plan(x.shape, w.shape, padding="SAME", workspace_limit=limit, workers=2)
+    assert small["ci_block"] < 12 and small["workspace_bytes"] <= limit
+    check(x, w, 1, "SAME", workspace_limit=limit, num_threads=2)
+    # Grouped: blocks within each group.
+    x2, w2 = random_case((2, 20, 22, 12), 2), random_case((7, 7, 6, 8), 3)
+    limit2 = plan(x2.shape, w2.shape, padding="SAME", workers=2)["filter_spectra_bytes"] // 2
+    assert plan(x2.shape, w2.shape, padding="SAME", workspace_limit=limit2, workers=2)["ci_block"] < 6
+    check(x2, w2, 1, "SAME", workspace_limit=limit2, num_threads=2)

@@ -215,3 +215,15 @@ def test_backprop_op_errors():
         ops.big_conv2d_backprop_filter(input=random_case((1, 8, 8, 2), 0), filter_sizes=[3, 3, 2],
                                        out_backprop=random_case((1, 6, 6, 4), 1),
                                        strides=[1, 1, 1, 1], padding="VALID")
+
+
+def test_fft_backprop_filter_with_large_batch_fits_small_limit():
+    """dL/dfilter's "input channels" are the batch: a limit far below the
+    spectra of all of dL/doutput runs in reduction blocks."""
+    x, w_shape = random_case((24, 40, 38, 1), 0), (21, 21, 1, 3)
+    dy = random_case((24, 20, 18, 3), 1)
+    limit = 2 << 20
+    dw = run_core_pass("fft", "backprop_filter", x, dy, w_shape, workspace_limit=limit,
+                       num_threads=2)
+    ref = conv2d_reference_backprop_filter(x, dy, w_shape)
+    assert rel_l2(dw, ref) < 1e-4

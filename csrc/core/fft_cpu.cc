@@ -55,25 +55,36 @@ class FftForwardRunner {
   }
 
   void Run(const ParallelFor& pf) {
-    const int64_t cig = g_.in_c_per_group(), cin = g_.in_c, cout = g_.out_c;
-    pf(cout * cig, [&](int64_t b, int64_t e, int worker) {
-      for (int64_t i = b; i < e; ++i) FilterSpectrum(i / cig, i % cig, Staging(worker));
-    });
+    const int64_t cig = g_.in_c_per_group(), cout = g_.out_c, groups = g_.groups;
+    const int64_t blocks = pl_.ci_blocks(g_);
     for (int64_t c0 = 0; c0 < pl_.items; c0 += pl_.chunk) {
       const int64_t n = std::min(pl_.chunk, pl_.items - c0);
-      pf(n * cin, [&](int64_t b, int64_t e, int worker) {
-        for (int64_t i = b; i < e; ++i) ForwardItem(c0 + i / cin, i / cin, i % cin, Staging(worker));
-      });
-      if (!pl_.fused_mix) {
-        pf((bins_ + kBinBlock - 1) / kBinBlock, [&](int64_t b, int64_t e, int) {
-          for (int64_t blk = b; blk < e; ++blk) MixBlock(n, blk * kBinBlock);
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t ci0 = blk * pl_.ci_block, nci = std::min(pl_.ci_block, cig - ci0);
+        // One block's filter spectra serve every chunk when there is one block.
+        if (blocks > 1 || c0 == 0) {
+          pf(cout * nci, [&](int64_t b, int64_t e, int worker) {
+            for (int64_t i = b; i < e; ++i) FilterSpectrum(i / nci, ci0 + i % nci, Staging(worker));
+          });
+        }
+        const int64_t per_item = groups * nci;
+        pf(n * per_item, [&](int64_t b, int64_t e, int worker) {
+          for (int64_t i = b; i < e; ++i) {
+            const int64_t slot = i / per_item, grp = (i % per_item) / nci, ci = ci0 + i % nci;
+            ForwardItem(c0 + slot, slot, grp, ci, Staging(worker));
+          }
         });
+        if (!pl_.fused_mix) {
+          pf((bins_ + kBinBlock - 1) / kBinBlock, [&](int64_t b, int64_t e, int) {
+            for (int64_t bb = b; bb < e; ++bb) MixBlock(n, bb * kBinBlock, ci0, nci);
+          });
+        }
       }
       pf(n * cout, [&](int64_t b, int64_t e, int worker) {
         for (int64_t i = b; i < e; ++i) {
           const int64_t slot = i / cout, co = i % cout;
           C* y = pl_.fused_mix ? WorkerSpectrum(worker) : Y(slot, co);
-          if (pl_.fused_mix) MixInto(slot, co, 0, bins_, y);
+          if (pl_.fused_mix) MixInto(slot, co, 0, bins_, 0, cig, y);
           InverseItem(c0 + slot, co, y, Staging(worker));
         }
       });
@@ -86,12 +97,20 @@ class FftForwardRunner {
   C* WorkerSpectrum(int worker) const {
     return reinterpret_cast<C*>(Worker(worker) + pl_.fft_h * pl_.fft_w * int64_t(sizeof(T)));
   }
-  int64_t ItemSpectra() const { return g_.in_c + (pl_.fused_mix ? 0 : g_.out_c); }
-  C* X(int64_t item, int64_t ci) const { return items_ + (item * ItemSpectra() + ci) * bins_; }
-  C* Y(int64_t item, int64_t co) const {
-    return items_ + (item * ItemSpectra() + g_.in_c + co) * bins_;
+  // Per item: groups * ci_block input spectra (this block's channels), then
+  // out_c output spectra unless mixing is fused.
+  int64_t ItemSpectra() const {
+    return g_.groups * pl_.ci_block + (pl_.fused_mix ? 0 : g_.out_c);
   }
-  C* W(int64_t co, int64_t ci) const { return wspec_ + (co * g_.in_c_per_group() + ci) * bins_; }
+  C* X(int64_t slot, int64_t grp, int64_t ci) const {
+    return items_ + (slot * ItemSpectra() + grp * pl_.ci_block + ci % pl_.ci_block) * bins_;
+  }
+  C* Y(int64_t slot, int64_t co) const {
+    return items_ + (slot * ItemSpectra() + g_.groups * pl_.ci_block + co) * bins_;
+  }
+  C* W(int64_t co, int64_t ci) const {
+    return wspec_ + (co * pl_.ci_block + ci % pl_.ci_block) * bins_;
+  }
 
   void ZeroRows(C* spec, int64_t r0, int64_t r1) const {
     if (r1 > r0) std::fill(spec + r0 * bw_, spec + r1 * bw_, C(0));
@@ -131,7 +150,7 @@ class FftForwardRunner {
   // Spectrum of input channel ci over the tile's window. Window rows and
   // columns outside the (virtual, see in_dilation) input are zero: their row
   // transforms are skipped.
-  void ForwardItem(int64_t item, int64_t slot, int64_t ci, T* st) const {
+  void ForwardItem(int64_t item, int64_t slot, int64_t grp, int64_t ci, T* st) const {
     const Tile t = TileOf(item);
     const int64_t fw = pl_.fft_w, uh = g_.in_dilation_h, uw = g_.in_dilation_w;
     const int64_t need_h = (t.vh - 1) * g_.stride_h + g_.effective_filter_h();
@@ -142,13 +161,12 @@ class FftForwardRunner {
     const int64_t r_hi = std::max(r_lo, std::min(need_h, g_.virtual_in_h() - ih0));
     const int64_t c_lo = std::min(need_w, std::max<int64_t>(0, -iw0));
     const int64_t c_hi = std::max(c_lo, std::min(need_w, g_.virtual_in_w() - iw0));
-    C* spec = X(slot, ci);
+    C* spec = X(slot, grp, ci);
     if (r_hi == r_lo || c_hi == c_lo) {  // the window sees only padding
       ZeroRows(spec, 0, pl_.fft_h);
       return;
     }
-    const int64_t cig = g_.in_c_per_group();
-    const S* src = in_ + t.n * iv_.n + (ci / cig) * iv_.g + (ci % cig) * iv_.c;
+    const S* src = in_ + t.n * iv_.n + grp * iv_.g + ci * iv_.c;
     for (int64_t r = 0; r < r_hi - r_lo; ++r) {
       T* row = st + r * fw;
       std::fill(row, row + fw, T(0));
@@ -166,22 +184,23 @@ class FftForwardRunner {
     fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, true);
   }
 
-  // y[b0, b1) = sum over the group's input channels of X(slot, ci) * conj(W).
-  void MixInto(int64_t slot, int64_t co, int64_t b0, int64_t b1, C* y) const {
-    const int64_t cig = g_.in_c_per_group();
-    const int64_t ci_base = (co / g_.out_c_per_group()) * cig;
-    for (int64_t ci = 0; ci < cig; ++ci)
-      MulConj(reinterpret_cast<const T*>(X(slot, ci_base + ci) + b0),
+  // y[b0, b1) (+)= sum over input channels [ci0, ci0 + nci) of co's group of
+  // X * conj(W); the first block overwrites, later blocks accumulate.
+  void MixInto(int64_t slot, int64_t co, int64_t b0, int64_t b1, int64_t ci0, int64_t nci,
+               C* y) const {
+    const int64_t grp = co / g_.out_c_per_group();
+    for (int64_t ci = ci0; ci < ci0 + nci; ++ci)
+      MulConj(reinterpret_cast<const T*>(X(slot, grp, ci) + b0),
               reinterpret_cast<const T*>(W(co, ci) + b0), reinterpret_cast<T*>(y + b0), b1 - b0,
               ci > 0);
   }
 
   // All output spectra of a chunk over bins [b0, b0 + kBinBlock): each
   // filter block is read once and stays in L1 across the chunk's items.
-  void MixBlock(int64_t n_items, int64_t b0) const {
+  void MixBlock(int64_t n_items, int64_t b0, int64_t ci0, int64_t nci) const {
     const int64_t b1 = std::min(b0 + kBinBlock, bins_);
     for (int64_t co = 0; co < g_.out_c; ++co)
-      for (int64_t it = 0; it < n_items; ++it) MixInto(it, co, b0, b1, Y(it, co));
+      for (int64_t it = 0; it < n_items; ++it) MixInto(it, co, b0, b1, ci0, nci, Y(it, co));
   }
 
   // Output channel co of the tile: inverse transform, keeping only the rows

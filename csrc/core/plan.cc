@@ -6,7 +6,9 @@
 #include <sstream>
 #include <vector>
 
+#include "direct_cpu.h"
 #include "fft_backend_cpu.h"
+#include "isa.h"
 
 namespace tfbigconv {
 namespace {
@@ -45,9 +47,12 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
   p->tiles_h = CeilDiv(g.out_h, p->tile_h);
   p->tiles_w = CeilDiv(g.out_w, p->tile_w);
   p->items = g.batch * p->tiles_h * p->tiles_w;
-  p->fused_mix = g.in_c_per_group() <= kFusedMixMaxInChannels;
-  p->filter_spectra_bytes = g.in_c_per_group() * g.out_c * p->bins() * cplx;
-  p->item_spectra_bytes = (g.in_c + (p->fused_mix ? 0 : g.out_c)) * p->bins() * cplx;
+  if (p->ci_block <= 0) p->ci_block = std::max<int64_t>(1, g.in_c_per_group());
+  p->fused_mix = g.in_c_per_group() <= kFusedMixMaxInChannels &&
+                 p->ci_block >= g.in_c_per_group();
+  p->filter_spectra_bytes = p->ci_block * g.out_c * p->bins() * cplx;
+  p->item_spectra_bytes =
+      (g.groups * p->ci_block + (p->fused_mix ? 0 : g.out_c)) * p->bins() * cplx;
   p->worker_bytes = p->fft_h * p->fft_w * real + (p->fused_mix ? p->bins() * cplx : 0);
   p->workspace_bytes = p->filter_spectra_bytes + p->chunk * p->item_spectra_bytes +
                        int64_t(p->workers) * p->worker_bytes;
@@ -63,39 +68,53 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
   FftPlan best;
   int64_t min_needed = std::numeric_limits<int64_t>::max();
   const double cig = double(g.in_c_per_group()), cin = double(g.in_c), cout = double(g.out_c);
+  // Reduction blocks: all input channels of a group, else halves of them,
+  // largest first.
+  std::vector<int64_t> blocks;
+  for (int64_t b = std::max<int64_t>(1, g.in_c_per_group()); ; b = (b + 1) / 2) {
+    blocks.push_back(b);
+    if (b == 1) break;
+  }
   for (const Dim& h : hs) {
     for (const Dim& w : ws) {
-      FftPlan p;
-      p.tile_h = h.tile;
-      p.fft_h = h.fft;
-      p.tile_w = w.tile;
-      p.fft_w = w.fft;
-      p.workers = workers;
-      p.chunk = 1;
-      FillFftWorkspace(g, dtype, &p);
-      min_needed = std::min(min_needed, p.workspace_bytes);
-      if (p.workspace_bytes > limit) continue;
-      const int64_t per_item = std::max<int64_t>(1, p.item_spectra_bytes);  // 0: no channels
-      const int64_t fit = 1 + (limit - p.workspace_bytes) / per_item;
-      const int64_t target = std::max<int64_t>(2 * workers, kChunkTargetBytes / per_item);
-      p.chunk = std::max<int64_t>(1, std::min({p.items, fit, target}));
-      FillFftWorkspace(g, dtype, &p);
-      // Cost: transform and channel-mixing flops, plus bytes moved through
-      // memory, each weighted 1 (calibration comes with the dispatcher).
-      const double bw = double(p.bins_w()), bins = double(p.bins());
-      const double in_rows = double(std::min(p.fft_h, (p.tile_h - 1) * g.stride_h + eff_h));
-      const double fwd = cin * (in_rows * 0.5 * FftFlops(p.fft_w) + bw * FftFlops(p.fft_h));
-      const double inv = cout * (bw * FftFlops(p.fft_h) + p.tile_h * 0.5 * FftFlops(p.fft_w));
-      const double mix = cig * cout * bins * 8.0;
-      const double filt = cig * cout * (eff_h * 0.5 * FftFlops(p.fft_w) + bw * FftFlops(p.fft_h));
-      // Fused mixing reads every filter spectrum once per item instead.
-      const double filter_reads = p.fused_mix ? double(p.items) : double(CeilDiv(p.items, p.chunk));
-      const double bytes = filter_reads * double(p.filter_spectra_bytes) +
-                           3.0 * double(p.items) * double(p.item_spectra_bytes);
-      p.cost = double(p.items) * (fwd + inv + mix) + filt + bytes;
-      if (!found || p.cost < best.cost) {
-        best = p;
-        found = true;
+      for (int64_t cib : blocks) {
+        FftPlan p;
+        p.tile_h = h.tile;
+        p.fft_h = h.fft;
+        p.tile_w = w.tile;
+        p.fft_w = w.fft;
+        p.workers = workers;
+        p.ci_block = cib;
+        p.chunk = 1;
+        FillFftWorkspace(g, dtype, &p);
+        min_needed = std::min(min_needed, p.workspace_bytes);
+        if (p.workspace_bytes > limit) continue;
+        const int64_t per_item = std::max<int64_t>(1, p.item_spectra_bytes);  // 0: no channels
+        const int64_t fit = 1 + (limit - p.workspace_bytes) / per_item;
+        const int64_t target = std::max<int64_t>(2 * workers, kChunkTargetBytes / per_item);
+        p.chunk = std::max<int64_t>(1, std::min({p.items, fit, target}));
+        FillFftWorkspace(g, dtype, &p);
+        // Cost: transform and channel-mixing flops, plus bytes moved through
+        // memory, each weighted 1 (calibration comes with the dispatcher).
+        const double bw = double(p.bins_w()), bins = double(p.bins());
+        const double in_rows = double(std::min(p.fft_h, (p.tile_h - 1) * g.stride_h + eff_h));
+        const double fwd = cin * (in_rows * 0.5 * FftFlops(p.fft_w) + bw * FftFlops(p.fft_h));
+        const double inv = cout * (bw * FftFlops(p.fft_h) + p.tile_h * 0.5 * FftFlops(p.fft_w));
+        const double mix = cig * cout * bins * 8.0;
+        const double chunks = double(CeilDiv(p.items, p.chunk));
+        // With several reduction blocks the filter spectra are redone per chunk.
+        const double filt = cig * cout * (eff_h * 0.5 * FftFlops(p.fft_w) + bw * FftFlops(p.fft_h)) *
+                            (p.ci_blocks(g) > 1 ? chunks : 1.0);
+        // Fused mixing reads every filter spectrum once per item instead.
+        const double filter_reads = p.fused_mix ? double(p.items) : chunks * p.ci_blocks(g);
+        const double bytes = filter_reads * double(p.filter_spectra_bytes) +
+                             3.0 * double(p.items) * double(p.item_spectra_bytes);
+        p.cost = double(p.items) * (fwd + inv + mix) + filt + bytes;
+        if (!found || p.cost < best.cost) {
+          best = p;
+          found = true;
+        }
+        break;  // the largest block that fits: smaller ones only cost more passes
       }
     }
   }
@@ -115,6 +134,14 @@ namespace {
 // units per second. Rough; the dispatcher issue calibrates them per machine.
 constexpr double kDirectFlopsPerSecond = 3.5e11;
 constexpr double kFftUnitsPerSecond = 3.9e10;
+
+// The column kernel with one or two output channels per tile is load-bound
+// (one vector load per one or two FMAs): measured 100 and ~200 GFLOP/s.
+double DirectEfficiency(const ConvGeometry& g, DType dtype) {
+  const DirectBlocking b = DirectConvBlocking(g, dtype, ActiveIsa());
+  if (b.channel_vectors || b.channels_per_tile >= 3) return 1.0;
+  return b.channels_per_tile == 2 ? 0.6 : 0.3;
+}
 }  // namespace
 
 std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
@@ -122,7 +149,8 @@ std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::strin
   if (requested != "auto" && requested != "direct" && requested != "fft")
     return "algorithm must be 'auto', 'direct' or 'fft', got '" + requested + "'";
   *c = AlgorithmChoice();
-  c->direct_seconds = 2.0 * double(g.macs()) / kDirectFlopsPerSecond;
+  c->direct_seconds =
+      2.0 * double(g.macs()) / (kDirectFlopsPerSecond * DirectEfficiency(g, dtype));
   std::string fft_err;
   if (requested != "direct") {
     fft_err = PlanFft(g, dtype, limit, workers, &c->fft);

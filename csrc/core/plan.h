@@ -22,19 +22,28 @@ struct FftPlan {
   int64_t items = 0;   // batch * tiles_h * tiles_w
   int64_t chunk = 0;   // items per chunk
   int workers = 0;     // per-worker buffers, one per ParallelFor worker id
-  // With few input channels per group, each output spectrum is mixed right
+  // Input channels per group whose spectra are held at once. Below
+  // in_c/groups, the sum over input channels runs in blocks, accumulating
+  // output spectra, so that the filter spectra (ci_block * out_c of them)
+  // fit the limit: this bounds the gradient with respect to the filter,
+  // whose "input channels" are the batch.
+  int64_t ci_block = 0;
+  // With few input channels per group (and one block), each output spectrum is mixed right
   // before its inverse transform in a per-worker buffer, while it is in
   // cache; otherwise all output spectra of a chunk are mixed in one pass
   // over frequency blocks, reading each filter spectrum once per chunk.
   bool fused_mix = false;
   // Workspace layout, in this order; all sizes in bytes.
-  int64_t filter_spectra_bytes = 0;     // in_c/groups * out_c spectra
-  int64_t item_spectra_bytes = 0;       // in_c (+ out_c unless fused) spectra of one item
+  int64_t filter_spectra_bytes = 0;     // ci_block * out_c spectra
+  int64_t item_spectra_bytes = 0;       // groups * ci_block (+ out_c unless fused) spectra of one item
   int64_t worker_bytes = 0;             // one worker's real staging (+ a spectrum if fused)
   int64_t workspace_bytes = 0;          // the exact total
   double cost = 0;                      // cost-model estimate, in model units
 
   int64_t bins_w() const { return fft_w / 2 + 1; }
+  int64_t ci_blocks(const ConvGeometry& g) const {
+    return (g.in_c_per_group() + ci_block - 1) / ci_block;
+  }
   int64_t bins() const { return fft_h * bins_w(); }
 };
 

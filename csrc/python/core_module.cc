@@ -116,6 +116,7 @@ py::dict PlanDict(const FftPlan& p) {
   d["item_spectra_bytes"] = p.item_spectra_bytes;
   d["worker_bytes"] = p.worker_bytes;
   d["fused_mix"] = p.fused_mix;
+  d["ci_block"] = p.ci_block;
   d["workspace_bytes"] = p.workspace_bytes;
   d["cost"] = p.cost;
   return d;
