@@ -15,6 +15,15 @@ namespace {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Choices that keep threads busy use these fixed counts, not the actual
+// thread count, so that the plan (and so the arithmetic) does not depend on
+// the number of threads unless the workspace limit binds.
+constexpr int64_t kBusyBlock = 8;  // reduction block: a few transforms per thread
+constexpr int64_t kMinChunk = 8;   // items per chunk
+
+// A plan may cost this much more than the cheapest if it needs less memory.
+constexpr double kCostSlack = 1.10;
+
 // Items per chunk beyond which a bigger chunk buys little (spectra of a chunk
 // stay near the last-level cache) unless threads would idle.
 constexpr int64_t kChunkTargetBytes = 16 << 20;
@@ -69,12 +78,16 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
   int64_t min_needed = std::numeric_limits<int64_t>::max();
   const double cig = double(g.in_c_per_group()), cin = double(g.in_c), cout = double(g.out_c);
   // Reduction blocks: all input channels of a group, else halves of them,
-  // largest first.
+  // down to a few per worker so that each block's transforms keep every
+  // thread busy, and below that only when nothing else fits.
   std::vector<int64_t> blocks;
-  for (int64_t b = std::max<int64_t>(1, g.in_c_per_group()); ; b = (b + 1) / 2) {
+  const int64_t cig_all = std::max<int64_t>(1, g.in_c_per_group());
+  for (int64_t b = cig_all; ; b = (b + 1) / 2) {
     blocks.push_back(b);
     if (b == 1) break;
   }
+  const int64_t busy = std::min<int64_t>(cig_all, kBusyBlock);
+  std::vector<FftPlan> fits;
   for (const Dim& h : hs) {
     for (const Dim& w : ws) {
       for (int64_t cib : blocks) {
@@ -91,7 +104,7 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
         if (p.workspace_bytes > limit) continue;
         const int64_t per_item = std::max<int64_t>(1, p.item_spectra_bytes);  // 0: no channels
         const int64_t fit = 1 + (limit - p.workspace_bytes) / per_item;
-        const int64_t target = std::max<int64_t>(2 * workers, kChunkTargetBytes / per_item);
+        const int64_t target = std::max<int64_t>(kMinChunk, kChunkTargetBytes / per_item);
         p.chunk = std::max<int64_t>(1, std::min({p.items, fit, target}));
         FillFftWorkspace(g, dtype, &p);
         // Cost: transform and channel-mixing flops, plus bytes moved through
@@ -110,14 +123,26 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
         const double bytes = filter_reads * double(p.filter_spectra_bytes) +
                              3.0 * double(p.items) * double(p.item_spectra_bytes);
         p.cost = double(p.items) * (fwd + inv + mix) + filt + bytes;
-        if (!found || p.cost < best.cost) {
-          best = p;
-          found = true;
-        }
-        break;  // the largest block that fits: smaller ones only cost more passes
+        fits.push_back(p);
       }
     }
   }
+  // Blocks that leave threads idle only as a last resort.
+  const bool any_busy = std::any_of(fits.begin(), fits.end(),
+                                    [&](const FftPlan& p) { return p.ci_block >= busy; });
+  if (any_busy)
+    fits.erase(std::remove_if(fits.begin(), fits.end(),
+                              [&](const FftPlan& p) { return p.ci_block < busy; }),
+               fits.end());
+  // The cheapest plan, or a plan within kCostSlack of it that needs less
+  // memory: memory is what users run out of, a few percent of time is not.
+  for (const FftPlan& p : fits)
+    if (!found || p.cost < best.cost) {
+      best = p;
+      found = true;
+    }
+  for (const FftPlan& p : fits)
+    if (p.cost <= best.cost * kCostSlack && p.workspace_bytes < best.workspace_bytes) best = p;
   if (!found) {
     std::ostringstream os;
     os << "the FFT algorithm needs a workspace of at least " << min_needed
