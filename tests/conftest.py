@@ -2,7 +2,6 @@
 import os
 
 import numpy as np
-import pytest
 
 from reference import conv2d_reference, rel_l2
 
@@ -17,15 +16,6 @@ TOLERANCE = {
     "float16": 2e-3,
     "bfloat16": 1.5e-2,
 }
-
-
-def pytest_collection_modifyitems(config, items):
-    if os.environ.get("TFBIGCONV_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
-        return
-    skip = pytest.mark.skip(reason="slow: run with TFBIGCONV_SLOW=1 or -m slow")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
 
 
 def random_case(shape, seed, dtype=np.float32):

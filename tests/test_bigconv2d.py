@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tfbigconv
-from conftest import TOLERANCE, explicit_pairs, random_case, to4
+from conftest import TOLERANCE, explicit_pairs, random_case
 from reference import conv2d_reference, rel_l2
 
 ALGORITHMS = ["direct", "fft"]

@@ -8,8 +8,7 @@ import tensorflow as tf
 import tfbigconv
 from tfbigconv import _core
 from conftest import (TOLERANCE, explicit_pairs, hw_pair, random_case, run_core_pass, to4)
-from reference import (conv2d_reference, conv2d_reference_backprop_filter,
-                       conv2d_reference_backprop_input, rel_l2)
+from reference import conv2d_reference_backprop_filter, conv2d_reference_backprop_input, rel_l2
 
 ALGORITHMS = ["direct", "fft"]
 
@@ -190,7 +189,6 @@ def test_gradient_in_tf_function_with_unknown_shapes():
         return t.gradient(loss, [x, w])
 
     got = [g.numpy() for g in grads(x, w)]
-    want = tape_grads(lambda x, w: tf.nn.conv2d(x, w, 2, "SAME"), x, w)  # loss differs: redo
     x_t, w_t = tf.constant(x), tf.constant(w)
     with tf.GradientTape() as t:
         t.watch([x_t, w_t])

@@ -121,8 +121,9 @@ REGISTER_OP("BigConv2D")
     .Doc(R"doc(
 2-D convolution with tf.nn.conv2d's semantics (groups, explicit padding,
 NCHW, dilations), computed without im2col. filter is [H, W, in_depth/groups,
-out_depth]. algorithm: 'direct' (tiled direct convolution), 'fft' (not yet
-available) or 'auto'. workspace_limit_bytes: 0 means decided from free memory.
+out_depth]. algorithm: 'direct' (tiled direct convolution), 'fft'
+(overlap-save FFT convolution) or 'auto' (the faster by estimate).
+workspace_limit_bytes: 0 means half of the free host memory.
 )doc");
 
 REGISTER_OP("BigConv2DBackpropInput")
