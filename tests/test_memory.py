@@ -60,3 +60,45 @@ def test_fft_forward_peak_rss_within_workspace_limit():
         r = measure(fmt, "fft", limit, fshape=(135, 135, 1, 3))
         budget = r["out_bytes"] + limit + 0.02 * (r["in_bytes"] + r["out_bytes"])
         assert r["increase"] <= budget, (fmt, r)
+
+
+GRAD_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np
+    import tensorflow as tf
+    import tfbigconv
+    limit = 512 << 20
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal((2, 256, 256, 16), dtype=np.float32))
+    w = tf.constant(rng.standard_normal((31, 31, 16, 16), dtype=np.float32))
+    def step(x):
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            y = tfbigconv.bigconv2d(x, w, 1, "SAME", workspace_limit=limit)
+            loss = tf.reduce_sum(y * y)
+        return [g.numpy() for g in t.gradient(loss, [x, w])]
+    step(x[:1, :64, :64])  # warm up the runtime
+    def status(field):
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = status("VmRSS")
+    dx, dw = step(x)
+    peak = status("VmHWM")
+    print(json.dumps({"increase": peak - before, "tensor_bytes": 3 * int(x.numpy().nbytes)
+                      + int(dw.nbytes), "limit": limit}))
+""")
+
+
+def test_gradient_where_tf_needs_gigabytes_fits_512_mib():
+    """TF's CPU backprop would allocate an im2col buffer of 256*256*31*31*16
+    floats (about 4 GB) per image here; bigconv2d's forward and backward run
+    within a 512 MiB workspace limit. Live tensors: y, dL/dy, dL/dx (each the
+    size of x) and dL/dw."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([sys.executable, "-c", GRAD_SCRIPT], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["increase"] <= r["tensor_bytes"] + r["limit"] * 1.1, r
