@@ -11,15 +11,15 @@ One timed call is a training step's convolution work, materialised:
 Cases (--quick N in brackets; --cases picks some):
 
     seed       input (16, 321, 481, 1), filter (135, 135, 1, 3), VALID           [N=2]
-               tf.nn.conv2d runs at N=2 [1] and its time is scaled linearly to N=16.
+               tf.nn.conv2d (both rows) runs at N=2 [1], its time scaled linearly to N=16.
     depthwise  input (8, 56, 56, 128), filter (31, 31, 1, 128), SAME             [N=2]
                bigconv2d grouped (groups = 128) against tf.nn.depthwise_conv2d with the
                same weights reshaped to (31, 31, 128, 1); the pure-TF FFT is per channel.
     dense      input (4, 128, 128, 32), filter (31, 31, 32, 32), SAME            [N=1]
     memory     input (2, 256, 256, 16), filter (31, 31, 16, 16), SAME            [N=1]
                bigconv2d auto with workspace_limit=512 MiB against tf.nn.conv2d, whose
-               CPU backprop may build an im2col buffer of out_h*out_w*kh*kw*cin*4 bytes
-               per image (about 3.8 GiB here).
+               own CPU backprops (oneDNN off) build an im2col buffer of
+               out_h*out_w*kh*kw*cin*4 bytes per image (about 3.75 GiB here).
 
 Contenders, each (case, contender) in fresh subprocesses (machinery: _harness.py):
 
@@ -27,7 +27,11 @@ Contenders, each (case, contender) in fresh subprocesses (machinery: _harness.py
                   each pass (forward, backprop input, backprop filter) is read from the
                   op's VLOG(1) line during the first full call and shown under the table
     fft, direct   tfbigconv.bigconv2d(..., algorithm="fft" / "direct")
-    tf            tf.nn.conv2d (tf.nn.depthwise_conv2d for depthwise) and TF's gradients
+    tf            tf.nn.conv2d (tf.nn.depthwise_conv2d for depthwise) and TF's gradients,
+                  as installed (this TF build runs its CPU convolutions through oneDNN
+                  unless TF_ENABLE_ONEDNN_OPTS=0; the JSON records which, as "onednn")
+    tf_nodnn      the same with TF_ENABLE_ONEDNN_OPTS=0 in the worker: TF's own kernels,
+                  whose backprops build the im2col buffer (time and memory differ a lot)
     tf_fft        bench_seed.tf_fft_conv2d (rfft2d, einsum, irfft2d, crop; SAME padded
                   explicitly), tf_fft_depthwise below for depthwise; TF autodiff
 
@@ -75,8 +79,10 @@ METHODS = {
     "fft": "bigconv2d fft",
     "direct": "bigconv2d direct",
     "tf": "tf.nn.conv2d",
+    "tf_nodnn": "tf.nn.conv2d, oneDNN off",
     "tf_fft": "pure-TF FFT",
 }
+TF_METHODS = ("tf", "tf_nodnn")
 MIB, GIB = _harness.MIB, 1 << 30
 # name: (N, quick N, image (H, W, C), filter, padding, title)
 CASES = {
@@ -87,7 +93,7 @@ CASES = {
 }
 TF_SEED_N, QUICK_TF_SEED_N = 2, 1
 MEMORY_WORKSPACE_LIMIT = 512 * MIB
-MEMORY_METHODS = ("auto", "tf")
+MEMORY_METHODS = ("auto", "tf", "tf_nodnn")
 SELF_CHECK_CASES = [  # (input shape, filter shape (grouped form), padding)
     ((2, 17, 23, 2), (5, 4, 2, 3), "VALID"),
     ((1, 16, 15, 3), (6, 7, 3, 2), "SAME"),
@@ -121,7 +127,7 @@ def conv_fn(method, in_shape, f_shape, padding, workspace_limit=0):
     """conv(x, w) for method, with w in the grouped form (kh, kw, Cin / groups, Cout)."""
     import tensorflow as tf
     depthwise = is_depthwise(in_shape, f_shape)
-    if method == "tf":
+    if method in TF_METHODS:
         if depthwise:
             return lambda x, w: tf.nn.depthwise_conv2d(
                 x, tf.reshape(w, [w.shape[0], w.shape[1], w.shape[3], 1]), [1, 1, 1, 1],
@@ -167,7 +173,8 @@ def reference_grads(x, w, padding):
     xs = fft(xp, (1, 2)).reshape(n, hp, -1, groups, cg).transpose(1, 2, 3, 0, 4)  # f,G,n,cg
     ws = fft(w.astype(np.float64), (0, 1)).reshape(hp, -1, cg, groups, dg).transpose(
         0, 1, 3, 2, 4)                                                             # f,G,cg,dg
-    ungroup = lambda a: a.transpose(3, 0, 1, 2, 4).reshape(n, hp, -1, groups * a.shape[-1])  # noqa: E731
+    def ungroup(a):  # f, G, n, c -> n, f, G * c
+        return a.transpose(3, 0, 1, 2, 4).reshape(n, hp, -1, groups * a.shape[-1])
     # Correlation: Y = X conj(W); circular wrap stays out of the first oh x ow outputs.
     y = ifft(ungroup(xs @ ws.conj()), (1, 2))[:, :oh, :ow]
     dy = 2 * y
@@ -235,6 +242,8 @@ def worker(spec):
         # The op logs its per-pass choice at VLOG(1); read from the first full call.
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
         os.environ["TF_CPP_VMODULE"] = "kernels_cpu=1"
+    if method == "tf_nodnn":
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
     import numpy as np
     import tensorflow as tf
 
@@ -270,6 +279,12 @@ def worker(spec):
     }
     if "workspace_limit" in spec:
         result["workspace_limit"] = spec["workspace_limit"]
+    if method in TF_METHODS:
+        try:
+            from tensorflow.python.util import _pywrap_util_port
+            result["onednn"] = bool(_pywrap_util_port.IsMklEnabled())
+        except (ImportError, AttributeError):
+            result["onednn"] = None
     if method == "auto":
         result["auto_choices"] = [
             {"pass": PASS_NAMES.get(op, op), "algorithm": alg, "reason": reason}
@@ -310,6 +325,10 @@ def table(case):
     ]
     for method, res in results.items():
         name = METHODS[method]
+        if case["name"] == "depthwise":
+            name = name.replace("tf.nn.conv2d", "tf.nn.depthwise_conv2d")
+        if method == "tf" and res.get("onednn") is not None:
+            name += ", oneDNN on" if res["onednn"] else ", oneDNN off"
         if res.get("workspace_limit"):
             name += f" (workspace_limit {res['workspace_limit'] // MIB} MiB)"
         if "error" in res:
@@ -403,7 +422,7 @@ def main():
         specs = {}
         for method in methods:
             n_run = n
-            if name == "seed" and method == "tf":
+            if name == "seed" and method in TF_METHODS:
                 n_run = min(n, QUICK_TF_SEED_N if args.quick else TF_SEED_N)
             spec = {"method": method, "input_shape": [n_run, *image],
                     "filter_shape": list(f_shape), "padding": padding, "reps": args.reps,
@@ -434,13 +453,15 @@ def main():
                  f"({', '.join(map(str, case['input_shape']))}), filter "
                  f"({', '.join(map(str, case['filter_shape']))}), {case['padding']}**")
         notes = []
-        tf_res = case["results"].get("tf", {})
-        if case["name"] == "seed" and tf_res.get("input_shape", [n])[0] != n:
-            notes.append(f"tf.nn.conv2d ran at N={tf_res['input_shape'][0]}; its time at "
-                         f"N={n} is scaled linearly (per image ms is what it measured).")
+        tf_n = {res["input_shape"][0] for m, res in case["results"].items()
+                if m in TF_METHODS and "input_shape" in res} - {n}
+        if tf_n:
+            notes.append(f"tf.nn.conv2d ran at N={min(tf_n)}; its time at N={n} is scaled "
+                         "linearly (per image ms is what it measured).")
         if case["name"] == "depthwise":
-            notes.append("The tf row is tf.nn.depthwise_conv2d with the filter reshaped to "
-                         "(31, 31, 128, 1); bigconv2d runs it as a grouped convolution.")
+            notes.append("The tf.nn.conv2d rows are tf.nn.depthwise_conv2d with the filter "
+                         "reshaped to (31, 31, 128, 1); bigconv2d runs it as a grouped "
+                         "convolution.")
         notes.append(f"Times: fwd+bwd, the best median of {args.rounds} round(s).")
         note = auto_note(case)
         sections.append("\n\n".join([title, " ".join(notes), table(case)]
