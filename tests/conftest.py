@@ -18,6 +18,27 @@ TOLERANCE = {
 }
 
 
+# The geometry matrix shared by the kernel tests (tests/test_*_cpu.py and
+# test_gradients.py): padding modes, with explicit padding wider than the
+# filter (the gradients then crop), strides and dilations.
+PADDINGS = [
+    ("SAME", ((0, 0), (0, 0))),
+    ("VALID", ((0, 0), (0, 0))),
+    ("EXPLICIT", ((0, 3), (2, 1))),
+    ("EXPLICIT", ((6, 0), (0, 7))),
+]
+STRIDES = [1, 2, 3, 4, (1, 3), (4, 2)]
+DILATIONS = [1, 2, 3, (1, 2)]
+# (input shape, filter shape): big, non-square, and as large as the input.
+LARGE_FILTERS = [
+    ((1, 70, 67, 1), (63, 63, 1, 3)),
+    ((2, 140, 137, 1), (135, 135, 1, 3)),
+    ((1, 20, 30, 2), (1, 29, 2, 3)),
+    ((1, 30, 20, 2), (29, 1, 2, 3)),
+    ((2, 17, 13, 3), (17, 13, 3, 5)),
+]
+
+
 def random_case(shape, seed, dtype=np.float32):
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 

@@ -6,7 +6,8 @@ import pytest
 
 from tfbigconv import _core
 
-from conftest import TOLERANCE, check_core, random_case, run_core, to4
+from conftest import (DILATIONS, LARGE_FILTERS, PADDINGS, STRIDES, TOLERANCE, check_core,
+                      random_case, run_core, to4)
 from reference import conv2d_reference, rel_l2
 
 FFT_TOL = 1e-4  # float32 through FFTs (DESIGN.md section 7)
@@ -32,25 +33,14 @@ def test_square_filters(k, dtype):
     check(random_case((2, 37, 41, 2), k, dtype), random_case((k, k, 2, 3), k + 1, dtype), 1, "SAME")
 
 
-@pytest.mark.parametrize("shape,fshape", [
-    ((1, 70, 67, 1), (63, 63, 1, 3)),
-    ((2, 140, 137, 1), (135, 135, 1, 3)),
-    ((1, 20, 30, 2), (1, 29, 2, 3)),
-    ((1, 30, 20, 2), (29, 1, 2, 3)),
-    ((2, 17, 13, 3), (17, 13, 3, 5)),   # filter as large as the input
-])
+@pytest.mark.parametrize("shape,fshape", LARGE_FILTERS)
 def test_large_and_nonsquare_filters(shape, fshape):
     check(random_case(shape, 3), random_case(fshape, 4), 1, "VALID")
 
 
-@pytest.mark.parametrize("padding,pads", [
-    ("SAME", ((0, 0), (0, 0))),
-    ("VALID", ((0, 0), (0, 0))),
-    ("EXPLICIT", ((0, 3), (2, 1))),
-    ("EXPLICIT", ((5, 0), (0, 6))),
-])
-@pytest.mark.parametrize("strides", [1, 2, 3, 4, (1, 3), (4, 2)])
-@pytest.mark.parametrize("dil", [1, 2, 3, (1, 2)])
+@pytest.mark.parametrize("padding,pads", PADDINGS)
+@pytest.mark.parametrize("strides", STRIDES)
+@pytest.mark.parametrize("dil", DILATIONS)
 def test_padding_strides_dilations(padding, pads, strides, dil):
     for cout in (2, 7):
         check(random_case((2, 23, 29, 3), 5), random_case((4, 5, 3, cout), 6), strides, padding,

@@ -7,7 +7,8 @@ import tensorflow as tf
 
 import tfbigconv
 from tfbigconv import _core
-from conftest import (TOLERANCE, explicit_pairs, hw_pair, random_case, run_core_pass, to4)
+from conftest import (PADDINGS, TOLERANCE, explicit_pairs, hw_pair, random_case, run_core_pass,
+                      to4)
 from reference import conv2d_reference_backprop_filter, conv2d_reference_backprop_input, rel_l2
 
 ALGORITHMS = ["direct", "fft"]
@@ -36,12 +37,7 @@ def check_core_grads(kind, x_shape, w_shape, strides=1, padding="VALID", dil=1, 
 
 
 @pytest.mark.parametrize("kind", ALGORITHMS)
-@pytest.mark.parametrize("padding,pads", [
-    ("SAME", ((0, 0), (0, 0))),
-    ("VALID", ((0, 0), (0, 0))),
-    ("EXPLICIT", ((0, 3), (2, 1))),
-    ("EXPLICIT", ((6, 0), (0, 7))),   # padding beyond the filter: cropped gradients
-])
+@pytest.mark.parametrize("padding,pads", PADDINGS)
 @pytest.mark.parametrize("strides", [1, 2, 3, (1, 3), (4, 2)])
 @pytest.mark.parametrize("dil", [1, 2, (1, 3)])
 def test_core_padding_strides_dilations(kind, padding, pads, strides, dil):

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 
 namespace tfbigconv {
 
@@ -21,6 +22,16 @@ inline const char* DTypeName(DType t) {
     case DType::kDouble: return "float64";
   }
   return "?";
+}
+
+// Inverse of DTypeName; false for any other name.
+inline bool ParseDType(const char* name, DType* out) {
+  for (DType t : {DType::kHalf, DType::kBFloat16, DType::kFloat, DType::kDouble})
+    if (std::strcmp(name, DTypeName(t)) == 0) {
+      *out = t;
+      return true;
+    }
+  return false;
 }
 
 inline float ToFloat(f16 h) {

@@ -92,6 +92,13 @@ DType PickDType(const py::array& a, const std::string& dtype) {
   throw py::value_error("unsupported dtype; use float16, float32, float64 or bfloat16");
 }
 
+DType DTypeFromName(const std::string& name) {
+  DType t;
+  if (!ParseDType(name.c_str(), &t))
+    throw py::value_error("dtype must be float16, bfloat16, float32 or float64, got " + name);
+  return t;
+}
+
 bool Dense(const py::array& a) {
   return (a.flags() & py::array::c_style) != 0;
 }
@@ -242,7 +249,7 @@ PYBIND11_MODULE(_core, m) {
             input_shape, filter_shape,
             MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
         const DirectBlocking b =
-            DirectConvBlocking(g, dtype == "float64" ? DType::kDouble : DType::kFloat, PickIsa(isa));
+            DirectConvBlocking(g, DTypeFromName(dtype), PickIsa(isa));
         py::dict d;
         d["channel_vectors"] = b.channel_vectors;
         d["channels_per_tile"] = b.channels_per_tile;
@@ -273,12 +280,7 @@ PYBIND11_MODULE(_core, m) {
         const ConvGeometry g = Geometry(
             input_shape, filter_shape,
             MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
-        DType dt = DType::kFloat;
-        if (dtype == "float64") dt = DType::kDouble;
-        else if (dtype == "float16") dt = DType::kHalf;
-        else if (dtype == "bfloat16") dt = DType::kBFloat16;
-        else if (dtype != "float32") throw py::value_error("unknown dtype " + dtype);
-        return PlanDict(PlanOrThrow(g, dt, workspace_limit, workers));
+        return PlanDict(PlanOrThrow(g, DTypeFromName(dtype), workspace_limit, workers));
       },
       py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
       py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
