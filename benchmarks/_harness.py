@@ -232,3 +232,21 @@ def append_markdown(path, title, header, body):
 def write_json(path, data):
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
+
+
+SELF_CHECK_TOL = 1e-5
+
+
+def run_self_check(script, what):
+    """Runs `script`'s worker in self_check mode: its hand-written contenders
+    (and references) against TensorFlow's own, worst relative L2 under
+    SELF_CHECK_TOL or the benchmark stops. Returns the per-case results."""
+    res = run_worker(script, {"method": "self_check"})
+    if "error" in res:
+        sys.exit(f"self-check failed: {res['error']}")
+    worst = max(e for case in res["cases"] for e in case["rel_l2"].values())
+    print(f"self-check against {what}: worst relative L2 {worst:.1e} "
+          f"(tolerance {SELF_CHECK_TOL:.0e})", file=sys.stderr)
+    if worst > SELF_CHECK_TOL:
+        sys.exit(f"self-check failed: {json.dumps(res['cases'], indent=1)}")
+    return res["cases"]

@@ -99,7 +99,6 @@ SELF_CHECK_CASES = [  # (input shape, filter shape (grouped form), padding)
     ((1, 16, 15, 3), (6, 7, 3, 2), "SAME"),
     ((2, 15, 13, 4), (5, 6, 1, 4), "SAME"),  # depthwise
 ]
-SELF_CHECK_TOL = 1e-5
 VLOG_RE = re.compile(r"kernels_cpu\.cc:\d+\] (BigConv2D\w*): (fft|direct) \((.*)\)")
 PASS_NAMES = {"BigConv2D": "forward", "BigConv2DBackpropInput": "backprop input",
               "BigConv2DBackpropFilter": "backprop filter"}
@@ -390,24 +389,12 @@ def parse_args():
     return args
 
 
-def run_self_check():
-    res = _harness.run_worker(__file__, {"method": "self_check"})
-    if "error" in res:
-        sys.exit(f"self-check failed: {res['error']}")
-    worst = max(e for case in res["cases"] for e in case["rel_l2"].values())
-    print(f"self-check of the gradients against TensorFlow's: worst relative L2 {worst:.1e} "
-          f"(tolerance {SELF_CHECK_TOL:.0e})", file=sys.stderr)
-    if worst > SELF_CHECK_TOL:
-        sys.exit(f"self-check failed: {json.dumps(res['cases'], indent=1)}")
-    return res["cases"]
-
-
 def main():
     args = parse_args()
     if args.worker:
         worker(json.loads(args.worker))
         return
-    checks = run_self_check()
+    checks = _harness.run_self_check(__file__, "TensorFlow's gradients")
     if args.self_check:
         return
     if args.rounds is None:

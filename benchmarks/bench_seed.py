@@ -67,7 +67,6 @@ SELF_CHECK_CASES = [  # (input shape, filter shape, padding)
     ((2, 17, 23, 2), (5, 4, 2, 3), "SAME"),
     ((1, 16, 15, 3), (6, 7, 3, 2), "SAME"),
 ]
-SELF_CHECK_TOL = 1e-5
 DEFAULT_PLOT = os.path.join(_harness.HERE, "seed_sweep.png")
 
 
@@ -329,24 +328,12 @@ def parse_args():
     return p.parse_args()
 
 
-def run_self_check():
-    res = _harness.run_worker(__file__, {"method": "self_check"})
-    if "error" in res:
-        sys.exit(f"self-check failed: {res['error']}")
-    worst = max(e for case in res["cases"] for e in case["rel_l2"].values())
-    print(f"self-check against tf.nn.conv2d: worst relative L2 {worst:.1e} "
-          f"(tolerance {SELF_CHECK_TOL:.0e})", file=sys.stderr)
-    if worst > SELF_CHECK_TOL:
-        sys.exit(f"self-check failed: {json.dumps(res['cases'], indent=1)}")
-    return res["cases"]
-
-
 def main():
     args = parse_args()
     if args.worker:
         worker(json.loads(args.worker))
         return
-    checks = run_self_check()
+    checks = _harness.run_self_check(__file__, "tf.nn.conv2d")
     if args.self_check:
         return
     if args.rounds is None:
