@@ -183,9 +183,9 @@ void PackPanel(const S* in, const TensorView& v, const ConvGeometry& g, int64_t 
 }
 
 template <typename S, typename T>
-class DirectForwardRunner {
+class DirectRunner {
  public:
-  DirectForwardRunner(const DirectParams& p, Isa isa)
+  DirectRunner(const DirectParams& p, Isa isa)
       : g_(p.problem.g),
         kt_(Table<T>(isa)),
         l_(MakeLayout(g_, kt_)),
@@ -355,7 +355,7 @@ void ZeroView(const ConvProblem& p, S* out) {
 
 template <typename S, typename T>
 void RunDirect(const DirectParams& p, const ParallelFor& pf, Isa isa) {
-  DirectForwardRunner<S, T>(p, isa).Run(pf);
+  DirectRunner<S, T>(p, isa).Run(pf);
 }
 
 }  // namespace

@@ -33,11 +33,11 @@ void MulConj(const T* __restrict x, const T* __restrict w, T* __restrict y, int6
 }
 
 template <typename S, typename T>
-class FftForwardRunner {
+class FftRunner {
   using C = std::complex<T>;
 
  public:
-  explicit FftForwardRunner(const FftParams& p)
+  explicit FftRunner(const FftParams& p)
       : g_(p.problem.g),
         pl_(p.plan),
         in_(static_cast<const S*>(p.input)),
@@ -239,10 +239,10 @@ void FftConv(const FftParams& p, const ParallelFor& pf) {
   if (g.batch * g.out_h * g.out_w * g.out_c == 0) return;
   if (g.in_c_per_group() == 0) return ZeroConvOutput(p.problem, p.dtype, p.output);
   switch (p.dtype) {
-    case DType::kFloat: return FftForwardRunner<float, float>(p).Run(pf);
-    case DType::kDouble: return FftForwardRunner<double, double>(p).Run(pf);
-    case DType::kHalf: return FftForwardRunner<f16, float>(p).Run(pf);
-    case DType::kBFloat16: return FftForwardRunner<bf16, float>(p).Run(pf);
+    case DType::kFloat: return FftRunner<float, float>(p).Run(pf);
+    case DType::kDouble: return FftRunner<double, double>(p).Run(pf);
+    case DType::kHalf: return FftRunner<f16, float>(p).Run(pf);
+    case DType::kBFloat16: return FftRunner<bf16, float>(p).Run(pf);
   }
 }
 
