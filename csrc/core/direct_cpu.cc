@@ -376,7 +376,7 @@ DirectBlocking DirectConvBlocking(const ConvGeometry& g, DType dtype, Isa isa) {
 
 void DirectConv(const DirectParams& p, const ParallelFor& pf, Isa isa) {
   const ConvGeometry& g = p.problem.g;
-  if (g.batch * g.out_h * g.out_w * g.out_c == 0) return;
+  if (g.output_elements() == 0) return;
   if (g.in_c_per_group() == 0 || g.filter_h * g.filter_w == 0) {  // empty sums
     ZeroConvOutput(p.problem, p.dtype, p.output);
     return;

@@ -236,7 +236,7 @@ class FftRunner {
 
 void FftConv(const FftParams& p, const ParallelFor& pf) {
   const ConvGeometry& g = p.problem.g;
-  if (g.batch * g.out_h * g.out_w * g.out_c == 0) return;
+  if (g.output_elements() == 0) return;
   if (g.in_c_per_group() == 0) return ZeroConvOutput(p.problem, p.dtype, p.output);
   switch (p.dtype) {
     case DType::kFloat: return FftRunner<float, float>(p).Run(pf);

@@ -61,9 +61,7 @@ struct ConvGeometry {
   int64_t virtual_in_w() const { return in_w == 0 ? 0 : (in_w - 1) * in_dilation_w + 1; }
   Strides4 input_strides() const;
   Strides4 output_strides() const;
-  int64_t input_elements() const { return batch * in_h * in_w * in_c; }
   int64_t output_elements() const { return batch * out_h * out_w * out_c; }
-  int64_t filter_elements() const { return filter_h * filter_w * filter_in_c * out_c; }
   // Multiply-adds of the convolution (each is 2 FLOPs).
   int64_t macs() const {
     return batch * out_h * out_w * out_c * filter_h * filter_w * filter_in_c;

@@ -181,7 +181,7 @@ py::array RunPass(const std::string& algorithm, const std::string& pass, py::arr
   }
   const ParallelFor pf = StdThreadParallelFor(num_threads);
   const ConvGeometry& g = problem.g;
-  if (g.batch * g.out_h * g.out_w * g.out_c == 0) return result;
+  if (g.output_elements() == 0) return result;
   if (algorithm == "direct") {
     DirectParams p;
     p.problem = problem;

@@ -106,7 +106,7 @@ class BigConvOpBase : public OpKernel {
   void Run(OpKernelContext* ctx, const ConvProblem& problem, const void* in, const void* filter,
            void* out) {
     const ConvGeometry& g = problem.g;
-    if (g.batch * g.out_h * g.out_w * g.out_c == 0) return;
+    if (g.output_elements() == 0) return;
     const ParallelFor pf = TfParallelFor(ctx);
     const int64_t limit = workspace_limit_ > 0 ? workspace_limit_ : DefaultHostWorkspaceBudget();
     AlgorithmChoice choice;
