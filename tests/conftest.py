@@ -1,11 +1,18 @@
 """Shared test helpers: the float64 reference, tolerances and random data."""
 import os
+import tempfile
 
 import numpy as np
 
 from reference import conv2d_reference, rel_l2
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The planner's decisions must not depend on a developer's own calibration
+# (`python -m tfbigconv calibrate`) or debugging overrides: tests run on the
+# cost model shipped with the package.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tfbigconv-test-cache-")
+for _name in ("TFBIGCONV_ALGORITHM", "TFBIGCONV_COST_MODEL"):
+    os.environ.pop(_name, None)
 
 # Relative L2 error allowed against the float64 reference, per dtype. 16-bit
 # inputs are rounded to the dtype before the reference sees them, so what is

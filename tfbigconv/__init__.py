@@ -12,8 +12,13 @@ except ImportError as e:  # pragma: no cover - build or path problem
         "If that is the source tree, run from another directory so that the installed "
         "package is imported; otherwise build with: pip install --no-build-isolation ."
     ) from e
-from tfbigconv._ops import ops as _raw_ops  # noqa: F401  (registers the ops)
+from tfbigconv import _ops, cost_model
+from tfbigconv._ops import ops as _raw_ops  # noqa: F401  (the ops, for tests and power users)
 from tfbigconv.conv import ALGORITHMS, bigconv2d
+from tfbigconv.explain import explain
 
-__all__ = ["bigconv2d", "ALGORITHMS"]
+# The planner's constants, in both compiled modules (see cost_model.py).
+cost_model.load_active(_ops._LIB_PATH)
+
+__all__ = ["bigconv2d", "explain", "ALGORITHMS"]
 __version__ = "0.1.0"

@@ -3,10 +3,10 @@ import numbers
 
 import tensorflow as tf
 
-from tfbigconv import _core
+from tfbigconv import _core, dispatch
 from tfbigconv._ops import ops as _ops
+from tfbigconv.dispatch import ALGORITHMS
 
-ALGORITHMS = ("auto", "direct", "fft")
 DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
 
@@ -71,13 +71,19 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
     Supported dtypes: float16, bfloat16 (both accumulate in float32), float32, float64.
 
     Keyword-only:
-      algorithm: "direct" is the tiled direct convolution (no workspace beyond
-        about 1 MiB of scratch per thread); "fft" is overlap-save FFT
-        convolution, whose workspace stays under `workspace_limit`; "auto"
-        picks, per pass, the one with the smaller estimated time that fits
-        (a rough model for now; tf.nn.conv2d itself is not yet a candidate).
+      algorithm: "auto" (the default) lets the planner pick, per pass
+        (forward, backprop_input, backprop_filter), the algorithm with the
+        smallest estimated time whose workspace fits `workspace_limit`:
+        "im2col" (tf.nn.conv2d itself, best for small filters), "direct" (the
+        tiled direct convolution, about 1 MiB of scratch per thread) or
+        "fft" (overlap-save FFT convolution, tiled and chunked to fit). With
+        static shapes the choice is made when the op is built (see
+        `tfbigconv.explain`); with unknown shapes the op chooses between
+        direct and fft at run time. Forcing "im2col" gives tf.nn.conv2d and
+        its gradients. The environment variable TFBIGCONV_ALGORITHM
+        overrides this argument (for debugging).
       workspace_limit: workspace budget in bytes; 0 means half of the free
-        host memory (cgroup-aware). If the FFT cannot fit, "fft" raises
+        host memory (cgroup-aware). If nothing requested fits, raises
         ResourceExhaustedError stating the minimum needed.
 
     Gradients of any order are registered (BigConv2DBackpropInput and
@@ -90,8 +96,7 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
         if not isinstance(data_format, str) or data_format.upper() not in ("NHWC", "NCHW"):
             raise _invalid(f"data_format must be 'NHWC' or 'NCHW', got {data_format!r}")
         data_format = data_format.upper()
-        if algorithm not in ALGORITHMS:
-            raise _invalid(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        algorithm = dispatch.requested_algorithm(algorithm)
         if not isinstance(workspace_limit, numbers.Integral) or workspace_limit < 0:
             raise _invalid(f"workspace_limit must be a non-negative int, got {workspace_limit!r}")
         input = tf.convert_to_tensor(input, name="input")
@@ -115,10 +120,74 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
                 _core.conv_geometry(in_shape, f_shape, strides, pad, explicit, data_format, dilations)
         except ValueError as e:
             raise _invalid(str(e)) from None
-        return _ops.big_conv2d(
-            input=input, filter=filters, strides=strides, padding=pad,
-            explicit_paddings=explicit, data_format=data_format, dilations=dilations,
-            algorithm=algorithm, workspace_limit_bytes=int(workspace_limit))
+        a = dict(strides=strides, padding=pad, explicit_paddings=explicit,
+                 data_format=data_format, dilations=dilations, algorithm=algorithm,
+                 workspace_limit_bytes=int(workspace_limit))
+        if algorithm == "im2col":
+            return _tf_conv2d(input, filters, a)
+        if algorithm == "auto" and in_shape is not None and f_shape is not None:
+            p = _plan("forward", in_shape, f_shape, a, input.dtype)
+            if p["chosen"] == "im2col":
+                return _im2col_forward(input, filters, in_shape, f_shape, a)
+        return _ops.big_conv2d(input=input, filter=filters, **a)
+
+
+def _op_attrs(a):
+    """The attributes TensorFlow's own Conv2D ops share with ours."""
+    return {k: a[k] for k in ("strides", "padding", "explicit_paddings", "data_format", "dilations")}
+
+
+def _tf_conv2d(x, w, a):
+    return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
+
+
+def _plan(pass_, in_shape, f_shape, a, dtype):
+    p = dispatch.plan(pass_, in_shape, f_shape, _op_attrs(a), dtype.name, a["algorithm"],
+                      a["workspace_limit_bytes"])
+    dispatch.log_choice("bigconv2d", p)
+    return p
+
+
+def _im2col_forward(x, w, in_shape, f_shape, a):
+    """tf.nn.conv2d forward, with each gradient pass planned on its own."""
+    backward = [_plan(p, in_shape, f_shape, a, x.dtype)["chosen"] for p in dispatch.PASSES[1:]]
+    if backward == ["im2col", "im2col"]:
+        return _tf_conv2d(x, w, a)  # TF's own gradients
+
+    @tf.custom_gradient
+    def conv(x, w):
+        def grad(dy):
+            return (_backprop_input(tf.shape(x), x.shape, w, dy, a),
+                    _backprop_filter(x, tf.shape(w), w.shape, dy, a))
+        return _tf_conv2d(x, w, a), grad
+
+    return conv(x, w)
+
+
+def _static(shape):
+    shape = tf.TensorShape(shape)
+    return shape.as_list() if shape.is_fully_defined() else None
+
+
+def _choose(pass_, in_shape, f_shape, a, dtype):
+    """The algorithm of a gradient pass: planned when shapes are static, else the op's."""
+    if a["algorithm"] != "auto" or in_shape is None or f_shape is None:
+        return a["algorithm"]
+    return _plan(pass_, in_shape, f_shape, a, dtype)["chosen"]
+
+
+def _backprop_input(input_sizes, in_shape, w, dy, a):
+    if _choose("backprop_input", _static(in_shape), _static(w.shape), a, w.dtype) == "im2col":
+        return tf.raw_ops.Conv2DBackpropInput(input_sizes=input_sizes, filter=w, out_backprop=dy,
+                                              **_op_attrs(a))
+    return _ops.big_conv2d_backprop_input(input_sizes, w, dy, **a)
+
+
+def _backprop_filter(x, filter_sizes, f_shape, dy, a):
+    if _choose("backprop_filter", _static(x.shape), _static(f_shape), a, x.dtype) == "im2col":
+        return tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=filter_sizes, out_backprop=dy,
+                                               **_op_attrs(a))
+    return _ops.big_conv2d_backprop_filter(x, filter_sizes, dy, **a)
 
 
 # Gradients, mirroring TensorFlow's nn_grad.py for Conv2D and its backprops.
@@ -127,15 +196,16 @@ _ATTRS = ("strides", "padding", "explicit_paddings", "data_format", "dilations",
 
 
 def _attrs(op):
-    return {name: op.get_attr(name) for name in _ATTRS}
+    decode = lambda v: v.decode() if isinstance(v, bytes) else v  # string attrs come as bytes
+    return {name: decode(op.get_attr(name)) for name in _ATTRS}
 
 
 @tf.RegisterGradient("BigConv2D")
 def _big_conv2d_grad(op, grad):
     x, w = op.inputs
     a = _attrs(op)
-    return (_ops.big_conv2d_backprop_input(tf.shape(x), w, grad, **a),
-            _ops.big_conv2d_backprop_filter(x, tf.shape(w), grad, **a))
+    return (_backprop_input(tf.shape(x), x.shape, w, grad, a),
+            _backprop_filter(x, tf.shape(w), w.shape, grad, a))
 
 
 @tf.RegisterGradient("BigConv2DBackpropInput")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -154,48 +155,288 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
 }
 
 namespace {
-// Throughputs of the two algorithms on the 2-core development machine (see
-// benchmarks/RESULTS.md): the direct kernel's FLOP/s, and FFT cost-model
-// units per second. Rough; the dispatcher issue calibrates them per machine.
-constexpr double kDirectFlopsPerSecond = 3.5e11;
-constexpr double kFftUnitsPerSecond = 3.9e10;
 
-// The column kernel with one or two output channels per tile is load-bound
-// (one vector load per one or two FMAs): measured 100 and ~200 GFLOP/s.
+std::mutex g_cost_model_mutex;
+CostModel g_cost_model = [] {
+  // Uncalibrated defaults (tfbigconv/cost_model.json replaces them at import).
+  CostModel m;
+  const double by_channels[kIm2colChannels] = {3e10, 1e11, 3e11, 3.5e11};
+  for (auto& pass : m.im2col_flops_per_second)
+    for (auto& side : pass)
+      for (int c = 0; c < kIm2colChannels; ++c) side[c] = by_channels[c];
+  return m;
+}();
+
+const char* const kPassNames[kPasses] = {"forward", "backprop_input", "backprop_filter"};
+const char* const kSlowdownDTypes[3] = {"float16", "bfloat16", "float64"};
+
+// The direct kernel with one or two output channels per column tile is
+// load-bound (one vector load per one or two FMAs): measured 100 and ~200
+// GFLOP/s against ~350. Double-precision vectors hold half the lanes.
 double DirectEfficiency(const ConvGeometry& g, DType dtype) {
   const DirectBlocking b = DirectConvBlocking(g, dtype, ActiveIsa());
-  if (b.channel_vectors || b.channels_per_tile >= 3) return 1.0;
-  return b.channels_per_tile == 2 ? 0.6 : 0.3;
+  double e = 1.0;
+  if (!b.channel_vectors && b.channels_per_tile < 3) e = b.channels_per_tile == 2 ? 0.6 : 0.3;
+  return dtype == DType::kDouble ? e * 0.5 : e;
 }
+
+int64_t ElementBytes(DType t) {
+  return t == DType::kDouble ? 8 : t == DType::kFloat ? 4 : 2;
+}
+
+int64_t OperandBytes(const ConvGeometry& g, DType dtype) {
+  const int64_t in = g.batch * g.in_h * g.in_w * g.in_c;
+  const int64_t filter = g.filter_h * g.filter_w * g.filter_in_c * g.out_c;
+  return (in + filter + g.output_elements()) * ElementBytes(dtype);
+}
+
+// Piecewise-linear interpolation of log(table) over log(axis), clamped at the ends.
+double LogInterp(const double* axis, int n, double x, int* i0, double* t) {
+  x = std::min(std::max(x, axis[0]), axis[n - 1]);
+  int i = 0;
+  while (i + 2 < n && x > axis[i + 1]) ++i;
+  *i0 = i;
+  *t = (std::log(x) - std::log(axis[i])) / (std::log(axis[i + 1]) - std::log(axis[i]));
+  return x;
+}
+
+double Im2colRate(const CostModel& m, Pass pass, double side, double channels) {
+  int si, ci;
+  double st, ct;
+  LogInterp(kIm2colSideAxis, kIm2colSides, side, &si, &st);
+  LogInterp(kIm2colChannelAxis, kIm2colChannels, channels, &ci, &ct);
+  const auto& t = m.im2col_flops_per_second[int(pass)];
+  auto l = [&](int s, int c) { return std::log(t[s][c]); };
+  const double lo = l(si, ci) * (1 - ct) + l(si, ci + 1) * ct;
+  const double hi = l(si + 1, ci) * (1 - ct) + l(si + 1, ci + 1) * ct;
+  return std::exp(lo * (1 - st) + hi * st);
+}
+
+std::string Bytes(int64_t b) {
+  std::ostringstream os;
+  os.precision(3);
+  if (b >= (int64_t(1) << 30)) os << double(b) / double(int64_t(1) << 30) << " GiB";
+  else if (b >= (1 << 20)) os << double(b) / double(1 << 20) << " MiB";
+  else os << double(b) / 1024.0 << " KiB";
+  return os.str();
+}
+
+std::string Seconds(double s) {
+  std::ostringstream os;
+  os.precision(3);
+  if (s >= 1) os << s << " s";
+  else os << s * 1e3 << " ms";
+  return os.str();
+}
+
 }  // namespace
+
+const char* PassName(Pass p) { return kPassNames[int(p)]; }
+
+std::vector<std::string> CostModelFields() {
+  std::vector<std::string> f = {"direct_flops_per_second", "direct_seconds_per_output",
+                                "direct_seconds_per_call",  "fft_seconds_per_unit",
+                                "fft_seconds_per_element",  "fft_seconds_per_call"};
+  for (int p = 0; p < kPasses; ++p)
+    for (int s = 0; s < kIm2colSides; ++s)
+      for (int c = 0; c < kIm2colChannels; ++c)
+        f.push_back(std::string("im2col_flops_per_second.") + kPassNames[p] + ".side" +
+                    std::to_string(int(kIm2colSideAxis[s])) + ".channels" +
+                    std::to_string(int(kIm2colChannelAxis[c])));
+  for (const char* t : kSlowdownDTypes) f.push_back(std::string("im2col_dtype_slowdown.") + t);
+  return f;
+}
+
+std::vector<double> CostModelValues(const CostModel& m) {
+  std::vector<double> v = {m.direct_flops_per_second, m.direct_seconds_per_output,
+                           m.direct_seconds_per_call,  m.fft_seconds_per_unit,
+                           m.fft_seconds_per_element,  m.fft_seconds_per_call};
+  for (const auto& pass : m.im2col_flops_per_second)
+    for (const auto& side : pass)
+      for (double r : side) v.push_back(r);
+  for (double x : m.im2col_dtype_slowdown) v.push_back(x);
+  return v;
+}
+
+std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
+  const std::vector<std::string> names = CostModelFields();
+  if (v.size() != names.size())
+    return "the cost model needs " + std::to_string(names.size()) + " values, got " +
+           std::to_string(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const bool additive = names[i].find("_seconds_per_") != std::string::npos &&
+                          names[i] != "fft_seconds_per_unit";
+    if (!std::isfinite(v[i]) || v[i] < 0 || (v[i] == 0 && !additive))
+      return "cost model value " + names[i] + " must be finite and positive, got " +
+             std::to_string(v[i]);
+  }
+  CostModel m;
+  size_t i = 0;
+  m.direct_flops_per_second = v[i++];
+  m.direct_seconds_per_output = v[i++];
+  m.direct_seconds_per_call = v[i++];
+  m.fft_seconds_per_unit = v[i++];
+  m.fft_seconds_per_element = v[i++];
+  m.fft_seconds_per_call = v[i++];
+  for (auto& pass : m.im2col_flops_per_second)
+    for (auto& side : pass)
+      for (double& r : side) r = v[i++];
+  for (double& x : m.im2col_dtype_slowdown) x = v[i++];
+  *out = m;
+  return "";
+}
+
+CostModel ActiveCostModel() {
+  std::lock_guard<std::mutex> lock(g_cost_model_mutex);
+  return g_cost_model;
+}
+
+void SetActiveCostModel(const CostModel& m) {
+  std::lock_guard<std::mutex> lock(g_cost_model_mutex);
+  g_cost_model = m;
+}
 
 std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
                             int64_t limit, int workers, AlgorithmChoice* c) {
   if (requested != "auto" && requested != "direct" && requested != "fft")
     return "algorithm must be 'auto', 'direct' or 'fft', got '" + requested + "'";
+  const CostModel m = ActiveCostModel();
   *c = AlgorithmChoice();
-  c->direct_seconds =
-      2.0 * double(g.macs()) / (kDirectFlopsPerSecond * DirectEfficiency(g, dtype));
-  std::string fft_err;
-  if (requested != "direct") {
-    fft_err = PlanFft(g, dtype, limit, workers, &c->fft);
-    if (fft_err.empty()) c->fft_seconds = c->fft.cost / kFftUnitsPerSecond;
+  const int64_t operands = OperandBytes(g, dtype);
+  Estimate& d = c->direct;
+  d.available = true;
+  d.workspace_bytes = DirectConvBlocking(g, dtype, ActiveIsa()).scratch_bytes_per_worker *
+                      std::max(workers, 1);
+  d.fits = d.workspace_bytes <= limit;
+  d.terms = {2.0 * double(g.macs()) / DirectEfficiency(g, dtype), double(g.output_elements()), 1};
+  d.seconds = d.terms[0] / m.direct_flops_per_second + m.direct_seconds_per_output * d.terms[1] +
+              m.direct_seconds_per_call;
+  d.peak_bytes = operands + d.workspace_bytes;
+  d.note = "scratch per thread";
+  Estimate& f = c->fft;
+  const std::string fft_err = PlanFft(g, dtype, limit, workers, &c->fft_plan);
+  f.available = f.fits = fft_err.empty();
+  if (f.fits) {
+    const double elements = double(g.batch * g.in_h * g.in_w * g.in_c + g.output_elements());
+    f.terms = {c->fft_plan.cost, elements, 1};
+    f.seconds = m.fft_seconds_per_unit * f.terms[0] + m.fft_seconds_per_element * f.terms[1] +
+                m.fft_seconds_per_call;
+    f.workspace_bytes = c->fft_plan.workspace_bytes;
+    f.peak_bytes = operands + f.workspace_bytes;
+    std::ostringstream os;
+    os << "tile " << c->fft_plan.tile_h << "x" << c->fft_plan.tile_w << " (FFT "
+       << c->fft_plan.fft_h << "x" << c->fft_plan.fft_w << "), chunk " << c->fft_plan.chunk
+       << " of " << c->fft_plan.items << " items";
+    f.note = os.str();
+  } else {
+    f.note = fft_err;
   }
   if (requested == "fft") {
-    if (!fft_err.empty()) return fft_err;
+    if (!f.fits) return fft_err;
     c->algorithm = Algorithm::kFft;
     c->reason = "fft requested";
   } else if (requested == "direct") {
+    if (!d.fits)
+      return "the direct algorithm needs " + std::to_string(d.workspace_bytes) +
+             " bytes of scratch, but the limit is " + std::to_string(limit) + " bytes";
     c->reason = "direct requested";
-  } else if (!fft_err.empty()) {
-    c->reason = "auto: direct, no FFT plan fits the workspace limit";
+  } else if (!d.fits && !f.fits) {
+    return "no algorithm fits the workspace limit of " + std::to_string(limit) +
+           " bytes: direct needs " + std::to_string(d.workspace_bytes) + " bytes; " + fft_err;
   } else {
-    c->algorithm = c->fft_seconds < c->direct_seconds ? Algorithm::kFft : Algorithm::kDirect;
-    std::ostringstream os;
-    os << "auto: estimated direct " << c->direct_seconds << " s, fft " << c->fft_seconds << " s";
-    c->reason = os.str();
+    const bool fft = f.fits && (!d.fits || f.seconds < d.seconds);
+    c->algorithm = fft ? Algorithm::kFft : Algorithm::kDirect;
+    c->reason = std::string("auto: ") + (fft ? "fft" : "direct") + " is the fastest that fits";
   }
   return "";
 }
 
+Estimate Im2colEstimate(const ConvGeometry& ug, Pass pass, DType dtype, int64_t limit) {
+  const CostModel m = ActiveCostModel();
+  Estimate e;
+  e.available = true;
+  const double side = std::sqrt(double(ug.filter_h * ug.filter_w));
+  const double channels = double(ug.in_c_per_group() * std::max<int64_t>(ug.out_c_per_group(), 1));
+  double slowdown = 1;
+  if (dtype == DType::kHalf) slowdown = m.im2col_dtype_slowdown[0];
+  if (dtype == DType::kBFloat16) slowdown = m.im2col_dtype_slowdown[1];
+  if (dtype == DType::kDouble) slowdown = m.im2col_dtype_slowdown[2];
+  e.terms = {2.0 * double(ug.macs()) * slowdown, side, channels};
+  e.seconds = e.terms[0] / Im2colRate(m, pass, side, channels);
+  e.workspace_bytes = ug.out_h * ug.out_w * ug.filter_h * ug.filter_w * ug.in_c * ElementBytes(dtype);
+  if (ug.batch == 0) e.workspace_bytes = 0;
+  e.fits = e.workspace_bytes <= limit;
+  e.peak_bytes = OperandBytes(ug, dtype) + e.workspace_bytes;
+  e.note = pass == Pass::kForward ? "patch matrix of one image (upper bound)"
+                                  : "col_buffer of one image";
+  return e;
+}
+
+std::string PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, const std::string& requested,
+                     int64_t limit, int workers, bool im2col_available, PassPlan* out) {
+  if (requested != "auto" && requested != "im2col" && requested != "direct" && requested != "fft")
+    return "algorithm must be 'auto', 'im2col', 'direct' or 'fft', got '" + requested + "'";
+  PassPlan p;
+  p.pass = pass;
+  const ConvGeometry g = pass == Pass::kForward          ? ForwardProblem(ug).g
+                         : pass == Pass::kBackpropInput ? BackpropInputProblem(ug).g
+                                                        : BackpropFilterProblem(ug).g;
+  AlgorithmChoice c;
+  const std::string ours = requested == "im2col" ? "auto" : requested;
+  const std::string err = ChooseAlgorithm(g, dtype, ours, limit, workers, &c);
+  p.direct = c.direct;
+  p.fft = c.fft;
+  p.fft_plan = c.fft_plan;
+  p.im2col = Im2colEstimate(ug, pass, dtype, limit);
+  if (!im2col_available) {
+    p.im2col.available = false;
+    p.im2col.note = "not supported by TensorFlow for this case";
+  }
+  const Estimate& i = p.im2col;
+  if (requested == "im2col") {
+    if (!i.available) return "algorithm 'im2col' is not available: " + i.note;
+    p.chosen = "im2col";
+    p.reason = "im2col requested";
+  } else if (!err.empty()) {
+    if (requested != "auto" || !(i.available && i.fits)) return err;
+    p.chosen = "im2col";
+    p.reason = "auto: im2col, the only algorithm that fits";
+  } else {
+    p.chosen = c.algorithm == Algorithm::kFft ? "fft" : "direct";
+    const Estimate& ours_e = c.algorithm == Algorithm::kFft ? p.fft : p.direct;
+    if (requested == "auto" && i.available && i.fits && i.seconds < ours_e.seconds) p.chosen = "im2col";
+    p.reason = requested == "auto" ? "auto: " + p.chosen + " is the fastest that fits" : c.reason;
+  }
+  if (requested == "auto") {
+    // Name the runners-up and why the others were out.
+    std::ostringstream os;
+    os << p.reason << " (est. ";
+    bool first = true;
+    for (const auto& [name, e] : {std::pair<std::string, const Estimate*>{"im2col", &p.im2col},
+                                  {"direct", &p.direct}, {"fft", &p.fft}}) {
+      os << (first ? "" : ", ") << name << " ";
+      first = false;
+      if (!e->available && name == "im2col") os << "unavailable";
+      else if (!e->fits) os << "needs " << Bytes(e->workspace_bytes) << " > limit " << Bytes(limit);
+      else os << Seconds(e->seconds);
+    }
+    os << ")";
+    p.reason = os.str();
+  }
+  *out = p;
+  return "";
+}
+
 }  // namespace tfbigconv
+
+// Lets Python set the model in a library it loaded without pybind11 (the TF op
+// library, through ctypes): values in CostModelFields() order. Returns 0 on
+// success; Python validates the values through _core first.
+extern "C" __attribute__((visibility("default"))) int tfbigconv_set_cost_model(const double* values,
+                                                                              int count) {
+  tfbigconv::CostModel m;
+  if (count < 0 || !tfbigconv::CostModelFromValues(std::vector<double>(values, values + count), &m).empty())
+    return 1;
+  tfbigconv::SetActiveCostModel(m);
+  return 0;
+}

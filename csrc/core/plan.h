@@ -1,10 +1,12 @@
-// The planner: tiling, chunking and exact workspace of the FFT algorithm.
-// The kernels allocate exactly FftPlan::workspace_bytes, and the planner
-// never returns a plan above the caller's limit.
+// The planner: the cost and memory model of every algorithm for each pass
+// (im2col = tf.nn.conv2d, direct, fft), and the FFT's tiling, chunking and
+// exact workspace. The kernels allocate exactly FftPlan::workspace_bytes, and
+// the planner never returns a plan above the caller's limit.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dtypes.h"
 #include "geometry.h"
@@ -62,20 +64,96 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* plan);
 std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t workspace_limit,
                            int workers, FftPlan* plan);
 
+// The cost model's constants. Defaults are this file's; Python replaces them
+// at import with the shipped calibration (tfbigconv/cost_model.json) or the
+// user's own (`python -m tfbigconv calibrate`), in both compiled modules.
+//   direct  seconds = 2 macs / (direct_flops_per_second * efficiency)
+//                     + direct_seconds_per_output * output elements
+//                     + direct_seconds_per_call
+//   fft     seconds = fft_seconds_per_unit * FftPlan::cost
+//                     + fft_seconds_per_element * (input + output elements)
+//                     + fft_seconds_per_call
+//   im2col  seconds = 2 macs / rate, rate interpolated (log-log) in a table
+//                     over filter side and channel product, per pass.
+constexpr int kIm2colSides = 4;     // filter sides (sqrt of taps): 3, 7, 15, 31
+constexpr int kIm2colChannels = 4;  // channels in x out per group: 1, 16, 256, 2048
+constexpr int kPasses = 3;
+struct CostModel {
+  double direct_flops_per_second = 3.5e11;
+  double direct_seconds_per_output = 1e-9;
+  double direct_seconds_per_call = 0;
+  double fft_seconds_per_unit = 1.0 / 3.9e10;
+  double fft_seconds_per_element = 0;
+  double fft_seconds_per_call = 0;
+  // FLOP/s of tf.nn.conv2d (float32) per pass, filter side and channel product.
+  double im2col_flops_per_second[kPasses][kIm2colSides][kIm2colChannels] = {};
+  // tf.nn.conv2d's time for float16, bfloat16, float64 relative to float32.
+  double im2col_dtype_slowdown[3] = {1, 1, 1};
+};
+// The table's axes.
+constexpr double kIm2colSideAxis[kIm2colSides] = {3, 7, 15, 31};
+constexpr double kIm2colChannelAxis[kIm2colChannels] = {1, 16, 256, 2048};
+
+// The model as named numbers, in a fixed order (for Python and JSON).
+std::vector<std::string> CostModelFields();
+std::vector<double> CostModelValues(const CostModel& m);
+// Errors: wrong count, or a value that is not finite and positive (zero is
+// allowed for the additive terms: per output, per element, per call).
+std::string CostModelFromValues(const std::vector<double>& values, CostModel* m);
+// The process-wide model (thread-safe).
+CostModel ActiveCostModel();
+void SetActiveCostModel(const CostModel& m);
+
+enum class Pass { kForward, kBackpropInput, kBackpropFilter };
+const char* PassName(Pass p);
+
 enum class Algorithm { kDirect, kFft };
 
-// The algorithm for one pass: "direct" or "fft" as requested, or for "auto"
-// the one with the smaller estimated time among those that fit the budget.
+// One candidate algorithm for one pass, as explain() shows it.
+struct Estimate {
+  bool available = false;   // im2col: TF supports this case; fft: a plan fits
+  bool fits = false;        // workspace within the limit
+  double seconds = 0;
+  int64_t workspace_bytes = 0;
+  int64_t peak_bytes = 0;   // operands (input, filter, output) + workspace
+  std::string note;         // why it is unavailable, or what the plan is
+  // The model's inputs, before its constants (for calibration): direct
+  // {2 macs / efficiency, output elements, 1}; fft {FftPlan::cost, input +
+  // output elements, 1}; im2col {2 macs * dtype slowdown, filter side, channels}.
+  std::vector<double> terms;
+};
+
+// The kernels' choice for one ConvProblem's geometry (of any pass): "direct"
+// or "fft" as requested, or for "auto" the fastest estimate that fits.
 struct AlgorithmChoice {
   Algorithm algorithm = Algorithm::kDirect;
-  FftPlan fft;          // valid when algorithm == kFft
-  double direct_seconds = 0, fft_seconds = 0;  // estimates (fft: 0 if no plan fits)
+  Estimate direct, fft;
+  FftPlan fft_plan;     // valid when fft.fits
   std::string reason;
 };
 
-// Errors: an unknown algorithm name (InvalidArgument), or "fft" requested
-// and no plan fits the limit (the message states the minimum).
+// Errors: an unknown algorithm name, or nothing requested fits the limit
+// (the message states the minimum).
 std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
                             int64_t workspace_limit, int workers, AlgorithmChoice* choice);
+
+// Estimates of tf.nn.conv2d for one pass of the user's geometry. Workspace:
+// one image's patch matrix (out_h * out_w * KH * KW * in_c elements), which
+// TF's CPU backprop kernels allocate as col_buffer; for the forward pass it
+// is an upper bound (oneDNN blocks it).
+Estimate Im2colEstimate(const ConvGeometry& user_g, Pass pass, DType dtype, int64_t limit);
+
+// Every candidate of one pass and the choice among them. `im2col_available`
+// is the caller's (TensorFlow's) fact; requested is auto, im2col, direct or fft.
+struct PassPlan {
+  Pass pass = Pass::kForward;
+  Estimate im2col, direct, fft;
+  FftPlan fft_plan;
+  std::string chosen;   // "im2col", "direct" or "fft"
+  std::string reason;
+};
+std::string PlanPass(const ConvGeometry& user_g, Pass pass, DType dtype,
+                     const std::string& requested, int64_t limit, int workers,
+                     bool im2col_available, PassPlan* plan);
 
 }  // namespace tfbigconv

@@ -136,6 +136,24 @@ FftPlan PlanOrThrow(const ConvGeometry& g, DType dtype, int64_t workspace_limit,
   return plan;
 }
 
+py::dict EstimateDict(const Estimate& e) {
+  py::dict d;
+  d["available"] = e.available;
+  d["fits"] = e.fits;
+  d["seconds"] = e.seconds;
+  d["workspace_bytes"] = e.workspace_bytes;
+  d["peak_bytes"] = e.peak_bytes;
+  d["note"] = e.note;
+  d["terms"] = e.terms;
+  return d;
+}
+
+Pass PassFromName(const std::string& name) {
+  for (Pass p : {Pass::kForward, Pass::kBackpropInput, Pass::kBackpropFilter})
+    if (name == PassName(p)) return p;
+  throw py::value_error("pass must be forward, backprop_input or backprop_filter, got " + name);
+}
+
 std::vector<int64_t> Shape(const py::array& a) {
   return std::vector<int64_t>(a.shape(), a.shape() + a.ndim());
 }
@@ -287,6 +305,50 @@ PYBIND11_MODULE(_core, m) {
       py::arg("dtype") = "float32", py::arg("workspace_limit") = 0, py::arg("workers") = 1,
       "The FFT plan (tiles, chunk, exact workspace bytes) the forward pass would use; "
       "raises ValueError stating the minimum workspace when the limit is too small.");
+  m.def(
+      "plan_pass",
+      [](const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
+         const std::vector<int64_t>& strides, const std::string& padding,
+         const std::vector<int64_t>& explicit_paddings, const std::string& data_format,
+         const std::vector<int64_t>& dilations, const std::string& pass, const std::string& dtype,
+         const std::string& algorithm, int64_t workspace_limit, int workers,
+         bool im2col_available) {
+        const ConvGeometry g = Geometry(
+            input_shape, filter_shape,
+            MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
+        const int64_t limit = BudgetOrDefault(workspace_limit);
+        PassPlan p;
+        const std::string err = PlanPass(g, PassFromName(pass), DTypeFromName(dtype), algorithm,
+                                         limit, workers, im2col_available, &p);
+        if (!err.empty()) throw std::runtime_error(err);
+        py::dict d;
+        d["pass"] = pass;
+        d["limit"] = limit;
+        d["im2col"] = EstimateDict(p.im2col);
+        d["direct"] = EstimateDict(p.direct);
+        d["fft"] = EstimateDict(p.fft);
+        d["chosen"] = p.chosen;
+        d["reason"] = p.reason;
+        return d;
+      },
+      py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
+      py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
+      py::arg("pass_"), py::arg("dtype"), py::arg("algorithm"), py::arg("workspace_limit"),
+      py::arg("workers"), py::arg("im2col_available"),
+      "Every algorithm's estimate for one pass of the forward geometry, and the choice. "
+      "ValueError for bad arguments; RuntimeError when the request cannot be met (the "
+      "message states the minimum workspace).");
+  m.def("cost_model_fields", &CostModelFields);
+  m.def("get_cost_model", [] { return CostModelValues(ActiveCostModel()); });
+  m.def(
+      "set_cost_model",
+      [](const std::vector<double>& values) {
+        CostModel model;
+        const std::string err = CostModelFromValues(values, &model);
+        if (!err.empty()) throw py::value_error(err);
+        SetActiveCostModel(model);
+      },
+      "Sets this module's cost model (values in cost_model_fields() order).");
   m.def("free_host_memory", &FreeHostMemoryBytes);
   m.def("default_workspace_budget", &DefaultHostWorkspaceBudget);
   m.def("supported_isas", [] {

@@ -119,7 +119,7 @@ class BigConvOpBase : public OpKernel {
       FftParams p;
       p.problem = problem;
       p.dtype = kDType<T>;
-      p.plan = choice.fft;
+      p.plan = choice.fft_plan;
       Tensor workspace;
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8,
                                              TensorShape({p.plan.workspace_bytes}), &workspace));

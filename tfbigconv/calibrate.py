@@ -1,0 +1,189 @@
+"""Calibrates the planner's cost model on this machine.
+
+Times the direct and FFT kernels (through the ops) and TensorFlow's own
+conv2d and its two backprops on a fixed set of convolutions, fits the
+model's constants (plan.h, CostModel) and writes a profile that
+cost_model.py loads. `python -m tfbigconv calibrate` writes the user's
+profile; benchmarks/calibrate.py writes the one shipped in the package.
+"""
+import datetime
+import math
+import os
+import platform
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tfbigconv import _core, cost_model, dispatch
+from tfbigconv._ops import ops as _ops
+
+# The im2col table's axes (plan.h: kIm2colSideAxis, kIm2colChannelAxis) and
+# the (in, out) channels measured for each channel product.
+IM2COL_SIDES = (3, 7, 15, 31)
+IM2COL_CHANNELS = ((1, 1), (4, 4), (16, 16), (32, 64))
+SLOWDOWN_DTYPES = ("float16", "bfloat16", "float64")
+
+# (input NHWC, filter HWIO, padding): convolutions for the direct and FFT fits,
+# spanning channels, filter sizes and both kernels' shapes of work.
+KERNEL_CASES = (
+    ((1, 32, 32, 1), (3, 3, 1, 1), "SAME"),  # tiny: pins the per-call overhead
+    ((1, 48, 48, 4), (5, 5, 4, 4), "SAME"),
+    ((8, 160, 160, 1), (3, 3, 1, 3), "SAME"),
+    ((8, 160, 160, 1), (9, 9, 1, 3), "SAME"),
+    ((8, 256, 256, 1), (31, 31, 1, 3), "VALID"),
+    ((8, 64, 64, 16), (3, 3, 16, 16), "SAME"),
+    ((8, 64, 64, 16), (7, 7, 16, 16), "SAME"),
+    ((4, 64, 64, 16), (15, 15, 16, 16), "SAME"),
+    ((2, 64, 64, 64), (5, 5, 64, 64), "SAME"),
+    ((4, 64, 64, 32), (15, 15, 1, 32), "SAME"),
+    ((2, 256, 256, 1), (63, 63, 1, 1), "SAME"),
+    ((2, 64, 64, 32), (31, 31, 32, 32), "SAME"),
+    ((16, 160, 240, 1), (61, 61, 1, 3), "VALID"),
+    ((2, 128, 128, 64), (3, 3, 64, 64), "SAME"),
+)
+ATTRS = dict(strides=[1, 1, 1, 1], explicit_paddings=[], data_format="NHWC", dilations=[1, 1, 1, 1])
+
+
+def _time(fn, budget_s, reps=5, first_cap_s=2.0):
+    """Median seconds of fn() (after one warm-up call), within about budget_s."""
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    if first > first_cap_s:  # too slow to repeat; its first call is the measurement
+        return first
+    times = []
+    while len(times) < reps and (sum(times) < budget_s or len(times) < 2):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _random(shape, dtype=tf.float32, seed=0):
+    return tf.cast(tf.random.stateless_normal(shape, seed=[seed, 1]), dtype)
+
+
+def _kernel_seconds(algorithm, x_shape, w_shape, padding, budget_s):
+    x, w = _random(x_shape), _random(w_shape, seed=1)
+    f = tf.function(lambda x, w: _ops.big_conv2d(x, w, padding=padding, algorithm=algorithm,
+                                                 workspace_limit_bytes=0, **ATTRS))
+    return _time(lambda: f(x, w).numpy(), budget_s)
+
+
+def _im2col_fn(pass_, x_shape, w_shape, padding, dtype):
+    x, w = _random(x_shape, dtype), _random(w_shape, dtype, seed=1)
+    y_shape = _core.conv_geometry(list(x_shape), list(w_shape), padding=padding,
+                                  **ATTRS)["output_shape"]
+    dy = _random(y_shape, dtype, seed=2)
+    a = dict(ATTRS, padding=padding)
+    if pass_ == "forward":
+        f = tf.function(lambda: tf.raw_ops.Conv2D(input=x, filter=w, **a))
+    elif pass_ == "backprop_input":
+        f = tf.function(lambda: tf.raw_ops.Conv2DBackpropInput(
+            input_sizes=tf.constant(x_shape, tf.int32), filter=w, out_backprop=dy, **a))
+    else:
+        f = tf.function(lambda: tf.raw_ops.Conv2DBackpropFilter(
+            input=x, filter_sizes=tf.constant(w_shape, tf.int32), out_backprop=dy, **a))
+    return lambda: f().numpy()
+
+
+def _im2col_case(side, cin, cout, target_flops):
+    """(input, filter) of about target_flops, SAME padding, batch 2."""
+    px = target_flops / (2 * 2 * side * side * cin * cout)
+    hw = int(min(1024, max(side + 1, math.sqrt(px))))
+    return (2, hw, hw, cin), (side, side, cin, cout)
+
+
+def _fit(terms, seconds):
+    """Non-negative least squares of seconds ~ terms . coefficients, in relative error.
+
+    Solves every subset of the terms and keeps the best all-non-negative
+    solution (there are only three terms).
+    """
+    t = np.asarray(terms, float)
+    s = np.asarray(seconds, float)
+    A, b = t / s[:, None], np.ones(len(s))
+    best, best_err = None, np.inf
+    for mask in range(1, 1 << t.shape[1]):
+        cols = [j for j in range(t.shape[1]) if mask >> j & 1]
+        x, *_ = np.linalg.lstsq(A[:, cols], b, rcond=None)
+        if np.any(x < 0):
+            continue
+        full = np.zeros(t.shape[1])
+        full[cols] = x
+        err = float(np.sum((A @ full - b) ** 2))
+        if full[0] > 0 and err < best_err:
+            best, best_err = full, err
+    return [float(v) for v in best]
+
+
+def _model_terms(algorithm, x_shape, w_shape, padding):
+    p = _core.plan_pass(list(x_shape), list(w_shape), padding=padding, pass_="forward",
+                        dtype="float32", algorithm=algorithm, workspace_limit=0,
+                        workers=dispatch.workers(), im2col_available=False, **ATTRS)
+    return p[algorithm]["terms"]
+
+
+def _cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def calibrate(output, quick=False, log=print):
+    """Measures, fits and writes a profile to `output`; returns its values.
+
+    quick: tiny problems and one rep, for tests of the round trip (the numbers
+    are then not meaningful).
+    """
+    budget_s = 0.02 if quick else 0.3
+    cases = [((1, 24, 24, 1), (5, 5, 1, 2), "SAME"), ((1, 24, 24, 4), (3, 3, 4, 4), "SAME"),
+             ((1, 32, 32, 2), (9, 9, 2, 2), "VALID")] if quick else KERNEL_CASES
+    fits = {}
+    for algorithm in ("direct", "fft"):
+        terms, seconds = [], []
+        for x_shape, w_shape, padding in cases:
+            s = _kernel_seconds(algorithm, x_shape, w_shape, padding, budget_s)
+            terms.append(_model_terms(algorithm, x_shape, w_shape, padding))
+            seconds.append(s)
+            log(f"{algorithm:6s} {x_shape} x {w_shape} {padding}: {s * 1e3:.2f} ms")
+        fits[algorithm] = _fit(terms, seconds)
+    values = {
+        "direct_flops_per_second": 1.0 / fits["direct"][0],
+        "direct_seconds_per_output": fits["direct"][1],
+        "direct_seconds_per_call": fits["direct"][2],
+        "fft_seconds_per_unit": fits["fft"][0],
+        "fft_seconds_per_element": fits["fft"][1],
+        "fft_seconds_per_call": fits["fft"][2],
+    }
+    target = 2e6 if quick else 2e9
+    for pass_ in dispatch.PASSES:
+        for side in IM2COL_SIDES:
+            for cin, cout in IM2COL_CHANNELS:
+                x_shape, w_shape = _im2col_case(side, cin, cout, target)
+                s = _time(_im2col_fn(pass_, x_shape, w_shape, "SAME", tf.float32), budget_s)
+                macs = _core.conv_geometry(list(x_shape), list(w_shape), padding="SAME",
+                                           **ATTRS)["macs"]
+                rate = 2 * macs / s
+                values[f"im2col_flops_per_second.{pass_}.side{side}.channels{cin * cout}"] = rate
+                log(f"im2col {pass_:15s} K={side:2d} {cin}->{cout}: {rate / 1e9:.1f} GFLOP/s")
+    x_shape, w_shape = _im2col_case(7, 16, 16, target)
+    base = _time(_im2col_fn("forward", x_shape, w_shape, "SAME", tf.float32), budget_s)
+    for name in SLOWDOWN_DTYPES:
+        s = _time(_im2col_fn("forward", x_shape, w_shape, "SAME", tf.as_dtype(name)), budget_s)
+        values[f"im2col_dtype_slowdown.{name}"] = s / base
+        log(f"im2col forward {name}: {s / base:.2f}x float32's time")
+    ordered = [values[name] for name in _core.cost_model_fields()]
+    meta = dict(created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                machine=f"{_cpu_name()}, {os.cpu_count()} CPUs",
+                tensorflow=tf.__version__, quick=bool(quick),
+                fits={"direct": fits["direct"], "fft": fits["fft"]})
+    cost_model.write_profile(output, ordered, meta)
+    log(f"wrote {output}")
+    return ordered

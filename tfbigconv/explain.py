@@ -1,0 +1,109 @@
+"""explain(): the planner's table for a convolution, and why each pass gets its algorithm."""
+import collections
+
+import tensorflow as tf
+
+from tfbigconv import cost_model, dispatch
+from tfbigconv.conv import _expand, _invalid, _padding
+
+Row = collections.namedtuple(
+    "Row", "pass_ algorithm seconds workspace_bytes peak_bytes available fits chosen note")
+ALGORITHM_ORDER = ("im2col", "direct", "fft")
+
+
+def _bytes(n):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _seconds(s):
+    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms"
+
+
+class Explanation:
+    """What the planner saw: one Row per pass and algorithm, the choice per pass and why.
+
+    Attributes:
+      rows: list of Row(pass_, algorithm, seconds, workspace_bytes, peak_bytes,
+        available, fits, chosen, note). seconds is the cost model's estimate;
+        peak_bytes is input + filter + output + workspace.
+      chosen: {pass: algorithm}; reasons: {pass: one line};
+      budget: the workspace limit in bytes; geometry: the validated geometry;
+      cost_model: where the model's constants came from.
+    """
+
+    def __init__(self, plans, budget, cost_model_source):
+        self.rows = []
+        self.chosen, self.reasons = {}, {}
+        for p in plans:
+            self.chosen[p["pass"]] = p["chosen"]
+            self.reasons[p["pass"]] = p["reason"]
+            for name in ALGORITHM_ORDER:
+                e = p[name]
+                self.rows.append(Row(p["pass"], name, e["seconds"], e["workspace_bytes"],
+                                     e["peak_bytes"], e["available"], e["fits"],
+                                     name == p["chosen"], e["note"]))
+        self.budget = budget
+        self.geometry = plans[0]["geometry"]
+        self.cost_model = cost_model_source
+
+    def table(self):
+        head = ["pass", "algorithm", "est. time", "workspace", "peak", "fits", "chosen", "note"]
+        lines = []
+        for r in self.rows:
+            usable = r.available and r.fits
+            lines.append([r.pass_, r.algorithm,
+                          _seconds(r.seconds) if usable else "-",
+                          _bytes(r.workspace_bytes) if r.available or r.algorithm == "im2col" else "-",
+                          _bytes(r.peak_bytes) if r.available or r.algorithm == "im2col" else "-",
+                          "yes" if usable else "no", "<==" if r.chosen else "", r.note])
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+        fmt = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+        out = [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+        out += [fmt(line) for line in lines]
+        g = self.geometry
+        out.append(f"output shape {g['output_shape']}, {2 * g['macs'] / 1e9:.3g} GFLOP per pass; "
+                   f"workspace budget {_bytes(self.budget)}; cost model: {self.cost_model}")
+        out += [f"{p}: {why}" for p, why in self.reasons.items()]
+        return "\n".join(out)
+
+    __str__ = table
+
+    def __repr__(self):
+        return f"<Explanation {self.chosen}>"
+
+
+def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="NHWC",
+            dilations=1, dtype="float32", device="CPU", budget=None, algorithm="auto"):
+    """The planner's estimates for every algorithm and pass of a convolution.
+
+    Arguments follow tf.nn.conv2d (input_shape in data_format order, filter
+    HWIO). budget: workspace limit in bytes (None: half of the free memory,
+    as the ops use). algorithm: what bigconv2d would be asked for.
+
+    Returns an Explanation; print it for the table. Raises
+    InvalidArgumentError for bad arguments and ResourceExhaustedError when a
+    forced algorithm does not fit the budget.
+    """
+    if str(device).upper() != "CPU":
+        raise _invalid(f"device: only 'CPU' can be planned so far, got {device!r}")
+    if budget is not None and (not isinstance(budget, int) or budget <= 0):
+        raise _invalid(f"budget must be a positive number of bytes or None, got {budget!r}")
+    data_format = str(data_format).upper()
+    if data_format not in ("NHWC", "NCHW"):
+        raise _invalid(f"data_format must be 'NHWC' or 'NCHW', got {data_format!r}")
+    try:
+        dtype = tf.as_dtype(dtype).name
+    except TypeError:
+        raise _invalid(f"dtype must be float16, bfloat16, float32 or float64, got {dtype!r}") from None
+    pad, explicit = _padding(padding)
+    attrs = dict(strides=_expand(strides, "strides", data_format), padding=pad,
+                 explicit_paddings=explicit, data_format=data_format,
+                 dilations=_expand(dilations, "dilations", data_format))
+    algorithm = dispatch.requested_algorithm(algorithm)
+    limit = budget or 0
+    plans = [dispatch.plan(p, input_shape, filter_shape, attrs, dtype, algorithm, limit)
+             for p in dispatch.PASSES]
+    return Explanation(plans, plans[0]["limit"], cost_model.active_source)
