@@ -62,6 +62,20 @@ def test_fft_forward_peak_rss_within_workspace_limit():
         assert r["increase"] <= budget, (fmt, r)
 
 
+def test_auto_forward_chunks_to_stay_within_a_small_budget():
+    """auto under an 8 MiB budget on the seed geometry at N=64: the planner
+    picks fft, chunked a few images at a time, and the peak RSS stays
+    within output + budget."""
+    import tfbigconv
+    limit = 8 << 20
+    e = tfbigconv.explain((64, 321, 481, 1), (135, 135, 1, 3), padding="VALID", budget=limit)
+    assert e.chosen["forward"] == "fft"
+    fft = next(r for r in e.rows if r.pass_ == "forward" and r.algorithm == "fft")
+    assert fft.workspace_bytes <= limit
+    r = measure("NHWC", "auto", limit, fshape=(135, 135, 1, 3))
+    assert r["increase"] <= r["out_bytes"] + limit + 0.02 * (r["in_bytes"] + r["out_bytes"]), r
+
+
 GRAD_SCRIPT = textwrap.dedent("""
     import json
     import numpy as np
