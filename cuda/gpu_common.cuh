@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include "dtypes.h"
+
 namespace tfbigconv {
 namespace gpu {
 
@@ -29,6 +31,10 @@ template <> __device__ __forceinline__ __half FromCompute<__half, float>(float v
 }
 template <> __device__ __forceinline__ __nv_bfloat16 FromCompute<__nv_bfloat16, float>(float v) {
   return __float2bfloat16_rn(v);
+}
+
+inline int64_t StorageBytes(DType t) {
+  return t == DType::kDouble ? 8 : t == DType::kFloat ? 4 : 2;
 }
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
