@@ -15,7 +15,8 @@ namespace {
 // The plain sonames come last: LD_LIBRARY_PATH, the system, or a copy that
 // TensorFlow, torch or CuPy already loaded into the process.
 const char* const kSonames[] = {"libcufft.so.12", "libcufft.so.11"};
-const char* const kWheelDirs[] = {"nvidia/cu13/lib/", "nvidia/cufft/lib/"};
+const char* const kWheelFiles[] = {"nvidia/cu13/lib/libcufft.so.12",
+                                   "nvidia/cufft/lib/libcufft.so.11"};
 
 // site-packages of the .so that holds this function (".../tfbigconv/x.so").
 std::string SitePackagesDir() {
@@ -47,9 +48,8 @@ Loaded Load() {
   Loaded r;
   std::vector<std::string> candidates;
   const std::string site = SitePackagesDir();
-  for (const char* dir : kWheelDirs)
-    for (const char* so : kSonames)
-      if (!site.empty()) candidates.push_back(site + dir + so);
+  if (!site.empty())
+    for (const char* f : kWheelFiles) candidates.push_back(site + f);
   for (const char* so : kSonames) candidates.push_back(so);  // system / LD_LIBRARY_PATH
   std::string tried;
   for (const std::string& c : candidates) {
