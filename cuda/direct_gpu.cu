@@ -1,0 +1,345 @@
+#include "direct_gpu.h"
+
+#include <algorithm>
+
+#include "gpu_common.cuh"
+
+namespace tfbigconv {
+namespace gpu {
+namespace {
+
+// Thread block: kBX x kBY threads; each thread computes kRows x kCols output
+// pixels (kBY and kBX apart, so neighbouring threads read neighbouring shared
+// memory words) for channels_per_thread output channels.
+constexpr int kBX = 32, kBY = 8, kThreads = kBX * kBY;
+constexpr int kRows = 4, kCols = 2;
+constexpr int64_t kTileH = kBY * kRows, kTileW = kBX * kCols;  // 32 x 64 outputs
+// Static shared memory limit without opt-in, on every architecture we build.
+constexpr int64_t kSharedBytes = 48 << 10;
+// Largest filter sub-block side: bigger ones gain little once the halo is a
+// fraction of the tile.
+constexpr int kMaxSubBlock = 32;
+// Blocks the split reduction aims for: enough to fill an H100 several times.
+// A constant (not the SM count), so that results do not depend on the device.
+constexpr int64_t kTargetBlocks = 2048;
+constexpr int64_t kMaxSplits = 64;
+// Uncalibrated throughput guesses for the auto choice (multiply-adds/s).
+constexpr double kTiledMacsPerSecond = 8e12, kUntiledMacsPerSecond = 1e12;
+
+// Everything the kernels read, precomputed on the host (device code cannot
+// call ConvGeometry's host member functions).
+struct DirectArgs {
+  const void* in;
+  const void* filt;
+  void* out;
+  void* partial;  // splits x output elements (dense n, group, co, oh, ow), or null
+  TensorView iv, ov;
+  FilterView fv;
+  int64_t batch, groups, cig, cog, out_h, out_w, filter_h, filter_w;
+  int64_t sh, sw, dh, dw, pt, pl, uh, uw, vh, vw;
+  int64_t tiles_h, tiles_w, co_blocks;
+  int64_t ci_splits, ci_per, kh_splits, kh_per;
+  int64_t kb_h, kb_w, patch_max;  // sub-block and its largest patch (elements)
+  int64_t out_elems, total;       // total: blocks (tiled) or outputs x splits (untiled)
+};
+
+// Virtual input sample (vr, vc) of channel ci as T: zero in the padding and
+// between the samples that in_dilation spreads apart.
+template <typename S, typename T>
+__device__ __forceinline__ T InputAt(const DirectArgs& a, const S* in_ng, int64_t ci, int64_t vr,
+                                     int64_t vc) {
+  if (vr < 0 || vr >= a.vh || vc < 0 || vc >= a.vw || vr % a.uh != 0 || vc % a.uw != 0)
+    return T(0);
+  return ToCompute(in_ng[ci * a.iv.c + (vr / a.uh) * a.iv.h + (vc / a.uw) * a.iv.w]);
+}
+
+template <typename S>
+__device__ __forceinline__ const S* FilterAt(const DirectArgs& a, int64_t kh, int64_t kw,
+                                             int64_t ci, int64_t grp, int64_t co) {
+  return static_cast<const S*>(a.filt) + a.fv.offset + kh * a.fv.h + kw * a.fv.w + ci * a.fv.i +
+         grp * a.fv.g + co * a.fv.o;
+}
+
+template <typename S, typename T>
+__device__ __forceinline__ void WriteOut(const DirectArgs& a, int64_t split, int64_t n,
+                                         int64_t grp, int64_t co, int64_t oh, int64_t ow, T v) {
+  if (a.partial) {
+    const int64_t dense = (((n * a.groups + grp) * a.cog + co) * a.out_h + oh) * a.out_w + ow;
+    static_cast<T*>(a.partial)[split * a.out_elems + dense] = v;
+  } else {
+    static_cast<S*>(a.out)[n * a.ov.n + oh * a.ov.h + ow * a.ov.w + grp * a.ov.g + co * a.ov.c] =
+        FromCompute<S, T>(v);
+  }
+}
+
+// Block index -> (n, group, split, channel block, tile), tiles fastest.
+struct BlockPos {
+  int64_t n, grp, sc, sk, cb, th, tw;
+};
+__device__ __forceinline__ BlockPos Decompose(const DirectArgs& a, int64_t b) {
+  BlockPos p;
+  p.tw = b % a.tiles_w; b /= a.tiles_w;
+  p.th = b % a.tiles_h; b /= a.tiles_h;
+  p.cb = b % a.co_blocks; b /= a.co_blocks;
+  p.sk = b % a.kh_splits; b /= a.kh_splits;
+  p.sc = b % a.ci_splits; b /= a.ci_splits;
+  p.grp = b % a.groups;
+  p.n = b / a.groups;
+  return p;
+}
+
+template <typename S, typename T, int CPT>
+__global__ void __launch_bounds__(kThreads) DirectTiledKernel(DirectArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* s_in = reinterpret_cast<T*>(smem);
+  T* s_f = s_in + a.patch_max;
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kBX + tx;
+  for (int64_t b = blockIdx.x; b < a.total; b += gridDim.x) {
+    const BlockPos p = Decompose(a, b);
+    const int64_t oh0 = p.th * kTileH, ow0 = p.tw * kTileW, co0 = p.cb * CPT;
+    const int64_t ci_end = min(a.cig, (p.sc + 1) * a.ci_per);
+    const int64_t kh_end = min(a.filter_h, (p.sk + 1) * a.kh_per);
+    const S* in_ng = static_cast<const S*>(a.in) + p.n * a.iv.n + p.grp * a.iv.g;
+    T acc[kRows][kCols][CPT];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int q = 0; q < kCols; ++q)
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) acc[r][q][c] = T(0);
+    for (int64_t ci = p.sc * a.ci_per; ci < ci_end; ++ci) {
+      for (int64_t kh0 = p.sk * a.kh_per; kh0 < kh_end; kh0 += a.kb_h) {
+        const int nkh = int(min(a.kb_h, kh_end - kh0));
+        for (int64_t kw0 = 0; kw0 < a.filter_w; kw0 += a.kb_w) {
+          const int nkw = int(min(a.kb_w, a.filter_w - kw0));
+          // Patch of virtual input feeding the tile through this sub-block.
+          const int pr = int((kTileH - 1) * a.sh + (nkh - 1) * a.dh + 1);
+          const int pc = int((kTileW - 1) * a.sw + (nkw - 1) * a.dw + 1);
+          const int64_t vr0 = oh0 * a.sh - a.pt + kh0 * a.dh;
+          const int64_t vc0 = ow0 * a.sw - a.pl + kw0 * a.dw;
+          __syncthreads();  // the previous sub-block is no longer read
+          for (int i = tid; i < pr * pc; i += kThreads)
+            s_in[i] = InputAt<S, T>(a, in_ng, ci, vr0 + i / pc, vc0 + i % pc);
+          for (int i = tid; i < nkh * nkw * CPT; i += kThreads) {
+            const int c = i % CPT, t = i / CPT;
+            const int64_t co = co0 + c;
+            s_f[i] = co < a.cog ? ToCompute(*FilterAt<S>(a, kh0 + t / nkw, kw0 + t % nkw, ci,
+                                                         p.grp, co))
+                                : T(0);
+          }
+          __syncthreads();
+          const int row_step = int(kBY * a.sh) * pc, col_step = int(kBX * a.sw);
+          const T* s_thread = s_in + int(ty * a.sh) * pc + int(tx * a.sw);
+          for (int kh = 0; kh < nkh; ++kh) {
+            for (int kw = 0; kw < nkw; ++kw) {
+              T f[CPT];
+#pragma unroll
+              for (int c = 0; c < CPT; ++c) f[c] = s_f[(kh * nkw + kw) * CPT + c];
+              const T* s = s_thread + int(kh * a.dh) * pc + int(kw * a.dw);
+#pragma unroll
+              for (int r = 0; r < kRows; ++r)
+#pragma unroll
+                for (int q = 0; q < kCols; ++q) {
+                  const T x = s[r * row_step + q * col_step];
+#pragma unroll
+                  for (int c = 0; c < CPT; ++c) acc[r][q][c] += x * f[c];
+                }
+            }
+          }
+        }
+      }
+    }
+    const int64_t split = p.sc * a.kh_splits + p.sk;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int q = 0; q < kCols; ++q) {
+        const int64_t oh = oh0 + ty + r * kBY, ow = ow0 + tx + q * kBX;
+        if (oh >= a.out_h || ow >= a.out_w) continue;
+#pragma unroll
+        for (int c = 0; c < CPT; ++c)
+          if (co0 + c < a.cog) WriteOut<S, T>(a, split, p.n, p.grp, co0 + c, oh, ow, acc[r][q][c]);
+      }
+  }
+}
+
+// One thread per (split, output element); for geometries whose tile does not
+// fit in shared memory. Reads go through the caches.
+template <typename S, typename T>
+__global__ void DirectUntiledKernel(DirectArgs a) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < a.total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t e = i % a.out_elems;
+    const int64_t split = i / a.out_elems;
+    const int64_t ow = e % a.out_w; e /= a.out_w;
+    const int64_t oh = e % a.out_h; e /= a.out_h;
+    const int64_t co = e % a.cog; e /= a.cog;
+    const int64_t grp = e % a.groups;
+    const int64_t n = e / a.groups;
+    const int64_t sc = split / a.kh_splits, sk = split % a.kh_splits;
+    const S* in_ng = static_cast<const S*>(a.in) + n * a.iv.n + grp * a.iv.g;
+    const int64_t ci_end = min(a.cig, (sc + 1) * a.ci_per);
+    const int64_t kh_end = min(a.filter_h, (sk + 1) * a.kh_per);
+    T acc = T(0);
+    for (int64_t ci = sc * a.ci_per; ci < ci_end; ++ci)
+      for (int64_t kh = sk * a.kh_per; kh < kh_end; ++kh) {
+        const int64_t vr = oh * a.sh - a.pt + kh * a.dh;
+        for (int64_t kw = 0; kw < a.filter_w; ++kw) {
+          const T x = InputAt<S, T>(a, in_ng, ci, vr, ow * a.sw - a.pl + kw * a.dw);
+          acc += x * ToCompute(*FilterAt<S>(a, kh, kw, ci, grp, co));
+        }
+      }
+    WriteOut<S, T>(a, split, n, grp, co, oh, ow, acc);
+  }
+}
+
+// out = sum of the splits' partial sums, in split order.
+template <typename S, typename T>
+__global__ void ReduceSplitsKernel(DirectArgs a, int64_t splits) {
+  const T* part = static_cast<const T*>(a.partial);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < a.out_elems;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    T sum = part[i];
+    for (int64_t s = 1; s < splits; ++s) sum += part[s * a.out_elems + i];
+    int64_t e = i;
+    const int64_t ow = e % a.out_w; e /= a.out_w;
+    const int64_t oh = e % a.out_h; e /= a.out_h;
+    const int64_t co = e % a.cog; e /= a.cog;
+    const int64_t grp = e % a.groups;
+    const int64_t n = e / a.groups;
+    static_cast<S*>(a.out)[n * a.ov.n + oh * a.ov.h + ow * a.ov.w + grp * a.ov.g + co * a.ov.c] =
+        FromCompute<S, T>(sum);
+  }
+}
+
+int64_t ComputeBytes(DType t) { return t == DType::kDouble ? 8 : 4; }
+
+int64_t PatchElems(const ConvGeometry& g, int64_t kb_h, int64_t kb_w) {
+  return ((kTileH - 1) * g.stride_h + (kb_h - 1) * g.dilation_h + 1) *
+         ((kTileW - 1) * g.stride_w + (kb_w - 1) * g.dilation_w + 1);
+}
+
+template <typename S>
+std::string Launch(const DirectArgs& a, const DirectGpuPlan& plan, cudaStream_t stream) {
+  using T = typename ComputeOf<S>::type;
+  if (plan.tiled) {
+    const dim3 block(kBX, kBY);
+    const unsigned grid = unsigned(std::min<int64_t>(a.total, int64_t(1) << 30));
+    if (plan.channels_per_thread == 4)
+      DirectTiledKernel<S, T, 4><<<grid, block, plan.shared_bytes, stream>>>(a);
+    else
+      DirectTiledKernel<S, T, 1><<<grid, block, plan.shared_bytes, stream>>>(a);
+  } else {
+    DirectUntiledKernel<S, T><<<GridFor(a.total, 256), 256, 0, stream>>>(a);
+  }
+  std::string err = LaunchError("direct convolution kernel");
+  if (!err.empty() || !a.partial) return err;
+  ReduceSplitsKernel<S, T><<<GridFor(a.out_elems, 256), 256, 0, stream>>>(a, plan.splits());
+  return LaunchError("direct convolution split reduction");
+}
+
+}  // namespace
+
+DirectGpuPlan PlanDirectGpu(const ConvGeometry& g, DType dtype, int64_t limit) {
+  DirectGpuPlan p;
+  const int64_t tb = ComputeBytes(dtype), cog = g.out_c_per_group();
+  p.channels_per_thread = cog >= 3 ? 4 : 1;
+  // Largest sub-block whose patch and filter taps fit in shared memory.
+  int64_t kb_h = std::min<int64_t>(kMaxSubBlock, g.filter_h);
+  int64_t kb_w = std::min<int64_t>(kMaxSubBlock, g.filter_w);
+  auto shared = [&](int64_t h, int64_t w) {
+    return (PatchElems(g, h, w) + h * w * p.channels_per_thread) * tb;
+  };
+  while (shared(kb_h, kb_w) > kSharedBytes && (kb_h > 1 || kb_w > 1)) {
+    if (kb_h >= kb_w) kb_h = CeilDiv(kb_h, 2);
+    else kb_w = CeilDiv(kb_w, 2);
+  }
+  // Sub-blocks under 4x4 would reload the halo for every few taps.
+  p.tiled = shared(kb_h, kb_w) <= kSharedBytes &&
+            (kb_h >= std::min<int64_t>(4, g.filter_h) && kb_w >= std::min<int64_t>(4, g.filter_w));
+  p.kb_h = p.tiled ? int(kb_h) : 1;
+  p.kb_w = p.tiled ? int(kb_w) : 1;
+  p.shared_bytes = p.tiled ? shared(kb_h, kb_w) : 0;
+
+  const int64_t cig = g.in_c_per_group();
+  const int64_t co_blocks = CeilDiv(cog, p.channels_per_thread);
+  const int64_t base = p.tiled ? std::max<int64_t>(1, g.batch * g.groups * co_blocks *
+                                                          CeilDiv(g.out_h, kTileH) *
+                                                          CeilDiv(g.out_w, kTileW))
+                               : CeilDiv(std::max<int64_t>(1, g.output_elements()), 256);
+  const int64_t out_bytes = g.output_elements() * tb;
+  const int64_t kh_units = CeilDiv(g.filter_h, p.kb_h);  // splits cut between sub-blocks
+  for (int64_t want = std::min(kMaxSplits, CeilDiv(kTargetBlocks, base)); want >= 1; want /= 2) {
+    p.ci_splits = std::max<int64_t>(1, std::min(cig, want));
+    p.ci_per_split = std::max<int64_t>(1, CeilDiv(cig, p.ci_splits));
+    p.ci_splits = std::max<int64_t>(1, CeilDiv(cig, p.ci_per_split));
+    p.kh_splits = std::min(kh_units, CeilDiv(want, p.ci_splits));
+    p.kh_per_split = CeilDiv(kh_units, p.kh_splits) * p.kb_h;
+    p.kh_splits = CeilDiv(g.filter_h, p.kh_per_split);
+    p.workspace_bytes = p.splits() > 1 ? p.splits() * out_bytes : 0;
+    if (p.workspace_bytes <= limit || p.splits() == 1) break;
+  }
+  if (p.splits() == 1) p.workspace_bytes = 0;
+  p.seconds = double(g.macs()) / (p.tiled ? kTiledMacsPerSecond : kUntiledMacsPerSecond) *
+              (dtype == DType::kDouble ? 2.0 : 1.0);
+  return p;
+}
+
+std::string DirectConvGpu(const DirectGpuParams& p, cudaStream_t stream) {
+  const ConvGeometry& g = p.problem.g;
+  if (g.output_elements() == 0) return "";
+  const DirectGpuPlan& plan = p.plan;
+  if (plan.splits() > 1 && !p.workspace)
+    return "direct convolution: the plan's split reduction needs a workspace";
+  std::string err = ActivateStreamDevice(stream);
+  if (!err.empty()) return err;
+  DirectArgs a;
+  a.in = p.input;
+  a.filt = p.filter;
+  a.out = p.output;
+  a.partial = plan.splits() > 1 ? p.workspace : nullptr;
+  a.iv = p.problem.in;
+  a.ov = p.problem.out;
+  a.fv = p.problem.filter;
+  a.batch = g.batch;
+  a.groups = g.groups;
+  a.cig = g.in_c_per_group();
+  a.cog = g.out_c_per_group();
+  a.out_h = g.out_h;
+  a.out_w = g.out_w;
+  a.filter_h = g.filter_h;
+  a.filter_w = g.filter_w;
+  a.sh = g.stride_h;
+  a.sw = g.stride_w;
+  a.dh = g.dilation_h;
+  a.dw = g.dilation_w;
+  a.pt = g.pad_top;
+  a.pl = g.pad_left;
+  a.uh = g.in_dilation_h;
+  a.uw = g.in_dilation_w;
+  a.vh = g.virtual_in_h();
+  a.vw = g.virtual_in_w();
+  a.tiles_h = CeilDiv(g.out_h, kTileH);
+  a.tiles_w = CeilDiv(g.out_w, kTileW);
+  a.co_blocks = CeilDiv(a.cog, plan.tiled ? plan.channels_per_thread : 1);
+  a.ci_splits = plan.ci_splits;
+  a.ci_per = plan.ci_per_split;
+  a.kh_splits = plan.kh_splits;
+  a.kh_per = plan.kh_per_split;
+  a.kb_h = plan.kb_h;
+  a.kb_w = plan.kb_w;
+  a.patch_max = plan.tiled ? PatchElems(g, plan.kb_h, plan.kb_w) : 0;
+  a.out_elems = g.output_elements();
+  a.total = plan.tiled ? g.batch * g.groups * plan.splits() * a.co_blocks * a.tiles_h * a.tiles_w
+                       : plan.splits() * a.out_elems;
+  switch (p.dtype) {
+    case DType::kFloat: return Launch<float>(a, plan, stream);
+    case DType::kDouble: return Launch<double>(a, plan, stream);
+    case DType::kHalf: return Launch<__half>(a, plan, stream);
+    case DType::kBFloat16: return Launch<__nv_bfloat16>(a, plan, stream);
+  }
+  return "direct convolution: unknown dtype";
+}
+
+}  // namespace gpu
+}  // namespace tfbigconv

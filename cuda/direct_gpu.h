@@ -1,0 +1,54 @@
+// Direct convolution on NVIDIA GPUs: one kernel for any ConvProblem (the
+// forward pass, or a gradient posed as a convolution, see geometry.h), so
+// forward, backprop_input and backprop_filter share it. No TF headers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "dtypes.h"
+#include "geometry.h"
+
+namespace tfbigconv {
+namespace gpu {
+
+// How the kernel runs a geometry. The tiled kernel stages an input tile plus
+// halo in shared memory for a filter sub-block of kb_h x kb_w taps at a time,
+// so big filters keep the halo small; each thread holds several outputs
+// (rows x columns x channels_per_thread). Geometries whose tile does not fit
+// in shared memory even with 1x1 sub-blocks (large strides) use the untiled
+// kernel. Long reductions (backprop_filter sums over batch x output pixels)
+// are split over input-channel and filter-row ranges into partial sums that
+// a second kernel adds in a fixed order: deterministic, no atomics.
+struct DirectGpuPlan {
+  bool tiled = true;
+  int kb_h = 1, kb_w = 1;
+  int channels_per_thread = 1;  // 1 or 4
+  int64_t shared_bytes = 0;
+  int64_t ci_splits = 1, ci_per_split = 1;
+  int64_t kh_splits = 1, kh_per_split = 1;
+  int64_t workspace_bytes = 0;  // partial sums; 0 without splits
+  double seconds = 0;           // estimate (uncalibrated model)
+  int64_t splits() const { return ci_splits * kh_splits; }
+};
+
+// Always succeeds: splits shrink to fit workspace_limit (none needs 0 bytes).
+DirectGpuPlan PlanDirectGpu(const ConvGeometry& g, DType dtype, int64_t workspace_limit);
+
+struct DirectGpuParams {
+  ConvProblem problem;
+  DType dtype = DType::kFloat;
+  DirectGpuPlan plan;          // from PlanDirectGpu(problem.g, dtype, ...)
+  const void* input = nullptr;  // device pointers
+  const void* filter = nullptr;
+  void* output = nullptr;       // fully overwritten
+  void* workspace = nullptr;    // plan.workspace_bytes, 16-byte aligned
+};
+
+// Enqueues the convolution on `stream`; "" or an error message.
+std::string DirectConvGpu(const DirectGpuParams& p, cudaStream_t stream);
+
+}  // namespace gpu
+}  // namespace tfbigconv

@@ -1,0 +1,483 @@
+#include "fft_gpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "cufft_loader.h"
+#include "gpu_common.cuh"
+
+namespace tfbigconv {
+namespace gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kAlign = 256;
+// Input and output spectra of one chunk beyond which bigger chunks buy
+// nothing: each transform launch is already large enough to fill the GPU.
+constexpr int64_t kChunkTargetBytes = int64_t(1) << 30;
+// Uncalibrated model constants (H100-class): FFT flop rate and memory bandwidth.
+constexpr double kFftFlopsPerSecond = 10e12, kBytesPerSecond = 2e12;
+
+int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+int64_t RealBytes(DType t) { return t == DType::kDouble ? 8 : 4; }
+
+// Smallest n' >= n with no prime factor above 7 (sizes cuFFT does fastest).
+int64_t GoodSize(int64_t n) {
+  for (int64_t m = std::max<int64_t>(n, 1);; ++m) {
+    int64_t r = m;
+    for (int64_t p : {2, 3, 5, 7})
+      while (r % p == 0) r /= p;
+    if (r == 1) return m;
+  }
+}
+
+// ---- cuFFT plans, cached per (device, stream, size, batch, type) ----------
+
+struct PlanKey {
+  int device;
+  cudaStream_t stream;
+  int64_t h, w, batch;
+  int type;
+  bool operator<(const PlanKey& o) const {
+    return std::tie(device, stream, h, w, batch, type) <
+           std::tie(o.device, o.stream, o.h, o.w, o.batch, o.type);
+  }
+};
+struct CachedPlan {
+  cufftHandle handle;
+  size_t work_bytes;
+};
+
+// Setting a plan's stream and work area and enqueueing it happen under this
+// mutex, so concurrent ops never race on one handle.
+std::mutex& PlanMutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<PlanKey, CachedPlan>& PlanCache() {
+  static auto* cache = new std::map<PlanKey, CachedPlan>();
+  return *cache;
+}
+
+// Caller holds PlanMutex().
+std::string GetPlan(const CufftApi& api, cudaStream_t stream, int64_t h, int64_t w,
+                    int64_t batch, int type, CachedPlan* out) {
+  int device = 0;
+  cudaError_t ce = cudaGetDevice(&device);
+  if (ce != cudaSuccess) return std::string("cudaGetDevice: ") + cudaGetErrorString(ce);
+  const PlanKey key{device, stream, h, w, batch, type};
+  auto it = PlanCache().find(key);
+  if (it != PlanCache().end()) {
+    *out = it->second;
+    return "";
+  }
+  CachedPlan p{};
+  cufftResult r = api.Create(&p.handle);
+  if (r != CUFFT_SUCCESS) return "cufftCreate failed with code " + std::to_string(int(r));
+  long long n[2] = {h, w};
+  r = api.SetAutoAllocation(p.handle, 0);
+  if (r == CUFFT_SUCCESS)
+    r = api.MakePlanMany64(p.handle, 2, n, nullptr, 1, 0, nullptr, 1, 0, cufftType(type), batch,
+                           &p.work_bytes);
+  if (r != CUFFT_SUCCESS) {
+    api.Destroy(p.handle);
+    return "cuFFT plan for " + std::to_string(batch) + " transforms of " + std::to_string(h) +
+           "x" + std::to_string(w) + " failed with code " + std::to_string(int(r));
+  }
+  PlanCache()[key] = p;
+  *out = p;
+  return "";
+}
+
+std::string Exec(const CufftApi& api, cudaStream_t stream, int64_t h, int64_t w, int64_t batch,
+                 bool forward, bool dbl, void* in, void* out, void* work) {
+  const int type = forward ? (dbl ? CUFFT_D2Z : CUFFT_R2C) : (dbl ? CUFFT_Z2D : CUFFT_C2R);
+  std::lock_guard<std::mutex> lock(PlanMutex());
+  CachedPlan p;
+  std::string err = GetPlan(api, stream, h, w, batch, type, &p);
+  if (!err.empty()) return err;
+  cufftResult r = api.SetStream(p.handle, stream);
+  if (r == CUFFT_SUCCESS) r = api.SetWorkArea(p.handle, work);
+  if (r == CUFFT_SUCCESS) {
+    if (forward) r = dbl ? api.ExecD2Z(p.handle, in, out) : api.ExecR2C(p.handle, in, out);
+    else r = dbl ? api.ExecZ2D(p.handle, in, out) : api.ExecC2R(p.handle, in, out);
+  }
+  if (r != CUFFT_SUCCESS) return "cuFFT execution failed with code " + std::to_string(int(r));
+  return "";
+}
+
+// The three transform batches of a plan: filter spectra, input spectra,
+// inverse of output spectra.
+struct Batches {
+  int64_t filter, input, output;
+};
+Batches BatchesOf(const ConvGeometry& g, const FftGpuPlan& p) {
+  return {g.out_c * p.ci_block, p.chunk * g.groups * p.ci_block, p.chunk * g.out_c};
+}
+
+// ---- kernels -----------------------------------------------------------
+
+template <typename T> struct Complex;
+template <> struct Complex<float> { using type = float2; };
+template <> struct Complex<double> { using type = double2; };
+
+struct FftArgs {
+  TensorView iv, ov;
+  FilterView fv;
+  int64_t groups, cig, cog, cout, out_h, out_w, filter_h, filter_w;
+  int64_t sh, sw, dh, dw, pt, pl, uh, uw, vh, vw, eff_h, eff_w;
+  int64_t tile_h, tile_w, tiles_h, tiles_w, fft_h, fft_w, bins, ci_block, chunk;
+};
+
+// Where item `item`'s tile sits.
+struct Tile {
+  int64_t n, oh0, ow0, vh, vw;
+};
+__device__ __forceinline__ Tile TileOf(const FftArgs& a, int64_t item) {
+  const int64_t per_image = a.tiles_h * a.tiles_w, t = item % per_image;
+  Tile r;
+  r.n = item / per_image;
+  r.oh0 = (t / a.tiles_w) * a.tile_h;
+  r.ow0 = (t % a.tiles_w) * a.tile_w;
+  r.vh = min(a.tile_h, a.out_h - r.oh0);
+  r.vw = min(a.tile_w, a.out_w - r.ow0);
+  return r;
+}
+
+// real[co][ci][r][c] = dilated filter tap plane (co, ci0 + ci) at the origin.
+template <typename S, typename T>
+__global__ void PadFilterKernel(FftArgs a, const S* filt, int64_t ci0, int64_t nci, T* real) {
+  const int64_t plane = a.fft_h * a.fft_w, total = a.cout * a.ci_block * plane;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i % a.fft_w, r = (i / a.fft_w) % a.fft_h, t = i / plane;
+    const int64_t ci = t % a.ci_block, co = t / a.ci_block;
+    T v = T(0);
+    if (ci < nci && r % a.dh == 0 && c % a.dw == 0 && r / a.dh < a.filter_h &&
+        c / a.dw < a.filter_w) {
+      const int64_t grp = co / a.cog;
+      v = ToCompute(filt[a.fv.offset + (r / a.dh) * a.fv.h + (c / a.dw) * a.fv.w +
+                         (ci0 + ci) * a.fv.i + grp * a.fv.g + (co % a.cog) * a.fv.o]);
+    }
+    real[i] = v;
+  }
+}
+
+// real[slot][grp][ci][r][c] = the tile's input window (virtual input: zero in
+// the padding and between in_dilation's samples), zero beyond it.
+template <typename S, typename T>
+__global__ void PadInputKernel(FftArgs a, const S* in, int64_t item0, int64_t n_items,
+                               int64_t ci0, int64_t nci, T* real) {
+  const int64_t plane = a.fft_h * a.fft_w, total = a.chunk * a.groups * a.ci_block * plane;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i % a.fft_w, r = (i / a.fft_w) % a.fft_h;
+    int64_t t = i / plane;
+    const int64_t ci = t % a.ci_block;
+    t /= a.ci_block;
+    const int64_t grp = t % a.groups, slot = t / a.groups;
+    T v = T(0);
+    if (slot < n_items && ci < nci) {
+      const Tile tl = TileOf(a, item0 + slot);
+      const int64_t need_h = (tl.vh - 1) * a.sh + a.eff_h, need_w = (tl.vw - 1) * a.sw + a.eff_w;
+      const int64_t vr = tl.oh0 * a.sh - a.pt + r, vc = tl.ow0 * a.sw - a.pl + c;
+      if (r < need_h && c < need_w && vr >= 0 && vr < a.vh && vc >= 0 && vc < a.vw &&
+          vr % a.uh == 0 && vc % a.uw == 0)
+        v = ToCompute(in[tl.n * a.iv.n + grp * a.iv.g + (ci0 + ci) * a.iv.c +
+                         (vr / a.uh) * a.iv.h + (vc / a.uw) * a.iv.w]);
+    }
+    real[i] = v;
+  }
+}
+
+// y[slot][co][bin] (+)= sum over ci < nci of x[slot][grp(co)][ci][bin] *
+// conj(w[co][ci][bin]): correlation is convolution with the conjugate. One
+// thread per bin (consecutive threads, consecutive bins), ci in order.
+template <typename T>
+__global__ void MixKernel(FftArgs a, const typename Complex<T>::type* x,
+                          const typename Complex<T>::type* w, typename Complex<T>::type* y,
+                          int64_t n_items, int64_t nci, bool accumulate) {
+  const int64_t total = n_items * a.cout * a.bins;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t bin = i % a.bins, t = i / a.bins, co = t % a.cout, slot = t / a.cout;
+    const int64_t grp = co / a.cog;
+    T re = T(0), im = T(0);
+    if (accumulate) {
+      re = y[i].x;
+      im = y[i].y;
+    }
+    const auto* xs = x + ((slot * a.groups + grp) * a.ci_block) * a.bins + bin;
+    const auto* ws = w + (co * a.ci_block) * a.bins + bin;
+    for (int64_t ci = 0; ci < nci; ++ci) {
+      const auto xv = xs[ci * a.bins], wv = ws[ci * a.bins];
+      re += xv.x * wv.x + xv.y * wv.y;
+      im += xv.y * wv.x - xv.x * wv.y;
+    }
+    y[i].x = re;
+    y[i].y = im;
+  }
+}
+
+// out[tile rows/cols] = real[slot][co] sampled by the stride, scaled by
+// 1 / (fft_h * fft_w) (cuFFT's inverse is unnormalised).
+template <typename S, typename T>
+__global__ void CropKernel(FftArgs a, const T* real, int64_t item0, int64_t n_items, T scale,
+                           S* out) {
+  const int64_t tile = a.tile_h * a.tile_w, total = n_items * a.cout * tile;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i % a.tile_w, r = (i / a.tile_w) % a.tile_h, t = i / tile;
+    const int64_t co = t % a.cout, slot = t / a.cout;
+    const Tile tl = TileOf(a, item0 + slot);
+    if (r >= tl.vh || c >= tl.vw) continue;
+    const T v = real[t * a.fft_h * a.fft_w + r * a.sh * a.fft_w + c * a.sw] * scale;
+    out[tl.n * a.ov.n + (tl.oh0 + r) * a.ov.h + (tl.ow0 + c) * a.ov.w + (co / a.cog) * a.ov.g +
+        (co % a.cog) * a.ov.c] = FromCompute<S, T>(v);
+  }
+}
+
+template <typename S>
+std::string Run(const FftGpuParams& p, const CufftApi& api, cudaStream_t stream) {
+  using T = typename ComputeOf<S>::type;
+  using C = typename Complex<T>::type;
+  const ConvGeometry& g = p.problem.g;
+  const FftGpuPlan& pl = p.plan;
+  FftArgs a;
+  a.iv = p.problem.in;
+  a.ov = p.problem.out;
+  a.fv = p.problem.filter;
+  a.groups = g.groups;
+  a.cig = g.in_c_per_group();
+  a.cog = g.out_c_per_group();
+  a.cout = g.out_c;
+  a.out_h = g.out_h;
+  a.out_w = g.out_w;
+  a.filter_h = g.filter_h;
+  a.filter_w = g.filter_w;
+  a.sh = g.stride_h;
+  a.sw = g.stride_w;
+  a.dh = g.dilation_h;
+  a.dw = g.dilation_w;
+  a.pt = g.pad_top;
+  a.pl = g.pad_left;
+  a.uh = g.in_dilation_h;
+  a.uw = g.in_dilation_w;
+  a.vh = g.virtual_in_h();
+  a.vw = g.virtual_in_w();
+  a.eff_h = g.effective_filter_h();
+  a.eff_w = g.effective_filter_w();
+  a.tile_h = pl.tile_h;
+  a.tile_w = pl.tile_w;
+  a.tiles_h = pl.tiles_h;
+  a.tiles_w = pl.tiles_w;
+  a.fft_h = pl.fft_h;
+  a.fft_w = pl.fft_w;
+  a.bins = pl.bins();
+  a.ci_block = pl.ci_block;
+  a.chunk = pl.chunk;
+
+  char* ws = static_cast<char*>(p.workspace);
+  C* wspec = reinterpret_cast<C*>(ws);
+  C* xspec = reinterpret_cast<C*>(ws + pl.wspec_bytes);
+  C* yspec = reinterpret_cast<C*>(ws + pl.wspec_bytes + pl.xspec_bytes);
+  T* real = reinterpret_cast<T*>(ws + pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes);
+  void* work = ws + pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes + pl.real_bytes;
+  const bool dbl = p.dtype == DType::kDouble;
+  const Batches b = BatchesOf(g, pl);
+  const int64_t plane = pl.fft_h * pl.fft_w;
+  const int64_t blocks = CeilDiv(a.cig, pl.ci_block);
+  const S* in = static_cast<const S*>(p.input);
+  const S* filt = static_cast<const S*>(p.filter);
+  std::string err;
+  for (int64_t c0 = 0; c0 < pl.items; c0 += pl.chunk) {
+    const int64_t n = std::min(pl.chunk, pl.items - c0);
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t ci0 = blk * pl.ci_block, nci = std::min(pl.ci_block, a.cig - ci0);
+      if (blocks > 1 || c0 == 0) {  // one block's filter spectra serve every chunk
+        PadFilterKernel<S, T><<<GridFor(b.filter * plane, kThreads), kThreads, 0, stream>>>(
+            a, filt, ci0, nci, real);
+        if (!(err = LaunchError("FFT filter padding")).empty()) return err;
+        err = Exec(api, stream, pl.fft_h, pl.fft_w, b.filter, true, dbl, real, wspec, work);
+        if (!err.empty()) return err;
+      }
+      PadInputKernel<S, T><<<GridFor(b.input * plane, kThreads), kThreads, 0, stream>>>(
+          a, in, c0, n, ci0, nci, real);
+      if (!(err = LaunchError("FFT input padding")).empty()) return err;
+      err = Exec(api, stream, pl.fft_h, pl.fft_w, b.input, true, dbl, real, xspec, work);
+      if (!err.empty()) return err;
+      MixKernel<T><<<GridFor(n * a.cout * a.bins, kThreads), kThreads, 0, stream>>>(
+          a, xspec, wspec, yspec, n, nci, blk > 0);
+      if (!(err = LaunchError("FFT channel mixing")).empty()) return err;
+    }
+    err = Exec(api, stream, pl.fft_h, pl.fft_w, b.output, false, dbl, yspec, real, work);
+    if (!err.empty()) return err;
+    CropKernel<S, T><<<GridFor(n * a.cout * pl.tile_h * pl.tile_w, kThreads), kThreads, 0,
+                       stream>>>(a, real, c0, n, T(1) / T(plane), static_cast<S*>(p.output));
+    if (!(err = LaunchError("FFT output crop")).empty()) return err;
+  }
+  return "";
+}
+
+// ---- planning ----------------------------------------------------------
+
+struct Dim {
+  int64_t tile, fft;
+};
+// (tile, fft size) candidates along one dimension, from the smallest FFT that
+// holds the filter to the one that holds the whole output.
+std::vector<Dim> Candidates(int64_t out, int64_t stride, int64_t eff) {
+  std::vector<Dim> c;
+  int64_t last_tile = 0;
+  for (int64_t f = GoodSize(eff);; f = GoodSize(f + 1)) {
+    const int64_t tile = std::min(out, (f - eff) / stride + 1);
+    if (tile > last_tile) c.push_back({tile, f});
+    last_tile = tile;
+    if (tile == out) break;
+  }
+  return c;
+}
+
+// Workspace of a plan whose tile, chunk and ci_block are set, with cuFFT's
+// work area taken as `work_bytes`.
+void FillBytes(const ConvGeometry& g, DType dtype, int64_t work_bytes, FftGpuPlan* p) {
+  const int64_t rb = RealBytes(dtype), cb = 2 * rb, bins = p->bins();
+  const Batches b = BatchesOf(g, *p);
+  p->wspec_bytes = AlignUp(b.filter * bins * cb);
+  p->xspec_bytes = AlignUp(b.input * bins * cb);
+  p->yspec_bytes = AlignUp(b.output * bins * cb);
+  p->real_bytes = AlignUp(std::max({b.filter, b.input, b.output}) * p->fft_h * p->fft_w * rb);
+  p->work_bytes = AlignUp(work_bytes);
+  p->workspace_bytes =
+      p->wspec_bytes + p->xspec_bytes + p->yspec_bytes + p->real_bytes + p->work_bytes;
+}
+
+// cuFFT's work area is about one complex copy of the largest batch; the
+// exact size comes from the plans once the shape is chosen.
+int64_t WorkEstimate(const ConvGeometry& g, DType dtype, const FftGpuPlan& p) {
+  const Batches b = BatchesOf(g, p);
+  return std::max({b.filter, b.input, b.output}) * p.bins() * 2 * RealBytes(dtype);
+}
+
+double Seconds(const ConvGeometry& g, DType dtype, const FftGpuPlan& p) {
+  const double plane = double(p.fft_h * p.fft_w), rb = double(RealBytes(dtype));
+  const double flops = 2.5 * plane * std::log2(std::max(plane, 2.0));
+  const double blocks = double(CeilDiv(g.in_c_per_group(), p.ci_block));
+  const double filter_tf = double(g.out_c * g.in_c_per_group()) * (blocks > 1 ? double(CeilDiv(p.items, p.chunk)) : 1.0);
+  const double tf = double(p.items) * double(g.in_c + g.out_c) + filter_tf;
+  const double mix_bytes =
+      double(p.items) * double(g.out_c) * double(g.in_c_per_group() + 1) * double(p.bins()) * 4 * rb;
+  return tf * flops / kFftFlopsPerSecond + (tf * plane * rb * 4 + mix_bytes) / kBytesPerSecond;
+}
+
+}  // namespace
+
+bool CufftAvailable(std::string* why) { return Cufft(why) != nullptr; }
+
+std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t limit, cudaStream_t stream,
+                       FftGpuPlan* out) {
+  std::string why;
+  const CufftApi* api = Cufft(&why);
+  if (!api) return "GPU fft unavailable: " + why;
+  const int64_t cig = std::max<int64_t>(1, g.in_c_per_group());
+  const std::vector<Dim> hs =
+      Candidates(std::max<int64_t>(g.out_h, 1), g.stride_h, g.effective_filter_h());
+  const std::vector<Dim> ws =
+      Candidates(std::max<int64_t>(g.out_w, 1), g.stride_w, g.effective_filter_w());
+  FftGpuPlan best;
+  bool found = false;
+  int64_t min_needed = INT64_MAX;
+  for (const Dim& h : hs) {
+    for (const Dim& w : ws) {
+      FftGpuPlan p;
+      p.tile_h = h.tile;
+      p.fft_h = h.fft;
+      p.tile_w = w.tile;
+      p.fft_w = w.fft;
+      p.tiles_h = CeilDiv(std::max<int64_t>(g.out_h, 1), p.tile_h);
+      p.tiles_w = CeilDiv(std::max<int64_t>(g.out_w, 1), p.tile_w);
+      p.items = std::max<int64_t>(1, g.batch * p.tiles_h * p.tiles_w);
+      // Largest ci_block (halving) and then chunk (doubling) that fit.
+      p.chunk = 1;
+      for (p.ci_block = cig;; p.ci_block = CeilDiv(p.ci_block, 2)) {
+        FillBytes(g, dtype, WorkEstimate(g, dtype, p), &p);
+        if (p.workspace_bytes <= limit || p.ci_block == 1) break;
+      }
+      if (p.workspace_bytes > limit) {
+        min_needed = std::min(min_needed, p.workspace_bytes);
+        continue;
+      }
+      while (p.chunk < p.items) {
+        FftGpuPlan q = p;
+        q.chunk = std::min(p.items, 2 * p.chunk);
+        FillBytes(g, dtype, WorkEstimate(g, dtype, q), &q);
+        if (q.workspace_bytes > limit || q.xspec_bytes + q.yspec_bytes > kChunkTargetBytes) break;
+        p = q;
+      }
+      p.seconds = Seconds(g, dtype, p);
+      if (!found || p.seconds < best.seconds) best = p;
+      found = true;
+    }
+  }
+  if (!found)
+    return "no GPU FFT plan fits workspace_limit_bytes=" + std::to_string(limit) +
+           "; the smallest needs " + std::to_string(min_needed) + " bytes";
+  // The exact cuFFT work areas; halve the chunk while they push it over.
+  std::string err = ActivateStreamDevice(stream);
+  if (!err.empty()) return err;
+  const bool dbl = dtype == DType::kDouble;
+  for (;;) {
+    const Batches b = BatchesOf(g, best);
+    size_t work = 0;
+    {
+      std::lock_guard<std::mutex> lock(PlanMutex());
+      const std::pair<int64_t, int> jobs[] = {{b.filter, dbl ? CUFFT_D2Z : CUFFT_R2C},
+                                              {b.input, dbl ? CUFFT_D2Z : CUFFT_R2C},
+                                              {b.output, dbl ? CUFFT_Z2D : CUFFT_C2R}};
+      for (const auto& j : jobs) {
+        CachedPlan cp;
+        err = GetPlan(*api, stream, best.fft_h, best.fft_w, j.first, j.second, &cp);
+        if (!err.empty()) return err;
+        work = std::max(work, cp.work_bytes);
+      }
+    }
+    FillBytes(g, dtype, int64_t(work), &best);
+    if (best.workspace_bytes <= limit) break;
+    if (best.chunk == 1)
+      return "no GPU FFT plan fits workspace_limit_bytes=" + std::to_string(limit) +
+             "; the smallest needs " + std::to_string(best.workspace_bytes) + " bytes";
+    best.chunk = CeilDiv(best.chunk, 2);
+  }
+  best.seconds = Seconds(g, dtype, best);
+  *out = best;
+  return "";
+}
+
+std::string FftConvGpu(const FftGpuParams& p, cudaStream_t stream) {
+  if (p.problem.g.output_elements() == 0) return "";
+  std::string why;
+  const CufftApi* api = Cufft(&why);
+  if (!api) return "GPU fft unavailable: " + why;
+  std::string err = ActivateStreamDevice(stream);
+  if (!err.empty()) return err;
+  const ConvGeometry& g = p.problem.g;
+  if (g.in_c_per_group() == 0) {  // an empty sum (dL/dfilter of an empty batch)
+    // Every problem's output view covers its whole dense tensor; 0 bits are 0.0.
+    const cudaError_t e = cudaMemsetAsync(p.output, 0, g.output_elements() * StorageBytes(p.dtype), stream);
+    return e == cudaSuccess ? "" : std::string("zeroing the output: ") + cudaGetErrorString(e);
+  }
+  switch (p.dtype) {
+    case DType::kFloat: return Run<float>(p, *api, stream);
+    case DType::kDouble: return Run<double>(p, *api, stream);
+    case DType::kHalf: return Run<__half>(p, *api, stream);
+    case DType::kBFloat16: return Run<__nv_bfloat16>(p, *api, stream);
+  }
+  return "FFT convolution: unknown dtype";
+}
+
+}  // namespace gpu
+}  // namespace tfbigconv

@@ -1,0 +1,59 @@
+// FFT convolution on NVIDIA GPUs through cuFFT (loaded at run time), for any
+// ConvProblem: forward, backprop_input and backprop_filter. Overlap-save
+// tiles as on the CPU (see plan.h): each output tile's input window is
+// transformed at fft_h x fft_w, channels are mixed per frequency bin, and the
+// inverse transform is cropped (and subsampled by the stride) into the output.
+// All memory beyond the output is one caller-provided workspace.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "dtypes.h"
+#include "geometry.h"
+
+namespace tfbigconv {
+namespace gpu {
+
+struct FftGpuPlan {
+  int64_t tile_h = 0, tile_w = 0, fft_h = 0, fft_w = 0, tiles_h = 0, tiles_w = 0;
+  int64_t items = 0;     // batch * tiles_h * tiles_w (image, tile) pairs
+  int64_t chunk = 0;     // items transformed at once
+  int64_t ci_block = 0;  // input channels per group whose spectra are held at once
+  // Workspace layout, in this order (each part 256-byte aligned): filter
+  // spectra, input spectra, output spectra, real staging, cuFFT work area.
+  int64_t wspec_bytes = 0, xspec_bytes = 0, yspec_bytes = 0, real_bytes = 0, work_bytes = 0;
+  int64_t workspace_bytes = 0;
+  double seconds = 0;  // estimate (uncalibrated model)
+
+  int64_t bins_w() const { return fft_w / 2 + 1; }
+  int64_t bins() const { return fft_h * bins_w(); }
+};
+
+// True if cuFFT could be loaded; otherwise *why says what was tried.
+bool CufftAvailable(std::string* why);
+
+// The cheapest plan whose workspace (cuFFT's work area included, which is why
+// this needs the stream's device and creates the cuFFT plans) is at most
+// workspace_limit. Errors state the minimum workspace needed, or that cuFFT
+// is unavailable.
+std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t workspace_limit,
+                       cudaStream_t stream, FftGpuPlan* plan);
+
+struct FftGpuParams {
+  ConvProblem problem;
+  DType dtype = DType::kFloat;
+  FftGpuPlan plan;              // from PlanFftGpu(problem.g, dtype, ...)
+  const void* input = nullptr;  // device pointers
+  const void* filter = nullptr;
+  void* output = nullptr;       // fully overwritten
+  void* workspace = nullptr;    // plan.workspace_bytes, 256-byte aligned
+};
+
+// Enqueues the convolution on `stream`; "" or an error message.
+std::string FftConvGpu(const FftGpuParams& p, cudaStream_t stream);
+
+}  // namespace gpu
+}  // namespace tfbigconv

@@ -1,0 +1,67 @@
+// Device helpers shared by the CUDA kernels: storage <-> compute types and
+// launch bookkeeping. Half types are stored as __half / __nv_bfloat16 (same
+// layout as tfbigconv::f16 / bf16 and TF's Eigen types) and compute in float.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "dtypes.h"
+
+namespace tfbigconv {
+namespace gpu {
+
+template <typename S> struct ComputeOf { using type = S; };
+template <> struct ComputeOf<__half> { using type = float; };
+template <> struct ComputeOf<__nv_bfloat16> { using type = float; };
+
+__device__ __forceinline__ float ToCompute(float v) { return v; }
+__device__ __forceinline__ double ToCompute(double v) { return v; }
+__device__ __forceinline__ float ToCompute(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToCompute(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename S, typename T> __device__ __forceinline__ S FromCompute(T v) { return S(v); }
+template <> __device__ __forceinline__ __half FromCompute<__half, float>(float v) {
+  return __float2half_rn(v);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 FromCompute<__nv_bfloat16, float>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+inline int64_t StorageBytes(DType t) {
+  return t == DType::kDouble ? 8 : t == DType::kFloat ? 4 : 2;
+}
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks for a grid-stride loop over `work` items of `threads` each: kernels
+// loop, so the grid only has to be large enough to fill the device.
+inline unsigned GridFor(int64_t work, int threads) {
+  constexpr int64_t kMaxBlocks = int64_t(1) << 20;
+  return unsigned(std::max<int64_t>(1, std::min(CeilDiv(work, threads), kMaxBlocks)));
+}
+
+// "" or the launch error of the last kernel, named.
+inline std::string LaunchError(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return "";
+  return std::string(what) + ": " + cudaGetErrorString(e);
+}
+
+// Makes the stream's device current on this thread, so that launches on a
+// stream that TensorFlow created go to its context (TF uses primary contexts).
+inline std::string ActivateStreamDevice(cudaStream_t stream) {
+  int dev = 0;
+  cudaError_t e = cudaStreamGetDevice(stream, &dev);
+  if (e == cudaSuccess) e = cudaSetDevice(dev);
+  if (e != cudaSuccess) return std::string("selecting the stream's device: ") + cudaGetErrorString(e);
+  return "";
+}
+
+}  // namespace gpu
+}  // namespace tfbigconv

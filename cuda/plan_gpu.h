@@ -1,0 +1,36 @@
+// The GPU algorithm choice for one pass: "direct" or "fft" as requested, or
+// for "auto" the one with the smaller estimated time among those that fit
+// the workspace limit. Host code; the estimates are uncalibrated models.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "direct_gpu.h"
+#include "fft_gpu.h"
+
+namespace tfbigconv {
+namespace gpu {
+
+enum class GpuAlgorithm { kDirect, kFft };
+
+struct GpuAlgorithmChoice {
+  GpuAlgorithm algorithm = GpuAlgorithm::kDirect;
+  DirectGpuPlan direct;  // always planned (it always fits, without splits)
+  FftGpuPlan fft;        // valid when algorithm == kFft
+  std::string reason;
+  int64_t workspace_bytes() const {
+    return algorithm == GpuAlgorithm::kFft ? fft.workspace_bytes : direct.workspace_bytes;
+  }
+};
+
+// Errors: an unknown algorithm name (argument error: starts with
+// "algorithm"), or "fft" requested and it is unavailable or does not fit.
+std::string ChooseGpuAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
+                               int64_t workspace_limit, cudaStream_t stream,
+                               GpuAlgorithmChoice* choice);
+
+}  // namespace gpu
+}  // namespace tfbigconv
