@@ -9,8 +9,8 @@ PIP := $(PY) -m pip
 # pytest arguments for `make test`, e.g. PYTEST_ARGS="-m slow"
 PYTEST_ARGS ?=
 
-SOURCES := $(shell find csrc tfbigconv -type f \( -name '*.cc' -o -name '*.h' -o -name '*.inc' -o -name '*.py' -o -name '*.json' \)) \
-	CMakeLists.txt setup.py pyproject.toml
+SOURCES := $(shell find csrc cuda tfbigconv -type f \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.inc' -o -name '*.py' -o -name '*.json' \)) \
+	CMakeLists.txt cuda/CMakeLists.txt setup.py pyproject.toml
 
 .PHONY: all venv deps install test demo bench clean
 

@@ -429,14 +429,3 @@ std::string PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, const std::
 
 }  // namespace tfbigconv
 
-// Lets Python set the model in a library it loaded without pybind11 (the TF op
-// library, through ctypes): values in CostModelFields() order. Returns 0 on
-// success; Python validates the values through _core first.
-extern "C" __attribute__((visibility("default"))) int tfbigconv_set_cost_model(const double* values,
-                                                                              int count) {
-  tfbigconv::CostModel m;
-  if (count < 0 || !tfbigconv::CostModelFromValues(std::vector<double>(values, values + count), &m).empty())
-    return 1;
-  tfbigconv::SetActiveCostModel(m);
-  return 0;
-}

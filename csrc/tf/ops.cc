@@ -4,6 +4,7 @@
 
 #include "attrs.h"
 #include "geometry.h"
+#include "plan.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -160,3 +161,18 @@ Gradient of BigConv2D with respect to its filter: a reduction over batch and
 output pixels for every tap, in a fixed order (deterministic). Same attributes
 as BigConv2D.
 )doc");
+
+// Lets Python set the planner's cost model in this library, which it loads
+// through TF rather than pybind11 (see tfbigconv/cost_model.py): values in
+// CostModelFields() order. Returns 0 on success; Python validates the values
+// through _core first. Defined here, not in the core library, because the
+// link hides the static libraries' symbols.
+extern "C" __attribute__((visibility("default"))) int tfbigconv_set_cost_model(const double* values,
+                                                                              int count) {
+  tfbigconv::CostModel m;
+  if (count < 0 ||
+      !tfbigconv::CostModelFromValues(std::vector<double>(values, values + count), &m).empty())
+    return 1;
+  tfbigconv::SetActiveCostModel(m);
+  return 0;
+}
