@@ -41,11 +41,13 @@ def register_all():
 
     Returns the registered Keras names, e.g. ["tfbigconv>BigConv2D", ...].
     """
-    import keras as _keras
-    custom_objects = _keras.saving.get_custom_objects()
+    import keras as keras_lib
+    from tfbigconv import keras as layers
+
+    custom_objects = keras_lib.saving.get_custom_objects()
     names = []
-    for cls in (getattr(keras, name) for name in keras.__all__):
-        name = _keras.saving.get_registered_name(cls)
+    for cls in (getattr(layers, name) for name in layers.__all__):
+        name = keras_lib.saving.get_registered_name(cls)
         if custom_objects.get(name) is not cls:  # e.g. after the registry was cleared
             custom_objects[name] = cls
         names.append(name)
