@@ -114,6 +114,26 @@ def test_depthwise_parity(case, data_format):
                   data_format, 10 * case + 5)
 
 
+def test_unknown_spatial_size_and_float64():
+    """Inputs of any size through one model (the op's run-time path); float64 layers."""
+    inp = keras.Input((None, None, 2), dtype="float64")
+    big = keras.Model(inp, BigDepthwiseConv2D(15, padding="same", depth_multiplier=2,
+                                              dtype="float64")(
+        BigConv2D(4, 15, padding="same", dtype="float64")(inp)))
+    ref = keras.Sequential([keras.Input((None, None, 2), dtype="float64"),
+                            keras.layers.Conv2D(4, 15, padding="same", dtype="float64"),
+                            keras.layers.DepthwiseConv2D(15, padding="same", depth_multiplier=2,
+                                                         dtype="float64")])
+    ref.set_weights([random_case(w.shape, 20 + i, np.float64) for i, w in enumerate(ref.weights)])
+    big.set_weights(ref.get_weights())
+    predict = tf.function(big, input_signature=[tf.TensorSpec([None, None, None, 2], tf.float64)])
+    for i, shape in enumerate([(1, 20, 30, 2), (2, 41, 17, 2)]):
+        x = random_case(shape, 30 + i, np.float64)
+        out = predict(x)
+        assert out.dtype == tf.float64
+        assert rel_l2(out.numpy(), ref(x).numpy()) < TOLERANCE["float64"]
+
+
 def test_depthwise_matches_tf_nn_depthwise_conv2d():
     """Output channel c * multiplier + m, as tf.nn.depthwise_conv2d orders them."""
     x = random_case((1, 20, 20, 3), 1)
