@@ -52,6 +52,16 @@ class CMakeBuild(build_ext):
         jobs = str(os.cpu_count() or 2)
         subprocess.check_call(["cmake", "--build", build_temp, "--parallel", jobs])
         subprocess.check_call(["cmake", "--install", build_temp])
+        write_build_info(out_dir)
+
+
+def write_build_info(package_dir):
+    """Records the TensorFlow the ops are compiled against; tfbigconv/_ops.py checks it."""
+    import tensorflow as tf
+    with open(os.path.join(package_dir, "_build_info.py"), "w") as f:
+        f.write('"""Written by setup.py at build time; checked by tfbigconv/_ops.py at import."""\n')
+        f.write(f"TF_VERSION = {tf.__version__!r}\n")
+        f.write(f"TF_GIT_VERSION = {tf.version.GIT_VERSION!r}\n")
 
 
 # Fail fast under build isolation: without TensorFlow nothing can be built.

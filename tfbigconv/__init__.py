@@ -1,7 +1,12 @@
 """tfbigconv: fast, memory-bounded 2-D convolution with large filters for TensorFlow.
 
-`bigconv2d` is a drop-in for `tf.nn.conv2d`. Importing this package loads the
-custom ops, so SavedModels that use them can be loaded afterwards.
+`bigconv2d` is a drop-in for `tf.nn.conv2d`; `tfbigconv.keras` has the Keras
+layers `BigConv2D` and `BigDepthwiseConv2D`; `convert_model` swaps them into an
+existing Keras model.
+
+Importing this package loads the custom ops, registers their gradients and the
+Keras layers, so SavedModels and `.keras` files that use them load afterwards.
+Serving code should call `tfbigconv.register_all()` before loading a model.
 """
 try:
     from tfbigconv import _core
@@ -12,13 +17,43 @@ except ImportError as e:  # pragma: no cover - build or path problem
         "If that is the source tree, run from another directory so that the installed "
         "package is imported; otherwise build with: pip install --no-build-isolation ."
     ) from e
-from tfbigconv import _ops, cost_model
+from tfbigconv import _ops, cost_model  # _ops checks the TF version, registers the ops
 from tfbigconv._ops import ops as _raw_ops  # noqa: F401  (the ops, for tests and power users)
-from tfbigconv.conv import ALGORITHMS, bigconv2d
+from tfbigconv.conv import ALGORITHMS, bigconv2d  # registers the gradients
 from tfbigconv.explain import explain
+
+from tfbigconv import keras  # registers the Keras layers (needs Keras 3, a TensorFlow dependency)
+from tfbigconv.convert import convert_model
 
 # The planner's constants, in both compiled modules (see cost_model.py).
 cost_model.load_active(_ops._LIB_PATH)
 
-__all__ = ["bigconv2d", "explain", "ALGORITHMS"]
+__all__ = ["bigconv2d", "explain", "ALGORITHMS", "convert_model", "keras", "register_all"]
 __version__ = "0.1.0"
+
+
+def register_all():
+    """Registers everything a model using tfbigconv needs to load; call before loading one.
+
+    That is the custom ops (BigConv2D, BigConv2DBackpropInput,
+    BigConv2DBackpropFilter) for `tf.saved_model.load`, their gradients, and
+    the Keras layers `tfbigconv>BigConv2D` and `tfbigconv>BigDepthwiseConv2D`
+    for `keras.models.load_model`. Importing tfbigconv already does all this
+    (and fails with ImportError, saying what to rebuild, when the ops were
+    built against another TensorFlow); the call makes a serving script's
+    dependency explicit, keeps linters from removing the import, and is
+    idempotent.
+
+    Returns the registered Keras names, e.g. ["tfbigconv>BigConv2D", ...].
+    """
+    import keras as keras_lib
+    from tfbigconv import keras as layers
+
+    custom_objects = keras_lib.saving.get_custom_objects()
+    names = []
+    for cls in (getattr(layers, name) for name in layers.__all__):
+        name = keras_lib.saving.get_registered_name(cls)
+        if custom_objects.get(name) is not cls:  # e.g. after the registry was cleared
+            custom_objects[name] = cls
+        names.append(name)
+    return names

@@ -1,0 +1,348 @@
+"""tfbigconv.keras layers against keras.layers.Conv2D / DepthwiseConv2D, and convert_model.
+
+Parity: the same weights give the same outputs and gradients (input, kernel,
+bias) as the Keras layers, by relative L2 error. Keras' TensorFlow backend
+cannot run "channels_first" on CPU, so that reference is the channels_last
+Keras layer on transposed data.
+"""
+import inspect
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfbigconv
+from tfbigconv.keras import BigConv2D, BigDepthwiseConv2D
+from conftest import TOLERANCE, random_case
+from reference import rel_l2
+
+TOL = 1e-5  # float32, for outputs and gradients
+
+CONV_CASES = [
+    dict(filters=4, kernel_size=15, padding="same"),
+    dict(filters=3, kernel_size=(9, 5), strides=2),
+    dict(filters=4, kernel_size=7, padding="same", strides=(2, 3)),
+    dict(filters=2, kernel_size=5, padding="same", dilation_rate=(2, 3)),
+    dict(filters=6, kernel_size=7, groups=3, padding="same"),
+    dict(filters=4, kernel_size=7, use_bias=False, activation="relu"),
+    dict(filters=4, kernel_size=9, padding="same", activation="tanh", algorithm="fft"),
+    dict(filters=3, kernel_size=(6, 11), padding="same", strides=2, algorithm="direct"),
+]
+DEPTHWISE_CASES = [
+    dict(kernel_size=15, padding="same"),
+    dict(kernel_size=(7, 5), depth_multiplier=3, strides=2),
+    dict(kernel_size=5, depth_multiplier=2, dilation_rate=2, padding="same"),
+    dict(kernel_size=5, strides=2, dilation_rate=(2, 1), padding="same"),
+    dict(kernel_size=9, use_bias=False, activation="relu", algorithm="fft"),
+    dict(kernel_size=8, depth_multiplier=2, padding="same", algorithm="direct"),
+]
+INPUT_SHAPE = (2, 23, 19, 6)  # NHWC; 6 channels so that groups=3 divides them
+
+
+@pytest.fixture
+def float32_policy():
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def _split(kwargs):
+    kwargs = dict(kwargs)
+    big_only = {k: kwargs.pop(k) for k in ("algorithm", "workspace_limit") if k in kwargs}
+    return kwargs, big_only
+
+
+def _to_nchw(a):
+    return tf.transpose(a, (0, 3, 1, 2))
+
+
+def _to_nhwc(a):
+    return tf.transpose(a, (0, 2, 3, 1))
+
+
+def _outputs_and_grads(layer, x, cotangent_seed, channels_first=False):
+    """Output and d(sum(out * r))/d(input, weights) for a random cotangent r, all NHWC."""
+    x = tf.convert_to_tensor(x)
+    if channels_first:
+        x = _to_nchw(x)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        out = layer(x)
+        if channels_first:
+            out = _to_nhwc(out)
+        r = tf.constant(random_case(out.shape, cotangent_seed), dtype=out.dtype)
+        loss = tf.reduce_sum(out * r)
+    grads = tape.gradient(loss, [x] + layer.trainable_weights)
+    if channels_first:
+        grads[0] = _to_nhwc(grads[0])
+    return out, grads
+
+
+def _check_parity(ref_cls, big_cls, kwargs, data_format, seed):
+    kwargs, big_only = _split(kwargs)
+    x = random_case(INPUT_SHAPE, seed)
+    ref = ref_cls(**kwargs, data_format="channels_last")
+    big = big_cls(**kwargs, **big_only, data_format=data_format)
+    ref.build(x.shape)
+    channels_first = data_format == "channels_first"
+    big.build(_to_nchw(x).shape if channels_first else x.shape)
+    weights = [random_case(w.shape, seed + 1 + i) for i, w in enumerate(ref.get_weights())]
+    ref.set_weights(weights)
+    big.set_weights(weights)
+
+    out_ref, grads_ref = _outputs_and_grads(ref, x, seed + 100)
+    out_big, grads_big = _outputs_and_grads(big, x, seed + 100, channels_first)
+    assert out_big.shape == out_ref.shape
+    assert rel_l2(out_big.numpy(), out_ref.numpy()) < TOL
+    names = ["input"] + [w.name for w in ref.trainable_weights]
+    assert len(grads_big) == len(grads_ref) == len(names)
+    for name, g_big, g_ref in zip(names, grads_big, grads_ref):
+        err = rel_l2(g_big.numpy(), g_ref.numpy())
+        assert err < TOL, f"gradient wrt {name}: rel L2 {err}"
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("case", range(len(CONV_CASES)))
+def test_conv2d_parity(case, data_format):
+    _check_parity(keras.layers.Conv2D, BigConv2D, CONV_CASES[case], data_format, 10 * case)
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("case", range(len(DEPTHWISE_CASES)))
+def test_depthwise_parity(case, data_format):
+    _check_parity(keras.layers.DepthwiseConv2D, BigDepthwiseConv2D, DEPTHWISE_CASES[case],
+                  data_format, 10 * case + 5)
+
+
+def test_unknown_spatial_size_and_float64():
+    """Inputs of any size through one model (the op's run-time path); float64 layers."""
+    inp = keras.Input((None, None, 2), dtype="float64")
+    big = keras.Model(inp, BigDepthwiseConv2D(15, padding="same", depth_multiplier=2,
+                                              dtype="float64")(
+        BigConv2D(4, 15, padding="same", dtype="float64")(inp)))
+    ref = keras.Sequential([keras.Input((None, None, 2), dtype="float64"),
+                            keras.layers.Conv2D(4, 15, padding="same", dtype="float64"),
+                            keras.layers.DepthwiseConv2D(15, padding="same", depth_multiplier=2,
+                                                         dtype="float64")])
+    ref.set_weights([random_case(w.shape, 20 + i, np.float64) for i, w in enumerate(ref.weights)])
+    big.set_weights(ref.get_weights())
+    predict = tf.function(big, input_signature=[tf.TensorSpec([None, None, None, 2], tf.float64)])
+    for i, shape in enumerate([(1, 20, 30, 2), (2, 41, 17, 2)]):
+        x = random_case(shape, 30 + i, np.float64)
+        out = predict(x)
+        assert out.dtype == tf.float64
+        assert rel_l2(out.numpy(), ref(x).numpy()) < TOLERANCE["float64"]
+
+
+def test_depthwise_matches_tf_nn_depthwise_conv2d():
+    """Output channel c * multiplier + m, as tf.nn.depthwise_conv2d orders them."""
+    x = random_case((1, 20, 20, 3), 1)
+    w = random_case((9, 9, 3, 4), 2)
+    layer = BigDepthwiseConv2D(9, depth_multiplier=4, padding="same", use_bias=False)
+    layer.build(x.shape)
+    layer.set_weights([w])
+    ref = tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME")
+    assert rel_l2(layer(x).numpy(), ref.numpy()) < TOL
+
+
+@pytest.mark.parametrize("big_cls,keras_cls", [(BigConv2D, keras.layers.Conv2D),
+                                               (BigDepthwiseConv2D, keras.layers.DepthwiseConv2D)])
+def test_same_arguments_and_defaults_as_keras(big_cls, keras_cls):
+    big = inspect.signature(big_cls.__init__).parameters
+    ref = inspect.signature(keras_cls.__init__).parameters
+    extra = {"algorithm": "auto", "workspace_limit": 0}
+    assert [p for p in big if p not in extra] == list(ref)
+    for name, p in ref.items():
+        assert big[name].default == p.default, name
+    for name, default in extra.items():
+        assert big[name].default == default
+
+
+def test_config_round_trip():
+    layer = BigConv2D(5, (15, 17), strides=2, padding="same", groups=1, activation="relu",
+                      kernel_regularizer="l2", bias_initializer="ones", algorithm="fft",
+                      workspace_limit=1 << 26, name="big")
+    config = layer.get_config()
+    ref = keras.layers.Conv2D(5, (15, 17), strides=2, padding="same", activation="relu",
+                              kernel_regularizer="l2", bias_initializer="ones",
+                              name="big").get_config()
+    assert {k: v for k, v in config.items() if k not in ("algorithm", "workspace_limit")} == ref
+    assert config["algorithm"] == "fft" and config["workspace_limit"] == 1 << 26
+    again = BigConv2D.from_config(config)
+    assert again.get_config() == config
+
+    dw = BigDepthwiseConv2D(31, depth_multiplier=2, algorithm="direct")
+    dw_again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(dw))
+    assert type(dw_again) is BigDepthwiseConv2D
+    assert dw_again.get_config() == dw.get_config()
+    assert dw_again.algorithm == "direct" and dw_again.depth_multiplier == 2
+
+
+def test_registered_for_loading():
+    del keras.saving.get_custom_objects()["tfbigconv>BigConv2D"]
+    assert keras.saving.get_registered_object("tfbigconv>BigConv2D") is None
+    names = tfbigconv.register_all()
+    assert names == ["tfbigconv>BigConv2D", "tfbigconv>BigDepthwiseConv2D"]
+    assert keras.saving.get_registered_object("tfbigconv>BigConv2D") is BigConv2D
+    assert keras.saving.get_registered_object("tfbigconv>BigDepthwiseConv2D") is BigDepthwiseConv2D
+
+
+def test_no_xla():
+    layer = BigConv2D(2, 15)
+    assert layer.supports_jit is False and BigDepthwiseConv2D(15).supports_jit is False
+    big = keras.Sequential([keras.Input((20, 20, 1)), layer])
+    plain = keras.Sequential([keras.Input((20, 20, 1)), keras.layers.Conv2D(2, 15)])
+    with pytest.warns(UserWarning, match="jit_compile"):
+        big.compile(loss="mse", jit_compile=True)
+    plain.compile(loss="mse", jit_compile=True)
+    assert big.jit_compile is False and plain.jit_compile is True
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(algorithm="winograd"), "algorithm"),
+    (dict(algorithm=None), "algorithm"),
+    (dict(workspace_limit=-1), "workspace_limit"),
+    (dict(workspace_limit=1.5), "workspace_limit"),
+    (dict(workspace_limit=True), "workspace_limit"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BigConv2D(2, 15, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        BigDepthwiseConv2D(15, **kwargs)
+
+
+def test_keras_argument_checks_still_apply():
+    with pytest.raises(ValueError, match="groups"):
+        BigConv2D(5, 15, groups=2)
+    with pytest.raises(ValueError, match="filters"):
+        BigConv2D(0, 15)
+    with pytest.raises(ValueError, match="depth_multiplier"):
+        BigDepthwiseConv2D(15, depth_multiplier=0)
+
+
+def test_fit_lowers_loss():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((16, 40, 40, 1)).astype(np.float32)
+    true = rng.standard_normal((15, 15, 1, 1)).astype(np.float32) / 15
+    y = tf.nn.conv2d(x, true, 1, "VALID").numpy()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((40, 40, 1)), BigConv2D(1, 15, use_bias=False)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    history = model.fit(x, y, batch_size=8, epochs=15, verbose=0).history["loss"]
+    assert history[-1] < 0.05 * history[0], history
+
+
+@pytest.mark.parametrize("policy,dtype", [("mixed_float16", "float16"),
+                                          ("mixed_bfloat16", "bfloat16")])
+def test_mixed_precision(policy, dtype, float32_policy):
+    x = random_case((2, 30, 30, 4), 7)
+    ref = keras.layers.Conv2D(4, 15, padding="same", dtype="float32")
+    ref_dw = keras.layers.DepthwiseConv2D(15, depth_multiplier=2, dtype="float32")
+    ref.build(x.shape)
+    ref_dw.build(x.shape)
+    keras.mixed_precision.set_global_policy(policy)
+    big = BigConv2D(4, 15, padding="same")
+    big_dw = BigDepthwiseConv2D(15, depth_multiplier=2)
+    for r, b in ((ref, big), (ref_dw, big_dw)):
+        b.build(x.shape)
+        weights = [random_case(w.shape, 8 + i) for i, w in enumerate(r.get_weights())]
+        r.set_weights(weights)
+        b.set_weights(weights)
+        assert b.compute_dtype == dtype and all(w.dtype == "float32" for w in b.weights)
+        # The reference sees the inputs the mixed layer sees: rounded to dtype.
+        xr = tf.cast(tf.cast(x, dtype), tf.float32)
+        with tf.GradientTape() as tape:
+            out = b(x)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32) ** 2)
+        grads = tape.gradient(loss, b.trainable_weights)
+        assert out.dtype == dtype
+        assert rel_l2(tf.cast(out, tf.float32).numpy(), r(xr).numpy()) < TOLERANCE[dtype]
+        assert all(g.dtype == tf.float32 and np.all(np.isfinite(g.numpy())) for g in grads)
+
+    model = keras.Sequential([keras.Input((30, 30, 4)), BigConv2D(2, 15, padding="same"),
+                              BigDepthwiseConv2D(15, padding="same")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    y = tf.nn.conv2d(x, random_case((15, 15, 4, 2), 9) / 30, 1, "SAME").numpy()
+    history = model.fit(x, y, epochs=5, verbose=0).history["loss"]
+    assert all(np.isfinite(history)) and history[-1] < history[0], history
+
+
+def _conv_model(seed):
+    keras.utils.set_random_seed(seed)
+    inner = keras.Sequential([keras.Input((32, 32, 4)),
+                              keras.layers.Conv2D(4, 21, padding="same", name="inner_big"),
+                              keras.layers.BatchNormalization()], name="inner")
+    inp = keras.Input((32, 32, 3))
+    h = keras.layers.Conv2D(4, 15, padding="same", activation="relu", name="c15")(inp)
+    h = keras.layers.DepthwiseConv2D((17, 19), depth_multiplier=1, padding="same", name="dw")(h)
+    h = inner(h)
+    h = keras.layers.Conv2D(4, 3, padding="same", name="c3")(h)
+    h = keras.layers.Conv2D(2, (3, 31), padding="same", name="c3x31")(h)
+    model = keras.Model(inp, h)
+    # Non-trivial BatchNormalization statistics, so that copying them matters.
+    model.get_layer("inner").layers[1].moving_mean.assign(random_case((4,), seed + 1))
+    return model
+
+
+def _layer_types(model):
+    return {layer.name: type(layer).__name__ for layer in model._flatten_layers(include_self=False)}
+
+
+def test_convert_model():
+    model = _conv_model(0)
+    before = _layer_types(model)
+    x = random_case((2, 32, 32, 3), 11)
+    converted = tfbigconv.convert_model(model, algorithm="direct")
+    types = _layer_types(converted)
+    assert types["c15"] == "BigConv2D" and types["dw"] == "BigDepthwiseConv2D"
+    assert types["inner_big"] == "BigConv2D"
+    assert types["c3"] == "Conv2D" and types["c3x31"] == "Conv2D"
+    assert converted.get_layer("c15").algorithm == "direct"
+    assert _layer_types(model) == before  # the original is untouched
+    assert rel_l2(converted(x).numpy(), model(x).numpy()) < TOL
+
+    only_larger = tfbigconv.convert_model(model, min_kernel_size=(16, 16))
+    types = _layer_types(only_larger)
+    assert types["c15"] == "Conv2D" and types["dw"] == "BigDepthwiseConv2D"
+    assert tfbigconv.convert_model(model, min_kernel_size=(3, 31)).get_layer("c3x31").__class__ \
+        is BigConv2D
+    assert rel_l2(only_larger(x).numpy(), model(x).numpy()) < TOL
+
+
+def test_convert_sequential_and_trains():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((24, 24, 2)), keras.layers.Conv2D(3, 15),
+                              keras.layers.Flatten(), keras.layers.Dense(1)])
+    converted = tfbigconv.convert_model(model)
+    assert isinstance(converted.layers[0], BigConv2D)
+    x = random_case((8, 24, 24, 2), 12)
+    y = random_case((8, 1), 13)
+    assert rel_l2(converted(x).numpy(), model(x).numpy()) < TOL
+    converted.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    history = converted.fit(x, y, epochs=5, verbose=0).history["loss"]
+    assert history[-1] < history[0]
+
+
+def test_convert_model_bad_arguments():
+    model = keras.Sequential([keras.Input((24, 24, 2)), keras.layers.Conv2D(3, 15)])
+    for bad in (0, -3, (15,), "15", 2.5, (15, 0)):
+        with pytest.raises(ValueError, match="min_kernel_size"):
+            tfbigconv.convert_model(model, min_kernel_size=bad)
+    with pytest.raises(ValueError, match="algorithm"):
+        tfbigconv.convert_model(model, algorithm="gemm")
+    with pytest.raises(ValueError, match="model"):
+        tfbigconv.convert_model(keras.layers.Conv2D(3, 15))
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.conv = keras.layers.Conv2D(3, 15)
+
+        def call(self, x):
+            return self.conv(x)
+
+    sub = Subclassed()
+    sub(random_case((1, 24, 24, 2), 0))
+    with pytest.raises(ValueError, match="Functional"):
+        tfbigconv.convert_model(sub)

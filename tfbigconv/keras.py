@@ -1,0 +1,167 @@
+"""Keras 3 layers on tfbigconv's kernels: drop-in for Conv2D and DepthwiseConv2D.
+
+`BigConv2D` and `BigDepthwiseConv2D` subclass `keras.layers.Conv2D` and
+`keras.layers.DepthwiseConv2D`, so they take the same constructor arguments with
+the same defaults, create the same weights (same names, shapes and order), and
+serialize the same way; only the convolution itself runs through
+`tfbigconv.bigconv2d`. Two extra arguments are passed through to it:
+
+  algorithm: one of `tfbigconv.ALGORITHMS` ("auto" by default).
+  workspace_limit: workspace budget in bytes; 0 (default) means decided from
+    free memory.
+
+Both layers are registered as Keras serializable objects (package "tfbigconv"),
+so `.keras` files load with `keras.models.load_model` once `tfbigconv` has been
+imported. They set `supports_jit = False`: the custom ops cannot be compiled by
+XLA, and Keras would otherwise turn XLA on by default on GPU machines.
+
+Mixed precision: under a "mixed_float16" or "mixed_bfloat16" policy the kernel
+stays float32 and the convolution runs in the compute dtype (the kernels
+accumulate half types in float32), like the Keras layers.
+
+Requires Keras 3 with the TensorFlow backend.
+"""
+import numbers
+
+import keras
+import tensorflow as tf
+
+from tfbigconv.conv import ALGORITHMS, bigconv2d
+
+if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - depends on the install
+    raise ImportError(
+        f"tfbigconv.keras needs Keras 3 (found keras {keras.__version__}); "
+        "for tf.keras 2 (tf_keras) call tfbigconv.bigconv2d from your own layer")
+
+__all__ = ["BigConv2D", "BigDepthwiseConv2D"]
+
+_DATA_FORMATS = {"channels_last": "NHWC", "channels_first": "NCHW"}
+
+
+def _check_backend():
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            "tfbigconv's Keras layers run TensorFlow ops and need the TensorFlow backend; "
+            f"the Keras backend is {keras.backend.backend()!r} (set KERAS_BACKEND=tensorflow)")
+
+
+def _check_options(algorithm, workspace_limit):
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        raise ValueError(f"Invalid value for argument `algorithm`: expected one of "
+                         f"{ALGORITHMS}. Received algorithm={algorithm!r}")
+    if (isinstance(workspace_limit, bool) or not isinstance(workspace_limit, numbers.Integral)
+            or workspace_limit < 0):
+        raise ValueError("Invalid value for argument `workspace_limit`: expected a non-negative "
+                         f"int (bytes; 0 = from free memory). Received "
+                         f"workspace_limit={workspace_limit!r}")
+    return algorithm, int(workspace_limit)
+
+
+class _BigConvMixin:
+    """What both layers add to their Keras base class."""
+
+    def _init_big(self, algorithm, workspace_limit):
+        _check_backend()
+        self.algorithm, self.workspace_limit = _check_options(algorithm, workspace_limit)
+        self.supports_jit = False
+
+    def _bigconv(self, inputs, kernel):
+        # The kernel variable may be float32 under a mixed policy while the
+        # inputs come in the compute dtype; bigconv2d wants equal dtypes.
+        kernel = tf.cast(kernel, inputs.dtype)
+        return bigconv2d(
+            inputs, kernel, strides=list(self.strides), padding=self.padding.upper(),
+            data_format=_DATA_FORMATS[self.data_format], dilations=list(self.dilation_rate),
+            algorithm=self.algorithm, workspace_limit=self.workspace_limit)
+
+    def _big_config(self, config):
+        config.update({"algorithm": self.algorithm, "workspace_limit": self.workspace_limit})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfbigconv")
+class BigConv2D(_BigConvMixin, keras.layers.Conv2D):
+    """`keras.layers.Conv2D` computed by `tfbigconv.bigconv2d`.
+
+    Same arguments, defaults, weights and outputs as `keras.layers.Conv2D`
+    (filters, kernel_size, strides, padding, data_format, dilation_rate, groups,
+    activation, use_bias, the initializers, regularizers and constraints), plus:
+
+      algorithm: "auto" (default) or another entry of `tfbigconv.ALGORITHMS`.
+      workspace_limit: workspace budget in bytes for the FFT; 0 (default) means
+        half of the free memory.
+
+    Unlike Keras' TensorFlow backend, grouped convolution and "channels_first"
+    run on CPU without XLA.
+    """
+
+    def __init__(self, filters, kernel_size, strides=(1, 1), padding="valid", data_format=None,
+                 dilation_rate=(1, 1), groups=1, activation=None, use_bias=True,
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                 kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
+                 kernel_constraint=None, bias_constraint=None, algorithm="auto",
+                 workspace_limit=0, **kwargs):
+        super().__init__(
+            filters=filters, kernel_size=kernel_size, strides=strides, padding=padding,
+            data_format=data_format, dilation_rate=dilation_rate, groups=groups,
+            activation=activation, use_bias=use_bias, kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer, kernel_regularizer=kernel_regularizer,
+            bias_regularizer=bias_regularizer, activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint, bias_constraint=bias_constraint, **kwargs)
+        self._init_big(algorithm, workspace_limit)
+
+    def convolution_op(self, inputs, kernel):
+        return self._bigconv(inputs, kernel)
+
+    def get_config(self):
+        return self._big_config(super().get_config())
+
+
+@keras.saving.register_keras_serializable(package="tfbigconv")
+class BigDepthwiseConv2D(_BigConvMixin, keras.layers.DepthwiseConv2D):
+    """`keras.layers.DepthwiseConv2D` computed by `tfbigconv.bigconv2d`.
+
+    Same arguments, defaults, weights and outputs as
+    `keras.layers.DepthwiseConv2D` (kernel_size, strides, padding,
+    depth_multiplier, data_format, dilation_rate, activation, use_bias, the
+    initializers, regularizers and constraints), plus `algorithm` and
+    `workspace_limit` as in `BigConv2D`.
+
+    The kernel keeps Keras' shape [kh, kw, channels, depth_multiplier]; the
+    call runs it as a grouped convolution with one group per input channel and
+    filter [kh, kw, 1, channels * depth_multiplier], whose output channel
+    c * depth_multiplier + m is Keras' (and tf.nn.depthwise_conv2d's) channel
+    order.
+    """
+
+    def __init__(self, kernel_size, strides=(1, 1), padding="valid", depth_multiplier=1,
+                 data_format=None, dilation_rate=(1, 1), activation=None, use_bias=True,
+                 depthwise_initializer="glorot_uniform", bias_initializer="zeros",
+                 depthwise_regularizer=None, bias_regularizer=None, activity_regularizer=None,
+                 depthwise_constraint=None, bias_constraint=None, algorithm="auto",
+                 workspace_limit=0, **kwargs):
+        super().__init__(
+            kernel_size=kernel_size, strides=strides, padding=padding,
+            depth_multiplier=depth_multiplier, data_format=data_format,
+            dilation_rate=dilation_rate, activation=activation, use_bias=use_bias,
+            depthwise_initializer=depthwise_initializer, bias_initializer=bias_initializer,
+            depthwise_regularizer=depthwise_regularizer, bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer, depthwise_constraint=depthwise_constraint,
+            bias_constraint=bias_constraint, **kwargs)
+        self._init_big(algorithm, workspace_limit)
+
+    def call(self, inputs):
+        kh, kw, channels, multiplier = self.kernel.shape
+        kernel = tf.reshape(self.kernel, (kh, kw, 1, channels * multiplier))
+        outputs = self._bigconv(inputs, kernel)
+        if self.use_bias:
+            bias = tf.cast(self.bias, outputs.dtype)
+            if self.data_format == "channels_first":
+                bias = tf.reshape(bias, (1, -1, 1, 1))
+            outputs = outputs + bias
+        if self.activation is not None:
+            return self.activation(outputs)
+        return outputs
+
+    def get_config(self):
+        return self._big_config(super().get_config())
