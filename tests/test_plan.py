@@ -126,8 +126,8 @@ def test_cost_model_round_trip_and_validation():
         _core.set_cost_model(faster)
         assert _core.get_cost_model() == faster
         bad = list(values)
-        bad[fields.index("fft_seconds_per_unit")] = float("nan")
-        with pytest.raises(ValueError, match="fft_seconds_per_unit"):
+        bad[fields.index("fft_seconds_per_transform_flop")] = float("nan")
+        with pytest.raises(ValueError, match="fft_seconds_per_transform_flop"):
             _core.set_cost_model(bad)
         with pytest.raises(ValueError, match="needs"):
             _core.set_cost_model(values[:-1])

@@ -64,11 +64,22 @@ def _random(shape, dtype=tf.float32, seed=0):
     return tf.cast(tf.random.stateless_normal(shape, seed=[seed, 1]), dtype)
 
 
-def _kernel_seconds(algorithm, x_shape, w_shape, padding, budget_s):
+def _kernel_seconds(algorithm, pass_, x_shape, w_shape, padding, budget_s):
+    """One pass of our op with a forced algorithm."""
     x, w = _random(x_shape), _random(w_shape, seed=1)
-    f = tf.function(lambda x, w: _ops.big_conv2d(x, w, padding=padding, algorithm=algorithm,
-                                                 workspace_limit_bytes=0, **ATTRS))
-    return _time(lambda: f(x, w).numpy(), budget_s)
+    y_shape = _core.conv_geometry(list(x_shape), list(w_shape), padding=padding,
+                                  **ATTRS)["output_shape"]
+    dy = _random(y_shape, seed=2)
+    a = dict(ATTRS, padding=padding, algorithm=algorithm, workspace_limit_bytes=0)
+    if pass_ == "forward":
+        f = tf.function(lambda: _ops.big_conv2d(x, w, **a))
+    elif pass_ == "backprop_input":
+        f = tf.function(lambda: _ops.big_conv2d_backprop_input(tf.constant(x_shape, tf.int32), w,
+                                                               dy, **a))
+    else:
+        f = tf.function(lambda: _ops.big_conv2d_backprop_filter(x, tf.constant(w_shape, tf.int32),
+                                                                dy, **a))
+    return _time(lambda: f().numpy(), budget_s)
 
 
 def _im2col_fn(pass_, x_shape, w_shape, padding, dtype):
@@ -99,7 +110,7 @@ def _fit(terms, seconds):
     """Non-negative least squares of seconds ~ terms . coefficients, in relative error.
 
     Solves every subset of the terms and keeps the best all-non-negative
-    solution (there are only three terms).
+    solution (there are at most five terms).
     """
     t = np.asarray(terms, float)
     s = np.asarray(seconds, float)
@@ -118,8 +129,8 @@ def _fit(terms, seconds):
     return [float(v) for v in best]
 
 
-def _model_terms(algorithm, x_shape, w_shape, padding):
-    p = _core.plan_pass(list(x_shape), list(w_shape), padding=padding, pass_="forward",
+def _model_terms(algorithm, pass_, x_shape, w_shape, padding):
+    p = _core.plan_pass(list(x_shape), list(w_shape), padding=padding, pass_=pass_,
                         dtype="float32", algorithm=algorithm, workspace_limit=0,
                         workers=dispatch.workers(), im2col_available=False, **ATTRS)
     return p[algorithm]["terms"]
@@ -149,18 +160,27 @@ def calibrate(output, quick=False, log=print):
     for algorithm in ("direct", "fft"):
         terms, seconds = [], []
         for x_shape, w_shape, padding in cases:
-            s = _kernel_seconds(algorithm, x_shape, w_shape, padding, budget_s)
-            terms.append(_model_terms(algorithm, x_shape, w_shape, padding))
-            seconds.append(s)
-            log(f"{algorithm:6s} {x_shape} x {w_shape} {padding}: {s * 1e3:.2f} ms")
+            for pass_ in dispatch.PASSES:
+                s = _kernel_seconds(algorithm, pass_, x_shape, w_shape, padding, budget_s)
+                terms.append(_model_terms(algorithm, pass_, x_shape, w_shape, padding))
+                seconds.append(s)
+                log(f"{algorithm:6s} {pass_:15s} {x_shape} x {w_shape} {padding}: "
+                    f"{s * 1e3:.2f} ms")
         fits[algorithm] = _fit(terms, seconds)
+        predicted = np.asarray(terms) @ np.asarray(fits[algorithm])
+        ratio = predicted / np.asarray(seconds)
+        log(f"{algorithm} model / measured: median {np.median(ratio):.2f}, "
+            f"range {ratio.min():.2f}-{ratio.max():.2f}")
     values = {
         "direct_flops_per_second": 1.0 / fits["direct"][0],
         "direct_seconds_per_output": fits["direct"][1],
-        "direct_seconds_per_call": fits["direct"][2],
-        "fft_seconds_per_unit": fits["fft"][0],
-        "fft_seconds_per_element": fits["fft"][1],
-        "fft_seconds_per_call": fits["fft"][2],
+        "direct_seconds_per_packed": fits["direct"][2],
+        "direct_seconds_per_call": fits["direct"][3],
+        "fft_seconds_per_transform_flop": fits["fft"][0],
+        "fft_seconds_per_mix_flop": fits["fft"][1],
+        "fft_seconds_per_byte": fits["fft"][2],
+        "fft_seconds_per_element": fits["fft"][3],
+        "fft_seconds_per_call": fits["fft"][4],
     }
     target = 2e6 if quick else 2e9
     for pass_ in dispatch.PASSES:

@@ -119,6 +119,11 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   l.filter_elems = cib * khb * g.filter_w * tile_c;
   l.row_blocks = CeilDiv(g.out_h, l.b.task_rows);
   l.b.tasks = g.batch * g.groups * l.row_blocks;
+  l.b.lane_utilization = double(std::max<int64_t>(g.out_w, 1)) / double(l.wo_pad) *
+                         double(std::max<int64_t>(cog, 1)) / double(std::max<int64_t>(l.co_pad, 1));
+  l.b.packed_elements =
+      l.b.tasks * (g.filter_h * g.filter_w * cig * l.co_pad +
+                   CeilDiv(g.filter_h, khb) * cig * l.panel_rows_max * g.stride_w * l.qlen);
   l.b.scratch_bytes_per_worker = (l.panel_elems + l.filter_elems + l.acc_elems) *
                                      int64_t(sizeof(T)) +
                                  g.filter_w * int64_t(sizeof(int64_t));

@@ -33,6 +33,11 @@ struct DirectBlocking {
   int64_t ci_block = 0, kh_block = 0;
   int64_t tasks = 0;
   int64_t scratch_bytes_per_worker = 0;
+  // For the cost model: the share of vector lanes doing useful work (output
+  // columns or channels padded to whole vectors), and the elements all tasks
+  // pack (each task packs its group's whole filter and its input panels).
+  double lane_utilization = 1;
+  int64_t packed_elements = 0;
 };
 
 DirectBlocking DirectConvBlocking(const ConvGeometry& g, DType dtype, Isa isa);

@@ -89,6 +89,7 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
   }
   const int64_t busy = std::min<int64_t>(cig_all, kBusyBlock);
   std::vector<FftPlan> fits;
+  const CostModel m = ActiveCostModel();
   for (const Dim& h : hs) {
     for (const Dim& w : ws) {
       for (int64_t cib : blocks) {
@@ -108,8 +109,8 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
         const int64_t target = std::max<int64_t>(kMinChunk, kChunkTargetBytes / per_item);
         p.chunk = std::max<int64_t>(1, std::min({p.items, fit, target}));
         FillFftWorkspace(g, dtype, &p);
-        // Cost: transform and channel-mixing flops, plus bytes moved through
-        // memory, each weighted 1 (calibration comes with the dispatcher).
+        // Cost: transform and channel-mixing flops, and bytes moved through
+        // memory, weighted by the calibrated model.
         const double bw = double(p.bins_w()), bins = double(p.bins());
         const double in_rows = double(std::min(p.fft_h, (p.tile_h - 1) * g.stride_h + eff_h));
         const double fwd = cin * (in_rows * 0.5 * FftFlops(p.fft_w) + bw * FftFlops(p.fft_h));
@@ -123,7 +124,11 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
         const double filter_reads = p.fused_mix ? double(p.items) : chunks * p.ci_blocks(g);
         const double bytes = filter_reads * double(p.filter_spectra_bytes) +
                              3.0 * double(p.items) * double(p.item_spectra_bytes);
-        p.cost = double(p.items) * (fwd + inv + mix) + filt + bytes;
+        p.transform_flops = double(p.items) * (fwd + inv) + filt;
+        p.mix_flops = double(p.items) * mix;
+        p.bytes = bytes;
+        p.cost = m.fft_seconds_per_transform_flop * p.transform_flops +
+                 m.fft_seconds_per_mix_flop * p.mix_flops + m.fft_seconds_per_byte * p.bytes;
         fits.push_back(p);
       }
     }
@@ -172,11 +177,11 @@ const char* const kSlowdownDTypes[3] = {"float16", "bfloat16", "float64"};
 
 // The direct kernel with one or two output channels per column tile is
 // load-bound (one vector load per one or two FMAs): measured 100 and ~200
-// GFLOP/s against ~350. Double-precision vectors hold half the lanes.
-double DirectEfficiency(const ConvGeometry& g, DType dtype) {
-  const DirectBlocking b = DirectConvBlocking(g, dtype, ActiveIsa());
-  double e = 1.0;
-  if (!b.channel_vectors && b.channels_per_tile < 3) e = b.channels_per_tile == 2 ? 0.6 : 0.3;
+// GFLOP/s against ~350. Lanes padding a row or the channels do no work, and
+// double-precision vectors hold half the lanes.
+double DirectEfficiency(const DirectBlocking& b, DType dtype) {
+  double e = b.lane_utilization;
+  if (!b.channel_vectors && b.channels_per_tile < 3) e *= b.channels_per_tile == 2 ? 0.6 : 0.3;
   return dtype == DType::kDouble ? e * 0.5 : e;
 }
 
@@ -235,8 +240,10 @@ const char* PassName(Pass p) { return kPassNames[int(p)]; }
 
 std::vector<std::string> CostModelFields() {
   std::vector<std::string> f = {"direct_flops_per_second", "direct_seconds_per_output",
-                                "direct_seconds_per_call",  "fft_seconds_per_unit",
-                                "fft_seconds_per_element",  "fft_seconds_per_call"};
+                                "direct_seconds_per_packed", "direct_seconds_per_call",
+                                "fft_seconds_per_transform_flop", "fft_seconds_per_mix_flop",
+                                "fft_seconds_per_byte",      "fft_seconds_per_element",
+                                "fft_seconds_per_call"};
   for (int p = 0; p < kPasses; ++p)
     for (int s = 0; s < kIm2colSides; ++s)
       for (int c = 0; c < kIm2colChannels; ++c)
@@ -249,8 +256,10 @@ std::vector<std::string> CostModelFields() {
 
 std::vector<double> CostModelValues(const CostModel& m) {
   std::vector<double> v = {m.direct_flops_per_second, m.direct_seconds_per_output,
-                           m.direct_seconds_per_call,  m.fft_seconds_per_unit,
-                           m.fft_seconds_per_element,  m.fft_seconds_per_call};
+                           m.direct_seconds_per_packed, m.direct_seconds_per_call,
+                           m.fft_seconds_per_transform_flop, m.fft_seconds_per_mix_flop,
+                           m.fft_seconds_per_byte,      m.fft_seconds_per_element,
+                           m.fft_seconds_per_call};
   for (const auto& pass : m.im2col_flops_per_second)
     for (const auto& side : pass)
       for (double r : side) v.push_back(r);
@@ -264,9 +273,11 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
     return "the cost model needs " + std::to_string(names.size()) + " values, got " +
            std::to_string(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
-    const bool additive = names[i].find("_seconds_per_") != std::string::npos &&
-                          names[i] != "fft_seconds_per_unit";
-    if (!std::isfinite(v[i]) || v[i] < 0 || (v[i] == 0 && !additive))
+    // Each algorithm's main term must be positive, so that estimates grow with the work.
+    const bool main = names[i] == "direct_flops_per_second" ||
+                      names[i] == "fft_seconds_per_transform_flop" ||
+                      names[i].rfind("im2col", 0) == 0;
+    if (!std::isfinite(v[i]) || v[i] < 0 || (v[i] == 0 && main))
       return "cost model value " + names[i] + " must be finite and positive, got " +
              std::to_string(v[i]);
   }
@@ -274,8 +285,11 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
   size_t i = 0;
   m.direct_flops_per_second = v[i++];
   m.direct_seconds_per_output = v[i++];
+  m.direct_seconds_per_packed = v[i++];
   m.direct_seconds_per_call = v[i++];
-  m.fft_seconds_per_unit = v[i++];
+  m.fft_seconds_per_transform_flop = v[i++];
+  m.fft_seconds_per_mix_flop = v[i++];
+  m.fft_seconds_per_byte = v[i++];
   m.fft_seconds_per_element = v[i++];
   m.fft_seconds_per_call = v[i++];
   for (auto& pass : m.im2col_flops_per_second)
@@ -305,12 +319,13 @@ std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::strin
   const int64_t operands = OperandBytes(g, dtype);
   Estimate& d = c->direct;
   d.available = true;
-  d.workspace_bytes = DirectConvBlocking(g, dtype, ActiveIsa()).scratch_bytes_per_worker *
-                      std::max(workers, 1);
+  const DirectBlocking blocking = DirectConvBlocking(g, dtype, ActiveIsa());
+  d.workspace_bytes = blocking.scratch_bytes_per_worker * std::max(workers, 1);
   d.fits = d.workspace_bytes <= limit;
-  d.terms = {2.0 * double(g.macs()) / DirectEfficiency(g, dtype), double(g.output_elements()), 1};
+  d.terms = {2.0 * double(g.macs()) / DirectEfficiency(blocking, dtype),
+             double(g.output_elements()), double(blocking.packed_elements), 1};
   d.seconds = d.terms[0] / m.direct_flops_per_second + m.direct_seconds_per_output * d.terms[1] +
-              m.direct_seconds_per_call;
+              m.direct_seconds_per_packed * d.terms[2] + m.direct_seconds_per_call;
   d.peak_bytes = operands + d.workspace_bytes;
   d.note = "scratch per thread";
   Estimate& f = c->fft;
@@ -318,9 +333,9 @@ std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::strin
   f.available = f.fits = fft_err.empty();
   if (f.fits) {
     const double elements = double(g.batch * g.in_h * g.in_w * g.in_c + g.output_elements());
-    f.terms = {c->fft_plan.cost, elements, 1};
-    f.seconds = m.fft_seconds_per_unit * f.terms[0] + m.fft_seconds_per_element * f.terms[1] +
-                m.fft_seconds_per_call;
+    const FftPlan& fp = c->fft_plan;
+    f.terms = {fp.transform_flops, fp.mix_flops, fp.bytes, elements, 1};
+    f.seconds = fp.cost + m.fft_seconds_per_element * elements + m.fft_seconds_per_call;
     f.workspace_bytes = c->fft_plan.workspace_bytes;
     f.peak_bytes = operands + f.workspace_bytes;
     std::ostringstream os;

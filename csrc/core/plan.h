@@ -40,7 +40,10 @@ struct FftPlan {
   int64_t item_spectra_bytes = 0;       // groups * ci_block (+ out_c unless fused) spectra of one item
   int64_t worker_bytes = 0;             // one worker's real staging (+ a spectrum if fused)
   int64_t workspace_bytes = 0;          // the exact total
-  double cost = 0;                      // cost-model estimate, in model units
+  // The cost model's inputs: transform and channel-mixing flops, and bytes
+  // moved through memory; and their weighted sum, in seconds (CostModel).
+  double transform_flops = 0, mix_flops = 0, bytes = 0;
+  double cost = 0;
 
   int64_t bins_w() const { return fft_w / 2 + 1; }
   int64_t ci_blocks(const ConvGeometry& g) const {
@@ -69,8 +72,11 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t workspace_limit,
 // user's own (`python -m tfbigconv calibrate`), in both compiled modules.
 //   direct  seconds = 2 macs / (direct_flops_per_second * efficiency)
 //                     + direct_seconds_per_output * output elements
+//                     + direct_seconds_per_packed * elements packed
 //                     + direct_seconds_per_call
-//   fft     seconds = fft_seconds_per_unit * FftPlan::cost
+//   fft     seconds = fft_seconds_per_transform_flop * FftPlan::transform_flops
+//                     + fft_seconds_per_mix_flop * FftPlan::mix_flops
+//                     + fft_seconds_per_byte * FftPlan::bytes
 //                     + fft_seconds_per_element * (input + output elements)
 //                     + fft_seconds_per_call
 //   im2col  seconds = 2 macs / rate, rate interpolated (log-log) in a table
@@ -81,8 +87,11 @@ constexpr int kPasses = 3;
 struct CostModel {
   double direct_flops_per_second = 3.5e11;
   double direct_seconds_per_output = 1e-9;
+  double direct_seconds_per_packed = 0;
   double direct_seconds_per_call = 0;
-  double fft_seconds_per_unit = 1.0 / 3.9e10;
+  double fft_seconds_per_transform_flop = 1.0 / 3.9e10;
+  double fft_seconds_per_mix_flop = 1.0 / 3.9e10;
+  double fft_seconds_per_byte = 1.0 / 3.9e10;
   double fft_seconds_per_element = 0;
   double fft_seconds_per_call = 0;
   // FLOP/s of tf.nn.conv2d (float32) per pass, filter side and channel product.
@@ -98,7 +107,8 @@ constexpr double kIm2colChannelAxis[kIm2colChannels] = {1, 16, 256, 2048};
 std::vector<std::string> CostModelFields();
 std::vector<double> CostModelValues(const CostModel& m);
 // Errors: wrong count, or a value that is not finite and positive (zero is
-// allowed for the additive terms: per output, per element, per call).
+// allowed for the secondary terms: per output, packed, mix flop, byte,
+// element and call).
 std::string CostModelFromValues(const std::vector<double>& values, CostModel* m);
 // The process-wide model (thread-safe).
 CostModel ActiveCostModel();
@@ -118,8 +128,9 @@ struct Estimate {
   int64_t peak_bytes = 0;   // operands (input, filter, output) + workspace
   std::string note;         // why it is unavailable, or what the plan is
   // The model's inputs, before its constants (for calibration): direct
-  // {2 macs / efficiency, output elements, 1}; fft {FftPlan::cost, input +
-  // output elements, 1}; im2col {2 macs * dtype slowdown, filter side, channels}.
+  // {2 macs / efficiency, output elements, packed elements, 1}; fft
+  // {transform flops, mix flops, bytes, input + output elements, 1}; im2col
+  // {2 macs * dtype slowdown, filter side, channels}.
   std::vector<double> terms;
 };
 

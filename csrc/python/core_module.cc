@@ -125,6 +125,9 @@ py::dict PlanDict(const FftPlan& p) {
   d["fused_mix"] = p.fused_mix;
   d["ci_block"] = p.ci_block;
   d["workspace_bytes"] = p.workspace_bytes;
+  d["transform_flops"] = p.transform_flops;
+  d["mix_flops"] = p.mix_flops;
+  d["bytes"] = p.bytes;
   d["cost"] = p.cost;
   return d;
 }
