@@ -16,8 +16,10 @@ for a fixed random g (a training step's convolution work).
 Each geometry runs in its own subprocess (machinery: _harness.py). Inside it, the
 contenders are measured round-robin for --rounds rounds (the machine is noisy), each
 round the median of up to 5 calls within about 0.6 s after a warm-up call; the
-smallest median counts. A contender whose planner estimate exceeds --skip-s seconds
-is not run and shows as "skipped (est. ...)"; auto always runs.
+smallest median counts; the order rotates each round. A contender whose planner
+estimate exceeds --skip-s seconds is not run and shows as "skipped (est. ...)"; one
+still running when the geometry's worker passes --timeout is killed, shown as
+"> T s (killed)", and the geometry rerun without it. auto always runs.
 
 Regret = auto time / best measured time of {im2col, direct, fft} on the same geometry
 and mode; "vs tf" = auto time / im2col time. Targets (issue 5): regret median <= 1.05,
@@ -150,15 +152,24 @@ def worker_geometry(spec):
     for mode in MODES:
         for c in CONTENDERS:
             est = estimate_s(e, c, mode)
+            if [c, mode] in spec["killed"]:
+                results[(c, mode)] = {"killed_after_s": spec["timeout"]}
+                continue
             if est is not None and est > spec["skip_s"]:
                 results[(c, mode)] = {"skipped_est_s": est}
                 continue
             calls[(c, mode)] = build(c, mode, x, w, g_out, stride, pad)
     medians = {key: [] for key in calls}
+    keys = list(calls)
     for rnd in range(spec["rounds"]):
-        for key, call in calls.items():
+        # Rotate the order each round: the first contender measured after another
+        # one runs in a differently warmed machine.
+        for key in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
+            call = calls[key]
             if rnd > 0 and medians[key] and medians[key][0] > _harness.SLOW_CALL_S:
                 continue  # too slow to repeat
+            with open(spec["progress"], "w") as f:  # the parent's clue if we get killed
+                json.dump(list(key), f)
             t0 = time.perf_counter()
             call()
             first = time.perf_counter() - t0
@@ -212,6 +223,8 @@ def fmt_ms(r):
         return "-"
     if "skipped_est_s" in r:
         return f"skipped (est. {r['skipped_est_s']:.0f} s)"
+    if "killed_after_s" in r:
+        return f"> {r['killed_after_s']:.0f} s (killed)"
     if "error" in r:
         return "error"
     return f"{1e3 * r['median_s']:.1f}"
@@ -223,7 +236,9 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--skip-s", type=float, default=30.0,
                    help="skip a forced contender whose planner estimate exceeds this")
-    p.add_argument("--timeout", type=float, default=600, help="per geometry, seconds")
+    p.add_argument("--timeout", type=float, default=150,
+                   help="per geometry worker, seconds; the contender it was running when "
+                        "killed is left out and the geometry rerun")
     p.add_argument("--out", help="append the tables, with the command, to this file")
     p.add_argument("--json", help="write the raw results here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -235,10 +250,21 @@ def main():
     rounds = 1 if args.quick else args.rounds
     rows, regrets, vs_tf = [], {m: [] for m in MODES}, {m: [] for m in MODES}
     raw = []
+    progress = os.path.join(_harness.HERE, f".bench_dispatch_progress_{os.getpid()}.json")
     for g in grid:
-        spec = {"method": "geometry", "geometry": list(g), "rounds": rounds, "skip_s": args.skip_s}
-        res = _harness.run_worker(__file__, spec, timeout=args.timeout)
-        raw.append({"geometry": g, **res})
+        spec = {"method": "geometry", "geometry": list(g), "rounds": rounds, "skip_s": args.skip_s,
+                "killed": [], "timeout": args.timeout, "progress": progress}
+        while True:  # a contender that runs past the timeout is killed and left out
+            res = _harness.run_worker(__file__, spec, timeout=args.timeout)
+            if "error" not in res or "timeout" not in res["error"] or not os.path.exists(progress):
+                break
+            with open(progress) as f:
+                spec["killed"].append(json.load(f))
+            print(f"{label(g)}: {spec['killed'][-1]} killed after {args.timeout:.0f} s",
+                  file=sys.stderr)
+        if os.path.exists(progress):
+            os.remove(progress)
+        raw.append({"geometry": g, "killed": spec["killed"], **res})
         if "error" in res:
             print(f"{label(g)}: {res['error']}", file=sys.stderr)
             rows.append(f"| {label(g)} | error: {res['error']} |||||||||")
@@ -248,10 +274,10 @@ def main():
                           for p in ("forward", "backprop_input", "backprop_filter"))
         cells = []
         for mode in MODES:
-            auto = by[("auto", mode)]["median_s"]
+            auto = by.get(("auto", mode), {}).get("median_s", float("inf"))
             timed = [by[(c, mode)]["median_s"] for c in CONTENDERS[1:]
                      if "median_s" in by.get((c, mode), {})]
-            best = min(timed)
+            best = min(timed + [auto])
             regret = auto / best
             regrets[mode].append(regret)
             tf_r = by.get(("im2col", mode), {})

@@ -55,7 +55,7 @@ class Explanation:
         for r in self.rows:
             usable = r.available and r.fits
             lines.append([r.pass_, r.algorithm,
-                          _seconds(r.seconds) if usable else "-",
+                          _seconds(r.seconds) if r.available else "-",
                           _bytes(r.workspace_bytes) if r.available or r.algorithm == "im2col" else "-",
                           _bytes(r.peak_bytes) if r.available or r.algorithm == "im2col" else "-",
                           "yes" if usable else "no", "<==" if r.chosen else "", r.note])
