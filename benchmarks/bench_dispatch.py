@@ -233,6 +233,7 @@ def fmt_ms(r):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="5 geometries, 1 round")
+    p.add_argument("--only", help="run only the geometries whose label contains this")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--skip-s", type=float, default=30.0,
                    help="skip a forced contender whose planner estimate exceeds this")
@@ -247,6 +248,8 @@ def main():
         return worker(json.loads(args.worker))
     import tensorflow as tf
     grid = QUICK if args.quick else GRID
+    if args.only:
+        grid = [g for g in grid if args.only in label(g)]
     rounds = 1 if args.quick else args.rounds
     rows, regrets, vs_tf = [], {m: [] for m in MODES}, {m: [] for m in MODES}
     raw = []
@@ -299,7 +302,7 @@ def main():
     for mode in MODES:
         r, t = regrets[mode], vs_tf[mode]
         summary.append(f"| {mode} | {len(r)} | {statistics.median(r):.3f} | {percentile(r, 0.9):.3f} | "
-                       f"{max(r):.2f} | {max(t):.2f} | {sum(v > 1.1 for v in t)} |")
+                       f"{max(r):.2f} | {max(t, default=float('nan')):.2f} | {sum(v > 1.1 for v in t)} |")
 
     seed = _harness.run_worker(__file__, {"method": "seed_budget", "limit": 256 * MIB},
                                timeout=args.timeout)

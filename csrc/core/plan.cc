@@ -371,7 +371,11 @@ Estimate Im2colEstimate(const ConvGeometry& ug, Pass pass, DType dtype, int64_t 
   Estimate e;
   e.available = true;
   const double side = std::sqrt(double(ug.filter_h * ug.filter_w));
-  const double channels = double(ug.in_c_per_group() * std::max<int64_t>(ug.out_c_per_group(), 1));
+  // oneDNN vectorises a grouped forward pass across the groups, so it runs
+  // like a dense one over all input channels (bench_dispatch: depthwise 15x15
+  // at ~200 GFLOP/s, not the ~15 of a one-channel convolution).
+  const int64_t in_c = pass == Pass::kForward ? ug.in_c : ug.in_c_per_group();
+  const double channels = double(in_c * std::max<int64_t>(ug.out_c_per_group(), 1));
   double slowdown = 1;
   if (dtype == DType::kHalf) slowdown = m.im2col_dtype_slowdown[0];
   if (dtype == DType::kBFloat16) slowdown = m.im2col_dtype_slowdown[1];
