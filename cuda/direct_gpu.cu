@@ -212,8 +212,6 @@ __global__ void ReduceSplitsKernel(DirectArgs a, int64_t splits) {
   }
 }
 
-int64_t ComputeBytes(DType t) { return t == DType::kDouble ? 8 : 4; }
-
 int64_t PatchElems(const ConvGeometry& g, int64_t kb_h, int64_t kb_w) {
   return ((kTileH - 1) * g.stride_h + (kb_h - 1) * g.dilation_h + 1) *
          ((kTileW - 1) * g.stride_w + (kb_w - 1) * g.dilation_w + 1);

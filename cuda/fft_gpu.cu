@@ -23,7 +23,6 @@ constexpr int64_t kChunkTargetBytes = int64_t(1) << 30;
 constexpr double kFftFlopsPerSecond = 10e12, kBytesPerSecond = 2e12;
 
 int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-int64_t RealBytes(DType t) { return t == DType::kDouble ? 8 : 4; }
 
 // Smallest n' >= n with no prime factor above 7 (sizes cuFFT does fastest).
 int64_t GoodSize(int64_t n) {
@@ -345,7 +344,7 @@ std::vector<Dim> Candidates(int64_t out, int64_t stride, int64_t eff) {
 // Workspace of a plan whose tile, chunk and ci_block are set, with cuFFT's
 // work area taken as `work_bytes`.
 void FillBytes(const ConvGeometry& g, DType dtype, int64_t work_bytes, FftGpuPlan* p) {
-  const int64_t rb = RealBytes(dtype), cb = 2 * rb, bins = p->bins();
+  const int64_t rb = ComputeBytes(dtype), cb = 2 * rb, bins = p->bins();
   const Batches b = BatchesOf(g, *p);
   p->wspec_bytes = AlignUp(b.filter * bins * cb);
   p->xspec_bytes = AlignUp(b.input * bins * cb);
@@ -360,11 +359,11 @@ void FillBytes(const ConvGeometry& g, DType dtype, int64_t work_bytes, FftGpuPla
 // exact size comes from the plans once the shape is chosen.
 int64_t WorkEstimate(const ConvGeometry& g, DType dtype, const FftGpuPlan& p) {
   const Batches b = BatchesOf(g, p);
-  return std::max({b.filter, b.input, b.output}) * p.bins() * 2 * RealBytes(dtype);
+  return std::max({b.filter, b.input, b.output}) * p.bins() * 2 * ComputeBytes(dtype);
 }
 
 double Seconds(const ConvGeometry& g, DType dtype, const FftGpuPlan& p) {
-  const double plane = double(p.fft_h * p.fft_w), rb = double(RealBytes(dtype));
+  const double plane = double(p.fft_h * p.fft_w), rb = double(ComputeBytes(dtype));
   const double flops = 2.5 * plane * std::log2(std::max(plane, 2.0));
   const double blocks = double(CeilDiv(g.in_c_per_group(), p.ci_block));
   const double filter_tf = double(g.out_c * g.in_c_per_group()) * (blocks > 1 ? double(CeilDiv(p.items, p.chunk)) : 1.0);

@@ -24,6 +24,11 @@ inline const char* DTypeName(DType t) {
   return "?";
 }
 
+// Bytes of one element, and of the type the kernels compute in (the 16-bit
+// types accumulate, and are transformed, in float).
+inline int64_t DTypeBytes(DType t) { return t == DType::kDouble ? 8 : t == DType::kFloat ? 4 : 2; }
+inline int64_t ComputeBytes(DType t) { return t == DType::kDouble ? 8 : 4; }
+
 // Inverse of DTypeName; false for any other name.
 inline bool ParseDType(const char* name, DType* out) {
   for (DType t : {DType::kHalf, DType::kBFloat16, DType::kFloat, DType::kDouble})

@@ -53,7 +53,7 @@ std::vector<Dim> Candidates(int64_t out, int64_t stride, int64_t eff) {
 }  // namespace
 
 void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
-  const int64_t real = FftRealBytes(dtype), cplx = 2 * real;
+  const int64_t real = ComputeBytes(dtype), cplx = 2 * real;
   p->tiles_h = CeilDiv(g.out_h, p->tile_h);
   p->tiles_w = CeilDiv(g.out_w, p->tile_w);
   p->items = g.batch * p->tiles_h * p->tiles_w;
@@ -185,14 +185,10 @@ double DirectEfficiency(const DirectBlocking& b, DType dtype) {
   return dtype == DType::kDouble ? e * 0.5 : e;
 }
 
-int64_t ElementBytes(DType t) {
-  return t == DType::kDouble ? 8 : t == DType::kFloat ? 4 : 2;
-}
-
 int64_t OperandBytes(const ConvGeometry& g, DType dtype) {
   const int64_t in = g.batch * g.in_h * g.in_w * g.in_c;
   const int64_t filter = g.filter_h * g.filter_w * g.filter_in_c * g.out_c;
-  return (in + filter + g.output_elements()) * ElementBytes(dtype);
+  return (in + filter + g.output_elements()) * DTypeBytes(dtype);
 }
 
 // Piecewise-linear interpolation of log(table) over log(axis), clamped at the ends.
@@ -329,19 +325,20 @@ std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::strin
   d.peak_bytes = operands + d.workspace_bytes;
   d.note = "scratch per thread";
   Estimate& f = c->fft;
-  const std::string fft_err = PlanFft(g, dtype, limit, workers, &c->fft_plan);
+  // A requested direct pass (the kernels' hot path) needs no FFT plan.
+  const std::string fft_err = requested == "direct" ? "not planned: direct requested"
+                                                    : PlanFft(g, dtype, limit, workers, &c->fft_plan);
   f.available = f.fits = fft_err.empty();
   if (f.fits) {
     const double elements = double(g.batch * g.in_h * g.in_w * g.in_c + g.output_elements());
     const FftPlan& fp = c->fft_plan;
     f.terms = {fp.transform_flops, fp.mix_flops, fp.bytes, elements, 1};
     f.seconds = fp.cost + m.fft_seconds_per_element * elements + m.fft_seconds_per_call;
-    f.workspace_bytes = c->fft_plan.workspace_bytes;
+    f.workspace_bytes = fp.workspace_bytes;
     f.peak_bytes = operands + f.workspace_bytes;
     std::ostringstream os;
-    os << "tile " << c->fft_plan.tile_h << "x" << c->fft_plan.tile_w << " (FFT "
-       << c->fft_plan.fft_h << "x" << c->fft_plan.fft_w << "), chunk " << c->fft_plan.chunk
-       << " of " << c->fft_plan.items << " items";
+    os << "tile " << fp.tile_h << "x" << fp.tile_w << " (FFT " << fp.fft_h << "x" << fp.fft_w
+       << "), chunk " << fp.chunk << " of " << fp.items << " items";
     f.note = os.str();
   } else {
     f.note = fft_err;
@@ -382,7 +379,7 @@ Estimate Im2colEstimate(const ConvGeometry& ug, Pass pass, DType dtype, int64_t 
   if (dtype == DType::kDouble) slowdown = m.im2col_dtype_slowdown[2];
   e.terms = {2.0 * double(ug.macs()) * slowdown, side, channels};
   e.seconds = e.terms[0] / Im2colRate(m, pass, side, channels);
-  e.workspace_bytes = ug.out_h * ug.out_w * ug.filter_h * ug.filter_w * ug.in_c * ElementBytes(dtype);
+  e.workspace_bytes = ug.out_h * ug.out_w * ug.filter_h * ug.filter_w * ug.in_c * DTypeBytes(dtype);
   if (ug.batch == 0) e.workspace_bytes = 0;
   e.fits = e.workspace_bytes <= limit;
   e.peak_bytes = OperandBytes(ug, dtype) + e.workspace_bytes;

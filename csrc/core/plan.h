@@ -55,9 +55,6 @@ struct FftPlan {
 // Input channels per group up to which FftPlan::fused_mix is used.
 constexpr int64_t kFusedMixMaxInChannels = 4;
 
-// Bytes per real element of the FFT arithmetic (float for 16-bit types).
-inline int64_t FftRealBytes(DType t) { return t == DType::kDouble ? 8 : 4; }
-
 // Workspace of a plan with the given tile, chunk and workers (fills the byte
 // fields of *plan from its tile and fft sizes).
 void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* plan);
