@@ -67,22 +67,29 @@ def _random(shape, dtype=tf.float32, seed=0):
     return tf.cast(tf.random.stateless_normal(shape, seed=[seed, 1]), dtype)
 
 
-def _kernel_fn(algorithm, pass_, x_shape, w_shape, padding):
-    """One pass of our op with a forced algorithm, as a callable."""
-    x, w = _random(x_shape), _random(w_shape, seed=1)
+def _pass_fn(pass_, x_shape, w_shape, padding, dtype, forward, backprop_input, backprop_filter):
+    """A callable running one pass on fixed random operands. The op callables
+    take (x, w), (input_sizes, w, dy) and (x, filter_sizes, dy)."""
+    x, w = _random(x_shape, dtype), _random(w_shape, dtype, seed=1)
     y_shape = _core.conv_geometry(list(x_shape), list(w_shape), padding=padding,
                                   **ATTRS)["output_shape"]
-    dy = _random(y_shape, seed=2)
-    a = dict(ATTRS, padding=padding, algorithm=algorithm, workspace_limit_bytes=0)
+    dy = _random(y_shape, dtype, seed=2)
     if pass_ == "forward":
-        f = tf.function(lambda: _ops.big_conv2d(x, w, **a))
+        f = tf.function(lambda: forward(x, w))
     elif pass_ == "backprop_input":
-        f = tf.function(lambda: _ops.big_conv2d_backprop_input(tf.constant(x_shape, tf.int32), w,
-                                                               dy, **a))
+        f = tf.function(lambda: backprop_input(tf.constant(x_shape, tf.int32), w, dy))
     else:
-        f = tf.function(lambda: _ops.big_conv2d_backprop_filter(x, tf.constant(w_shape, tf.int32),
-                                                                dy, **a))
+        f = tf.function(lambda: backprop_filter(x, tf.constant(w_shape, tf.int32), dy))
     return lambda: f().numpy()
+
+
+def _kernel_fn(algorithm, pass_, x_shape, w_shape, padding):
+    """One pass of our op with a forced algorithm."""
+    a = dict(ATTRS, padding=padding, algorithm=algorithm, workspace_limit_bytes=0)
+    return _pass_fn(pass_, x_shape, w_shape, padding, tf.float32,
+                    lambda x, w: _ops.big_conv2d(x, w, **a),
+                    lambda s, w, dy: _ops.big_conv2d_backprop_input(s, w, dy, **a),
+                    lambda x, s, dy: _ops.big_conv2d_backprop_filter(x, s, dy, **a))
 
 
 def _best_times(fns, budget_s, rounds, log):
@@ -100,20 +107,15 @@ def _best_times(fns, budget_s, rounds, log):
 
 
 def _im2col_fn(pass_, x_shape, w_shape, padding, dtype):
-    x, w = _random(x_shape, dtype), _random(w_shape, dtype, seed=1)
-    y_shape = _core.conv_geometry(list(x_shape), list(w_shape), padding=padding,
-                                  **ATTRS)["output_shape"]
-    dy = _random(y_shape, dtype, seed=2)
+    """One pass of TensorFlow's own convolution ops."""
     a = dict(ATTRS, padding=padding)
-    if pass_ == "forward":
-        f = tf.function(lambda: tf.raw_ops.Conv2D(input=x, filter=w, **a))
-    elif pass_ == "backprop_input":
-        f = tf.function(lambda: tf.raw_ops.Conv2DBackpropInput(
-            input_sizes=tf.constant(x_shape, tf.int32), filter=w, out_backprop=dy, **a))
-    else:
-        f = tf.function(lambda: tf.raw_ops.Conv2DBackpropFilter(
-            input=x, filter_sizes=tf.constant(w_shape, tf.int32), out_backprop=dy, **a))
-    return lambda: f().numpy()
+    return _pass_fn(
+        pass_, x_shape, w_shape, padding, dtype,
+        lambda x, w: tf.raw_ops.Conv2D(input=x, filter=w, **a),
+        lambda s, w, dy: tf.raw_ops.Conv2DBackpropInput(input_sizes=s, filter=w, out_backprop=dy,
+                                                        **a),
+        lambda x, s, dy: tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=s,
+                                                         out_backprop=dy, **a))
 
 
 def _im2col_case(side, cin, cout, target_flops):

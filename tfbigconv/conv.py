@@ -5,13 +5,18 @@ import tensorflow as tf
 
 from tfbigconv import _core, dispatch
 from tfbigconv._ops import ops as _ops
-from tfbigconv.dispatch import ALGORITHMS
+from tfbigconv.dispatch import ALGORITHMS, invalid_argument as _invalid
 
 DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+# The attributes TensorFlow's own Conv2D ops share with ours, and all of ours.
+_TF_ATTRS = ("strides", "padding", "explicit_paddings", "data_format", "dilations")
+_ATTRS = _TF_ATTRS + ("algorithm", "workspace_limit_bytes")
 
 
-def _invalid(message):
-    return tf.errors.InvalidArgumentError(None, None, message)
+def _data_format(value):
+    if not isinstance(value, str) or value.upper() not in ("NHWC", "NCHW"):
+        raise _invalid(f"data_format must be 'NHWC' or 'NCHW', got {value!r}")
+    return value.upper()
 
 
 def _expand(value, name, data_format):
@@ -93,9 +98,7 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
       tf.errors.InvalidArgumentError naming the bad argument.
     """
     with tf.name_scope(name or "bigconv2d"):
-        if not isinstance(data_format, str) or data_format.upper() not in ("NHWC", "NCHW"):
-            raise _invalid(f"data_format must be 'NHWC' or 'NCHW', got {data_format!r}")
-        data_format = data_format.upper()
+        data_format = _data_format(data_format)
         algorithm = dispatch.requested_algorithm(algorithm)
         if not isinstance(workspace_limit, numbers.Integral) or workspace_limit < 0:
             raise _invalid(f"workspace_limit must be a non-negative int, got {workspace_limit!r}")
@@ -133,8 +136,7 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
 
 
 def _op_attrs(a):
-    """The attributes TensorFlow's own Conv2D ops share with ours."""
-    return {k: a[k] for k in ("strides", "padding", "explicit_paddings", "data_format", "dilations")}
+    return {k: a[k] for k in _TF_ATTRS}
 
 
 def _tf_conv2d(x, w, a):
@@ -150,15 +152,15 @@ def _plan(pass_, in_shape, f_shape, a, dtype):
 
 def _im2col_forward(x, w, in_shape, f_shape, a):
     """tf.nn.conv2d forward, with each gradient pass planned on its own."""
-    backward = [_plan(p, in_shape, f_shape, a, x.dtype)["chosen"] for p in dispatch.PASSES[1:]]
-    if backward == ["im2col", "im2col"]:
+    bpi, bpf = (_plan(p, in_shape, f_shape, a, x.dtype)["chosen"] for p in dispatch.PASSES[1:])
+    if bpi == bpf == "im2col":
         return _tf_conv2d(x, w, a)  # TF's own gradients
 
     @tf.custom_gradient
     def conv(x, w):
         def grad(dy):
-            return (_backprop_input(tf.shape(x), x.shape, w, dy, a),
-                    _backprop_filter(x, tf.shape(w), w.shape, dy, a))
+            return (_backprop_input(tf.shape(x), w, dy, a, bpi),
+                    _backprop_filter(x, tf.shape(w), dy, a, bpf))
         return _tf_conv2d(x, w, a), grad
 
     return conv(x, w)
@@ -171,28 +173,29 @@ def _static(shape):
 
 def _choose(pass_, in_shape, f_shape, a, dtype):
     """The algorithm of a gradient pass: planned when shapes are static, else the op's."""
+    in_shape, f_shape = _static(in_shape), _static(f_shape)
     if a["algorithm"] != "auto" or in_shape is None or f_shape is None:
         return a["algorithm"]
     return _plan(pass_, in_shape, f_shape, a, dtype)["chosen"]
 
 
-def _backprop_input(input_sizes, in_shape, w, dy, a):
-    if _choose("backprop_input", _static(in_shape), _static(w.shape), a, w.dtype) == "im2col":
+def _backprop_input(input_sizes, w, dy, a, chosen):
+    """dL/dinput: TF's own kernel where the planner chose im2col, else our op."""
+    if chosen == "im2col":
         return tf.raw_ops.Conv2DBackpropInput(input_sizes=input_sizes, filter=w, out_backprop=dy,
                                               **_op_attrs(a))
     return _ops.big_conv2d_backprop_input(input_sizes, w, dy, **a)
 
 
-def _backprop_filter(x, filter_sizes, f_shape, dy, a):
-    if _choose("backprop_filter", _static(x.shape), _static(f_shape), a, x.dtype) == "im2col":
+def _backprop_filter(x, filter_sizes, dy, a, chosen):
+    """dL/dfilter: TF's own kernel where the planner chose im2col, else our op."""
+    if chosen == "im2col":
         return tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=filter_sizes, out_backprop=dy,
                                                **_op_attrs(a))
     return _ops.big_conv2d_backprop_filter(x, filter_sizes, dy, **a)
 
 
 # Gradients, mirroring TensorFlow's nn_grad.py for Conv2D and its backprops.
-_ATTRS = ("strides", "padding", "explicit_paddings", "data_format", "dilations", "algorithm",
-          "workspace_limit_bytes")
 
 
 def _attrs(op):
@@ -204,8 +207,10 @@ def _attrs(op):
 def _big_conv2d_grad(op, grad):
     x, w = op.inputs
     a = _attrs(op)
-    return (_backprop_input(tf.shape(x), x.shape, w, grad, a),
-            _backprop_filter(x, tf.shape(w), w.shape, grad, a))
+    return (_backprop_input(tf.shape(x), w, grad, a,
+                            _choose("backprop_input", x.shape, w.shape, a, x.dtype)),
+            _backprop_filter(x, tf.shape(w), grad, a,
+                             _choose("backprop_filter", x.shape, w.shape, a, x.dtype)))
 
 
 @tf.RegisterGradient("BigConv2DBackpropInput")

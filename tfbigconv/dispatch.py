@@ -17,7 +17,7 @@ PASSES = ("forward", "backprop_input", "backprop_filter")
 ENV_ALGORITHM = "TFBIGCONV_ALGORITHM"
 
 
-def _invalid(message):
+def invalid_argument(message):
     return tf.errors.InvalidArgumentError(None, None, message)
 
 
@@ -26,10 +26,10 @@ def requested_algorithm(algorithm):
     forced = os.environ.get(ENV_ALGORITHM)
     if forced:
         if forced not in ALGORITHMS:
-            raise _invalid(f"{ENV_ALGORITHM} must be one of {ALGORITHMS}, got {forced!r}")
+            raise invalid_argument(f"{ENV_ALGORITHM} must be one of {ALGORITHMS}, got {forced!r}")
         return forced
     if algorithm not in ALGORITHMS:
-        raise _invalid(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        raise invalid_argument(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     return algorithm
 
 
@@ -71,13 +71,13 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
     try:
         geometry = _core.conv_geometry(*args)
     except ValueError as e:
-        raise _invalid(str(e)) from None
+        raise invalid_argument(str(e)) from None
     why_not = im2col_unsupported(pass_, geometry, attrs["data_format"])
     try:
         p = _core.plan_pass(*args, pass_, dtype, algorithm, workspace_limit, workers(),
                             not why_not)
     except ValueError as e:
-        raise _invalid(str(e)) from None
+        raise invalid_argument(str(e)) from None
     except RuntimeError as e:
         raise tf.errors.ResourceExhaustedError(None, None, str(e)) from None
     if why_not:

@@ -4,7 +4,7 @@ import collections
 import tensorflow as tf
 
 from tfbigconv import cost_model, dispatch
-from tfbigconv.conv import _expand, _invalid, _padding
+from tfbigconv.conv import _data_format, _expand, _invalid, _padding
 
 Row = collections.namedtuple(
     "Row", "pass_ algorithm seconds workspace_bytes peak_bytes available fits chosen note")
@@ -53,12 +53,13 @@ class Explanation:
         head = ["pass", "algorithm", "est. time", "workspace", "peak", "fits", "chosen", "note"]
         lines = []
         for r in self.rows:
-            usable = r.available and r.fits
+            sized = r.available or r.algorithm == "im2col"  # TF's sizes are known regardless
             lines.append([r.pass_, r.algorithm,
                           _seconds(r.seconds) if r.available else "-",
-                          _bytes(r.workspace_bytes) if r.available or r.algorithm == "im2col" else "-",
-                          _bytes(r.peak_bytes) if r.available or r.algorithm == "im2col" else "-",
-                          "yes" if usable else "no", "<==" if r.chosen else "", r.note])
+                          _bytes(r.workspace_bytes) if sized else "-",
+                          _bytes(r.peak_bytes) if sized else "-",
+                          "yes" if r.available and r.fits else "no", "<==" if r.chosen else "",
+                          r.note])
         widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
         fmt = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
         out = [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
@@ -91,9 +92,7 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
         raise _invalid(f"device: only 'CPU' can be planned so far, got {device!r}")
     if budget is not None and (not isinstance(budget, int) or budget <= 0):
         raise _invalid(f"budget must be a positive number of bytes or None, got {budget!r}")
-    data_format = str(data_format).upper()
-    if data_format not in ("NHWC", "NCHW"):
-        raise _invalid(f"data_format must be 'NHWC' or 'NCHW', got {data_format!r}")
+    data_format = _data_format(data_format)
     try:
         dtype = tf.as_dtype(dtype).name
     except TypeError:
