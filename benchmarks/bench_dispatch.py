@@ -1,122 +1,290 @@
-"""How good is algorithm="auto"? Its time against the best of im2col (tf.nn.conv2d),
+"""How good is algorithm="auto"? Its time against the best of TensorFlow's own kernel,
 direct and fft, measured on a grid of geometries, as forward and as forward + backward.
 
-Grid: GRID below, 44 geometries spanning filter sizes 1-135, channels 1-128
-(dense and depthwise), batch 1-64, images 32-512 px and strides 1-2; float32, NHWC.
+Grid: GRID below, 56 geometries (each label names its dtype and data_format):
+  - dense float32 NHWC (26): filter sizes 1-95, channels 1-128, batch 1-64,
+    images 28-512 px, strides 1-2;
+  - depthwise float32 NHWC (9): K 3-63, multiplier 1-2, batch 1-64, strides 1-2;
+  - grouped float32 NHWC (6): 2-16 groups, K 3-31, strides 1-2;
+  - half (9): float16 and bfloat16, dense, depthwise and grouped, NHWC;
+  - NCHW (6): dense, depthwise and grouped, float32 and half.
+The big cases of the old float32-only grid (seconds per call for every contender) were
+dropped to keep the default run at about 25 minutes on a 2-core machine with --rounds 2
+(estimated from single geometries measured alone: typically 15-30 s each, import,
+tracing and autotuning included; the acceptance depthwise case about 60 s).
 
 Contenders, each a tf.function:
-    auto     tfbigconv.bigconv2d(..., algorithm="auto"): the trace-time dispatcher
-             (im2col, direct or fft per pass), then the ops' own run-time choice
-    im2col   tf.nn.conv2d (tf.nn.depthwise_conv2d's math via groups) and TF's gradients
-    direct   bigconv2d(..., algorithm="direct") for every pass
-    fft      bigconv2d(..., algorithm="fft") for every pass
+    auto      tfbigconv.bigconv2d(..., algorithm="auto") with autotuning on (the
+              environment variable TFBIGCONV_AUTOTUNE unset); every geometry worker gets
+              a fresh TFBIGCONV_AUTOTUNE_CACHE file, so each geometry starts cold
+    auto-est  the same with TFBIGCONV_AUTOTUNE=0: the cost model's choice alone
+    tf        TensorFlow's best kernel for the case, with TF's own gradients:
+              tf.nn.depthwise_conv2d for depthwise (filter [K,K,1,C*m] reshaped to
+              [K,K,C,m]), else tf.nn.conv2d (grouped through the filter's in-depth).
+              Where TF's CPU kernels cannot run the case (NCHW, grouped gradients) it
+              shows "unsupported" and is not counted
+    direct    bigconv2d(..., algorithm="direct") for every pass
+    fft       bigconv2d(..., algorithm="fft") for every pass
 "fwd" times y = conv(x, w); "fwd+bwd" times y and both gradients of sum(y * g)
 for a fixed random g (a training step's convolution work).
 
 Each geometry runs in its own subprocess (machinery: _harness.py). Inside it, the
 contenders are measured round-robin for --rounds rounds (the machine is noisy), each
-round the median of up to 5 calls within about 0.6 s after a warm-up call; the
-smallest median counts; the order rotates each round. A contender whose planner
-estimate exceeds --skip-s seconds is not run and shows as "skipped (est. ...)"; one
-still running when the geometry's worker passes --timeout is killed, shown as
-"> T s (killed)", and the geometry rerun without it. auto always runs.
+round a warm-up call then the median of up to 5 calls within about 0.6 s; a contender
+whose calls take over 2 s gets one timed call and no more rounds; the smallest median
+counts; the order rotates each round. The first round's warm-up call (tracing, planning,
+autotuning and one run) is reported as "first call". auto-est is traced first and auto's
+fwd+bwd before auto's fwd: the fwd+bwd first call tunes all three passes cold, the fwd
+first call may reuse the forward pass's tuning from it (one process, one in-memory cache).
 
-Regret = auto time / best measured time of {im2col, direct, fft} on the same geometry
-and mode; "vs tf" = auto time / im2col time. Targets (issue 5): regret median <= 1.05,
-90th percentile <= 1.25, max <= 2; auto nowhere more than 10% slower than tf.nn.conv2d.
+A forced contender (tf, direct, fft) whose planner estimate exceeds --skip-s seconds is
+not run ("skipped"); one whose single call runs past --call-limit seconds is stopped
+(the worker exits), shown as "> T s (killed)", and the geometry rerun without it; so is
+one that crashes the worker. --timeout bounds a whole geometry worker (auto included).
+
+Regret = time / best measured time of {tf, direct, fft} on the same geometry and mode,
+for auto and for auto-est separately (it can be below 1: auto may mix algorithms per
+pass); "vs tf" = time / tf's time where tf ran. Targets (issue 11, autotuning on):
+regret median <= 1.05, 90th percentile <= 1.2, max <= 1.5; never > 1.1 x tf.
 
 The seed case (200, 321, 481, 1) x (135, 135, 1, 3) VALID also runs with
-workspace_limit = 256 MiB: its peak RSS increase must stay within
+workspace_limit = 256 MiB: its peak RSS increase (autotuning included) must stay within
 input + output + 256 MiB + 10%.
 
 Usage:
-    python benchmarks/bench_dispatch.py [--quick] [--rounds 2] [--out F.md] [--json F.json]
+    python benchmarks/bench_dispatch.py [--quick] [--only SUBSTR] [--rounds 2]
+                                        [--out F.md] [--json F.json]
 """
 import argparse
+import collections
 import json
 import os
+import re
+import shutil
 import statistics
 import sys
+import tempfile
+import threading
 import time
 
 import _harness
 
 MIB = 1 << 20
-CONTENDERS = ("auto", "im2col", "direct", "fft")
+CONTENDERS = ("auto", "auto-est", "tf", "direct", "fft")
+BASELINES = ("tf", "direct", "fft")  # regret is measured against the best of these
+AUTOS = ("auto", "auto-est")
 MODES = ("fwd", "fwd+bwd")
+PASSES = ("forward", "backprop_input", "backprop_filter")
+CLASSES = ("dense", "grouped", "depthwise", "half", "NCHW")
+TARGETS = {"median": 1.05, "p90": 1.2, "max": 1.5, "vs_tf": 1.1}
+DTYPE_TAG = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}  # no tag inside another
+ENV_AUTOTUNE = "TFBIGCONV_AUTOTUNE"
+ENV_CACHE = "TFBIGCONV_AUTOTUNE_CACHE"
 
-# (batch, height, width, in channels, K, out channels, stride, depthwise, padding)
+# One convolution: input (n, h, w, cin) in logical NHWC order (transposed for NCHW),
+# filter (k, k, cin / groups, cout); groups == cin > 1 is depthwise (multiplier cout / cin).
+Geometry = collections.namedtuple(
+    "Geometry", "n h w cin k cout stride groups padding dtype data_format")
+
+
+def G(n, h, w, cin, k, cout, stride=1, groups=1, padding="SAME", dtype="float32",
+      data_format="NHWC"):
+    return Geometry(n, h, w, cin, k, cout, stride, groups, padding, dtype, data_format)
+
+
+def DW(n, h, w, c, k, multiplier=1, stride=1, **kw):
+    return G(n, h, w, c, k, c * multiplier, stride, groups=c, **kw)
+
+
 GRID = [
-    (1, 32, 32, 1, 1, 1, 1, False, "SAME"),
-    (8, 64, 64, 16, 1, 16, 1, False, "SAME"),
-    (8, 128, 128, 128, 1, 128, 1, False, "SAME"),
-    (4, 128, 128, 32, 3, 32, 1, False, "SAME"),
-    (16, 64, 64, 64, 3, 64, 1, False, "SAME"),
-    (2, 256, 256, 3, 3, 16, 2, False, "SAME"),
-    (64, 32, 32, 32, 3, 32, 1, False, "SAME"),
-    (1, 512, 512, 1, 3, 1, 1, False, "SAME"),
-    (4, 64, 64, 128, 3, 128, 1, False, "SAME"),
-    (8, 128, 128, 8, 5, 8, 1, False, "SAME"),
-    (32, 32, 32, 16, 5, 16, 2, False, "SAME"),
-    (2, 128, 128, 64, 7, 64, 1, False, "SAME"),
-    (8, 128, 128, 1, 7, 3, 1, False, "SAME"),
-    (4, 128, 128, 16, 7, 16, 1, False, "SAME"),
-    (64, 32, 32, 3, 7, 16, 2, False, "SAME"),
-    (8, 64, 64, 32, 11, 32, 1, False, "SAME"),
-    (4, 256, 256, 1, 15, 3, 1, False, "SAME"),
-    (2, 128, 128, 16, 15, 16, 1, False, "SAME"),
-    (4, 64, 64, 64, 15, 64, 1, False, "SAME"),
-    (1, 512, 512, 3, 15, 8, 2, False, "SAME"),
-    (8, 56, 56, 128, 15, 128, 1, True, "SAME"),
-    (64, 64, 64, 1, 15, 1, 1, False, "SAME"),
-    (16, 64, 64, 8, 21, 8, 1, False, "SAME"),
-    (2, 256, 256, 4, 21, 4, 2, False, "SAME"),
-    (4, 128, 128, 1, 31, 3, 1, False, "SAME"),
-    (2, 128, 128, 32, 31, 32, 1, False, "SAME"),
-    (8, 56, 56, 128, 31, 128, 1, True, "SAME"),
-    (1, 512, 512, 1, 31, 1, 1, False, "SAME"),
-    (2, 256, 256, 16, 31, 16, 2, False, "SAME"),
-    (4, 96, 96, 64, 31, 64, 1, False, "SAME"),
-    (16, 64, 64, 4, 45, 4, 1, False, "SAME"),
-    (2, 256, 256, 1, 45, 3, 1, False, "VALID"),
-    (1, 256, 256, 32, 45, 32, 1, False, "SAME"),
-    (4, 128, 128, 8, 63, 8, 1, False, "SAME"),
-    (16, 321, 481, 1, 63, 3, 1, False, "VALID"),
-    (2, 128, 128, 32, 63, 32, 2, False, "SAME"),
-    (1, 512, 512, 1, 63, 1, 1, False, "SAME"),
-    (8, 64, 64, 64, 63, 64, 1, True, "SAME"),
-    (4, 256, 256, 3, 95, 3, 1, False, "VALID"),
-    (1, 512, 512, 16, 95, 16, 1, False, "SAME"),
-    (16, 321, 481, 1, 135, 3, 1, False, "VALID"),
-    (2, 256, 256, 8, 135, 8, 1, False, "SAME"),
-    (1, 512, 512, 1, 135, 1, 2, False, "SAME"),
-    (4, 200, 200, 3, 135, 3, 1, False, "VALID"),
+    # dense, float32, NHWC: the old grid without its slowest cases
+    G(1, 32, 32, 1, 1, 1),
+    G(8, 64, 64, 16, 1, 16),
+    G(8, 128, 128, 128, 1, 128),
+    G(4, 128, 128, 32, 3, 32),
+    G(16, 64, 64, 64, 3, 64),
+    G(2, 256, 256, 3, 3, 16, 2),
+    G(64, 32, 32, 32, 3, 32),
+    G(1, 512, 512, 1, 3, 1),
+    G(8, 128, 128, 8, 5, 8),
+    G(32, 32, 32, 16, 5, 16, 2),
+    G(2, 128, 128, 64, 7, 64),
+    G(8, 128, 128, 1, 7, 3),
+    G(32, 28, 28, 4, 7, 4),  # issue 11: auto ran tf.nn.conv2d at 3.6x direct's time
+    G(64, 32, 32, 3, 7, 16, 2),
+    G(8, 64, 64, 32, 11, 32),
+    G(4, 256, 256, 1, 15, 3),
+    G(1, 512, 512, 3, 15, 8, 2),
+    G(64, 64, 64, 1, 15, 1),
+    G(16, 64, 64, 8, 21, 8),
+    G(2, 256, 256, 4, 21, 4, 2),
+    G(4, 128, 128, 1, 31, 3),
+    G(1, 512, 512, 1, 31, 1),
+    G(16, 64, 64, 4, 45, 4),
+    G(2, 256, 256, 1, 45, 3, padding="VALID"),
+    G(1, 512, 512, 1, 63, 1),
+    G(4, 256, 256, 3, 95, 3, padding="VALID"),
+    # depthwise, float32, NHWC
+    DW(64, 32, 32, 32, 3),
+    DW(8, 112, 112, 32, 3, stride=2),
+    DW(8, 56, 56, 128, 7),
+    DW(4, 56, 56, 64, 13),  # issue 11: auto ran grouped Conv2D at 27x direct's time
+    DW(8, 56, 56, 128, 15),
+    DW(8, 56, 56, 128, 31),  # issue 11's acceptance case
+    DW(2, 64, 64, 32, 21, multiplier=2),
+    DW(1, 128, 128, 64, 31, stride=2),
+    DW(4, 64, 64, 32, 63),
+    # grouped (not depthwise), float32, NHWC
+    G(32, 28, 28, 16, 3, 16, groups=4),
+    G(16, 32, 32, 32, 5, 64, groups=2),
+    G(8, 64, 64, 64, 7, 64, groups=4),
+    G(4, 64, 64, 32, 15, 32, 2, groups=4),
+    G(2, 128, 128, 64, 31, 64, groups=16),
+    G(1, 128, 128, 16, 31, 16, groups=4),
+    # half precision, NHWC
+    G(16, 64, 64, 64, 3, 64, dtype="float16"),
+    G(16, 64, 64, 64, 3, 64, dtype="bfloat16"),
+    G(64, 32, 32, 3, 7, 16, 2, dtype="bfloat16"),
+    G(4, 128, 128, 16, 15, 16, dtype="bfloat16"),
+    G(4, 128, 128, 1, 31, 3, dtype="float16"),
+    G(1, 512, 512, 1, 63, 1, dtype="bfloat16"),
+    DW(8, 56, 56, 128, 7, dtype="float16"),
+    DW(8, 56, 56, 128, 31, dtype="bfloat16"),
+    G(8, 64, 64, 64, 7, 64, groups=4, dtype="bfloat16"),
+    # NCHW
+    G(16, 64, 64, 64, 3, 64, data_format="NCHW"),
+    G(4, 128, 128, 16, 15, 16, data_format="NCHW"),
+    G(2, 256, 256, 4, 21, 4, 2, data_format="NCHW", dtype="float16"),
+    DW(8, 56, 56, 128, 15, data_format="NCHW"),
+    DW(4, 64, 64, 32, 31, stride=2, data_format="NCHW", dtype="bfloat16"),
+    G(8, 64, 64, 64, 7, 64, 2, groups=4, data_format="NCHW"),
 ]
-QUICK = [GRID[i] for i in (1, 3, 16, 26, 40)]
+# One of each class, small and quick: a smoke test.
+QUICK_LABELS = (
+    "8x64x64 16->16 K=1 s=1 SAME fp32 NHWC",
+    "4x256x256 1->3 K=15 s=1 SAME fp32 NHWC",
+    "64x32x32 dw32 K=3 s=1 SAME fp32 NHWC",
+    "8x56x56 dw128 K=7 s=1 SAME fp32 NHWC",
+    "32x28x28 16->16 g4 K=3 s=1 SAME fp32 NHWC",
+    "4x64x64 32->32 g4 K=15 s=2 SAME fp32 NHWC",
+    "16x64x64 64->64 K=3 s=1 SAME bf16 NHWC",
+    "8x56x56 dw128 K=7 s=1 SAME fp16 NHWC",
+    "16x64x64 64->64 K=3 s=1 SAME fp32 NCHW",
+    "8x64x64 64->64 g4 K=7 s=2 SAME fp32 NCHW",
+)
 
 
 def label(g):
-    n, h, w, ci, k, co, s, dw, pad = g
-    ch = f"dw{ci}" if dw else f"{ci}->{co}"
-    return f"{n}x{h}x{w} {ch} K={k} s={s} {pad}"
+    if g.groups == g.cin > 1:
+        m = g.cout // g.cin
+        ch = f"dw{g.cin}" + (f"x{m}" if m > 1 else "")
+    else:
+        ch = f"{g.cin}->{g.cout}" + (f" g{g.groups}" if g.groups > 1 else "")
+    return (f"{g.n}x{g.h}x{g.w} {ch} K={g.k} s={g.stride} {g.padding} "
+            f"{DTYPE_TAG[g.dtype]} {g.data_format}")
+
+
+def classes(g):
+    """The classes of the per-class breakdown a geometry counts in (one or more)."""
+    out = ["depthwise" if g.groups == g.cin > 1 else "grouped" if g.groups > 1 else "dense"]
+    if g.dtype != "float32":
+        out.append("half")
+    if g.data_format == "NCHW":
+        out.append("NCHW")
+    return out
 
 
 def shapes(g):
-    n, h, w, ci, k, co, s, dw, pad = g
-    return (n, h, w, ci), (k, k, 1 if dw else ci, co), s, pad
+    """(input shape in data_format order, filter shape)."""
+    x = (g.n, g.cin, g.h, g.w) if g.data_format == "NCHW" else (g.n, g.h, g.w, g.cin)
+    return x, (g.k, g.k, g.cin // g.groups, g.cout)
 
 
-def build(contender, mode, x, w, g_out, stride, pad, workspace_limit=0):
+def short_error(e):
+    """The first informative line of an exception's message, at most 100 characters."""
+    lines = [l.strip() for l in str(getattr(e, "message", None) or e).splitlines()]
+    skip = ("Graph execution error", "Detected at node", "File ", "[[", "Cause:")
+    lines = [l for l in lines if l and not l.startswith(skip)] or [type(e).__name__]
+    text = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", lines[0])
+    return text[:100]
+
+
+def short_algorithm(a):
+    if a is None:
+        return "?"
+    if "Depthwise" in a:
+        return "tfdw"
+    if a.startswith("tf.") or a == "im2col":
+        return "tf"
+    return {"direct": "di", "fft": "ff"}.get(a, a)
+
+
+def choice_text(chosen, mode):
+    if not chosen:
+        return "?"
+    passes = PASSES[:1] if mode == "fwd" else PASSES
+    return "/".join(short_algorithm(chosen.get(p)) for p in passes)
+
+
+# ---------------------------------------------------------------------------- worker
+
+def is_tf_row(r):
+    # "im2col" before issue 11, "tf.Conv2D" / "tf.DepthwiseConv2dNative" after it
+    return r.algorithm == "im2col" or r.algorithm.startswith("tf.")
+
+
+def estimate_s(e, contender, mode, depthwise):
+    """The planner's estimated time of a forced contender: None (unknown: run it) or
+    seconds (inf: the planner says it cannot run)."""
+    passes = PASSES[:1] if mode == "fwd" else PASSES
+    if contender in AUTOS:
+        return None
+    total = 0.0
+    for p in passes:
+        rows = [r for r in e.rows if r.pass_ == p]
+        if contender == "tf":
+            rows = [r for r in rows if is_tf_row(r)]
+            if depthwise:  # old planners only had grouped Conv2D, not what `tf` runs here
+                rows = [r for r in rows if "Depthwise" in r.algorithm]
+            seconds = [r.seconds for r in rows if r.available]
+            if not seconds:
+                return None  # let TF itself say whether it can run it
+            total += min(seconds)
+        else:
+            rows = [r for r in rows if r.algorithm == contender and r.available and r.fits]
+            total += rows[0].seconds if rows else float("inf")
+    return total
+
+
+def build(contender, mode, g, x, w, g_out):
     import tensorflow as tf
     import tfbigconv
-    if contender == "im2col":
-        conv = lambda x, w: tf.nn.conv2d(x, w, stride, pad)
+    fmt, s = g.data_format, g.stride
+    if contender == "tf" and g.groups == g.cin > 1:
+        strides = [1, 1, s, s] if fmt == "NCHW" else [1, s, s, 1]
+        dw_shape = (g.k, g.k, g.cin, g.cout // g.cin)
+
+        def conv(x, w):
+            return tf.nn.depthwise_conv2d(x, tf.reshape(w, dw_shape), strides, g.padding,
+                                          data_format=fmt)
+    elif contender == "tf":
+        def conv(x, w):
+            return tf.nn.conv2d(x, w, s, g.padding, data_format=fmt)
     else:
-        conv = lambda x, w: tfbigconv.bigconv2d(x, w, stride, pad, algorithm=contender,
-                                                workspace_limit=workspace_limit)
+        algorithm = "auto" if contender in AUTOS else contender
+
+        def conv(x, w):
+            return tfbigconv.bigconv2d(x, w, s, g.padding, data_format=fmt,
+                                       algorithm=algorithm)
     if mode == "fwd":
-        f = tf.function(lambda x, w: conv(x, w))
+        f = tf.function(conv)
         return lambda: f(x, w).numpy()
+    return build_step(conv, x, w, g_out)
+
+
+def build_step(conv, x, w, g_out):
+    """A call of y = conv(x, w) and both gradients of sum(y * g_out), under tf.function."""
+    import tensorflow as tf
 
     @tf.function
     def step(x, w):
@@ -127,68 +295,196 @@ def build(contender, mode, x, w, g_out, stride, pad, workspace_limit=0):
     return lambda: [v.numpy() for v in step(x, w)]
 
 
-def estimate_s(e, contender, mode):
-    passes = ("forward",) if mode == "fwd" else ("forward", "backprop_input", "backprop_filter")
-    if contender == "auto":
-        return None
-    return sum(r.seconds if r.available and r.fits else float("inf")
-               for r in e.rows if r.algorithm == contender and r.pass_ in passes)
+def warm_up(dtype):
+    """Pays the process's one-time costs (the first gradient trace, the first bigconv2d
+    gradient, the planner's and the autotuner's first use: about a second in all) on a
+    tiny convolution that is in no grid, so that they land in no contender's first call."""
+    import tensorflow as tf
+    import tfbigconv
+    x, w = tf.ones((1, 8, 8, 2), dtype), tf.ones((3, 3, 2, 2), dtype)
+    for algorithm in ("tf", "direct", "auto-est", "auto"):
+        if algorithm == "tf":
+            conv = lambda x, w: tf.nn.conv2d(x, w, 1, "SAME")
+        else:
+            conv = lambda x, w, a=algorithm.split("-")[0]: tfbigconv.bigconv2d(
+                x, w, 1, "SAME", algorithm=a)
+        try:
+            with autotune_off() if algorithm == "auto-est" else NoEnvChange():
+                build_step(conv, x, w, tf.ones((1, 8, 8, 2), dtype))()
+        except Exception:
+            pass  # the contender's own call will show the error
+
+
+class autotune_off:
+    """Sets TFBIGCONV_AUTOTUNE=0 for auto-est's calls (the package reads it at trace time)."""
+
+    def __enter__(self):
+        self.old = os.environ.get(ENV_AUTOTUNE)
+        os.environ[ENV_AUTOTUNE] = "0"
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop(ENV_AUTOTUNE, None)
+        else:
+            os.environ[ENV_AUTOTUNE] = self.old
+
+
+class NoEnvChange:
+    def __enter__(self):
+        pass
+
+    def __exit__(self, *exc):
+        pass
+
+
+class Progress:
+    """What the worker has measured so far and the call it is in, kept in a file after
+    each step: the parent's clue when the worker dies, and the start of the rerun
+    without that call. A call that runs past its limit ends the worker (a TF call
+    cannot be interrupted from Python)."""
+
+    def __init__(self, path, resume):
+        self.path = path
+        load = lambda d: {tuple(k.split("|")): v for k, v in d.items()}
+        self.medians = load(resume.get("medians", {}))  # key: [median of each round]
+        self.first_call = load(resume.get("first_call", {}))  # key: seconds
+        self.failed = load(resume.get("failed", {}))  # key: {"error" or "unsupported": ...}
+        self.key, self.start, self.limit = None, 0.0, None
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def timed(self, key, call, limit):
+        """Runs call() under the watchdog; returns its time in seconds."""
+        self.key, self.start, self.limit = key, time.monotonic(), limit
+        self.save()
+        t0 = time.perf_counter()
+        call()
+        elapsed = time.perf_counter() - t0
+        self.limit = None
+        return elapsed
+
+    def save(self, over_limit=False):
+        dump = lambda d: {"|".join(k): v for k, v in d.items()}
+        state = {"key": list(self.key) if self.key else None, "over_limit": over_limit,
+                 "limit": self.limit, "medians": dump(self.medians),
+                 "first_call": dump(self.first_call), "failed": dump(self.failed)}
+        with open(self.path + ".tmp", "w") as f:
+            json.dump(state, f)
+        os.replace(self.path + ".tmp", self.path)  # the parent never reads half a file
+
+    def _watch(self):
+        while True:
+            time.sleep(0.2)
+            limit = self.limit
+            if limit is not None and time.monotonic() - self.start > limit:
+                self.save(over_limit=True)
+                os._exit(3)
+
+
+def fresh_autotune_env():
+    """Autotuning on, no forced algorithm, and a cache file of this worker's own."""
+    os.environ.pop(ENV_AUTOTUNE, None)
+    os.environ.pop("TFBIGCONV_ALGORITHM", None)  # it would override every contender
+    cache_dir = tempfile.mkdtemp(prefix="bench_dispatch_cache_")
+    os.environ[ENV_CACHE] = os.path.join(cache_dir, "autotune.json")
+    return cache_dir
 
 
 def worker_geometry(spec):
+    cache_dir = fresh_autotune_env()
+    try:
+        return measure_geometry(spec)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def measure_geometry(spec):
     import numpy as np
     import tensorflow as tf
     import tfbigconv
-    g = spec["geometry"]
-    x_shape, w_shape, stride, pad = shapes(g)
+    g = Geometry(*spec["geometry"])
+    depthwise = g.groups == g.cin > 1
+    x_shape, w_shape = shapes(g)
     rng = np.random.default_rng(0)
-    x = tf.constant(rng.standard_normal(x_shape, dtype=np.float32))
-    w = tf.constant(rng.standard_normal(w_shape, dtype=np.float32))
-    e = tfbigconv.explain(x_shape, w_shape, strides=stride, padding=pad)
-    y_shape = e.geometry["output_shape"]
-    g_out = tf.constant(rng.standard_normal(y_shape, dtype=np.float32))
-    results = {}
-    calls = {}
-    for mode in MODES:
-        for c in CONTENDERS:
-            est = estimate_s(e, c, mode)
-            if [c, mode] in spec["killed"]:
-                results[(c, mode)] = {"killed_after_s": spec["timeout"]}
-                continue
-            if est is not None and est > spec["skip_s"]:
-                results[(c, mode)] = {"skipped_est_s": est}
-                continue
-            calls[(c, mode)] = build(c, mode, x, w, g_out, stride, pad)
-    medians = {key: [] for key in calls}
+    fan_in = g.k * g.k * (g.cin // g.groups)
+    x = tf.cast(rng.standard_normal(x_shape, dtype=np.float32), g.dtype)
+    # scaled so that half-precision outputs and gradients stay far from overflow
+    w = tf.cast(rng.standard_normal(w_shape, dtype=np.float32) / np.sqrt(fan_in), g.dtype)
+
+    def explain():
+        return tfbigconv.explain(x_shape, w_shape, strides=g.stride, padding=g.padding,
+                                 data_format=g.data_format, dtype=g.dtype)
+    with autotune_off():
+        e = explain()
+    g_out = tf.cast(rng.standard_normal(e.geometry["output_shape"], dtype=np.float32), g.dtype)
+
+    progress = Progress(spec["progress"], spec.get("resume", {}))
+    results, calls = {}, {}
+    killed = {tuple(k[:2]): k[2] for k in spec["killed"]}
+    # auto-est first (nothing tuned yet), then auto's fwd+bwd (all three passes tuned cold)
+    order = [(c, m) for c in ("auto-est", "auto") for m in reversed(MODES)]
+    order += [(c, m) for c in BASELINES for m in MODES]
+    for c, mode in order:
+        if (c, mode) in killed:  # its rounds before the kill, if any, still count
+            if not progress.medians.get((c, mode)):
+                results[(c, mode)] = killed[(c, mode)]
+            continue
+        est = estimate_s(e, c, mode, depthwise)
+        if est is not None and est > spec["skip_s"]:
+            results[(c, mode)] = {"skipped_est_s": est}
+            continue
+        calls[(c, mode)] = build(c, mode, g, x, w, g_out)
+
+    warm_up(g.dtype)
     keys = list(calls)
     for rnd in range(spec["rounds"]):
         # Rotate the order each round: the first contender measured after another
         # one runs in a differently warmed machine.
         for key in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
-            call = calls[key]
-            if rnd > 0 and medians[key] and medians[key][0] > _harness.SLOW_CALL_S:
+            done = progress.medians.get(key, [])
+            if key in progress.failed or len(done) > rnd:
+                continue  # failed, or measured in this round before a rerun
+            if done and done[0] > _harness.SLOW_CALL_S:
                 continue  # too slow to repeat
-            with open(spec["progress"], "w") as f:  # the parent's clue if we get killed
-                json.dump(list(key), f)
-            t0 = time.perf_counter()
-            call()
-            first = time.perf_counter() - t0
-            if first > _harness.SLOW_CALL_S:
-                medians[key].append(first)
+            limit = None if key[0] in AUTOS else spec["call_limit"]
+            env = autotune_off() if key[0] == "auto-est" else NoEnvChange()
+            try:
+                with env:
+                    # warm-up; in the first round also tracing, planning, autotuning
+                    first = progress.timed(key, calls[key], limit)
+                    progress.first_call.setdefault(key, first)
+                    times = []  # at least one timed call; slow ones get just that one
+                    while len(times) < 5 and (not times or times[0] <= _harness.SLOW_CALL_S) \
+                            and (sum(times) < 0.6 or len(times) < 2):
+                        times.append(progress.timed(key, calls[key], limit))
+            except Exception as err:  # one contender failing must not end the geometry
+                what = "unsupported" if key[0] == "tf" else "error"
+                progress.failed[key] = {what: short_error(err)}
                 continue
-            times = []
-            while len(times) < 5 and (sum(times) < 0.6 or len(times) < 2):
-                t0 = time.perf_counter()
-                call()
-                times.append(time.perf_counter() - t0)
-            medians[key].append(statistics.median(times))
-    for key, m in medians.items():
-        results[key] = {"median_s": min(m)}
+            progress.medians.setdefault(key, []).append(statistics.median(times))
+    progress.key = None
+    progress.save()
+    results.update(progress.failed)
+    for key, m in progress.medians.items():
+        if key not in results:
+            results[key] = {"median_s": min(m), "first_call_s": progress.first_call[key]}
+    # After auto ran: explain() may now show the tuned (measured) choice.
+    try:
+        tuned = explain().chosen
+    except Exception as err:
+        tuned = {"error": short_error(err)}
     return {"results": [{"contender": c, "mode": mode, **r} for (c, mode), r in results.items()],
-            "chosen": e.chosen, "macs": e.geometry["macs"]}
+            "chosen_est": e.chosen, "chosen_after": tuned, "macs": e.geometry["macs"]}
 
 
 def worker_seed_budget(spec):
+    cache_dir = fresh_autotune_env()
+    try:
+        return measure_seed_budget(spec)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def measure_seed_budget(spec):
     import numpy as np
     import tensorflow as tf
     import tfbigconv
@@ -211,6 +507,8 @@ def worker(spec):
     print(json.dumps(out))
 
 
+# ---------------------------------------------------------------------------- report
+
 def percentile(v, q):
     v = sorted(v)
     i = (len(v) - 1) * q
@@ -222,24 +520,178 @@ def fmt_ms(r):
     if r is None:
         return "-"
     if "skipped_est_s" in r:
-        return f"skipped (est. {r['skipped_est_s']:.0f} s)"
+        est = r["skipped_est_s"]
+        return "n/a (planner)" if est == float("inf") else f"skipped (est. {est:.0f} s)"
     if "killed_after_s" in r:
         return f"> {r['killed_after_s']:.0f} s (killed)"
+    if "crashed" in r:
+        return f"crashed ({r['crashed'][:50]})"
+    if "unsupported" in r:
+        return f"unsupported ({r['unsupported'][:50]})"
     if "error" in r:
-        return "error"
+        return f"error ({r['error'][:50]})"
     return f"{1e3 * r['median_s']:.1f}"
+
+
+def fmt_s(v):
+    return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.0f}"
+
+
+def stats_line(v):
+    if not v:
+        return "- | - | -"
+    return f"{statistics.median(v):.3f} | {percentile(v, 0.9):.3f} | {max(v):.2f}"
+
+
+def regret_verdict(v, vs_tf_over):
+    if not v:
+        return "-"
+    ok = (statistics.median(v) <= TARGETS["median"] and percentile(v, 0.9) <= TARGETS["p90"]
+          and max(v) <= TARGETS["max"] and not vs_tf_over)
+    return "met" if ok else "MISSED"
+
+
+def run_geometry(g, args, rounds, progress):
+    """Runs one geometry's worker; when a contender runs past its limit or crashes the
+    worker, reruns it without that contender, keeping what was measured before. Returns
+    the worker's result (or {"error": ...})."""
+    spec = {"method": "geometry", "geometry": list(g), "rounds": rounds, "skip_s": args.skip_s,
+            "call_limit": args.call_limit, "killed": [], "progress": progress}
+    while True:
+        if os.path.exists(progress):
+            os.remove(progress)
+        res = _harness.run_worker(__file__, spec, timeout=args.timeout)
+        if "error" not in res or not os.path.exists(progress):
+            break
+        with open(progress) as f:
+            state = json.load(f)
+        if state["key"] is None or state["key"] in [k[:2] for k in spec["killed"]]:
+            break  # it failed outside any contender's call
+        if state["over_limit"]:
+            why = {"killed_after_s": state["limit"]}
+        elif "timeout" in res["error"]:
+            why = {"killed_after_s": args.timeout, "whole_worker": True}
+        else:
+            why = {"crashed": res["error"][:100]}
+        spec["killed"].append(state["key"] + [why])
+        spec["resume"] = {k: state[k] for k in ("medians", "first_call", "failed")}
+        print(f"{label(g)}: {state['key']} {fmt_ms(why)}; rerunning without it", file=sys.stderr)
+    if os.path.exists(progress):
+        os.remove(progress)
+    return res
+
+
+def summarize(points):
+    """points: per geometry {"geometry", "classes", "by"}; returns the markdown sections."""
+    regrets = {(c, m): [] for c in AUTOS for m in MODES}
+    vs_tf = {(c, m): [] for c in AUTOS for m in MODES}
+    over_tf = {(c, m): [] for c in AUTOS for m in MODES}
+    per_class = {(cls, c, m): [] for cls in CLASSES for c in AUTOS for m in MODES}
+    first_calls = {(c, m): [] for c in AUTOS for m in MODES}
+    no_baseline = []
+    tables = {m: [] for m in MODES}
+    for p in points:
+        g, by = p["geometry"], p["by"]
+        for mode in MODES:
+            timed = {c: by[(c, mode)]["median_s"] for c in CONTENDERS
+                     if "median_s" in by.get((c, mode), {})}
+            best = min((timed[c] for c in BASELINES if c in timed), default=None)
+            if best is None:
+                no_baseline.append(f"{label(g)} {mode}")
+            cells = {}
+            for c in AUTOS:
+                if c not in timed:
+                    cells[c] = ("-", "-")
+                    continue
+                regret = timed[c] / best if best else None
+                ratio = timed[c] / timed["tf"] if "tf" in timed else None
+                if regret is not None:
+                    regrets[(c, mode)].append(regret)
+                    for cls in p["classes"]:
+                        per_class[(cls, c, mode)].append(regret)
+                if ratio is not None:
+                    vs_tf[(c, mode)].append(ratio)
+                    if ratio > TARGETS["vs_tf"]:
+                        over_tf[(c, mode)].append(f"{label(g)} ({ratio:.2f}x)")
+                first = by[(c, mode)].get("first_call_s")
+                if first is not None:
+                    first_calls[(c, mode)].append(first)
+                cells[c] = (f"{regret:.2f}" if regret else "-", f"{ratio:.2f}" if ratio else "-")
+            auto_first = by.get(("auto", mode), {}).get("first_call_s")
+            tables[mode].append(
+                f"| {label(g)} | "
+                + " | ".join(fmt_ms(by.get((c, mode))) for c in CONTENDERS)
+                + f" | {fmt_s(auto_first)} | {cells['auto'][0]} | {cells['auto-est'][0]} | "
+                  f"{cells['auto'][1]} | {cells['auto-est'][1]} | "
+                  f"{choice_text(p['chosen_est'], mode)} | {choice_text(p['chosen_after'], mode)} |")
+
+    summary = ["Regret = time / best of {tf, direct, fft} measured on the same geometry and "
+               f"mode. Targets with autotuning on: median <= {TARGETS['median']}, 90th "
+               f"percentile <= {TARGETS['p90']}, max <= {TARGETS['max']}, never > "
+               f"{TARGETS['vs_tf']} x tf.", "",
+               "| mode | contender | geometries | regret median | 90th pct | max | "
+               "time/tf max | geometries > 1.1 x tf (of those tf ran) | targets |",
+               "|---|---|---|---|---|---|---|---|---|"]
+    for mode in MODES:
+        for c in AUTOS:
+            r, t, o = regrets[(c, mode)], vs_tf[(c, mode)], over_tf[(c, mode)]
+            summary.append(f"| {mode} | {c} | {len(r)} | {stats_line(r)} | "
+                           f"{max(t, default=float('nan')):.2f} | {len(o)} of {len(t)} | "
+                           f"{regret_verdict(r, o)} |")
+    for mode in MODES:
+        for c in AUTOS:
+            if over_tf[(c, mode)]:
+                summary.append(f"\n{c}, {mode}, > 1.1 x tf: " + "; ".join(over_tf[(c, mode)]))
+    if no_baseline:
+        summary.append("\nNo baseline ran (not counted): " + "; ".join(no_baseline))
+
+    breakdown = ["| class | mode | geometries | auto median | auto 90th pct | auto max | "
+                 "auto-est median | auto-est 90th pct | auto-est max |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+    for cls in CLASSES:
+        for mode in MODES:
+            a, e = per_class[(cls, "auto", mode)], per_class[(cls, "auto-est", mode)]
+            breakdown.append(f"| {cls} | {mode} | {len(a)} | {stats_line(a)} | {stats_line(e)} |")
+
+    firsts = ["| mode | auto first call median s | max s | auto-est first call median s | max s |"
+              " first-call overhead of autotuning (auto - auto-est) median s | max s |",
+              "|---|---|---|---|---|---|---|"]
+    for mode in MODES:
+        a, e = first_calls[("auto", mode)], first_calls[("auto-est", mode)]
+        diff = [p["by"][("auto", mode)]["first_call_s"] - p["by"][("auto-est", mode)]["first_call_s"]
+                for p in points
+                if all("first_call_s" in p["by"].get((c, mode), {}) for c in AUTOS)]
+        med = lambda v: fmt_s(statistics.median(v)) if v else "-"
+        mx = lambda v: fmt_s(max(v)) if v else "-"
+        firsts.append(f"| {mode} | {med(a)} | {mx(a)} | {med(e)} | {mx(e)} | {med(diff)} | {mx(diff)} |")
+    firsts.append("\nFirst call = tracing + planning (+ autotuning for auto) + one run. auto's "
+                  "fwd+bwd first call tunes all three passes cold; its fwd first call comes "
+                  "after it in the same process and may reuse the forward pass's tuning.")
+
+    head = ("| geometry | " + " | ".join(f"{c} ms" for c in CONTENDERS)
+            + " | auto first call s | auto regret | auto-est regret | auto/tf | auto-est/tf | "
+              "estimated choice | choice after auto ran |")
+    sep = "|" + "---|" * (len(CONTENDERS) + 8)
+    detail = []
+    for mode in MODES:
+        detail += [f"#### {mode}", "", head, sep] + tables[mode] + [""]
+    return summary, breakdown, firsts, detail
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="5 geometries, 1 round")
+    p.add_argument("--quick", action="store_true", help=f"{len(QUICK_LABELS)} geometries, 1 round")
     p.add_argument("--only", help="run only the geometries whose label contains this")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--skip-s", type=float, default=30.0,
+    p.add_argument("--skip-s", type=float, default=10.0,
                    help="skip a forced contender whose planner estimate exceeds this")
-    p.add_argument("--timeout", type=float, default=150,
+    p.add_argument("--call-limit", type=float, default=10.0,
+                   help="seconds one call of a forced contender may take; past it the "
+                        "contender is left out and the geometry rerun")
+    p.add_argument("--timeout", type=float, default=180,
                    help="per geometry worker, seconds; the contender it was running when "
                         "killed is left out and the geometry rerun")
+    p.add_argument("--no-seed", action="store_true", help="leave out the seed-budget case")
     p.add_argument("--out", help="append the tables, with the command, to this file")
     p.add_argument("--json", help="write the raw results here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -247,82 +699,59 @@ def main():
     if args.worker:
         return worker(json.loads(args.worker))
     import tensorflow as tf
-    grid = QUICK if args.quick else GRID
+    grid = [g for g in GRID if label(g) in QUICK_LABELS] if args.quick else GRID
     if args.only:
         grid = [g for g in grid if args.only in label(g)]
     rounds = 1 if args.quick else args.rounds
-    rows, regrets, vs_tf = [], {m: [] for m in MODES}, {m: [] for m in MODES}
-    raw = []
     progress = os.path.join(_harness.HERE, f".bench_dispatch_progress_{os.getpid()}.json")
-    for g in grid:
-        spec = {"method": "geometry", "geometry": list(g), "rounds": rounds, "skip_s": args.skip_s,
-                "killed": [], "timeout": args.timeout, "progress": progress}
-        while True:  # a contender that runs past the timeout is killed and left out
-            res = _harness.run_worker(__file__, spec, timeout=args.timeout)
-            if "error" not in res or "timeout" not in res["error"] or not os.path.exists(progress):
-                break
-            with open(progress) as f:
-                spec["killed"].append(json.load(f))
-            print(f"{label(g)}: {spec['killed'][-1]} killed after {args.timeout:.0f} s",
-                  file=sys.stderr)
-        if os.path.exists(progress):
-            os.remove(progress)
-        raw.append({"geometry": g, "killed": spec["killed"], **res})
+    points, errors, raw = [], [], []
+    start = time.monotonic()
+    for i, g in enumerate(grid):
+        t0 = time.monotonic()
+        res = run_geometry(g, args, rounds, progress)
+        raw.append({"geometry": list(g), "label": label(g), **res})
         if "error" in res:
             print(f"{label(g)}: {res['error']}", file=sys.stderr)
-            rows.append(f"| {label(g)} | error: {res['error']} |||||||||")
+            errors.append(f"{label(g)}: {res['error']}")
             continue
         by = {(r["contender"], r["mode"]): r for r in res["results"]}
-        chosen = "/".join(res["chosen"][p][:2] if res["chosen"][p] != "im2col" else "im"
-                          for p in ("forward", "backprop_input", "backprop_filter"))
-        cells = []
-        for mode in MODES:
-            auto = by.get(("auto", mode), {}).get("median_s", float("inf"))
-            timed = [by[(c, mode)]["median_s"] for c in CONTENDERS[1:]
-                     if "median_s" in by.get((c, mode), {})]
-            best = min(timed + [auto])
-            regret = auto / best
-            regrets[mode].append(regret)
-            tf_r = by.get(("im2col", mode), {})
-            ratio = auto / tf_r["median_s"] if "median_s" in tf_r else None
-            if ratio is not None:
-                vs_tf[mode].append(ratio)
-            cells += [fmt_ms(by.get((c, mode))) for c in CONTENDERS]
-            cells += [f"{regret:.2f}", f"{ratio:.3f}" if ratio is not None else "-"]
-        rows.append(f"| {label(g)} | {chosen} | " + " | ".join(cells) + " |")
-        print(f"{label(g)}: {chosen} regret fwd {regrets['fwd'][-1]:.2f} "
-              f"fwd+bwd {regrets['fwd+bwd'][-1]:.2f}", file=sys.stderr)
+        points.append({"geometry": g, "classes": classes(g), "by": by,
+                       "chosen_est": res["chosen_est"], "chosen_after": res["chosen_after"]})
+        cells = " ".join(f"{c}={fmt_ms(by.get((c, m)))}" for m in MODES for c in CONTENDERS)
+        print(f"[{i + 1}/{len(grid)} {time.monotonic() - t0:.0f} s] {label(g)}: {cells}",
+              file=sys.stderr)
 
-    head = ("| geometry | auto's choice (fwd/bwd-input/bwd-filter) | "
-            "fwd auto ms | fwd im2col ms | fwd direct ms | fwd fft ms | fwd regret | fwd auto/tf | "
-            "f+b auto ms | f+b im2col ms | f+b direct ms | f+b fft ms | f+b regret | f+b auto/tf |")
-    sep = "|" + "---|" * 14
-    summary = ["| mode | geometries | regret median | 90th pct | max | auto/tf max | "
-               "geometries where auto > 1.1 x tf |", "|---|---|---|---|---|---|---|"]
-    for mode in MODES:
-        r, t = regrets[mode], vs_tf[mode]
-        summary.append(f"| {mode} | {len(r)} | {statistics.median(r):.3f} | {percentile(r, 0.9):.3f} | "
-                       f"{max(r):.2f} | {max(t, default=float('nan')):.2f} | {sum(v > 1.1 for v in t)} |")
-
-    seed = _harness.run_worker(__file__, {"method": "seed_budget", "limit": 256 * MIB},
-                               timeout=args.timeout)
-    if "error" in seed:
-        seed_line = f"Seed case with a 256 MiB budget: error {seed['error']}"
-    else:
-        allowed = (seed["in_bytes"] + seed["out_bytes"] + seed["limit"]) * 1.1
-        seed_line = (f"Seed case (200, 321, 481, 1) x (135, 135, 1, 3) VALID, auto, "
-                     f"workspace_limit 256 MiB: {seed['chosen']} ({seed['plan']}), "
-                     f"{1e3 * seed['median_s']:.0f} ms, peak RSS increase "
-                     f"{seed['rss_increase_bytes'] / MIB:.0f} MiB against the allowed "
-                     f"(in + out + 256 MiB) x 1.1 = {allowed / MIB:.0f} MiB: "
-                     f"{'met' if seed['rss_increase_bytes'] <= allowed else 'MISSED'}")
+    summary, breakdown, firsts, detail = summarize(points)
+    seed_line, seed = "", None
+    if not args.no_seed and not args.quick and not args.only:
+        seed_line, seed = seed_budget(args.timeout)
     _, _, header = _harness.run_header(tf.__version__)
-    body = "\n".join(summary + ["", seed_line, "", head, sep] + rows)
+    elapsed = f"Run time {(time.monotonic() - start) / 60:.1f} min, {len(grid)} geometries."
+    body = "\n".join(summary + ["", "Per class (a geometry can be in several):", ""] + breakdown
+                     + ["", "Autotuning's first-call cost:", ""] + firsts
+                     + ([""] + ["Geometry errors: " + "; ".join(errors)] if errors else [])
+                     + ([""] + [seed_line] if seed_line else []) + ["", elapsed, ""] + detail)
     print(header + "\n\n" + body)
     if args.out:
         _harness.append_markdown(args.out, "bench_dispatch", header, body)
     if args.json:
         _harness.write_json(args.json, {"grid": raw, "seed_budget": seed})
+
+
+def seed_budget(timeout):
+    """(markdown line, raw result) of the seed case under a 256 MiB workspace limit."""
+    seed = _harness.run_worker(__file__, {"method": "seed_budget", "limit": 256 * MIB},
+                               timeout=timeout)
+    if "error" in seed:
+        return f"Seed case with a 256 MiB budget: error {seed['error']}", seed
+    allowed = (seed["in_bytes"] + seed["out_bytes"] + seed["limit"]) * 1.1
+    line = (f"Seed case (200, 321, 481, 1) x (135, 135, 1, 3) VALID, auto, "
+            f"workspace_limit 256 MiB: {seed['chosen']} ({seed['plan']}), "
+            f"{1e3 * seed['median_s']:.0f} ms, peak RSS increase "
+            f"{seed['rss_increase_bytes'] / MIB:.0f} MiB against the allowed "
+            f"(in + out + 256 MiB) x 1.1 = {allowed / MIB:.0f} MiB: "
+            f"{'met' if seed['rss_increase_bytes'] <= allowed else 'MISSED'}")
+    return line, seed
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 #include "plan_gpu.h"
 
-#include <sstream>
 
 namespace tfbigconv {
 namespace gpu {
 
-std::string ChooseGpuAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
+std::string ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, const std::string& requested,
                                int64_t limit, cudaStream_t stream, GpuAlgorithmChoice* c) {
+  const ConvGeometry& g = problem.g;
   if (requested != "auto" && requested != "direct" && requested != "fft")
     return "algorithm must be one of 'auto', 'direct' or 'fft', got '" + requested + "'";
   c->direct = PlanDirectGpu(g, dtype, limit);
@@ -22,14 +22,11 @@ std::string ChooseGpuAlgorithm(const ConvGeometry& g, DType dtype, const std::st
     c->reason = "requested";
     return "";
   }
-  std::ostringstream why;
-  if (!fft_err.empty()) {
-    why << "fft not possible (" << fft_err << "); direct";
-  } else {
-    if (c->fft.seconds < c->direct.seconds) c->algorithm = GpuAlgorithm::kFft;
-    why << "estimated direct " << c->direct.seconds << " s, fft " << c->fft.seconds << " s";
-  }
-  c->reason = why.str();
+  Algorithm choice;
+  c->reason = ChooseGpuKernel(problem, dtype, fft_err.empty(), &c->direct.seconds,
+                              &c->fft.seconds, &choice);
+  if (!fft_err.empty()) c->reason += " (" + fft_err + ")";
+  c->algorithm = choice == Algorithm::kFft ? GpuAlgorithm::kFft : GpuAlgorithm::kDirect;
   return "";
 }
 

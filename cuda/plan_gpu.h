@@ -1,6 +1,8 @@
 // The GPU algorithm choice for one pass: "direct" or "fft" as requested, or
 // for "auto" the one with the smaller estimated time among those that fit
-// the workspace limit. Host code; the estimates are uncalibrated models.
+// the workspace limit. The estimates and the comparison are the planner's
+// (plan.cc, ChooseGpuKernel), with the process's active cost model, so the
+// trace-time planner and this run-time choice agree. Host code.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +12,7 @@
 
 #include "direct_gpu.h"
 #include "fft_gpu.h"
+#include "plan.h"
 
 namespace tfbigconv {
 namespace gpu {
@@ -28,7 +31,7 @@ struct GpuAlgorithmChoice {
 
 // Errors: an unknown algorithm name (argument error: starts with
 // "algorithm"), or "fft" requested and it is unavailable or does not fit.
-std::string ChooseGpuAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
+std::string ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, const std::string& requested,
                                int64_t workspace_limit, cudaStream_t stream,
                                GpuAlgorithmChoice* choice);
 

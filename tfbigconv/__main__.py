@@ -1,9 +1,12 @@
-"""Command line: python -m tfbigconv {explain,calibrate} ...
+"""Command line: python -m tfbigconv {explain,calibrate,fit-gpu} ...
 
   python -m tfbigconv explain --input 200,321,481,1 --filter 135,135,1,3 --padding VALID
-  python -m tfbigconv calibrate            # this machine's profile, into the user's cache
+  python -m tfbigconv explain ... --device GPU   # the GPU's candidates and cost model
+  python -m tfbigconv calibrate            # this machine's CPU profile, into the user's cache
+  python -m tfbigconv fit-gpu GRID.csv ... # the GPU section from scripts/gpu_check.sh --calibrate
 """
 import argparse
+import os
 import re
 import sys
 
@@ -51,22 +54,39 @@ def main(argv=None):
     ex.add_argument("--budget", type=_bytes, default=None,
                     help="workspace budget (default: half of the free memory)")
     ex.add_argument("--algorithm", default="auto")
+    ex.add_argument("--device", default="CPU", choices=["CPU", "GPU"])
+    ex.add_argument("--autotune", action="store_true",
+                    help="time the candidates auto would time (default: estimates and cache)")
     cal = sub.add_parser("calibrate", help="measure this machine and store its cost model")
     cal.add_argument("--output", default=None, help="profile path (default: the user's cache)")
     cal.add_argument("--quick", action="store_true", help="tiny problems (tests only)")
+    fit = sub.add_parser("fit-gpu", help="fit the GPU cost model to measured grid CSV files")
+    fit.add_argument("grids", nargs="+", help="CSV files of scripts/gpu_check.sh --calibrate")
+    fit.add_argument("--output", default=None,
+                     help="profile to update (default: the user's; created from the active one)")
     args = parser.parse_args(argv)
 
     import tfbigconv
-    from tfbigconv import calibrate, cost_model
+    from tfbigconv import calibrate, cost_model, gpu_fit
 
     try:
         if args.command == "explain":
             print(tfbigconv.explain(args.input, args.filter, strides=args.strides,
                                     padding=args.padding, data_format=args.data_format,
                                     dilations=args.dilations, dtype=args.dtype,
-                                    budget=args.budget, algorithm=args.algorithm))
-        else:
+                                    budget=args.budget, algorithm=args.algorithm,
+                                    device=args.device, autotune=args.autotune))
+        elif args.command == "calibrate":
             calibrate.calibrate(args.output or cost_model.user_path(), quick=args.quick)
+        else:
+            output = args.output or cost_model.user_path()
+            rows = gpu_fit.read_grid(args.grids)
+            if not rows:
+                print("error: no cudnn/direct/fft rows in the grid files", file=sys.stderr)
+                return 2
+            cost_model.update_profile(output, gpu_fit.fit(rows),
+                                      {"gpu_grids": [os.path.basename(p) for p in args.grids]})
+            print(f"fitted the GPU model to {len(rows)} timings; wrote {output}")
     except (tf.errors.InvalidArgumentError, tf.errors.ResourceExhaustedError) as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2

@@ -1,10 +1,13 @@
-"""Calibrates the planner's cost model on this machine.
+"""Calibrates the planner's CPU cost model on this machine.
 
 Times the direct and FFT kernels (through the ops) and TensorFlow's own
-conv2d and its two backprops on a fixed set of convolutions, fits the
-model's constants (plan.h, CostModel) and writes a profile that
-cost_model.py loads. `python -m tfbigconv calibrate` writes the user's
-profile; benchmarks/calibrate.py writes the one shipped in the package.
+Conv2D and DepthwiseConv2dNative ops and their backprops on a fixed set of
+convolutions, all pinned to the CPU (on a machine with a GPU, TensorFlow
+would otherwise place them there), fits the model's CPU constants
+(cost_model.h, CostModel) and writes a profile that cost_model.py loads; the
+GPU constants are kept from the active profile (gpu_fit.py fits those).
+`python -m tfbigconv calibrate` writes the user's profile;
+benchmarks/calibrate.py writes the one shipped in the package.
 """
 import datetime
 import math
@@ -118,6 +121,19 @@ def _im2col_fn(pass_, x_shape, w_shape, padding, dtype):
                                                          out_backprop=dy, **a))
 
 
+def _depthwise_fn(pass_, x_shape, w_shape, padding, dtype):
+    """One pass of TensorFlow's depthwise ops (w_shape in TF's [KH, KW, C, 1] form)."""
+    a = dict(ATTRS, padding=padding)
+    ours = (w_shape[0], w_shape[1], 1, w_shape[2] * w_shape[3])
+    return _pass_fn(
+        pass_, x_shape, ours, padding, dtype,
+        lambda x, w: tf.raw_ops.DepthwiseConv2dNative(input=x, filter=tf.reshape(w, w_shape), **a),
+        lambda s, w, dy: tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
+            input_sizes=s, filter=tf.reshape(w, w_shape), out_backprop=dy, **a),
+        lambda x, s, dy: tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+            input=x, filter_sizes=list(w_shape), out_backprop=dy, **a))
+
+
 def _im2col_case(side, cin, cout, target_flops):
     """(input, filter) of about target_flops, SAME padding, batch 2."""
     px = target_flops / (2 * 2 * side * side * cin * cout)
@@ -150,8 +166,8 @@ def _fit(terms, seconds):
 
 def _model_terms(algorithm, pass_, x_shape, w_shape, padding):
     p = _core.plan_pass(list(x_shape), list(w_shape), padding=padding, pass_=pass_,
-                        dtype="float32", algorithm=algorithm, workspace_limit=0,
-                        workers=dispatch.workers(), im2col_available=False, **ATTRS)
+                        dtype="float32", device="CPU", algorithm=algorithm, workspace_limit=0,
+                        workers=dispatch.workers(), tf_kernel="", **ATTRS)
     return p[algorithm]["terms"]
 
 
@@ -173,6 +189,11 @@ def calibrate(output, quick=False, rounds=3, log=print):
     numbers are then not meaningful). rounds: each measurement is the best of
     this many, taken round-robin.
     """
+    with tf.device("/CPU:0"):
+        return _calibrate_cpu(output, quick, rounds, log)
+
+
+def _calibrate_cpu(output, quick, rounds, log):
     rounds = 1 if quick else rounds
     budget_s = 0.02 if quick else 0.3
     cases = [((1, 24, 24, 1), (5, 5, 1, 2), "SAME"), ((1, 24, 24, 4), (3, 3, 4, 4), "SAME"),
@@ -213,6 +234,15 @@ def calibrate(output, quick=False, rounds=3, log=print):
                 fns[key] = _im2col_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
                 macs[key] = _core.conv_geometry(list(x_shape), list(w_shape), padding="SAME",
                                                 **ATTRS)["macs"]
+    for pass_ in dispatch.PASSES:
+        for side in IM2COL_SIDES:
+            # TF's depthwise kernels run at ~10 GFLOP/s: a tenth of the work.
+            x_shape, w_shape = _im2col_case(side, 32, 1, target / 10)
+            w_shape = w_shape[:2] + (32, 1)
+            key = f"tf_depthwise_flops_per_second.{pass_}.side{side}"
+            fns[key] = _depthwise_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
+            macs[key] = _core.conv_geometry(list(x_shape), [side, side, 1, 32], padding="SAME",
+                                            **ATTRS)["macs"]
     x_shape, w_shape = _im2col_case(7, 16, 16, target)
     for name in ("float32",) + SLOWDOWN_DTYPES:
         fns[name] = _im2col_fn("forward", x_shape, w_shape, "SAME", tf.as_dtype(name))
@@ -223,7 +253,11 @@ def calibrate(output, quick=False, rounds=3, log=print):
     for name in SLOWDOWN_DTYPES:
         values[f"im2col_dtype_slowdown.{name}"] = times[name] / times["float32"]
         log(f"im2col forward {name}: {times[name] / times['float32']:.2f}x float32's time")
-    ordered = [values[name] for name in _core.cost_model_fields()]
+    active = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))
+    ordered = [values[name] if name in values else active[name]  # GPU: kept
+               for name in _core.cost_model_fields()]
+    missing = [n for n in _core.cost_model_fields() if n not in values and not n.startswith("gpu.")]
+    assert not missing, missing
     meta = dict(created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 machine=f"{_cpu_name()}, {os.cpu_count()} CPUs",
                 tensorflow=tf.__version__, quick=bool(quick), rounds=rounds,

@@ -63,6 +63,19 @@ def _static_shape(t):
     return shape.as_list()
 
 
+def _planning_shape(shape):
+    """A shape to plan with: the static one, with an unknown batch read as
+    dispatch.ASSUMED_BATCH; None if any other dimension is unknown."""
+    shape = tf.TensorShape(shape)
+    if shape.rank != 4:
+        return None
+    dims = shape.as_list()
+    if any(d is None for d in dims[1:]):
+        return None
+    return [dispatch.ASSUMED_BATCH if dims[0] is None else dims[0]] + dims[1:]
+
+
+@tf.autograph.experimental.do_not_convert  # plain Python at trace time (planning, autotuning)
 def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=None, name=None,
               *, algorithm="auto", workspace_limit=0):
     """Computes a 2-D convolution like `tf.nn.conv2d`, without im2col.
@@ -77,22 +90,30 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
 
     Keyword-only:
       algorithm: "auto" (the default) lets the planner pick, per pass
-        (forward, backprop_input, backprop_filter), the algorithm with the
-        smallest estimated time whose workspace fits `workspace_limit`:
-        "im2col" (tf.nn.conv2d itself, best for small filters), "direct" (the
-        tiled direct convolution, about 1 MiB of scratch per thread) or
-        "fft" (overlap-save FFT convolution, tiled and chunked to fit). With
-        static shapes the choice is made when the op is built (see
-        `tfbigconv.explain`); with unknown shapes the op chooses between
-        direct and fft at run time. Forcing "im2col" gives tf.nn.conv2d and
-        its gradients. The environment variable TFBIGCONV_ALGORITHM
-        overrides this argument (for debugging).
+        (forward, backprop_input, backprop_filter) and for the device the op
+        will run on (an explicit tf.device, else a visible GPU, else the CPU),
+        the fastest candidate whose workspace fits `workspace_limit`:
+        "tf" (TensorFlow's own kernel for the case: Conv2D, or
+        DepthwiseConv2dNative for depthwise filters; best for small filters),
+        "direct" (the tiled direct convolution) or "fft" (overlap-save FFT
+        convolution, tiled and chunked to fit). Where estimates are close or
+        not to be trusted, the candidates are timed once and the result is
+        cached (see `tfbigconv.autotune`; TFBIGCONV_AUTOTUNE=0 turns it off).
+        With static shapes the choice is made when the op is built (see
+        `tfbigconv.explain`); an unknown batch dimension (Keras' usual None)
+        is planned as a batch of 32 images; with other dimensions unknown, the
+        op chooses between direct and fft at run time. In float16 and
+        bfloat16, auto never picks a TF CPU kernel that accumulates in half
+        precision. Forcing "tf" gives TensorFlow's kernels and gradients
+        ("im2col" is its earlier name). The environment variable
+        TFBIGCONV_ALGORITHM overrides this argument (for debugging).
       workspace_limit: workspace budget in bytes; 0 means half of the free
-        host memory (cgroup-aware). If nothing requested fits, raises
-        ResourceExhaustedError stating the minimum needed.
+        host memory (cgroup-aware) on the CPU, and a share of what
+        TensorFlow's GPU allocator has left on the GPU. If nothing requested
+        fits, raises ResourceExhaustedError stating the minimum needed.
 
     Gradients of any order are registered (BigConv2DBackpropInput and
-    BigConv2DBackpropFilter, with the same algorithm and workspace limit).
+    BigConv2DBackpropFilter, each pass planned on its own).
 
     Raises:
       tf.errors.InvalidArgumentError naming the bad argument.
@@ -126,12 +147,18 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
         a = dict(strides=strides, padding=pad, explicit_paddings=explicit,
                  data_format=data_format, dilations=dilations, algorithm=algorithm,
                  workspace_limit_bytes=int(workspace_limit))
-        if algorithm == "im2col":
-            return _tf_conv2d(input, filters, a)
-        if algorithm == "auto" and in_shape is not None and f_shape is not None:
-            p = _plan("forward", in_shape, f_shape, a, input.dtype)
-            if p["chosen"] == "im2col":
-                return _im2col_forward(input, filters, in_shape, f_shape, a)
+        plan_in, f_shape = _planning_shape(input.shape), _static_shape(filters)
+        planned = plan_in is not None and f_shape is not None
+        device = dispatch.resolve_device(input)
+        if algorithm == "tf":
+            if planned:  # raises, saying why, where TensorFlow cannot run the case
+                _plan("forward", plan_in, f_shape, a, input.dtype, device)
+            return _tf_forward(input, filters, a)
+        if algorithm == "auto" and planned:
+            chosen = _plan("forward", plan_in, f_shape, a, input.dtype, device)["chosen"]
+            if chosen == "tf":
+                return _tf_forward_routed(input, filters, plan_in, f_shape, a, device)
+            return _ops.big_conv2d(input=input, filter=filters, planned_algorithm=chosen, **a)
         return _ops.big_conv2d(input=input, filter=filters, **a)
 
 
@@ -139,31 +166,110 @@ def _op_attrs(a):
     return {k: a[k] for k in _TF_ATTRS}
 
 
-def _tf_conv2d(x, w, a):
-    return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
+def output_shape(input_shape, filter_shape, a):
+    """The forward output shape (data_format order) of static shapes."""
+    return _core.conv_geometry(list(input_shape), list(filter_shape), a["strides"], a["padding"],
+                               a["explicit_paddings"], a["data_format"],
+                               a["dilations"])["output_shape"]
 
 
-def _plan(pass_, in_shape, f_shape, a, dtype):
-    p = dispatch.plan(pass_, in_shape, f_shape, _op_attrs(a), dtype.name, a["algorithm"],
-                      a["workspace_limit_bytes"])
+def _plan(pass_, in_shape, f_shape, a, dtype, device):
+    p = dispatch.decide(pass_, in_shape, f_shape, _op_attrs(a), dtype.name, a["algorithm"],
+                        a["workspace_limit_bytes"], device)
     dispatch.log_choice("bigconv2d", p)
     return p
 
 
-def _im2col_forward(x, w, in_shape, f_shape, a):
-    """tf.nn.conv2d forward, with each gradient pass planned on its own."""
-    bpi, bpf = (_plan(p, in_shape, f_shape, a, x.dtype)["chosen"] for p in dispatch.PASSES[1:])
-    if bpi == bpf == "im2col":
-        return _tf_conv2d(x, w, a)  # TF's own gradients
+# TensorFlow's own kernels: DepthwiseConv2dNative for depthwise filters (one
+# input channel per group), else Conv2D. A depthwise filter [KH, KW, 1, C*m]
+# is TF's [KH, KW, C, m]: output channel c*m + j belongs to group c in both.
+
+
+def _in_depth(shape, data_format):
+    shape = tf.TensorShape(shape)
+    return shape[3 if data_format == "NHWC" else 1]
+
+
+def _depthwise(in_depth, f_shape):
+    f_shape = tf.TensorShape(f_shape).as_list()
+    return in_depth is not None and in_depth > 1 and f_shape[2] == 1
+
+
+def _depthwise_filter_shape(in_depth, f_shape):
+    kh, kw, _, out = tf.TensorShape(f_shape).as_list()
+    return [kh, kw, in_depth, out // in_depth]
+
+
+def _tf_forward(x, w, a):
+    c = _in_depth(x.shape, a["data_format"])
+    if _depthwise(c, w.shape):
+        return tf.raw_ops.DepthwiseConv2dNative(
+            input=x, filter=tf.reshape(w, _depthwise_filter_shape(c, w.shape)), **_op_attrs(a))
+    return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
+
+
+def _tf_backprop_input(input_sizes, w, dy, a, in_depth):
+    if _depthwise(in_depth, w.shape):
+        return tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
+            input_sizes=input_sizes, filter=tf.reshape(w, _depthwise_filter_shape(in_depth, w.shape)),
+            out_backprop=dy, **_op_attrs(a))
+    return tf.raw_ops.Conv2DBackpropInput(input_sizes=input_sizes, filter=w, out_backprop=dy,
+                                          **_op_attrs(a))
+
+
+def _tf_backprop_filter(x, f_shape, dy, a):
+    c = _in_depth(x.shape, a["data_format"])
+    if _depthwise(c, f_shape):
+        dw = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+            input=x, filter_sizes=_depthwise_filter_shape(c, f_shape), out_backprop=dy,
+            **_op_attrs(a))
+        return tf.reshape(dw, f_shape)
+    return tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=f_shape, out_backprop=dy,
+                                           **_op_attrs(a))
+
+
+def _tf_forward_routed(x, w, in_shape, f_shape, a, device):
+    """TensorFlow's forward kernel, with each gradient pass planned on its own."""
+    bpi, bpf = (_plan(p, in_shape, f_shape, a, x.dtype, device)["chosen"]
+                for p in dispatch.PASSES[1:])
+    if bpi == bpf == "tf":
+        return _tf_forward(x, w, a)  # TF's own gradients
 
     @tf.custom_gradient
     def conv(x, w):
         def grad(dy):
-            return (_backprop_input(tf.shape(x), w, dy, a, bpi),
-                    _backprop_filter(x, tf.shape(w), dy, a, bpf))
-        return _tf_conv2d(x, w, a), grad
+            return (_backprop_input(tf.shape(x), w, dy, a, bpi, x.shape),
+                    _backprop_filter(x, w.shape, dy, a, bpf))
+        return _tf_forward(x, w, a), grad
 
     return conv(x, w)
+
+
+def _ours(a, chosen):
+    """Our op's attributes for a pass planned as `chosen` (or "auto": at run time)."""
+    if a["algorithm"] == "auto" and chosen in ("direct", "fft"):
+        return dict(a, planned_algorithm=chosen)
+    return a
+
+
+def run_pass(pass_, chosen, x, w, dy, a, device=None):
+    """One pass with the candidate `chosen` ("tf", "direct" or "fft"): for timing."""
+    del device  # the caller's tf.device scope places it
+    if pass_ == "forward":
+        if chosen == "tf":
+            return _tf_forward(x, w, a)
+        return _ops.big_conv2d(input=x, filter=w, **_ours(a, chosen))
+    if pass_ == "backprop_input":
+        return _backprop_input(tf.shape(x), w, dy, a, chosen, x.shape)
+    return _backprop_filter(x, w.shape, dy, a, chosen)
+
+
+def _choose(pass_, in_shape, f_shape, a, dtype, device):
+    """The algorithm of a gradient pass: planned when shapes are static, else the op's."""
+    in_shape, f_shape = _planning_shape(in_shape), _static(f_shape)
+    if a["algorithm"] != "auto" or in_shape is None or f_shape is None:
+        return a["algorithm"]
+    return _plan(pass_, in_shape, f_shape, a, dtype, device)["chosen"]
 
 
 def _static(shape):
@@ -171,28 +277,19 @@ def _static(shape):
     return shape.as_list() if shape.is_fully_defined() else None
 
 
-def _choose(pass_, in_shape, f_shape, a, dtype):
-    """The algorithm of a gradient pass: planned when shapes are static, else the op's."""
-    in_shape, f_shape = _static(in_shape), _static(f_shape)
-    if a["algorithm"] != "auto" or in_shape is None or f_shape is None:
-        return a["algorithm"]
-    return _plan(pass_, in_shape, f_shape, a, dtype)["chosen"]
+def _backprop_input(input_sizes, w, dy, a, chosen, x_shape):
+    """dL/dinput: TF's own kernel where the planner chose it, else our op."""
+    if chosen == "tf":
+        return _tf_backprop_input(input_sizes, w, dy, a, _in_depth(x_shape, a["data_format"]))
+    return _ops.big_conv2d_backprop_input(input_sizes, w, dy, **_ours(a, chosen))
 
 
-def _backprop_input(input_sizes, w, dy, a, chosen):
-    """dL/dinput: TF's own kernel where the planner chose im2col, else our op."""
-    if chosen == "im2col":
-        return tf.raw_ops.Conv2DBackpropInput(input_sizes=input_sizes, filter=w, out_backprop=dy,
-                                              **_op_attrs(a))
-    return _ops.big_conv2d_backprop_input(input_sizes, w, dy, **a)
-
-
-def _backprop_filter(x, filter_sizes, dy, a, chosen):
-    """dL/dfilter: TF's own kernel where the planner chose im2col, else our op."""
-    if chosen == "im2col":
-        return tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=filter_sizes, out_backprop=dy,
-                                               **_op_attrs(a))
-    return _ops.big_conv2d_backprop_filter(x, filter_sizes, dy, **a)
+def _backprop_filter(x, f_shape, dy, a, chosen):
+    """dL/dfilter: TF's own kernel where the planner chose it, else our op."""
+    if chosen == "tf":
+        return _tf_backprop_filter(x, tf.TensorShape(f_shape).as_list(), dy, a)
+    sizes = f_shape.as_list() if isinstance(f_shape, tf.TensorShape) else f_shape
+    return _ops.big_conv2d_backprop_filter(x, sizes, dy, **_ours(a, chosen))
 
 
 # Gradients, mirroring TensorFlow's nn_grad.py for Conv2D and its backprops.
@@ -203,14 +300,22 @@ def _attrs(op):
     return {name: decode(op.get_attr(name)) for name in _ATTRS}
 
 
+def _device_of(op):
+    """Where an op's gradients run: its own device if placed, else the default placement."""
+    # Eager and tf.function tapes hand gradient functions a mock op without a device.
+    return dispatch.device_kind(getattr(op, "device", "")) or dispatch.resolve_device()
+
+
 @tf.RegisterGradient("BigConv2D")
 def _big_conv2d_grad(op, grad):
     x, w = op.inputs
     a = _attrs(op)
+    device = _device_of(op)
     return (_backprop_input(tf.shape(x), w, grad, a,
-                            _choose("backprop_input", x.shape, w.shape, a, x.dtype)),
-            _backprop_filter(x, tf.shape(w), grad, a,
-                             _choose("backprop_filter", x.shape, w.shape, a, x.dtype)))
+                            _choose("backprop_input", x.shape, w.shape, a, x.dtype, device),
+                            x.shape),
+            _backprop_filter(x, w.shape if w.shape.is_fully_defined() else tf.shape(w), grad, a,
+                             _choose("backprop_filter", x.shape, w.shape, a, x.dtype, device)))
 
 
 @tf.RegisterGradient("BigConv2DBackpropInput")

@@ -30,18 +30,42 @@ def user_path():
     return os.path.join(cache, "tfbigconv", "cost_model.json")
 
 
-def read_profile(path):
-    """The values of a profile file, in _core.cost_model_fields() order; ValueError if invalid."""
+def read_profile(path, defaults=None):
+    """The values of a profile file, in _core.cost_model_fields() order; ValueError if invalid.
+
+    A profile may hold only the CPU or only the GPU section: the values it
+    lacks come from `defaults` ({name: value}, e.g. the shipped profile's).
+    """
     with open(path) as f:
-        profile = json.load(f)
-    if not isinstance(profile, dict) or profile.get("meta", {}).get("format") != FORMAT:
+        try:
+            profile = json.load(f)
+        except (ValueError, OverflowError) as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+    meta = profile.get("meta") if isinstance(profile, dict) else None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a tfbigconv cost model of format {FORMAT}")
-    values = profile.get("values", {})
+    values = profile.get("values")
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} has no 'values' object")
     fields = _core.cost_model_fields()
-    missing = [name for name in fields if name not in values]
+    merged = dict(defaults or {})
+    merged.update(values)
+    missing = [name for name in fields if name not in merged]
     if missing:
         raise ValueError(f"{path} lacks cost model values: {', '.join(missing[:3])}...")
-    return [float(values[name]) for name in fields]
+    bad = [name for name in fields
+           if isinstance(merged[name], bool) or not isinstance(merged[name], (int, float))]
+    if bad:
+        raise ValueError(f"{path}: cost model values must be numbers: {', '.join(bad[:3])}")
+    try:
+        return [float(merged[name]) for name in fields]
+    except OverflowError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def shipped_values():
+    """{name: value} of the profile shipped in the package."""
+    return dict(zip(_core.cost_model_fields(), read_profile(SHIPPED_PATH)))
 
 
 def write_profile(path, values, meta):
@@ -62,6 +86,23 @@ def write_profile(path, values, meta):
     os.replace(tmp, path)
 
 
+def update_profile(path, values, meta):
+    """Writes `values` ({name: value}) into the profile at `path`, keeping its other
+    values (or the active model's where there is no valid profile there)."""
+    fields = _core.cost_model_fields()
+    current = dict(zip(fields, _core.get_cost_model()))
+    old_meta = {}
+    if os.path.exists(path):
+        try:
+            current = dict(zip(fields, read_profile(path, current)))
+            with open(path) as f:
+                old_meta = json.load(f).get("meta", {})
+        except (ValueError, OSError) as e:
+            warnings.warn(f"tfbigconv: replacing invalid profile {path}: {e}")
+    current.update(values)
+    write_profile(path, [current[name] for name in fields], dict(old_meta, **meta))
+
+
 def apply(values, op_library_path):
     """Makes `values` the model of _core and of the op library."""
     _core.set_cost_model(list(values))  # raises ValueError naming a bad value
@@ -76,13 +117,17 @@ def load_active(op_library_path):
     global active_source, active_path
     candidates = [("env", os.environ.get("TFBIGCONV_COST_MODEL")), ("user", user_path()),
                   ("shipped", SHIPPED_PATH)]
+    try:
+        defaults = shipped_values()
+    except (ValueError, OSError):
+        defaults = None
     for source, path in candidates:
         if not path or not os.path.exists(path):
             if source == "env" and path:
                 warnings.warn(f"TFBIGCONV_COST_MODEL={path} does not exist; ignored")
             continue
         try:
-            apply(read_profile(path), op_library_path)
+            apply(read_profile(path, defaults), op_library_path)
         except (ValueError, OSError) as e:
             warnings.warn(f"tfbigconv: ignoring cost model {path}: {e}")
             continue

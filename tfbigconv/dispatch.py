@@ -1,9 +1,11 @@
-"""The trace-time dispatcher: per pass, im2col (TensorFlow's own conv2d), direct or fft.
+"""The trace-time dispatcher: per pass, TensorFlow's own kernel, direct or fft.
 
 The estimates and the choice come from the planner in C++ (plan.cc, through
 _core.plan_pass), so that they are the ones the ops use at run time. This
-module adds what only Python knows: which cases TensorFlow's kernels support,
-the TFBIGCONV_ALGORITHM override, and TF's thread count.
+module adds what only Python knows: where the op will run, which TensorFlow
+kernel runs each case on that device and whether it can, the
+TFBIGCONV_ALGORITHM override, TF's thread count, and measured choices
+(autotune.py) where estimates are not to be trusted.
 """
 import os
 
@@ -12,9 +14,16 @@ from absl import logging
 
 from tfbigconv import _core
 
-ALGORITHMS = ("auto", "im2col", "direct", "fft")
+# "im2col" is the earlier name of "tf" (TensorFlow's own kernel), still accepted.
+ALGORITHMS = ("auto", "tf", "direct", "fft", "im2col")
 PASSES = ("forward", "backprop_input", "backprop_filter")
+DEVICES = ("CPU", "GPU")
 ENV_ALGORITHM = "TFBIGCONV_ALGORITHM"
+HALF_TYPES = ("float16", "bfloat16")
+# With an unknown batch (Keras' usual None), passes are planned for this many
+# images: the choice between algorithms depends little on the batch, and a
+# training batch of 32 is Keras' default.
+ASSUMED_BATCH = 32
 
 
 def invalid_argument(message):
@@ -22,34 +31,101 @@ def invalid_argument(message):
 
 
 def requested_algorithm(algorithm):
-    """`algorithm`, unless TFBIGCONV_ALGORITHM forces another (for debugging)."""
+    """`algorithm` ("im2col" read as "tf"), unless TFBIGCONV_ALGORITHM forces another."""
     forced = os.environ.get(ENV_ALGORITHM)
     if forced:
         if forced not in ALGORITHMS:
             raise invalid_argument(f"{ENV_ALGORITHM} must be one of {ALGORITHMS}, got {forced!r}")
-        return forced
-    if algorithm not in ALGORITHMS:
+        algorithm = forced
+    elif algorithm not in ALGORITHMS:
         raise invalid_argument(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    return algorithm
+    return "tf" if algorithm == "im2col" else algorithm
 
 
-def im2col_unsupported(pass_, geometry, data_format):
-    """Why TensorFlow's CPU kernels cannot run this pass, or "" if they can.
+def is_depthwise(geometry):
+    """One input channel per group and several groups: tf.nn.depthwise_conv2d's case."""
+    return geometry["filter_in_c"] == 1 and geometry["groups"] > 1
 
-    Conservative: true with oneDNN on (TF's default) and off. Without oneDNN,
-    Conv2D runs only NHWC on CPU, and its backprops reject groups and dilations.
-    With oneDNN, TF 2.21's Conv2D returns an input-shaped result for empty
-    inputs, and rejects empty filters.
+
+def tf_kernel(pass_, geometry, data_format, dtype, device):
+    """TensorFlow's kernel for one pass on `device`: (name, estimate trusted, note).
+
+    name is "Conv2D" or "DepthwiseConv2dNative", or "" where TensorFlow cannot
+    run the case (then note says why). Conservative: what TF 2.21 runs
+    correctly with oneDNN on (the default) and off.
     """
     sizes = ("batch", "in_h", "in_w", "in_c", "filter_h", "filter_w", "out_c")
     if any(geometry[k] == 0 for k in sizes):
-        return "TensorFlow's CPU Conv2D mishandles empty tensors"
+        # TF 2.21's oneDNN Conv2D returns an input-shaped result for empty inputs.
+        return "", True, "TensorFlow's kernels mishandle empty tensors"
+    dilated = geometry["dilation_h"] > 1 or geometry["dilation_w"] > 1
+    if is_depthwise(geometry):
+        if geometry["stride_h"] != geometry["stride_w"]:
+            return "", True, "TensorFlow's depthwise kernels need equal strides"
+        if dilated:
+            return "", True, "TensorFlow's depthwise kernels reject dilations"
+        if device == "CPU" and data_format != "NHWC":
+            return "", True, "TensorFlow's CPU depthwise kernels run only NHWC"
+        if device == "CPU" and dtype in HALF_TYPES:
+            # Measured rel. L2 vs float64 (bfloat16, 7x7): 8.5e-3 forward,
+            # 3.0e-2 filter gradient, against 3e-3 for ours.
+            return "", True, ("TensorFlow's CPU depthwise kernels accumulate in half "
+                              "precision (3-10x the error of ours)")
+        return "DepthwiseConv2dNative", True, ""
+    if device == "GPU":
+        return "Conv2D", True, ""
     if data_format != "NHWC":
-        return "TensorFlow's CPU Conv2D runs only NHWC"
+        return "", True, "TensorFlow's CPU Conv2D runs only NHWC"
     if pass_ != "forward" and geometry["groups"] > 1:
-        return "TensorFlow's CPU gradients reject grouped convolution"
-    if pass_ != "forward" and (geometry["dilation_h"] > 1 or geometry["dilation_w"] > 1):
-        return "TensorFlow's CPU gradients reject dilations"
+        return "", True, "TensorFlow's CPU gradients reject grouped convolution"
+    if pass_ != "forward" and dilated:
+        return "", True, "TensorFlow's CPU gradients reject dilations"
+    if pass_ != "forward" and dtype in HALF_TYPES:
+        # Measured rel. L2 vs float64 (bfloat16, 15x15x8): 1.4e-2 input and
+        # 1.9e-2 filter gradient, against 2.4e-3 for ours.
+        return "", True, ("TensorFlow's CPU gradients accumulate in half precision "
+                          "(5-20x the error of ours)")
+    if geometry["groups"] > 1:
+        # Measured 10-300x slower than its estimate (depthwise-like shapes).
+        return "Conv2D", False, "grouped Conv2D on the CPU: picked only when measured fastest"
+    return "Conv2D", True, ""
+
+
+def gpu_available():
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
+def resolve_device(tensor=None):
+    """"CPU" or "GPU": where an op built now will run.
+
+    An explicit tf.device scope wins, then the tensor's own placement (eager),
+    then TensorFlow's default placement: a visible GPU runs ops that have a
+    GPU kernel.
+    """
+    if tf.executing_eagerly():
+        from tensorflow.python.eager import context  # the eager tf.device scope
+        scope = context.context().device_name or ""
+    else:
+        scope = tf.constant(0, name="device_probe").device  # a graph op gets the scope's device
+    kind = device_kind(scope)
+    if kind:
+        return kind
+    if tensor is not None and tf.executing_eagerly():
+        kind = device_kind(getattr(tensor, "device", "") or "")
+        if kind == "CPU" and gpu_available():
+            kind = "GPU"  # eager ops on CPU tensors still run on a visible GPU
+        if kind:
+            return kind
+    return "GPU" if gpu_available() else "CPU"
+
+
+def device_kind(name):
+    """"GPU" or "CPU" for a device name or spec, "" if it names neither."""
+    name = (name or "").upper()
+    if "GPU" in name:
+        return "GPU"
+    if "CPU" in name:
+        return "CPU"
     return ""
 
 
@@ -59,7 +135,8 @@ def workers():
     return threads + 1
 
 
-def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit):
+def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
+         device="CPU"):
     """The planner's table and choice for one pass (a dict; see _core.plan_pass).
 
     attrs: strides, padding, explicit_paddings, data_format, dilations as the
@@ -72,19 +149,36 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
         geometry = _core.conv_geometry(*args)
     except ValueError as e:
         raise invalid_argument(str(e)) from None
-    why_not = im2col_unsupported(pass_, geometry, attrs["data_format"])
+    kernel, trusted, note = tf_kernel(pass_, geometry, attrs["data_format"], dtype, device)
     try:
-        p = _core.plan_pass(*args, pass_, dtype, algorithm, workspace_limit, workers(),
-                            not why_not)
+        p = _core.plan_pass(*args, pass_, dtype, device, algorithm, workspace_limit, workers(),
+                            kernel, trusted, note)
     except ValueError as e:
         raise invalid_argument(str(e)) from None
     except RuntimeError as e:
         raise tf.errors.ResourceExhaustedError(None, None, str(e)) from None
-    if why_not:
-        p["im2col"]["note"] = why_not
     p["geometry"] = geometry
+    p["tf_trusted"] = trusted
+    p["measured"] = None
+    return p
+
+
+def decide(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
+           device="CPU", autotune=None):
+    """plan(), then for "auto" a measured choice where the estimates cannot be trusted.
+
+    autotune: None follows TFBIGCONV_AUTOTUNE (on unless "0"). The result's
+    "measured" is {candidate: seconds} when timings decided, else None.
+    """
+    p = plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit, device)
+    if algorithm == "auto":
+        from tfbigconv import autotune as tuner  # imports conv.py, which imports this module
+        tuner.refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit,
+                     enabled=autotune)
     return p
 
 
 def log_choice(op_name, p):
-    logging.vlog(1, "%s %s: %s (%s)", op_name, p["pass"], p["chosen"], p["reason"])
+    how = "measured" if p.get("measured") else "estimated"
+    logging.vlog(1, "%s %s on %s: %s, %s (%s)", op_name, p["pass"], p["device"], p["chosen"],
+                 how, p["reason"])

@@ -7,8 +7,11 @@ from tfbigconv import cost_model, dispatch
 from tfbigconv.conv import _data_format, _expand, _invalid, _padding
 
 Row = collections.namedtuple(
-    "Row", "pass_ algorithm seconds workspace_bytes peak_bytes available fits chosen note")
-ALGORITHM_ORDER = ("im2col", "direct", "fft")
+    "Row", "pass_ algorithm seconds workspace_bytes peak_bytes available fits chosen note "
+           "measured_seconds")
+# The planner's candidates; the "tf" row is named for the TensorFlow kernel
+# that runs the case, e.g. "tf.Conv2D" or "tf.DepthwiseConv2dNative".
+CANDIDATES = ("tf", "direct", "fft")
 
 
 def _bytes(n):
@@ -27,35 +30,45 @@ class Explanation:
 
     Attributes:
       rows: list of Row(pass_, algorithm, seconds, workspace_bytes, peak_bytes,
-        available, fits, chosen, note). seconds is the cost model's estimate;
+        available, fits, chosen, note, measured_seconds). algorithm is what
+        runs: "tf.Conv2D" / "tf.DepthwiseConv2dNative" (TensorFlow's kernel),
+        "direct" or "fft". seconds is the cost model's estimate;
+        measured_seconds the autotuner's timing (None if not timed);
         peak_bytes is input + filter + output + workspace.
-      chosen: {pass: algorithm}; reasons: {pass: one line};
+      chosen: {pass: algorithm}; how: {pass: "measured" or "estimated"};
+      reasons: {pass: one line}; device: "CPU" or "GPU";
       budget: the workspace limit in bytes; geometry: the validated geometry;
       cost_model: where the model's constants came from.
     """
 
-    def __init__(self, plans, budget, cost_model_source):
+    def __init__(self, plans, budget, cost_model_source, device):
         self.rows = []
-        self.chosen, self.reasons = {}, {}
+        self.chosen, self.how, self.reasons = {}, {}, {}
         for p in plans:
-            self.chosen[p["pass"]] = p["chosen"]
+            names = {"tf": p["tf_kernel"], "direct": "direct", "fft": "fft"}
+            measured = p.get("measured") or {}
+            self.chosen[p["pass"]] = names[p["chosen"]]
+            self.how[p["pass"]] = "measured" if measured else "estimated"
             self.reasons[p["pass"]] = p["reason"]
-            for name in ALGORITHM_ORDER:
+            for name in CANDIDATES:
                 e = p[name]
-                self.rows.append(Row(p["pass"], name, e["seconds"], e["workspace_bytes"],
+                self.rows.append(Row(p["pass"], names[name], e["seconds"], e["workspace_bytes"],
                                      e["peak_bytes"], e["available"], e["fits"],
-                                     name == p["chosen"], e["note"]))
+                                     name == p["chosen"], e["note"], measured.get(name)))
         self.budget = budget
+        self.device = device
         self.geometry = plans[0]["geometry"]
         self.cost_model = cost_model_source
 
     def table(self):
-        head = ["pass", "algorithm", "est. time", "workspace", "peak", "fits", "chosen", "note"]
+        head = ["pass", "algorithm", "est. time", "measured", "workspace", "peak", "fits",
+                "chosen", "note"]
         lines = []
         for r in self.rows:
-            sized = r.available or r.algorithm == "im2col"  # TF's sizes are known regardless
+            sized = r.available or r.algorithm.startswith("tf")  # TF's sizes are known regardless
             lines.append([r.pass_, r.algorithm,
                           _seconds(r.seconds) if r.available else "-",
+                          _seconds(r.measured_seconds) if r.measured_seconds is not None else "-",
                           _bytes(r.workspace_bytes) if sized else "-",
                           _bytes(r.peak_bytes) if sized else "-",
                           "yes" if r.available and r.fits else "no", "<==" if r.chosen else "",
@@ -66,9 +79,15 @@ class Explanation:
         out += [fmt(line) for line in lines]
         g = self.geometry
         out.append(f"output shape {g['output_shape']}, {2 * g['macs'] / 1e9:.3g} GFLOP per pass; "
-                   f"workspace budget {_bytes(self.budget)}; cost model: {self.cost_model}")
-        out += [f"{p}: {why}" for p, why in self.reasons.items()]
+                   f"device {self.device}; workspace budget {self._budget()}; "
+                   f"cost model: {self.cost_model}")
+        out += [f"{p}: {self.how[p]}; {why}" for p, why in self.reasons.items()]
         return "\n".join(out)
+
+    def _budget(self):
+        if self.budget >= 1 << 62:  # no trace-time limit: the GPU kernels plan at run time
+            return "TensorFlow's GPU allocator, at run time"
+        return _bytes(self.budget)
 
     __str__ = table
 
@@ -77,19 +96,27 @@ class Explanation:
 
 
 def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="NHWC",
-            dilations=1, dtype="float32", device="CPU", budget=None, algorithm="auto"):
+            dilations=1, dtype="float32", device="CPU", budget=None, algorithm="auto",
+            autotune=False):
     """The planner's estimates for every algorithm and pass of a convolution.
 
     Arguments follow tf.nn.conv2d (input_shape in data_format order, filter
-    HWIO). budget: workspace limit in bytes (None: half of the free memory,
-    as the ops use). algorithm: what bigconv2d would be asked for.
+    HWIO). device: "CPU" or "GPU" (each has its own candidates and cost
+    model; "GPU" needs no GPU here). budget: workspace limit in bytes (None:
+    as the ops decide: half of the free host memory on the CPU; on the GPU,
+    the kernels plan within TensorFlow's allocator at run time). algorithm:
+    what bigconv2d would be asked for. autotune: False shows the estimates
+    and any cached measurement; True also times what bigconv2d would time
+    (on this machine's `device`, which must exist); None follows
+    TFBIGCONV_AUTOTUNE as bigconv2d does.
 
     Returns an Explanation; print it for the table. Raises
     InvalidArgumentError for bad arguments and ResourceExhaustedError when a
     forced algorithm does not fit the budget.
     """
-    if str(device).upper() != "CPU":
-        raise _invalid(f"device: only 'CPU' can be planned so far, got {device!r}")
+    device = str(device).upper()
+    if device not in dispatch.DEVICES:
+        raise _invalid(f"device must be 'CPU' or 'GPU', got {device!r}")
     if budget is not None and (not isinstance(budget, int) or budget <= 0):
         raise _invalid(f"budget must be a positive number of bytes or None, got {budget!r}")
     data_format = _data_format(data_format)
@@ -103,6 +130,14 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
                  dilations=_expand(dilations, "dilations", data_format))
     algorithm = dispatch.requested_algorithm(algorithm)
     limit = budget or 0
-    plans = [dispatch.plan(p, input_shape, filter_shape, attrs, dtype, algorithm, limit)
+    plans = [dispatch.plan(p, input_shape, filter_shape, attrs, dtype, algorithm, limit, device)
              for p in dispatch.PASSES]
-    return Explanation(plans, plans[0]["limit"], cost_model.active_source)
+    if algorithm == "auto":
+        from tfbigconv import autotune as tuner
+        for p in plans:
+            if autotune is False:
+                tuner.cached(p, input_shape, filter_shape, attrs, dtype, device, limit)
+            else:
+                tuner.refine(p, input_shape, filter_shape, attrs, dtype, device, limit,
+                             enabled=autotune)
+    return Explanation(plans, plans[0]["limit"], cost_model.active_source, device)

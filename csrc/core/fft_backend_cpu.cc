@@ -42,20 +42,6 @@ const Backend<double>& Pick<double>() {
 
 }  // namespace
 
-int64_t GoodSize(int64_t n) {
-  if (n <= 1) return 1;
-  int64_t best = 1;
-  while (best < n) best *= 2;  // a power of two always qualifies
-  for (int64_t f7 = 1; f7 < best; f7 *= 7)
-    for (int64_t f5 = f7; f5 < best; f5 *= 5)
-      for (int64_t f3 = f5; f3 < best; f3 *= 3) {
-        int64_t x = f3;
-        while (x < n) x *= 2;
-        best = std::min(best, x);
-      }
-  return best;
-}
-
 template <typename T>
 void RealRowsForward(const T* in, int64_t in_stride, int64_t rows, int64_t n,
                      std::complex<T>* out, int64_t out_stride) {

@@ -11,9 +11,6 @@
 namespace tfbigconv {
 namespace fft {
 
-// Smallest n' >= n whose prime factors are all 2, 3, 5 or 7.
-int64_t GoodSize(int64_t n);
-
 // One ISA's build of the three transforms below (fft_backend_cpu_kernels.inc).
 template <typename T>
 struct Backend {

@@ -53,8 +53,14 @@ TensorView GroupedView(const Strides4& s, int64_t channels_per_group) {
 }
 }  // namespace
 
+const char* PassName(Pass p) {
+  static const char* const kNames[] = {"forward", "backprop_input", "backprop_filter"};
+  return kNames[int(p)];
+}
+
 ConvProblem ForwardProblem(const ConvGeometry& g) {
   ConvProblem p;
+  p.pass = Pass::kForward;
   p.g = g;
   p.in = GroupedView(g.input_strides(), g.in_c_per_group());
   p.out = GroupedView(g.output_strides(), g.out_c_per_group());
@@ -66,6 +72,7 @@ ConvProblem ForwardProblem(const ConvGeometry& g) {
 ConvProblem BackpropInputProblem(const ConvGeometry& f) {
   const ConvProblem fwd = ForwardProblem(f);
   ConvProblem p;
+  p.pass = Pass::kBackpropInput;
   ConvGeometry& g = p.g;
   g = f;
   g.in_h = f.out_h;
@@ -94,6 +101,7 @@ ConvProblem BackpropInputProblem(const ConvGeometry& f) {
 ConvProblem BackpropFilterProblem(const ConvGeometry& f) {
   const ConvProblem fwd = ForwardProblem(f);
   ConvProblem p;
+  p.pass = Pass::kBackpropFilter;
   ConvGeometry& g = p.g;
   g = f;
   g.batch = f.in_c_per_group();

@@ -70,8 +70,15 @@ struct ConvGeometry {
   std::vector<int64_t> output_shape() const;
 };
 
-// A convolution as the kernels run it: geometry plus operand views.
+// The three passes of a convolution; each runs as a ConvProblem.
+enum class Pass { kForward, kBackpropInput, kBackpropFilter };
+const char* PassName(Pass p);
+
+// A convolution as the kernels run it: geometry plus operand views, and the
+// pass of the user's convolution it computes (the planners' cost models are
+// per pass).
 struct ConvProblem {
+  Pass pass = Pass::kForward;
   ConvGeometry g;
   TensorView in, out;
   FilterView filter;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "direct_cpu.h"
-#include "fft_backend_cpu.h"
+#include "fft_sizes.h"
 #include "isa.h"
 
 namespace tfbigconv {
@@ -28,27 +28,6 @@ constexpr double kCostSlack = 1.10;
 // Items per chunk beyond which a bigger chunk buys little (spectra of a chunk
 // stay near the last-level cache) unless threads would idle.
 constexpr int64_t kChunkTargetBytes = 16 << 20;
-
-// Flops of a complex FFT of length n (the usual 5 n log2 n).
-double FftFlops(int64_t n) { return n < 2 ? 0.0 : 5.0 * double(n) * std::log2(double(n)); }
-
-// (tile, fft size) candidates along one dimension: every 7-smooth size from
-// the smallest that holds the filter up to the one holding the whole output.
-struct Dim {
-  int64_t tile, fft;
-};
-std::vector<Dim> Candidates(int64_t out, int64_t stride, int64_t eff) {
-  std::vector<Dim> c;
-  const int64_t whole = fft::GoodSize((out - 1) * stride + eff);
-  int64_t last_tile = 0;
-  for (int64_t f = fft::GoodSize(eff); f <= whole; f = fft::GoodSize(f + 1)) {
-    const int64_t tile = std::min(out, (f - eff) / stride + 1);
-    if (tile > last_tile) c.push_back({tile, f});
-    last_tile = tile;
-    if (tile == out) break;
-  }
-  return c;
-}
 
 }  // namespace
 
@@ -72,8 +51,8 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
                            FftPlan* out) {
   if (workers < 1) workers = 1;
   const int64_t eff_h = g.effective_filter_h(), eff_w = g.effective_filter_w();
-  const std::vector<Dim> hs = Candidates(std::max<int64_t>(g.out_h, 1), g.stride_h, eff_h);
-  const std::vector<Dim> ws = Candidates(std::max<int64_t>(g.out_w, 1), g.stride_w, eff_w);
+  const std::vector<TileCandidate> hs = TileCandidates(std::max<int64_t>(g.out_h, 1), g.stride_h, eff_h);
+  const std::vector<TileCandidate> ws = TileCandidates(std::max<int64_t>(g.out_w, 1), g.stride_w, eff_w);
   bool found = false;
   FftPlan best;
   int64_t min_needed = std::numeric_limits<int64_t>::max();
@@ -90,8 +69,8 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
   const int64_t busy = std::min<int64_t>(cig_all, kBusyBlock);
   std::vector<FftPlan> fits;
   const CostModel m = ActiveCostModel();
-  for (const Dim& h : hs) {
-    for (const Dim& w : ws) {
+  for (const TileCandidate& h : hs) {
+    for (const TileCandidate& w : ws) {
       for (int64_t cib : blocks) {
         FftPlan p;
         p.tile_h = h.tile;
@@ -113,12 +92,12 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
         // memory, weighted by the calibrated model.
         const double bw = double(p.bins_w()), bins = double(p.bins());
         const double in_rows = double(std::min(p.fft_h, (p.tile_h - 1) * g.stride_h + eff_h));
-        const double fwd = cin * (in_rows * 0.5 * FftFlops(p.fft_w) + bw * FftFlops(p.fft_h));
-        const double inv = cout * (bw * FftFlops(p.fft_h) + p.tile_h * 0.5 * FftFlops(p.fft_w));
+        const double fwd = cin * (in_rows * 0.5 * ComplexFftFlops(p.fft_w) + bw * ComplexFftFlops(p.fft_h));
+        const double inv = cout * (bw * ComplexFftFlops(p.fft_h) + p.tile_h * 0.5 * ComplexFftFlops(p.fft_w));
         const double mix = cig * cout * bins * 8.0;
         const double chunks = double(CeilDiv(p.items, p.chunk));
         // With several reduction blocks the filter spectra are redone per chunk.
-        const double filt = cig * cout * (eff_h * 0.5 * FftFlops(p.fft_w) + bw * FftFlops(p.fft_h)) *
+        const double filt = cig * cout * (eff_h * 0.5 * ComplexFftFlops(p.fft_w) + bw * ComplexFftFlops(p.fft_h)) *
                             (p.ci_blocks(g) > 1 ? chunks : 1.0);
         // Fused mixing reads every filter spectrum once per item instead.
         const double filter_reads = p.fused_mix ? double(p.items) : chunks * p.ci_blocks(g);
@@ -161,20 +140,6 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
 
 namespace {
 
-std::mutex g_cost_model_mutex;
-CostModel g_cost_model = [] {
-  // Uncalibrated defaults (tfbigconv/cost_model.json replaces them at import).
-  CostModel m;
-  const double by_channels[kIm2colChannels] = {3e10, 1e11, 3e11, 3.5e11};
-  for (auto& pass : m.im2col_flops_per_second)
-    for (auto& side : pass)
-      for (int c = 0; c < kIm2colChannels; ++c) side[c] = by_channels[c];
-  return m;
-}();
-
-const char* const kPassNames[kPasses] = {"forward", "backprop_input", "backprop_filter"};
-const char* const kSlowdownDTypes[3] = {"float16", "bfloat16", "float64"};
-
 // The direct kernel with one or two output channels per column tile is
 // load-bound (one vector load per one or two FMAs): measured 100 and ~200
 // GFLOP/s against ~350. Lanes padding a row or the channels do no work, and
@@ -213,98 +178,7 @@ double Im2colRate(const CostModel& m, Pass pass, double side, double channels) {
   return std::exp(lo * (1 - st) + hi * st);
 }
 
-std::string Bytes(int64_t b) {
-  std::ostringstream os;
-  os.precision(3);
-  if (b >= (int64_t(1) << 30)) os << double(b) / double(int64_t(1) << 30) << " GiB";
-  else if (b >= (1 << 20)) os << double(b) / double(1 << 20) << " MiB";
-  else os << double(b) / 1024.0 << " KiB";
-  return os.str();
-}
-
-std::string Seconds(double s) {
-  std::ostringstream os;
-  os.precision(3);
-  if (s >= 1) os << s << " s";
-  else os << s * 1e3 << " ms";
-  return os.str();
-}
-
 }  // namespace
-
-const char* PassName(Pass p) { return kPassNames[int(p)]; }
-
-std::vector<std::string> CostModelFields() {
-  std::vector<std::string> f = {"direct_flops_per_second", "direct_seconds_per_output",
-                                "direct_seconds_per_packed", "direct_seconds_per_call",
-                                "fft_seconds_per_transform_flop", "fft_seconds_per_mix_flop",
-                                "fft_seconds_per_byte",      "fft_seconds_per_element",
-                                "fft_seconds_per_call"};
-  for (int p = 0; p < kPasses; ++p)
-    for (int s = 0; s < kIm2colSides; ++s)
-      for (int c = 0; c < kIm2colChannels; ++c)
-        f.push_back(std::string("im2col_flops_per_second.") + kPassNames[p] + ".side" +
-                    std::to_string(int(kIm2colSideAxis[s])) + ".channels" +
-                    std::to_string(int(kIm2colChannelAxis[c])));
-  for (const char* t : kSlowdownDTypes) f.push_back(std::string("im2col_dtype_slowdown.") + t);
-  return f;
-}
-
-std::vector<double> CostModelValues(const CostModel& m) {
-  std::vector<double> v = {m.direct_flops_per_second, m.direct_seconds_per_output,
-                           m.direct_seconds_per_packed, m.direct_seconds_per_call,
-                           m.fft_seconds_per_transform_flop, m.fft_seconds_per_mix_flop,
-                           m.fft_seconds_per_byte,      m.fft_seconds_per_element,
-                           m.fft_seconds_per_call};
-  for (const auto& pass : m.im2col_flops_per_second)
-    for (const auto& side : pass)
-      for (double r : side) v.push_back(r);
-  for (double x : m.im2col_dtype_slowdown) v.push_back(x);
-  return v;
-}
-
-std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
-  const std::vector<std::string> names = CostModelFields();
-  if (v.size() != names.size())
-    return "the cost model needs " + std::to_string(names.size()) + " values, got " +
-           std::to_string(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    // Each algorithm's main term must be positive, so that estimates grow with the work.
-    const bool main = names[i] == "direct_flops_per_second" ||
-                      names[i] == "fft_seconds_per_transform_flop" ||
-                      names[i].rfind("im2col", 0) == 0;
-    if (!std::isfinite(v[i]) || v[i] < 0 || (v[i] == 0 && main))
-      return "cost model value " + names[i] + " must be finite and positive, got " +
-             std::to_string(v[i]);
-  }
-  CostModel m;
-  size_t i = 0;
-  m.direct_flops_per_second = v[i++];
-  m.direct_seconds_per_output = v[i++];
-  m.direct_seconds_per_packed = v[i++];
-  m.direct_seconds_per_call = v[i++];
-  m.fft_seconds_per_transform_flop = v[i++];
-  m.fft_seconds_per_mix_flop = v[i++];
-  m.fft_seconds_per_byte = v[i++];
-  m.fft_seconds_per_element = v[i++];
-  m.fft_seconds_per_call = v[i++];
-  for (auto& pass : m.im2col_flops_per_second)
-    for (auto& side : pass)
-      for (double& r : side) r = v[i++];
-  for (double& x : m.im2col_dtype_slowdown) x = v[i++];
-  *out = m;
-  return "";
-}
-
-CostModel ActiveCostModel() {
-  std::lock_guard<std::mutex> lock(g_cost_model_mutex);
-  return g_cost_model;
-}
-
-void SetActiveCostModel(const CostModel& m) {
-  std::lock_guard<std::mutex> lock(g_cost_model_mutex);
-  g_cost_model = m;
-}
 
 std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
                             int64_t limit, int workers, AlgorithmChoice* c) {
@@ -363,78 +237,170 @@ std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::strin
   return "";
 }
 
-Estimate Im2colEstimate(const ConvGeometry& ug, Pass pass, DType dtype, int64_t limit) {
+// ---- the planner of one pass ----------------------------------------------
+
+const char* TfKernelName(TfKernel k) {
+  switch (k) {
+    case TfKernel::kConv2D: return "tf.Conv2D";
+    case TfKernel::kDepthwiseConv2dNative: return "tf.DepthwiseConv2dNative";
+    default: return "tf";
+  }
+}
+
+namespace {
+
+double DTypeSlowdown(const CostModel& m, DType dtype) {
+  if (dtype == DType::kHalf) return m.im2col_dtype_slowdown[0];
+  if (dtype == DType::kBFloat16) return m.im2col_dtype_slowdown[1];
+  if (dtype == DType::kDouble) return m.im2col_dtype_slowdown[2];
+  return 1;
+}
+
+// The FFT's GPU workspace at its smallest (one item, one input channel at a
+// time, the smallest transform): the run-time plan is at least this big.
+int64_t MinGpuFftWorkspace(const ConvGeometry& g, DType dtype) {
+  const int64_t fh = GoodFftSize(g.effective_filter_h()), fw = GoodFftSize(g.effective_filter_w());
+  const int64_t spectrum = fh * (fw / 2 + 1) * 2 * ComputeBytes(dtype);
+  return (g.out_c + 2 + g.out_c) * spectrum;
+}
+
+}  // namespace
+
+Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
+                    TfKernel kernel, int64_t limit) {
   const CostModel m = ActiveCostModel();
   Estimate e;
-  e.available = true;
+  e.available = kernel != TfKernel::kNone;
   const double side = std::sqrt(double(ug.filter_h * ug.filter_w));
-  // oneDNN vectorises a grouped forward pass across the groups, so it runs
-  // like a dense one over all input channels (bench_dispatch: depthwise 15x15
-  // at ~200 GFLOP/s, not the ~15 of a one-channel convolution).
-  const int64_t in_c = pass == Pass::kForward ? ug.in_c : ug.in_c_per_group();
-  const double channels = double(in_c * std::max<int64_t>(ug.out_c_per_group(), 1));
-  double slowdown = 1;
-  if (dtype == DType::kHalf) slowdown = m.im2col_dtype_slowdown[0];
-  if (dtype == DType::kBFloat16) slowdown = m.im2col_dtype_slowdown[1];
-  if (dtype == DType::kDouble) slowdown = m.im2col_dtype_slowdown[2];
-  e.terms = {2.0 * double(ug.macs()) * slowdown, side, channels};
-  e.seconds = e.terms[0] / Im2colRate(m, pass, side, channels);
-  e.workspace_bytes = ug.out_h * ug.out_w * ug.filter_h * ug.filter_w * ug.in_c * DTypeBytes(dtype);
-  if (ug.batch == 0) e.workspace_bytes = 0;
+  if (device == Device::kGpu) {
+    const GpuModelTerms t = GpuTerms(ug, GpuCandidate::kTf);
+    e.terms.assign(t.features, t.features + kGpuFeatures);
+    e.terms.insert(e.terms.begin(), t.work);
+    e.seconds = GpuSeconds(m, ug, pass, dtype, GpuCandidate::kTf);
+    e.workspace_bytes = 0;
+    e.note = "TensorFlow's GPU kernel (cuDNN); workspace not modelled";
+  } else if (kernel == TfKernel::kDepthwiseConv2dNative) {
+    int si;
+    double st;
+    LogInterp(kIm2colSideAxis, kIm2colSides, side, &si, &st);
+    const double* r = m.tf_depthwise_flops_per_second[int(pass)];
+    const double rate = std::exp(std::log(r[si]) * (1 - st) + std::log(r[si + 1]) * st);
+    e.terms = {2.0 * double(ug.macs()) * DTypeSlowdown(m, dtype), side, 1};
+    e.seconds = e.terms[0] / rate;
+    e.workspace_bytes = 0;
+    e.note = "no patch matrix";
+  } else {
+    // oneDNN vectorises a grouped forward pass across the groups, so it runs
+    // like a dense one over all input channels (bench_dispatch: depthwise 15x15
+    // at ~200 GFLOP/s, not the ~15 of a one-channel convolution).
+    const int64_t in_c = pass == Pass::kForward ? ug.in_c : ug.in_c_per_group();
+    const double channels = double(in_c * std::max<int64_t>(ug.out_c_per_group(), 1));
+    e.terms = {2.0 * double(ug.macs()) * DTypeSlowdown(m, dtype), side, channels};
+    e.seconds = e.terms[0] / Im2colRate(m, pass, side, channels);
+    e.workspace_bytes =
+        ug.out_h * ug.out_w * ug.filter_h * ug.filter_w * ug.in_c * DTypeBytes(dtype);
+    if (ug.batch == 0) e.workspace_bytes = 0;
+    e.note = pass == Pass::kForward ? "patch matrix of one image (upper bound)"
+                                    : "col_buffer of one image";
+  }
   e.fits = e.workspace_bytes <= limit;
   e.peak_bytes = OperandBytes(ug, dtype) + e.workspace_bytes;
-  e.note = pass == Pass::kForward ? "patch matrix of one image (upper bound)"
-                                  : "col_buffer of one image";
   return e;
 }
 
-std::string PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, const std::string& requested,
-                     int64_t limit, int workers, bool im2col_available, PassPlan* out) {
-  if (requested != "auto" && requested != "im2col" && requested != "direct" && requested != "fft")
-    return "algorithm must be 'auto', 'im2col', 'direct' or 'fft', got '" + requested + "'";
+namespace {
+
+// Our two kernels on the GPU for one pass: the run-time chooser's estimates.
+void PlanGpuOurs(const ConvProblem& problem, DType dtype, const ConvGeometry& ug, int64_t limit,
+                 PassPlan* p) {
+  const int64_t operands = OperandBytes(ug, dtype);
+  const int64_t fft_min = MinGpuFftWorkspace(problem.g, dtype);
+  double ds, fs;
+  Algorithm choice;
+  ChooseGpuKernel(problem, dtype, fft_min <= limit, &ds, &fs, &choice);
+  auto fill = [&](Estimate* e, GpuCandidate c, double seconds, int64_t ws, const char* note) {
+    const GpuModelTerms t = GpuTerms(problem.g, c);
+    e->available = true;
+    e->seconds = seconds;
+    e->workspace_bytes = ws;
+    e->fits = ws <= limit;
+    e->peak_bytes = operands + ws;
+    e->note = note;
+    e->terms.assign(t.features, t.features + kGpuFeatures);
+    e->terms.insert(e->terms.begin(), t.work);
+  };
+  fill(&p->direct, GpuCandidate::kDirect, ds, 0, "partial sums only within the budget");
+  fill(&p->fft, GpuCandidate::kFft, fs, fft_min,
+       "smallest plan; the kernel tiles and chunks within the budget at run time");
+}
+
+}  // namespace
+
+std::string PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
+                     const std::string& requested, int64_t limit, int workers,
+                     const TfCandidate& tf, PassPlan* out) {
+  if (requested != "auto" && requested != "tf" && requested != "direct" && requested != "fft")
+    return "algorithm must be 'auto', 'tf' (alias 'im2col'), 'direct' or 'fft', got '" +
+           requested + "'";
   PassPlan p;
   p.pass = pass;
-  const ConvGeometry g = pass == Pass::kForward          ? ForwardProblem(ug).g
-                         : pass == Pass::kBackpropInput ? BackpropInputProblem(ug).g
-                                                        : BackpropFilterProblem(ug).g;
-  AlgorithmChoice c;
-  const std::string ours = requested == "im2col" ? "auto" : requested;
-  const std::string err = ChooseAlgorithm(g, dtype, ours, limit, workers, &c);
-  p.direct = c.direct;
-  p.fft = c.fft;
-  p.fft_plan = c.fft_plan;
-  p.im2col = Im2colEstimate(ug, pass, dtype, limit);
-  if (!im2col_available) {
-    p.im2col.available = false;
-    p.im2col.note = "not supported by TensorFlow for this case";
-  }
-  const Estimate& i = p.im2col;
-  if (requested == "im2col") {
-    if (!i.available) return "algorithm 'im2col' is not available: " + i.note;
-    p.chosen = "im2col";
-    p.reason = "im2col requested";
-  } else if (!err.empty()) {
-    if (requested != "auto" || !(i.available && i.fits)) return err;
-    p.chosen = "im2col";
-    p.reason = "auto: im2col, the only algorithm that fits";
+  p.device = device;
+  const ConvProblem problem = pass == Pass::kForward          ? ForwardProblem(ug)
+                              : pass == Pass::kBackpropInput ? BackpropInputProblem(ug)
+                                                             : BackpropFilterProblem(ug);
+  std::string err;
+  Algorithm ours = Algorithm::kDirect;
+  if (device == Device::kCpu) {
+    AlgorithmChoice c;
+    err = ChooseAlgorithm(problem.g, dtype, requested == "tf" ? "auto" : requested, limit,
+                          workers, &c);
+    p.direct = c.direct;
+    p.fft = c.fft;
+    p.fft_plan = c.fft_plan;
+    ours = c.algorithm;
   } else {
-    p.chosen = c.algorithm == Algorithm::kFft ? "fft" : "direct";
-    const Estimate& ours_e = c.algorithm == Algorithm::kFft ? p.fft : p.direct;
-    if (requested == "auto" && i.available && i.fits && i.seconds < ours_e.seconds) p.chosen = "im2col";
-    p.reason = requested == "auto" ? "auto: " + p.chosen + " is the fastest that fits" : c.reason;
+    PlanGpuOurs(problem, dtype, ug, limit, &p);
+    if (requested == "fft" && !p.fft.fits)
+      err = "the GPU fft needs a workspace of at least " + FormatBytes(p.fft.workspace_bytes) +
+            ", but the limit is " + FormatBytes(limit);
+    const bool fft = requested == "fft" ||
+                     (requested != "direct" && p.fft.fits && p.fft.seconds < p.direct.seconds);
+    ours = fft ? Algorithm::kFft : Algorithm::kDirect;
+  }
+  p.tf = TfEstimate(ug, pass, dtype, device, tf.kernel, limit);
+  if (!tf.note.empty()) p.tf.note = tf.note;
+  const Estimate& t = p.tf;
+  // auto may pick TF's kernel where it runs, fits, and its estimate is trusted.
+  const bool tf_eligible = t.available && t.fits && tf.estimate_trusted;
+  if (requested == "tf") {
+    if (!t.available) return "algorithm 'tf' is not available: " + t.note;
+    p.chosen = "tf";
+    p.reason = "tf requested";
+  } else if (!err.empty()) {
+    if (requested != "auto" || !tf_eligible) return err;
+    p.chosen = "tf";
+    p.reason = "auto: tf, the only algorithm that fits";
+  } else {
+    p.chosen = ours == Algorithm::kFft ? "fft" : "direct";
+    const Estimate& ours_e = ours == Algorithm::kFft ? p.fft : p.direct;
+    if (requested == "auto" && tf_eligible && t.seconds < ours_e.seconds) p.chosen = "tf";
+    p.reason = requested == "auto" ? "auto: " + p.chosen + " is the fastest that fits"
+                                   : p.chosen + " requested";
   }
   if (requested == "auto") {
     // Name the runners-up and why the others were out.
     std::ostringstream os;
     os << p.reason << " (est. ";
     bool first = true;
-    for (const auto& [name, e] : {std::pair<std::string, const Estimate*>{"im2col", &p.im2col},
-                                  {"direct", &p.direct}, {"fft", &p.fft}}) {
+    for (const auto& [name, e] :
+         {std::pair<std::string, const Estimate*>{TfKernelName(tf.kernel), &p.tf},
+          {"direct", &p.direct}, {"fft", &p.fft}}) {
       os << (first ? "" : ", ") << name << " ";
       first = false;
-      if (!e->available && name == "im2col") os << "unavailable";
-      else if (!e->fits) os << "needs " << Bytes(e->workspace_bytes) << " > limit " << Bytes(limit);
-      else os << Seconds(e->seconds);
+      if (!e->available && e == &p.tf) os << "unavailable";
+      else if (!e->fits) os << "needs " << FormatBytes(e->workspace_bytes) << " > limit " << FormatBytes(limit);
+      else if (e == &p.tf && !tf.estimate_trusted) os << FormatSeconds(e->seconds) << " untrusted";
+      else os << FormatSeconds(e->seconds);
     }
     os << ")";
     p.reason = os.str();
@@ -444,4 +410,3 @@ std::string PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, const std::
 }
 
 }  // namespace tfbigconv
-

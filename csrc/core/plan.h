@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cost_model.h"
 #include "dtypes.h"
 #include "geometry.h"
 
@@ -64,70 +65,18 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* plan);
 std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t workspace_limit,
                            int workers, FftPlan* plan);
 
-// The cost model's constants. Defaults are this file's; Python replaces them
-// at import with the shipped calibration (tfbigconv/cost_model.json) or the
-// user's own (`python -m tfbigconv calibrate`), in both compiled modules.
-//   direct  seconds = 2 macs / (direct_flops_per_second * efficiency)
-//                     + direct_seconds_per_output * output elements
-//                     + direct_seconds_per_packed * elements packed
-//                     + direct_seconds_per_call
-//   fft     seconds = fft_seconds_per_transform_flop * FftPlan::transform_flops
-//                     + fft_seconds_per_mix_flop * FftPlan::mix_flops
-//                     + fft_seconds_per_byte * FftPlan::bytes
-//                     + fft_seconds_per_element * (input + output elements)
-//                     + fft_seconds_per_call
-//   im2col  seconds = 2 macs / rate, rate interpolated (log-log) in a table
-//                     over filter side and channel product, per pass.
-constexpr int kIm2colSides = 4;     // filter sides (sqrt of taps): 3, 7, 15, 31
-constexpr int kIm2colChannels = 4;  // channels in x out per group: 1, 16, 256, 2048
-constexpr int kPasses = 3;
-struct CostModel {
-  double direct_flops_per_second = 3.5e11;
-  double direct_seconds_per_output = 1e-9;
-  double direct_seconds_per_packed = 0;
-  double direct_seconds_per_call = 0;
-  double fft_seconds_per_transform_flop = 1.0 / 3.9e10;
-  double fft_seconds_per_mix_flop = 1.0 / 3.9e10;
-  double fft_seconds_per_byte = 1.0 / 3.9e10;
-  double fft_seconds_per_element = 0;
-  double fft_seconds_per_call = 0;
-  // FLOP/s of tf.nn.conv2d (float32) per pass, filter side and channel product.
-  double im2col_flops_per_second[kPasses][kIm2colSides][kIm2colChannels] = {};
-  // tf.nn.conv2d's time for float16, bfloat16, float64 relative to float32.
-  double im2col_dtype_slowdown[3] = {1, 1, 1};
-};
-// The table's axes.
-constexpr double kIm2colSideAxis[kIm2colSides] = {3, 7, 15, 31};
-constexpr double kIm2colChannelAxis[kIm2colChannels] = {1, 16, 256, 2048};
-
-// The model as named numbers, in a fixed order (for Python and JSON).
-std::vector<std::string> CostModelFields();
-std::vector<double> CostModelValues(const CostModel& m);
-// Errors: wrong count, or a value that is not finite and positive (zero is
-// allowed for the secondary terms: per output, packed, mix flop, byte,
-// element and call).
-std::string CostModelFromValues(const std::vector<double>& values, CostModel* m);
-// The process-wide model (thread-safe).
-CostModel ActiveCostModel();
-void SetActiveCostModel(const CostModel& m);
-
-enum class Pass { kForward, kBackpropInput, kBackpropFilter };
-const char* PassName(Pass p);
-
-enum class Algorithm { kDirect, kFft };
-
 // One candidate algorithm for one pass, as explain() shows it.
 struct Estimate {
-  bool available = false;   // im2col: TF supports this case; fft: a plan fits
+  bool available = false;   // tf: TF runs this case; fft: a plan fits
   bool fits = false;        // workspace within the limit
   double seconds = 0;
   int64_t workspace_bytes = 0;
   int64_t peak_bytes = 0;   // operands (input, filter, output) + workspace
   std::string note;         // why it is unavailable, or what the plan is
-  // The model's inputs, before its constants (for calibration): direct
-  // {2 macs / efficiency, output elements, packed elements, 1}; fft
-  // {transform flops, mix flops, bytes, input + output elements, 1}; im2col
-  // {2 macs * dtype slowdown, filter side, channels}.
+  // The model's inputs, before its constants (for calibration): CPU direct
+  // {2 macs / efficiency, output elements, packed elements, 1}; CPU fft
+  // {transform flops, mix flops, bytes, input + output elements, 1}; CPU tf
+  // {2 macs * dtype slowdown, filter side, channels}; GPU {work, features...}.
   std::vector<double> terms;
 };
 
@@ -145,23 +94,40 @@ struct AlgorithmChoice {
 std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
                             int64_t workspace_limit, int workers, AlgorithmChoice* choice);
 
-// Estimates of tf.nn.conv2d for one pass of the user's geometry. Workspace:
-// one image's patch matrix (out_h * out_w * KH * KW * in_c elements), which
-// TF's CPU backprop kernels allocate as col_buffer; for the forward pass it
-// is an upper bound (oneDNN blocks it).
-Estimate Im2colEstimate(const ConvGeometry& user_g, Pass pass, DType dtype, int64_t limit);
+// ---- the planner of one pass ----------------------------------------------
 
-// Every candidate of one pass and the choice among them. `im2col_available`
-// is the caller's (TensorFlow's) fact; requested is auto, im2col, direct or fft.
+// TensorFlow's own kernel for a case: the baseline candidate. The caller
+// (Python) knows which kernel TF runs and whether it can run this case.
+enum class TfKernel { kNone, kConv2D, kDepthwiseConv2dNative };
+const char* TfKernelName(TfKernel k);  // "tf.Conv2D", ...
+struct TfCandidate {
+  TfKernel kernel = TfKernel::kNone;  // kNone: TF cannot run this case
+  // False: estimated and shown, but auto picks it only once measured (its
+  // estimate has been wrong by 100x, e.g. grouped Conv2D on the CPU).
+  bool estimate_trusted = true;
+  std::string note;                   // why unavailable or untrusted
+};
+
+// Estimates of TF's kernel for one pass of the user's geometry. CPU Conv2D's
+// workspace: one image's patch matrix (out_h * out_w * KH * KW * in_c
+// elements), which TF's CPU backprop kernels allocate as col_buffer; for the
+// forward pass it is an upper bound (oneDNN blocks it). DepthwiseConv2dNative
+// and cuDNN: workspace not modelled (0).
+Estimate TfEstimate(const ConvGeometry& user_g, Pass pass, DType dtype, Device device,
+                    TfKernel kernel, int64_t limit);
+
+// Every candidate of one pass and the choice among them. requested is auto,
+// tf, direct or fft; chosen is "tf", "direct" or "fft".
 struct PassPlan {
   Pass pass = Pass::kForward;
-  Estimate im2col, direct, fft;
-  FftPlan fft_plan;
-  std::string chosen;   // "im2col", "direct" or "fft"
+  Device device = Device::kCpu;
+  Estimate tf, direct, fft;
+  FftPlan fft_plan;     // CPU only
+  std::string chosen;
   std::string reason;
 };
-std::string PlanPass(const ConvGeometry& user_g, Pass pass, DType dtype,
+std::string PlanPass(const ConvGeometry& user_g, Pass pass, DType dtype, Device device,
                      const std::string& requested, int64_t limit, int workers,
-                     bool im2col_available, PassPlan* plan);
+                     const TfCandidate& tf, PassPlan* plan);
 
 }  // namespace tfbigconv

@@ -314,20 +314,34 @@ PYBIND11_MODULE(_core, m) {
          const std::vector<int64_t>& strides, const std::string& padding,
          const std::vector<int64_t>& explicit_paddings, const std::string& data_format,
          const std::vector<int64_t>& dilations, const std::string& pass, const std::string& dtype,
-         const std::string& algorithm, int64_t workspace_limit, int workers,
-         bool im2col_available) {
+         const std::string& device, const std::string& algorithm, int64_t workspace_limit,
+         int workers, const std::string& tf_kernel, bool tf_trusted, const std::string& tf_note) {
         const ConvGeometry g = Geometry(
             input_shape, filter_shape,
             MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
-        const int64_t limit = BudgetOrDefault(workspace_limit);
+        if (device != "CPU" && device != "GPU")
+          throw py::value_error("device must be 'CPU' or 'GPU', got '" + device + "'");
+        TfCandidate tf;
+        if (tf_kernel == "Conv2D") tf.kernel = TfKernel::kConv2D;
+        else if (tf_kernel == "DepthwiseConv2dNative") tf.kernel = TfKernel::kDepthwiseConv2dNative;
+        else if (!tf_kernel.empty())
+          throw py::value_error("tf_kernel must be '', 'Conv2D' or 'DepthwiseConv2dNative'");
+        tf.estimate_trusted = tf_trusted;
+        tf.note = tf_note;
+        // The GPU budget is the caller's (TF's allocator); 0 means unknown.
+        const int64_t limit = device == "GPU" ? (workspace_limit > 0 ? workspace_limit : std::numeric_limits<int64_t>::max())
+                                              : BudgetOrDefault(workspace_limit);
         PassPlan p;
-        const std::string err = PlanPass(g, PassFromName(pass), DTypeFromName(dtype), algorithm,
-                                         limit, workers, im2col_available, &p);
+        const std::string err =
+            PlanPass(g, PassFromName(pass), DTypeFromName(dtype),
+                     device == "GPU" ? Device::kGpu : Device::kCpu, algorithm, limit, workers, tf, &p);
         if (!err.empty()) throw std::runtime_error(err);
         py::dict d;
         d["pass"] = pass;
+        d["device"] = device;
         d["limit"] = limit;
-        d["im2col"] = EstimateDict(p.im2col);
+        d["tf"] = EstimateDict(p.tf);
+        d["tf_kernel"] = std::string(TfKernelName(tf.kernel));
         d["direct"] = EstimateDict(p.direct);
         d["fft"] = EstimateDict(p.fft);
         d["chosen"] = p.chosen;
@@ -336,11 +350,40 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
       py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
-      py::arg("pass_"), py::arg("dtype"), py::arg("algorithm"), py::arg("workspace_limit"),
-      py::arg("workers"), py::arg("im2col_available"),
-      "Every algorithm's estimate for one pass of the forward geometry, and the choice. "
+      py::arg("pass_"), py::arg("dtype"), py::arg("device"), py::arg("algorithm"),
+      py::arg("workspace_limit"), py::arg("workers"), py::arg("tf_kernel"),
+      py::arg("tf_trusted") = true, py::arg("tf_note") = "",
+      "Every algorithm's estimate for one pass of the forward geometry on a device, and the "
+      "choice. tf_kernel names TensorFlow's kernel for the case ('' if TF cannot run it). "
       "ValueError for bad arguments; RuntimeError when the request cannot be met (the "
       "message states the minimum workspace).");
+  m.def(
+      "gpu_terms",
+      [](const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
+         const std::vector<int64_t>& strides, const std::string& padding,
+         const std::vector<int64_t>& explicit_paddings, const std::string& data_format,
+         const std::vector<int64_t>& dilations, const std::string& pass,
+         const std::string& candidate) {
+        const ConvGeometry ug = Geometry(
+            input_shape, filter_shape,
+            MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
+        GpuCandidate c;
+        if (candidate == "tf") c = GpuCandidate::kTf;
+        else if (candidate == "direct") c = GpuCandidate::kDirect;
+        else if (candidate == "fft") c = GpuCandidate::kFft;
+        else throw py::value_error("candidate must be tf, direct or fft");
+        const Pass ps = PassFromName(pass);
+        const ConvGeometry g = c == GpuCandidate::kTf            ? ug
+                               : ps == Pass::kForward          ? ForwardProblem(ug).g
+                               : ps == Pass::kBackpropInput    ? BackpropInputProblem(ug).g
+                                                               : BackpropFilterProblem(ug).g;
+        const GpuModelTerms t = GpuTerms(g, c);
+        return py::make_tuple(t.work, std::vector<double>(t.features, t.features + kGpuFeatures));
+      },
+      py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
+      py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
+      py::arg("pass_"), py::arg("candidate"),
+      "(work, features) of the GPU cost model for one candidate and pass (for fitting).");
   m.def("cost_model_fields", &CostModelFields);
   m.def("get_cost_model", [] { return CostModelValues(ActiveCostModel()); });
   m.def(

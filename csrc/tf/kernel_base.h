@@ -64,6 +64,9 @@ class BigConvOpBase : public OpKernel {
   explicit BigConvOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, GetConvAttrs(ctx, &attrs_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("algorithm", &algorithm_));
+    std::string planned;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("planned_algorithm", &planned));
+    if (algorithm_ == "auto" && planned != "none") algorithm_ = planned;  // decided at trace time
     OP_REQUIRES_OK(ctx, ctx->GetAttr("workspace_limit_bytes", &workspace_limit_));
     OP_REQUIRES(ctx, workspace_limit_ >= 0,
                 tensorflow::errors::InvalidArgument(

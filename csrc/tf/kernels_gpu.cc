@@ -46,7 +46,7 @@ class BigConvGpuBase : public BigConvOpBase<T> {
         this->workspace_limit_ > 0 ? this->workspace_limit_ : DefaultGpuWorkspaceBudget(ctx);
     gpu::GpuAlgorithmChoice choice;
     const std::string err =
-        gpu::ChooseGpuAlgorithm(g, kDType<T>, this->algorithm_, limit, stream, &choice);
+        gpu::ChooseGpuAlgorithm(problem, kDType<T>, this->algorithm_, limit, stream, &choice);
     OP_REQUIRES(ctx, err.rfind("algorithm", 0) != 0, tensorflow::errors::InvalidArgument(err));
     OP_REQUIRES(ctx, err.rfind("GPU fft unavailable", 0) != 0,
                 tensorflow::errors::FailedPrecondition(err));

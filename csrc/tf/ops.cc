@@ -106,6 +106,7 @@ absl::Status ShapeFromSizes(InferenceContext* c, int sizes_input, const char* na
       .Attr("data_format: {'NHWC', 'NCHW'} = 'NHWC'")              \
       .Attr("dilations: list(int) = [1, 1, 1, 1]")                 \
       .Attr("algorithm: {'auto', 'direct', 'fft'} = 'auto'")       \
+      .Attr("planned_algorithm: {'none', 'direct', 'fft'} = 'none'") \
       .Attr("workspace_limit_bytes: int = 0")
 
 REGISTER_OP("BigConv2D")
@@ -124,6 +125,9 @@ REGISTER_OP("BigConv2D")
 NCHW, dilations), computed without im2col. filter is [H, W, in_depth/groups,
 out_depth]. algorithm: 'direct' (tiled direct convolution), 'fft'
 (overlap-save FFT convolution) or 'auto' (the faster by estimate).
+planned_algorithm: with 'auto', the trace-time planner's (possibly measured)
+choice for this pass; 'none' leaves it to the kernel at run time. Gradients
+see 'auto' and plan their own passes.
 workspace_limit_bytes: 0 means half of the free host memory.
 )doc");
 

@@ -80,7 +80,7 @@ std::string Run(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out
   auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
   if (c.problem.g.output_elements() == 0) return "empty";
   gpu::GpuAlgorithmChoice choice;
-  std::string err = gpu::ChooseGpuAlgorithm(c.problem.g, dtype, algorithm, workspace_limit,
+  std::string err = gpu::ChooseGpuAlgorithm(c.problem, dtype, algorithm, workspace_limit,
                                             stream, &choice);
   if (!err.empty()) throw std::runtime_error(err);
   void* ws = nullptr;

@@ -1,0 +1,218 @@
+#include "cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <sstream>
+
+#include "fft_sizes.h"
+
+namespace tfbigconv {
+namespace {
+
+std::mutex g_cost_model_mutex;
+CostModel g_cost_model = [] {
+  // Uncalibrated defaults (tfbigconv/cost_model.json replaces them at import).
+  CostModel m;
+  const double by_channels[kIm2colChannels] = {3e10, 1e11, 3e11, 3.5e11};
+  for (auto& pass : m.im2col_flops_per_second)
+    for (auto& side : pass)
+      for (int c = 0; c < kIm2colChannels; ++c) side[c] = by_channels[c];
+  for (auto& pass : m.tf_depthwise_flops_per_second)
+    for (double& r : pass) r = 1e10;
+  // GPU: work at a fixed rate per candidate (tf 50, direct 5, fft 1 TFLOP/s).
+  const double log_rate[kGpuCandidates] = {std::log(5e13), std::log(5e12), std::log(1e12)};
+  for (int c = 0; c < kGpuCandidates; ++c)
+    for (auto& pass : m.gpu[c])
+      for (auto& cls : pass) cls[0] = -log_rate[c];
+  return m;
+}();
+
+const char* const kSlowdownDTypes[3] = {"float16", "bfloat16", "float64"};
+const char* const kGpuDTypeClassNames[kGpuDTypeClasses] = {"float32", "half"};
+const char* const kGpuFeatureNames[kGpuFeatures] = {"intercept",    "log_side",
+                                                    "log_channels", "depthwise",
+                                                    "log_elements", "log_pixels"};
+
+}  // namespace
+
+std::string FormatBytes(int64_t b) {
+  std::ostringstream os;
+  os.precision(3);
+  if (b >= (int64_t(1) << 30)) os << double(b) / double(int64_t(1) << 30) << " GiB";
+  else if (b >= (1 << 20)) os << double(b) / double(1 << 20) << " MiB";
+  else os << double(b) / 1024.0 << " KiB";
+  return os.str();
+}
+
+std::string FormatSeconds(double s) {
+  std::ostringstream os;
+  os.precision(3);
+  if (s >= 1) os << s << " s";
+  else os << s * 1e3 << " ms";
+  return os.str();
+}
+
+const char* DeviceName(Device d) { return d == Device::kCpu ? "CPU" : "GPU"; }
+
+std::vector<std::string> CostModelFields() {
+  std::vector<std::string> f = {"direct_flops_per_second", "direct_seconds_per_output",
+                                "direct_seconds_per_packed", "direct_seconds_per_call",
+                                "fft_seconds_per_transform_flop", "fft_seconds_per_mix_flop",
+                                "fft_seconds_per_byte",      "fft_seconds_per_element",
+                                "fft_seconds_per_call"};
+  for (int p = 0; p < kPasses; ++p)
+    for (int s = 0; s < kIm2colSides; ++s)
+      for (int c = 0; c < kIm2colChannels; ++c)
+        f.push_back(std::string("im2col_flops_per_second.") + PassName(Pass(p)) + ".side" +
+                    std::to_string(int(kIm2colSideAxis[s])) + ".channels" +
+                    std::to_string(int(kIm2colChannelAxis[c])));
+  for (const char* t : kSlowdownDTypes) f.push_back(std::string("im2col_dtype_slowdown.") + t);
+  for (int p = 0; p < kPasses; ++p)
+    for (int s = 0; s < kIm2colSides; ++s)
+      f.push_back(std::string("tf_depthwise_flops_per_second.") + PassName(Pass(p)) + ".side" +
+                  std::to_string(int(kIm2colSideAxis[s])));
+  for (int c = 0; c < kGpuCandidates; ++c)
+    for (int p = 0; p < kPasses; ++p)
+      for (int d = 0; d < kGpuDTypeClasses; ++d)
+        for (int i = 0; i < kGpuFeatures; ++i)
+          f.push_back(std::string("gpu.") + GpuCandidateName(GpuCandidate(c)) + "." +
+                      PassName(Pass(p)) + "." + kGpuDTypeClassNames[d] + "." +
+                      kGpuFeatureNames[i]);
+  return f;
+}
+
+std::vector<double> CostModelValues(const CostModel& m) {
+  std::vector<double> v = {m.direct_flops_per_second, m.direct_seconds_per_output,
+                           m.direct_seconds_per_packed, m.direct_seconds_per_call,
+                           m.fft_seconds_per_transform_flop, m.fft_seconds_per_mix_flop,
+                           m.fft_seconds_per_byte,      m.fft_seconds_per_element,
+                           m.fft_seconds_per_call};
+  for (const auto& pass : m.im2col_flops_per_second)
+    for (const auto& side : pass)
+      for (double r : side) v.push_back(r);
+  for (double x : m.im2col_dtype_slowdown) v.push_back(x);
+  for (const auto& pass : m.tf_depthwise_flops_per_second)
+    for (double r : pass) v.push_back(r);
+  for (const auto& c : m.gpu)
+    for (const auto& pass : c)
+      for (const auto& cls : pass)
+        for (double x : cls) v.push_back(x);
+  return v;
+}
+
+std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
+  const std::vector<std::string> names = CostModelFields();
+  if (v.size() != names.size())
+    return "the cost model needs " + std::to_string(names.size()) + " values, got " +
+           std::to_string(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    // Each algorithm's main term must be positive, so that estimates grow with the work.
+    const bool main = names[i] == "direct_flops_per_second" ||
+                      names[i] == "fft_seconds_per_transform_flop" ||
+                      names[i].rfind("im2col", 0) == 0 || names[i].rfind("tf_depthwise", 0) == 0;
+    const bool any_sign = names[i].rfind("gpu.", 0) == 0;
+    if (!std::isfinite(v[i]) || (!any_sign && (v[i] < 0 || (v[i] == 0 && main))))
+      return "cost model value " + names[i] + " must be finite and positive, got " +
+             std::to_string(v[i]);
+  }
+  CostModel m;
+  size_t i = 0;
+  m.direct_flops_per_second = v[i++];
+  m.direct_seconds_per_output = v[i++];
+  m.direct_seconds_per_packed = v[i++];
+  m.direct_seconds_per_call = v[i++];
+  m.fft_seconds_per_transform_flop = v[i++];
+  m.fft_seconds_per_mix_flop = v[i++];
+  m.fft_seconds_per_byte = v[i++];
+  m.fft_seconds_per_element = v[i++];
+  m.fft_seconds_per_call = v[i++];
+  for (auto& pass : m.im2col_flops_per_second)
+    for (auto& side : pass)
+      for (double& r : side) r = v[i++];
+  for (double& x : m.im2col_dtype_slowdown) x = v[i++];
+  for (auto& pass : m.tf_depthwise_flops_per_second)
+    for (double& r : pass) r = v[i++];
+  for (auto& c : m.gpu)
+    for (auto& pass : c)
+      for (auto& cls : pass)
+        for (double& x : cls) x = v[i++];
+  *out = m;
+  return "";
+}
+
+CostModel ActiveCostModel() {
+  std::lock_guard<std::mutex> lock(g_cost_model_mutex);
+  return g_cost_model;
+}
+
+void SetActiveCostModel(const CostModel& m) {
+  std::lock_guard<std::mutex> lock(g_cost_model_mutex);
+  g_cost_model = m;
+}
+
+// ---- GPU model -------------------------------------------------------------
+
+const char* GpuCandidateName(GpuCandidate c) {
+  static const char* const kNames[] = {"tf", "direct", "fft"};
+  return kNames[int(c)];
+}
+
+int GpuDTypeClass(DType dtype) {
+  return dtype == DType::kHalf || dtype == DType::kBFloat16 ? 1 : 0;
+}
+
+GpuModelTerms GpuTerms(const ConvGeometry& g, GpuCandidate c) {
+  auto log1 = [](double x) { return std::log(std::max(x, 1.0)); };
+  GpuModelTerms t;
+  const double side = std::sqrt(double(g.filter_h * g.filter_w));
+  const double cig = double(g.in_c_per_group()), cog = double(g.out_c_per_group());
+  const double pixels = double(g.batch * g.out_h * g.out_w);
+  const double elements =
+      double(g.batch * g.in_h * g.in_w * g.in_c) + double(g.output_elements());
+  if (c == GpuCandidate::kFft) {
+    // Whole-image transforms: every input and output channel of every image
+    // forward or back, the filter spectra once, and the per-bin channel mix.
+    const int64_t fh = GoodFftSize((g.out_h - 1) * g.stride_h + g.effective_filter_h());
+    const int64_t fw = GoodFftSize((g.out_w - 1) * g.stride_w + g.effective_filter_w());
+    const double plane = double(fh * fw), logp = std::log2(std::max(plane, 2.0));
+    const double transforms =
+        double(g.batch) * double(g.in_c + g.out_c) + cig * double(g.out_c);
+    t.work = transforms * plane * logp + 4.0 * double(g.batch) * double(g.out_c) * cig * plane;
+  } else {
+    t.work = 2.0 * double(g.macs());
+  }
+  t.work = std::max(t.work, 1.0);
+  t.features[0] = 1;
+  t.features[1] = log1(side);
+  t.features[2] = log1(cig * cog);
+  t.features[3] = g.groups > 1 && g.in_c_per_group() == 1 ? 1 : 0;
+  t.features[4] = log1(elements);
+  t.features[5] = log1(pixels);
+  return t;
+}
+
+double GpuSeconds(const CostModel& m, const ConvGeometry& g, Pass pass, DType dtype,
+                  GpuCandidate c) {
+  const GpuModelTerms t = GpuTerms(g, c);
+  const double* k = m.gpu[int(c)][int(pass)][GpuDTypeClass(dtype)];
+  double e = std::log(t.work);
+  for (int i = 0; i < kGpuFeatures; ++i) e += k[i] * t.features[i];
+  return std::exp(e);
+}
+
+std::string ChooseGpuKernel(const ConvProblem& problem, DType dtype, bool fft_possible,
+                            double* direct_seconds, double* fft_seconds, Algorithm* choice) {
+  const CostModel m = ActiveCostModel();
+  *direct_seconds = GpuSeconds(m, problem.g, problem.pass, dtype, GpuCandidate::kDirect);
+  *fft_seconds = GpuSeconds(m, problem.g, problem.pass, dtype, GpuCandidate::kFft);
+  const bool fft = fft_possible && *fft_seconds < *direct_seconds;
+  *choice = fft ? Algorithm::kFft : Algorithm::kDirect;
+  std::ostringstream os;
+  os << "estimated direct " << FormatSeconds(*direct_seconds) << ", fft ";
+  if (fft_possible) os << FormatSeconds(*fft_seconds);
+  else os << "not possible";
+  return os.str();
+}
+
+}  // namespace tfbigconv

@@ -1,0 +1,113 @@
+// The planner's cost model: its constants (CostModel, as named numbers for
+// JSON profiles), the process-wide active model, and the GPU model that both
+// the trace-time planner (plan.cc) and the GPU kernels' run-time choice
+// (cuda/plan_gpu.cc) evaluate. Needs nothing but geometry.cc, so the TF-free
+// CUDA harness links it too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtypes.h"
+#include "geometry.h"
+
+namespace tfbigconv {
+
+enum class Algorithm { kDirect, kFft };
+
+// Where a pass runs; each device has its own candidates and cost model.
+enum class Device { kCpu, kGpu };
+const char* DeviceName(Device d);
+
+// The cost model's constants. Defaults are this file's; Python replaces them
+// at import with the shipped calibration (tfbigconv/cost_model.json) or the
+// user's own (`python -m tfbigconv calibrate`), in both compiled modules.
+// CPU:
+//   direct  seconds = 2 macs / (direct_flops_per_second * efficiency)
+//                     + direct_seconds_per_output * output elements
+//                     + direct_seconds_per_packed * elements packed
+//                     + direct_seconds_per_call
+//   fft     seconds = fft_seconds_per_transform_flop * FftPlan::transform_flops
+//                     + fft_seconds_per_mix_flop * FftPlan::mix_flops
+//                     + fft_seconds_per_byte * FftPlan::bytes
+//                     + fft_seconds_per_element * (input + output elements)
+//                     + fft_seconds_per_call
+//   tf.Conv2D (im2col)  seconds = 2 macs / rate, rate interpolated (log-log)
+//                     in a table over filter side and channel product, per pass.
+//   tf.DepthwiseConv2dNative  seconds = 2 macs / rate, rate interpolated
+//                     (log-log) over filter side, per pass.
+// GPU (fitted to measured kernel times, see GpuModelTerms):
+//   log(seconds) = log(work) + sum_i gpu[candidate][pass][dtype class][i] * feature_i
+constexpr int kIm2colSides = 4;     // filter sides (sqrt of taps): 3, 7, 15, 31
+constexpr int kIm2colChannels = 4;  // channels in x out per group: 1, 16, 256, 2048
+constexpr int kPasses = 3;
+constexpr int kGpuCandidates = 3;   // GpuCandidate
+constexpr int kGpuDTypeClasses = 2; // float32 and float64; float16 and bfloat16
+constexpr int kGpuFeatures = 6;     // GpuModelTerms::features
+struct CostModel {
+  double direct_flops_per_second = 3.5e11;
+  double direct_seconds_per_output = 1e-9;
+  double direct_seconds_per_packed = 0;
+  double direct_seconds_per_call = 0;
+  double fft_seconds_per_transform_flop = 1.0 / 3.9e10;
+  double fft_seconds_per_mix_flop = 1.0 / 3.9e10;
+  double fft_seconds_per_byte = 1.0 / 3.9e10;
+  double fft_seconds_per_element = 0;
+  double fft_seconds_per_call = 0;
+  // FLOP/s of tf.nn.conv2d (float32) per pass, filter side and channel product.
+  double im2col_flops_per_second[kPasses][kIm2colSides][kIm2colChannels] = {};
+  // tf.nn.conv2d's time for float16, bfloat16, float64 relative to float32.
+  double im2col_dtype_slowdown[3] = {1, 1, 1};
+  // FLOP/s of TF's DepthwiseConv2dNative ops (float32) per pass and filter side.
+  double tf_depthwise_flops_per_second[kPasses][kIm2colSides] = {};
+  // The GPU model's coefficients (any sign).
+  double gpu[kGpuCandidates][kPasses][kGpuDTypeClasses][kGpuFeatures] = {};
+};
+// The table's axes.
+constexpr double kIm2colSideAxis[kIm2colSides] = {3, 7, 15, 31};
+constexpr double kIm2colChannelAxis[kIm2colChannels] = {1, 16, 256, 2048};
+
+// The model as named numbers, in a fixed order (for Python and JSON).
+std::vector<std::string> CostModelFields();
+std::vector<double> CostModelValues(const CostModel& m);
+// Errors: wrong count, or a CPU value that is not finite and positive (zero
+// is allowed for the secondary terms: per output, packed, mix flop, byte,
+// element and call); GPU coefficients need only be finite.
+std::string CostModelFromValues(const std::vector<double>& values, CostModel* m);
+// The process-wide model (thread-safe).
+CostModel ActiveCostModel();
+void SetActiveCostModel(const CostModel& m);
+
+// ---- GPU model -------------------------------------------------------------
+
+enum class GpuCandidate { kTf, kDirect, kFft };
+const char* GpuCandidateName(GpuCandidate c);
+
+// The GPU model's inputs for one candidate: `work` (2 macs for tf and direct;
+// transform and mixing work for fft) and features {1, log filter side,
+// log(in x out channels per group), depthwise, log(input + output elements),
+// log(batch x output pixels)}. `g` is the user's geometry for tf (cuDNN sees
+// the convolution as the user wrote it) and the pass's ConvProblem geometry
+// for direct and fft (what our kernels run), so the GPU kernels' run-time
+// choice needs nothing but its ConvProblem.
+struct GpuModelTerms {
+  double work = 0;
+  double features[kGpuFeatures] = {};
+};
+GpuModelTerms GpuTerms(const ConvGeometry& g, GpuCandidate c);
+int GpuDTypeClass(DType dtype);
+double GpuSeconds(const CostModel& m, const ConvGeometry& g, Pass pass, DType dtype,
+                  GpuCandidate c);
+
+// The choice between our two GPU kernels for one ConvProblem, shared by the
+// trace-time planner and the GPU kernels' run-time "auto" (cuda/plan_gpu.cc):
+// the faster estimate, fft only if it is possible. Returns the reason.
+std::string ChooseGpuKernel(const ConvProblem& problem, DType dtype, bool fft_possible,
+                            double* direct_seconds, double* fft_seconds, Algorithm* choice);
+
+// Human-readable sizes and times for reasons and notes ("1.5 MiB", "3.2 ms").
+std::string FormatBytes(int64_t bytes);
+std::string FormatSeconds(double seconds);
+
+}  // namespace tfbigconv

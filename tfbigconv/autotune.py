@@ -1,0 +1,239 @@
+"""Measured choices: where the planner's estimates cannot be trusted, time the candidates once.
+
+The cost model is calibrated per machine, but an estimate can still be wrong
+by 10x or more outside the calibration grid (TF's grouped Conv2D on the CPU
+was by 300x). So for algorithm="auto", a pass whose candidates are close, or
+whose TensorFlow kernel's estimate is not trusted, is decided by timing:
+
+- Which candidates: every one that runs and fits whose estimate is within
+  NEAR_FACTOR of the best estimate, plus TF's kernel when its estimate is not
+  trusted. A candidate estimated further off is never timed. Nothing is timed
+  when fewer than two remain.
+- Cost: each candidate runs once to warm up and, unless that took over
+  REPEAT_BELOW_S, twice more (the fastest counts), on at most
+  TIMING_BATCH images (times scaled to the real batch). Candidates run in
+  the order of their estimates, and one whose warm-up alone exceeds
+  ABANDON_FACTOR x the best time so far is not repeated. The first call of a
+  pass so costs at most about 3 x (candidates) x (its time on TIMING_BATCH
+  images), once per geometry, dtype, device and thread count.
+- Memory: remembered in this process and in a JSON cache file beside the
+  cost-model profile ($XDG_CACHE_HOME/tfbigconv/autotune.json, or the file
+  TFBIGCONV_AUTOTUNE_CACHE names). Entries of another format or package
+  version, and corrupt files, are ignored with a warning.
+- Control: TFBIGCONV_AUTOTUNE=0 turns it off (estimates alone decide);
+  explain() shows whether each choice was measured or estimated.
+"""
+import json
+import os
+import threading
+import time
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from tfbigconv import cost_model
+
+ENV_AUTOTUNE = "TFBIGCONV_AUTOTUNE"
+ENV_CACHE = "TFBIGCONV_AUTOTUNE_CACHE"
+FORMAT = 1
+# The calibrated CPU model's estimates are within 0.5-1.6x of the measured
+# times (RESULTS.md, calibration fit), so two candidates whose estimates are
+# within 3x of each other can be in either order.
+NEAR_FACTOR = 3.0
+TIMING_BATCH = 4
+REPEAT_BELOW_S = 0.25
+ABANDON_FACTOR = 3.0
+
+_lock = threading.Lock()
+_memory = {}          # key -> {"chosen": ..., "seconds": {...}}
+_loaded_path = None   # the cache file _memory was read from
+
+
+def enabled(override=None):
+    """Whether autotuning runs: `override` if given, else TFBIGCONV_AUTOTUNE (on unless "0")."""
+    if override is not None:
+        return bool(override)
+    return os.environ.get(ENV_AUTOTUNE, "1").strip() not in ("0", "false", "False", "off")
+
+
+def cache_path():
+    return os.environ.get(ENV_CACHE) or os.path.join(
+        os.path.dirname(cost_model.user_path()), "autotune.json")
+
+
+def _version():
+    import tfbigconv
+    return tfbigconv.__version__
+
+
+def _load(path):
+    """The valid entries of a cache file ({} if missing); warns about what it ignores."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError(f"not an autotune cache of format {FORMAT}")
+        entries = doc.get("entries")
+        if not isinstance(entries, dict):
+            raise ValueError("no entries")
+    except (OSError, ValueError) as e:
+        warnings.warn(f"tfbigconv: ignoring autotune cache {path}: {e}")
+        return {}
+    good, stale = {}, 0
+    for key, e in entries.items():
+        ok = (isinstance(e, dict) and e.get("version") == _version()
+              and e.get("chosen") in ("tf", "direct", "fft")
+              and isinstance(e.get("seconds"), dict)
+              and all(isinstance(v, (int, float)) for v in e["seconds"].values()))
+        if ok:
+            good[key] = e
+        else:
+            stale += 1
+    if stale:
+        warnings.warn(f"tfbigconv: ignoring {stale} stale or invalid entries of autotune cache {path}")
+    return good
+
+
+def _lookup(key):
+    global _loaded_path, _memory
+    with _lock:
+        path = cache_path()
+        if _loaded_path != path:
+            _memory = _load(path)
+            _loaded_path = path
+        return _memory.get(key)
+
+
+def _store(key, entry):
+    """Remembers an entry and rewrites the cache file (atomically; failures only warn)."""
+    with _lock:
+        _memory[key] = entry
+        path = cache_path()
+        try:
+            on_disk = _load(path) if os.path.exists(path) else {}
+            on_disk[key] = entry
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"format": FORMAT, "entries": on_disk}, f, indent=1)
+            os.replace(tmp, path)
+        except OSError as e:
+            warnings.warn(f"tfbigconv: could not write autotune cache {path}: {e}")
+
+
+def clear_memory():
+    """Forgets the in-process entries (the next lookup re-reads the cache file)."""
+    global _loaded_path
+    with _lock:
+        _memory.clear()
+        _loaded_path = None
+
+
+def _key(pass_, input_shape, filter_shape, attrs, dtype, device, workspace_limit):
+    from tfbigconv import dispatch
+    return json.dumps([pass_, list(input_shape), list(filter_shape), attrs["strides"],
+                       attrs["padding"], attrs["explicit_paddings"], attrs["data_format"],
+                       attrs["dilations"], dtype, _device_name(device), dispatch.workers(),
+                       int(workspace_limit)])
+
+
+def _device_name(device):
+    """The device kind in a key: "CPU", or the GPU's model name."""
+    if device != "GPU":
+        return "CPU"
+    gpus = tf.config.list_physical_devices("GPU")
+    details = tf.config.experimental.get_device_details(gpus[0]) if gpus else {}
+    return "GPU:" + str(details.get("device_name", "unknown"))
+
+
+def candidates_to_time(p):
+    """The candidates worth timing for a planned pass (see the module docstring)."""
+    ok = [n for n in ("tf", "direct", "fft") if p[n]["available"] and p[n]["fits"]]
+    trusted = [n for n in ok if n != "tf" or p["tf_trusted"]]
+    if not trusted:
+        return []
+    best = min(p[n]["seconds"] for n in trusted)
+    chosen = [n for n in ok
+              if p[n]["seconds"] <= NEAR_FACTOR * best or (n == "tf" and not p["tf_trusted"])]
+    return chosen if len(chosen) > 1 else []
+
+
+@tf.autograph.experimental.do_not_convert
+def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, enabled=None):
+    """Replaces p["chosen"] by the measured fastest candidate where timing is warranted."""
+    if not globals()["enabled"](enabled):
+        return
+    names = candidates_to_time(p)
+    if not names:
+        return
+    key = _key(p["pass"], input_shape, filter_shape, attrs, dtype, device, workspace_limit)
+    entry = _lookup(key)
+    if entry is None or not set(names) <= set(entry["seconds"]):
+        seconds = measure(p["pass"], names, input_shape, filter_shape, attrs, dtype, device,
+                          order=sorted(names, key=lambda n: p[n]["seconds"]),
+                          workspace_limit=workspace_limit)
+        entry = {"chosen": min(seconds, key=seconds.get), "seconds": seconds,
+                 "version": _version()}
+        _store(key, entry)
+    _apply(p, names, entry)
+
+
+def cached(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit):
+    """Like refine(), from the cache alone: never times anything."""
+    names = candidates_to_time(p)
+    if not names:
+        return
+    entry = _lookup(_key(p["pass"], input_shape, filter_shape, attrs, dtype, device,
+                         workspace_limit))
+    if entry is not None and set(names) <= set(entry["seconds"]):
+        _apply(p, names, entry)
+
+
+def _apply(p, names, entry):
+    p["measured"] = dict(entry["seconds"])
+    p["chosen"] = min(names, key=lambda n: entry["seconds"][n])
+    p["reason"] = (f"auto: {p['chosen']} measured fastest ("
+                   + ", ".join(f"{n} {entry['seconds'][n] * 1e3:.3g} ms" for n in names)
+                   + f"); estimates: {p['reason']}")
+
+
+@tf.autograph.experimental.do_not_convert
+def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order=None,
+            workspace_limit=0):
+    """{candidate: seconds} for one pass, timed on random data of a reduced batch.
+
+    Runs eagerly on `device` (outside any tf.function being traced).
+    """
+    from tfbigconv import conv
+    batch = input_shape[0]  # dimension 0 in NHWC and NCHW
+    small = max(1, min(batch, TIMING_BATCH))
+    shape = [small] + list(input_shape[1:])
+    results = {}
+    with tf.init_scope(), tf.device(f"/{device}:0"):
+        rng = np.random.default_rng(0)
+        x = tf.cast(tf.constant(rng.standard_normal(shape, dtype=np.float32)), dtype)
+        w = tf.cast(tf.constant(rng.standard_normal(filter_shape, dtype=np.float32)), dtype)
+        a = dict(attrs, algorithm="auto", workspace_limit_bytes=int(workspace_limit))
+        y_shape = conv.output_shape(shape, filter_shape, a)
+        dy = tf.cast(tf.constant(rng.standard_normal(y_shape, dtype=np.float32)), dtype)
+        best = float("inf")
+        for name in order or names:
+            run = lambda: conv.run_pass(pass_, name, x, w, dy, a, device)  # noqa: E731
+            start = time.perf_counter()
+            _sync(run())
+            t = time.perf_counter() - start
+            if t < REPEAT_BELOW_S and t < ABANDON_FACTOR * best:
+                for _ in range(2):
+                    start = time.perf_counter()
+                    _sync(run())
+                    t = min(t, time.perf_counter() - start)
+            best = min(best, t)
+            results[name] = t * batch / small
+    return results
+
+
+def _sync(t):
+    t.numpy()  # waits for the device
