@@ -7,14 +7,17 @@ then measure_call resets the peak RSS to the current RSS, takes the first real c
 RSS increase as the method's memory (its output plus any workspace) and times the next
 calls. The main process keeps, per (point, method), the round with the smallest median.
 """
+import contextlib
 import datetime
 import json
 import os
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -232,6 +235,73 @@ def append_markdown(path, title, header, body):
 def write_json(path, data):
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
+
+
+ENV_AUTOTUNE = "TFBIGCONV_AUTOTUNE"
+ENV_CACHE = "TFBIGCONV_AUTOTUNE_CACHE"
+
+
+@contextlib.contextmanager
+def fresh_autotune_env():
+    """Autotuning on, no forced algorithm, and an autotune cache file of this process's
+    own (removed after), so that the process starts cold."""
+    os.environ.pop(ENV_AUTOTUNE, None)
+    os.environ.pop("TFBIGCONV_ALGORITHM", None)  # it would override every algorithm
+    cache_dir = tempfile.mkdtemp(prefix="tfbigconv_bench_autotune_")
+    os.environ[ENV_CACHE] = os.path.join(cache_dir, "autotune.json")
+    try:
+        yield
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def autotune_off():
+    """TFBIGCONV_AUTOTUNE=0 inside (the package reads it when it plans: at trace time)."""
+    old = os.environ.get(ENV_AUTOTUNE)
+    os.environ[ENV_AUTOTUNE] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV_AUTOTUNE, None)
+        else:
+            os.environ[ENV_AUTOTUNE] = old
+
+
+def build_step(conv, x, w, g_out):
+    """A call of y = conv(x, w) and both gradients of sum(y * g_out), under tf.function;
+    returns the numpy gradients [dx, dw]."""
+    import tensorflow as tf
+
+    @tf.function
+    def step(x, w):
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            loss = tf.reduce_sum(conv(x, w) * g_out)
+        return t.gradient(loss, [x, w])
+    return lambda: [v.numpy() for v in step(x, w)]
+
+
+def warm_up(dtype="float32"):
+    """Pays a process's one-time costs (the first gradient trace, the first bigconv2d
+    gradient, the planner's and the autotuner's first use: about a second in all) on a
+    tiny convolution, so that they land in no measured first call. Errors are ignored:
+    the measured calls will show them."""
+    import tensorflow as tf
+    import tfbigconv
+    x, w, g = tf.ones((1, 8, 8, 2), dtype), tf.ones((3, 3, 2, 2), dtype), tf.ones((1, 8, 8, 2), dtype)
+    convs = [(lambda x, w: tf.nn.conv2d(x, w, 1, "SAME"), contextlib.nullcontext())]
+    for algorithm, env in (("direct", contextlib.nullcontext()), ("auto", autotune_off()),
+                           ("auto", contextlib.nullcontext())):
+        convs.append((lambda x, w, a=algorithm: tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm=a),
+                      env))
+    for conv, env in convs:
+        try:
+            with env:
+                build_step(conv, x, w, g)()
+        except Exception:
+            pass
 
 
 SELF_CHECK_TOL = 1e-5

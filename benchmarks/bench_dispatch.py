@@ -57,6 +57,7 @@ Usage:
 """
 import argparse
 import collections
+import contextlib
 import json
 import os
 import re
@@ -78,8 +79,6 @@ PASSES = ("forward", "backprop_input", "backprop_filter")
 CLASSES = ("dense", "grouped", "depthwise", "half", "NCHW")
 TARGETS = {"median": 1.05, "p90": 1.2, "max": 1.5, "vs_tf": 1.1}
 DTYPE_TAG = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}  # no tag inside another
-ENV_AUTOTUNE = "TFBIGCONV_AUTOTUNE"
-ENV_CACHE = "TFBIGCONV_AUTOTUNE_CACHE"
 
 # One convolution: input (n, h, w, cin) in logical NHWC order (transposed for NCHW),
 # filter (k, k, cin / groups, cout); groups == cin > 1 is depthwise (multiplier cout / cin).
@@ -212,11 +211,13 @@ def short_error(e):
 def short_algorithm(a):
     if a is None:
         return "?"
+    mark = "*" if a.endswith("*") else ""
+    a = a.rstrip("*")
     if "Depthwise" in a:
-        return "tfdw"
-    if a.startswith("tf.") or a == "im2col":
-        return "tf"
-    return {"direct": "di", "fft": "ff"}.get(a, a)
+        return "tfdw" + mark
+    if a.startswith("tf") or a == "im2col":
+        return "tf" + mark
+    return {"direct": "di", "fft": "ff"}.get(a, a) + mark
 
 
 def choice_text(chosen, mode):
@@ -279,62 +280,7 @@ def build(contender, mode, g, x, w, g_out):
     if mode == "fwd":
         f = tf.function(conv)
         return lambda: f(x, w).numpy()
-    return build_step(conv, x, w, g_out)
-
-
-def build_step(conv, x, w, g_out):
-    """A call of y = conv(x, w) and both gradients of sum(y * g_out), under tf.function."""
-    import tensorflow as tf
-
-    @tf.function
-    def step(x, w):
-        with tf.GradientTape() as t:
-            t.watch([x, w])
-            loss = tf.reduce_sum(conv(x, w) * g_out)
-        return t.gradient(loss, [x, w])
-    return lambda: [v.numpy() for v in step(x, w)]
-
-
-def warm_up(dtype):
-    """Pays the process's one-time costs (the first gradient trace, the first bigconv2d
-    gradient, the planner's and the autotuner's first use: about a second in all) on a
-    tiny convolution that is in no grid, so that they land in no contender's first call."""
-    import tensorflow as tf
-    import tfbigconv
-    x, w = tf.ones((1, 8, 8, 2), dtype), tf.ones((3, 3, 2, 2), dtype)
-    for algorithm in ("tf", "direct", "auto-est", "auto"):
-        if algorithm == "tf":
-            conv = lambda x, w: tf.nn.conv2d(x, w, 1, "SAME")
-        else:
-            conv = lambda x, w, a=algorithm.split("-")[0]: tfbigconv.bigconv2d(
-                x, w, 1, "SAME", algorithm=a)
-        try:
-            with autotune_off() if algorithm == "auto-est" else NoEnvChange():
-                build_step(conv, x, w, tf.ones((1, 8, 8, 2), dtype))()
-        except Exception:
-            pass  # the contender's own call will show the error
-
-
-class autotune_off:
-    """Sets TFBIGCONV_AUTOTUNE=0 for auto-est's calls (the package reads it at trace time)."""
-
-    def __enter__(self):
-        self.old = os.environ.get(ENV_AUTOTUNE)
-        os.environ[ENV_AUTOTUNE] = "0"
-
-    def __exit__(self, *exc):
-        if self.old is None:
-            os.environ.pop(ENV_AUTOTUNE, None)
-        else:
-            os.environ[ENV_AUTOTUNE] = self.old
-
-
-class NoEnvChange:
-    def __enter__(self):
-        pass
-
-    def __exit__(self, *exc):
-        pass
+    return _harness.build_step(conv, x, w, g_out)
 
 
 class Progress:
@@ -380,21 +326,9 @@ class Progress:
                 os._exit(3)
 
 
-def fresh_autotune_env():
-    """Autotuning on, no forced algorithm, and a cache file of this worker's own."""
-    os.environ.pop(ENV_AUTOTUNE, None)
-    os.environ.pop("TFBIGCONV_ALGORITHM", None)  # it would override every contender
-    cache_dir = tempfile.mkdtemp(prefix="bench_dispatch_cache_")
-    os.environ[ENV_CACHE] = os.path.join(cache_dir, "autotune.json")
-    return cache_dir
-
-
 def worker_geometry(spec):
-    cache_dir = fresh_autotune_env()
-    try:
+    with _harness.fresh_autotune_env():
         return measure_geometry(spec)
-    finally:
-        shutil.rmtree(cache_dir, ignore_errors=True)
 
 
 def measure_geometry(spec):
@@ -413,7 +347,7 @@ def measure_geometry(spec):
     def explain():
         return tfbigconv.explain(x_shape, w_shape, strides=g.stride, padding=g.padding,
                                  data_format=g.data_format, dtype=g.dtype)
-    with autotune_off():
+    with _harness.autotune_off():
         e = explain()
     g_out = tf.cast(rng.standard_normal(e.geometry["output_shape"], dtype=np.float32), g.dtype)
 
@@ -434,7 +368,7 @@ def measure_geometry(spec):
             continue
         calls[(c, mode)] = build(c, mode, g, x, w, g_out)
 
-    warm_up(g.dtype)
+    _harness.warm_up(g.dtype)
     keys = list(calls)
     for rnd in range(spec["rounds"]):
         # Rotate the order each round: the first contender measured after another
@@ -446,7 +380,7 @@ def measure_geometry(spec):
             if done and done[0] > _harness.SLOW_CALL_S:
                 continue  # too slow to repeat
             limit = None if key[0] in AUTOS else spec["call_limit"]
-            env = autotune_off() if key[0] == "auto-est" else NoEnvChange()
+            env = _harness.autotune_off() if key[0] == "auto-est" else contextlib.nullcontext()
             try:
                 with env:
                     # warm-up; in the first round also tracing, planning, autotuning
@@ -469,7 +403,10 @@ def measure_geometry(spec):
             results[key] = {"median_s": min(m), "first_call_s": progress.first_call[key]}
     # After auto ran: explain() may now show the tuned (measured) choice.
     try:
-        tuned = explain().chosen
+        after = explain()
+        # "*" marks a choice the autotuner measured
+        tuned = {p: a + ("*" if after.how.get(p) == "measured" else "")
+                 for p, a in after.chosen.items()}
     except Exception as err:
         tuned = {"error": short_error(err)}
     return {"results": [{"contender": c, "mode": mode, **r} for (c, mode), r in results.items()],
@@ -477,11 +414,8 @@ def measure_geometry(spec):
 
 
 def worker_seed_budget(spec):
-    cache_dir = fresh_autotune_env()
-    try:
+    with _harness.fresh_autotune_env():
         return measure_seed_budget(spec)
-    finally:
-        shutil.rmtree(cache_dir, ignore_errors=True)
 
 
 def measure_seed_budget(spec):
@@ -523,7 +457,7 @@ def fmt_ms(r):
         est = r["skipped_est_s"]
         return "n/a (planner)" if est == float("inf") else f"skipped (est. {est:.0f} s)"
     if "killed_after_s" in r:
-        return f"> {r['killed_after_s']:.0f} s (killed)"
+        return f"> {r['killed_after_s']:g} s (killed)"
     if "crashed" in r:
         return f"crashed ({r['crashed'][:50]})"
     if "unsupported" in r:
@@ -670,7 +604,7 @@ def summarize(points):
 
     head = ("| geometry | " + " | ".join(f"{c} ms" for c in CONTENDERS)
             + " | auto first call s | auto regret | auto-est regret | auto/tf | auto-est/tf | "
-              "estimated choice | choice after auto ran |")
+              "estimated choice | auto's choice (* measured) |")
     sep = "|" + "---|" * (len(CONTENDERS) + 8)
     detail = []
     for mode in MODES:
@@ -703,7 +637,9 @@ def main():
     if args.only:
         grid = [g for g in grid if args.only in label(g)]
     rounds = 1 if args.quick else args.rounds
-    progress = os.path.join(_harness.HERE, f".bench_dispatch_progress_{os.getpid()}.json")
+    # outside the repository, so that no run leaves a stray file in it
+    progress_dir = tempfile.mkdtemp(prefix="bench_dispatch_")
+    progress = os.path.join(progress_dir, "progress.json")
     points, errors, raw = [], [], []
     start = time.monotonic()
     for i, g in enumerate(grid):
@@ -721,6 +657,7 @@ def main():
         print(f"[{i + 1}/{len(grid)} {time.monotonic() - t0:.0f} s] {label(g)}: {cells}",
               file=sys.stderr)
 
+    shutil.rmtree(progress_dir, ignore_errors=True)
     summary, breakdown, firsts, detail = summarize(points)
     seed_line, seed = "", None
     if not args.no_seed and not args.quick and not args.only:

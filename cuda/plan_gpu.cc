@@ -1,33 +1,37 @@
 #include "plan_gpu.h"
 
-
 namespace tfbigconv {
 namespace gpu {
 
-std::string ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, const std::string& requested,
-                               int64_t limit, cudaStream_t stream, GpuAlgorithmChoice* c) {
+Status ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, const std::string& requested,
+                          int64_t limit, cudaStream_t stream, GpuAlgorithmChoice* c) {
   const ConvGeometry& g = problem.g;
   if (requested != "auto" && requested != "direct" && requested != "fft")
-    return "algorithm must be one of 'auto', 'direct' or 'fft', got '" + requested + "'";
+    return Status::InvalidArgument("algorithm must be one of 'auto', 'direct' or 'fft', got '" +
+                                   requested + "'");
   c->direct = PlanDirectGpu(g, dtype, limit);
   c->algorithm = GpuAlgorithm::kDirect;
   if (requested == "direct") {
     c->reason = "requested";
-    return "";
+    return Status::Ok();
   }
-  const std::string fft_err = PlanFftGpu(g, dtype, limit, stream, &c->fft);
+  std::string why_no_cufft;
+  const bool have_cufft = CufftAvailable(&why_no_cufft);
+  const std::string fft_err = have_cufft ? PlanFftGpu(g, dtype, limit, stream, &c->fft)
+                                         : "GPU fft unavailable: " + why_no_cufft;
   if (requested == "fft") {
-    if (!fft_err.empty()) return fft_err;
+    if (!have_cufft) return Status::Unavailable(fft_err);
+    if (!fft_err.empty()) return Status::ResourceExhausted(fft_err);
     c->algorithm = GpuAlgorithm::kFft;
     c->reason = "requested";
-    return "";
+    return Status::Ok();
   }
   Algorithm choice;
   c->reason = ChooseGpuKernel(problem, dtype, fft_err.empty(), &c->direct.seconds,
                               &c->fft.seconds, &choice);
   if (!fft_err.empty()) c->reason += " (" + fft_err + ")";
   c->algorithm = choice == Algorithm::kFft ? GpuAlgorithm::kFft : GpuAlgorithm::kDirect;
-  return "";
+  return Status::Ok();
 }
 
 }  // namespace gpu

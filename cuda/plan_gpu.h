@@ -13,6 +13,7 @@
 #include "direct_gpu.h"
 #include "fft_gpu.h"
 #include "plan.h"
+#include "status.h"
 
 namespace tfbigconv {
 namespace gpu {
@@ -29,9 +30,9 @@ struct GpuAlgorithmChoice {
   }
 };
 
-// Errors: an unknown algorithm name (argument error: starts with
-// "algorithm"), or "fft" requested and it is unavailable or does not fit.
-std::string ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, const std::string& requested,
+// Errors: an unknown algorithm name (kInvalidArgument); "fft" requested and
+// cuFFT missing (kUnavailable) or no plan fits (kResourceExhausted).
+Status ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, const std::string& requested,
                                int64_t workspace_limit, cudaStream_t stream,
                                GpuAlgorithmChoice* choice);
 

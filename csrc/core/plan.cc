@@ -180,10 +180,11 @@ double Im2colRate(const CostModel& m, Pass pass, double side, double channels) {
 
 }  // namespace
 
-std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
-                            int64_t limit, int workers, AlgorithmChoice* c) {
+Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
+                       int64_t limit, int workers, AlgorithmChoice* c) {
   if (requested != "auto" && requested != "direct" && requested != "fft")
-    return "algorithm must be 'auto', 'direct' or 'fft', got '" + requested + "'";
+    return Status::InvalidArgument("algorithm must be 'auto', 'direct' or 'fft', got '" +
+                                   requested + "'");
   const CostModel m = ActiveCostModel();
   *c = AlgorithmChoice();
   const int64_t operands = OperandBytes(g, dtype);
@@ -218,23 +219,26 @@ std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::strin
     f.note = fft_err;
   }
   if (requested == "fft") {
-    if (!f.fits) return fft_err;
+    if (!f.fits) return Status::ResourceExhausted(fft_err);
     c->algorithm = Algorithm::kFft;
     c->reason = "fft requested";
   } else if (requested == "direct") {
     if (!d.fits)
-      return "the direct algorithm needs " + std::to_string(d.workspace_bytes) +
-             " bytes of scratch, but the limit is " + std::to_string(limit) + " bytes";
+      return Status::ResourceExhausted("the direct algorithm needs " +
+                                       std::to_string(d.workspace_bytes) +
+                                       " bytes of scratch, but the limit is " +
+                                       std::to_string(limit) + " bytes");
     c->reason = "direct requested";
   } else if (!d.fits && !f.fits) {
-    return "no algorithm fits the workspace limit of " + std::to_string(limit) +
-           " bytes: direct needs " + std::to_string(d.workspace_bytes) + " bytes; " + fft_err;
+    return Status::ResourceExhausted("no algorithm fits the workspace limit of " +
+                                     std::to_string(limit) + " bytes: direct needs " +
+                                     std::to_string(d.workspace_bytes) + " bytes; " + fft_err);
   } else {
     const bool fft = f.fits && (!d.fits || f.seconds < d.seconds);
     c->algorithm = fft ? Algorithm::kFft : Algorithm::kDirect;
     c->reason = std::string("auto: ") + (fft ? "fft" : "direct") + " is the fastest that fits";
   }
-  return "";
+  return Status::Ok();
 }
 
 // ---- the planner of one pass ----------------------------------------------
@@ -336,19 +340,19 @@ void PlanGpuOurs(const ConvProblem& problem, DType dtype, const ConvGeometry& ug
 
 }  // namespace
 
-std::string PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
-                     const std::string& requested, int64_t limit, int workers,
-                     const TfCandidate& tf, PassPlan* out) {
+Status PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
+                const std::string& requested, int64_t limit, int workers, const TfCandidate& tf,
+                PassPlan* out) {
   if (requested != "auto" && requested != "tf" && requested != "direct" && requested != "fft")
-    return "algorithm must be 'auto', 'tf' (alias 'im2col'), 'direct' or 'fft', got '" +
-           requested + "'";
+    return Status::InvalidArgument("algorithm must be 'auto', 'tf' (alias 'im2col'), 'direct' or "
+                                   "'fft', got '" + requested + "'");
   PassPlan p;
   p.pass = pass;
   p.device = device;
   const ConvProblem problem = pass == Pass::kForward          ? ForwardProblem(ug)
                               : pass == Pass::kBackpropInput ? BackpropInputProblem(ug)
                                                              : BackpropFilterProblem(ug);
-  std::string err;
+  Status err;
   Algorithm ours = Algorithm::kDirect;
   if (device == Device::kCpu) {
     AlgorithmChoice c;
@@ -361,8 +365,9 @@ std::string PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device devi
   } else {
     PlanGpuOurs(problem, dtype, ug, limit, &p);
     if (requested == "fft" && !p.fft.fits)
-      err = "the GPU fft needs a workspace of at least " + FormatBytes(p.fft.workspace_bytes) +
-            ", but the limit is " + FormatBytes(limit);
+      err = Status::ResourceExhausted("the GPU fft needs a workspace of at least " +
+                                      FormatBytes(p.fft.workspace_bytes) + ", but the limit is " +
+                                      FormatBytes(limit));
     const bool fft = requested == "fft" ||
                      (requested != "direct" && p.fft.fits && p.fft.seconds < p.direct.seconds);
     ours = fft ? Algorithm::kFft : Algorithm::kDirect;
@@ -373,10 +378,10 @@ std::string PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device devi
   // auto may pick TF's kernel where it runs, fits, and its estimate is trusted.
   const bool tf_eligible = t.available && t.fits && tf.estimate_trusted;
   if (requested == "tf") {
-    if (!t.available) return "algorithm 'tf' is not available: " + t.note;
+    if (!t.available) return Status::Unavailable("algorithm 'tf' is not available: " + t.note);
     p.chosen = "tf";
     p.reason = "tf requested";
-  } else if (!err.empty()) {
+  } else if (!err.ok()) {
     if (requested != "auto" || !tf_eligible) return err;
     p.chosen = "tf";
     p.reason = "auto: tf, the only algorithm that fits";
@@ -406,7 +411,7 @@ std::string PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device devi
     p.reason = os.str();
   }
   *out = p;
-  return "";
+  return Status::Ok();
 }
 
 }  // namespace tfbigconv

@@ -11,6 +11,7 @@
 #include "cost_model.h"
 #include "dtypes.h"
 #include "geometry.h"
+#include "status.h"
 
 namespace tfbigconv {
 
@@ -89,9 +90,9 @@ struct AlgorithmChoice {
   std::string reason;
 };
 
-// Errors: an unknown algorithm name, or nothing requested fits the limit
-// (the message states the minimum).
-std::string ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
+// Errors: an unknown algorithm name (kInvalidArgument), or nothing requested
+// fits the limit (kResourceExhausted; the message states the minimum).
+Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
                             int64_t workspace_limit, int workers, AlgorithmChoice* choice);
 
 // ---- the planner of one pass ----------------------------------------------
@@ -126,7 +127,9 @@ struct PassPlan {
   std::string chosen;
   std::string reason;
 };
-std::string PlanPass(const ConvGeometry& user_g, Pass pass, DType dtype, Device device,
+// Errors: kInvalidArgument (unknown algorithm), kUnavailable ("tf" requested
+// where TF cannot run the case), kResourceExhausted (nothing requested fits).
+Status PlanPass(const ConvGeometry& user_g, Pass pass, DType dtype, Device device,
                      const std::string& requested, int64_t limit, int workers,
                      const TfCandidate& tf, PassPlan* plan);
 

@@ -151,6 +151,14 @@ py::dict EstimateDict(const Estimate& e) {
   return d;
 }
 
+// Bad arguments and unavailable algorithms raise ValueError; a workspace that
+// does not fit raises RuntimeError (Python maps them to TF's errors).
+void ThrowIfError(const Status& s) {
+  if (s.ok()) return;
+  if (s.code() == StatusCode::kResourceExhausted) throw std::runtime_error(s.message());
+  throw py::value_error(s.message());
+}
+
 Pass PassFromName(const std::string& name) {
   for (Pass p : {Pass::kForward, Pass::kBackpropInput, Pass::kBackpropFilter})
     if (name == PassName(p)) return p;
@@ -332,10 +340,9 @@ PYBIND11_MODULE(_core, m) {
         const int64_t limit = device == "GPU" ? (workspace_limit > 0 ? workspace_limit : std::numeric_limits<int64_t>::max())
                                               : BudgetOrDefault(workspace_limit);
         PassPlan p;
-        const std::string err =
-            PlanPass(g, PassFromName(pass), DTypeFromName(dtype),
-                     device == "GPU" ? Device::kGpu : Device::kCpu, algorithm, limit, workers, tf, &p);
-        if (!err.empty()) throw std::runtime_error(err);
+        ThrowIfError(PlanPass(g, PassFromName(pass), DTypeFromName(dtype),
+                              device == "GPU" ? Device::kGpu : Device::kCpu, algorithm, limit,
+                              workers, tf, &p));
         py::dict d;
         d["pass"] = pass;
         d["device"] = device;
@@ -355,8 +362,8 @@ PYBIND11_MODULE(_core, m) {
       py::arg("tf_trusted") = true, py::arg("tf_note") = "",
       "Every algorithm's estimate for one pass of the forward geometry on a device, and the "
       "choice. tf_kernel names TensorFlow's kernel for the case ('' if TF cannot run it). "
-      "ValueError for bad arguments; RuntimeError when the request cannot be met (the "
-      "message states the minimum workspace).");
+      "ValueError for bad arguments or an algorithm that cannot run the case; RuntimeError "
+      "when nothing requested fits the workspace limit (the message states the minimum).");
   m.def(
       "gpu_terms",
       [](const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,

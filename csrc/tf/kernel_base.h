@@ -10,6 +10,7 @@
 #include "attrs.h"
 #include "dtypes.h"
 #include "geometry.h"
+#include "status.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -38,6 +39,17 @@ inline std::string ShapeString(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
   return s + "]";
+}
+
+// The core's Status as TensorFlow's.
+inline absl::Status ToTfStatus(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk: return absl::OkStatus();
+    case StatusCode::kInvalidArgument: return tensorflow::errors::InvalidArgument(s.message());
+    case StatusCode::kResourceExhausted: return tensorflow::errors::ResourceExhausted(s.message());
+    case StatusCode::kUnavailable: return tensorflow::errors::FailedPrecondition(s.message());
+  }
+  return tensorflow::errors::Internal(s.message());
 }
 
 // Reads a 4-element int32 sizes tensor (input_sizes / filter_sizes).

@@ -42,9 +42,8 @@ class BigConvCpuBase : public BigConvOpBase<T> {
     const int64_t limit =
         this->workspace_limit_ > 0 ? this->workspace_limit_ : DefaultHostWorkspaceBudget();
     AlgorithmChoice choice;
-    const std::string err =
-        ChooseAlgorithm(g, kDType<T>, this->algorithm_, limit, pf.num_workers(), &choice);
-    OP_REQUIRES(ctx, err.empty(), tensorflow::errors::ResourceExhausted(err));
+    OP_REQUIRES_OK(ctx, ToTfStatus(ChooseAlgorithm(g, kDType<T>, this->algorithm_, limit,
+                                                   pf.num_workers(), &choice)));
     VLOG(1) << this->name() << ": "
             << (choice.algorithm == Algorithm::kFft ? "fft" : "direct") << " (" << choice.reason
             << ")";

@@ -45,12 +45,8 @@ class BigConvGpuBase : public BigConvOpBase<T> {
     const int64_t limit =
         this->workspace_limit_ > 0 ? this->workspace_limit_ : DefaultGpuWorkspaceBudget(ctx);
     gpu::GpuAlgorithmChoice choice;
-    const std::string err =
-        gpu::ChooseGpuAlgorithm(problem, kDType<T>, this->algorithm_, limit, stream, &choice);
-    OP_REQUIRES(ctx, err.rfind("algorithm", 0) != 0, tensorflow::errors::InvalidArgument(err));
-    OP_REQUIRES(ctx, err.rfind("GPU fft unavailable", 0) != 0,
-                tensorflow::errors::FailedPrecondition(err));
-    OP_REQUIRES(ctx, err.empty(), tensorflow::errors::ResourceExhausted(err));
+    OP_REQUIRES_OK(ctx, ToTfStatus(gpu::ChooseGpuAlgorithm(problem, kDType<T>, this->algorithm_,
+                                                           limit, stream, &choice)));
     VLOG(1) << this->name() << " (GPU): "
             << (choice.algorithm == gpu::GpuAlgorithm::kFft ? "fft" : "direct") << " ("
             << choice.reason << ")";

@@ -80,9 +80,10 @@ std::string Run(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out
   auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
   if (c.problem.g.output_elements() == 0) return "empty";
   gpu::GpuAlgorithmChoice choice;
-  std::string err = gpu::ChooseGpuAlgorithm(c.problem, dtype, algorithm, workspace_limit,
-                                            stream, &choice);
-  if (!err.empty()) throw std::runtime_error(err);
+  const Status status = gpu::ChooseGpuAlgorithm(c.problem, dtype, algorithm, workspace_limit,
+                                                stream, &choice);
+  if (!status.ok()) throw std::runtime_error(status.message());
+  std::string err;
   void* ws = nullptr;
   const int64_t bytes = choice.workspace_bytes();
   if (bytes > 0) {
