@@ -4,7 +4,7 @@ Grid (square K x K filters, stride 1, no dilation):
 
     K in {3, 7, 15, 31, 63}            (--quick: K in {7, 31}; --ks overrides both)
     Cin/Cout  input (N, H, W, Cin)     filter (K, K, Cin, Cout)
-    1/3       (4, 321, 321, 1)         an image filter bank, like DESIGN.md section 1
+    1/3       (4, 321, 321, 1)         an image filter bank, like docs/ARCHITECTURE.md section 1
     16/16     (4, 128, 128, 16)
     64/64     (2, 128, 128, 64)        the largest point: tf.nn.conv2d takes about 3 s at K=63
 

@@ -1,4 +1,4 @@
-"""The motivating case, DESIGN.md section 1: bigconv2d(algorithm="fft") against
+"""The motivating case, docs/ARCHITECTURE.md section 1: bigconv2d(algorithm="fft") against
 tf.nn.conv2d, an FFT convolution in pure TF and scipy.signal.oaconvolve. Forward, float32, NHWC.
 
 Sections (--quick in brackets):

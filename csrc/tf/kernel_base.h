@@ -76,9 +76,7 @@ class BigConvOpBase : public OpKernel {
   explicit BigConvOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, GetConvAttrs(ctx, &attrs_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("algorithm", &algorithm_));
-    std::string planned;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("planned_algorithm", &planned));
-    if (algorithm_ == "auto" && planned != "none") algorithm_ = planned;  // decided at trace time
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("planned_algorithm", &planned_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("workspace_limit_bytes", &workspace_limit_));
     OP_REQUIRES(ctx, workspace_limit_ >= 0,
                 tensorflow::errors::InvalidArgument(
@@ -104,11 +102,26 @@ class BigConvOpBase : public OpKernel {
     return absl::OkStatus();
   }
 
+  // Runs the device's chooser `choose(requested)`: with "auto", first for the
+  // trace-time plan (planned_algorithm) if there is one; if that no longer fits
+  // or cannot run here (another budget or device at run time), "auto" decides.
+  template <typename Choose>
+  absl::Status ChooseWithPlan(Choose choose) const {
+    if (algorithm_ == "auto" && planned_ != "none") {
+      const Status s = choose(planned_);
+      if (s.ok() || (s.code() != StatusCode::kResourceExhausted &&
+                     s.code() != StatusCode::kUnavailable))
+        return ToTfStatus(s);
+    }
+    return ToTfStatus(choose(algorithm_));
+  }
+
   static const void* Data(const Tensor& t) { return t.tensor_data().data(); }
   static void* Data(Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
 
   ConvAttrs attrs_;
   std::string algorithm_;
+  std::string planned_;  // "none", "direct" or "fft"
   int64_t workspace_limit_ = 0;
 };
 

@@ -42,8 +42,9 @@ class BigConvCpuBase : public BigConvOpBase<T> {
     const int64_t limit =
         this->workspace_limit_ > 0 ? this->workspace_limit_ : DefaultHostWorkspaceBudget();
     AlgorithmChoice choice;
-    OP_REQUIRES_OK(ctx, ToTfStatus(ChooseAlgorithm(g, kDType<T>, this->algorithm_, limit,
-                                                   pf.num_workers(), &choice)));
+    OP_REQUIRES_OK(ctx, this->ChooseWithPlan([&](const std::string& requested) {
+      return ChooseAlgorithm(g, kDType<T>, requested, limit, pf.num_workers(), &choice);
+    }));
     VLOG(1) << this->name() << ": "
             << (choice.algorithm == Algorithm::kFft ? "fft" : "direct") << " (" << choice.reason
             << ")";

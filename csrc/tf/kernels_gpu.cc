@@ -45,8 +45,9 @@ class BigConvGpuBase : public BigConvOpBase<T> {
     const int64_t limit =
         this->workspace_limit_ > 0 ? this->workspace_limit_ : DefaultGpuWorkspaceBudget(ctx);
     gpu::GpuAlgorithmChoice choice;
-    OP_REQUIRES_OK(ctx, ToTfStatus(gpu::ChooseGpuAlgorithm(problem, kDType<T>, this->algorithm_,
-                                                           limit, stream, &choice)));
+    OP_REQUIRES_OK(ctx, this->ChooseWithPlan([&](const std::string& requested) {
+      return gpu::ChooseGpuAlgorithm(problem, kDType<T>, requested, limit, stream, &choice);
+    }));
     VLOG(1) << this->name() << " (GPU): "
             << (choice.algorithm == gpu::GpuAlgorithm::kFft ? "fft" : "direct") << " ("
             << choice.reason << ")";

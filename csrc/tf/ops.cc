@@ -97,7 +97,7 @@ absl::Status ShapeFromSizes(InferenceContext* c, int sizes_input, const char* na
 }  // namespace
 }  // namespace tfbigconv
 
-// Attributes shared by every BigConv2D* op (DESIGN.md section 3).
+// Attributes shared by every BigConv2D* op (docs/ARCHITECTURE.md section 3).
 #define TFBIGCONV_CONV_ATTRS                                       \
   Attr("T: {half, bfloat16, float, double}")                       \
       .Attr("strides: list(int)")                                  \
