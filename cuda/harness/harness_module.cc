@@ -1,20 +1,22 @@
-// pybind11 module `tfbigconv_gpu_harness`: the CUDA launchers on raw device
-// pointers (from CuPy arrays or torch tensors), for testing the kernels
-// without TensorFlow (scripts/gpu_check.sh). Shapes, padding and the passes'
+// pybind11 module `tfbigconv_gpu_harness`: the CUDA kernels on raw device
+// pointers (from CuPy arrays or torch tensors), for testing and timing them
+// without TensorFlow (scripts/gpu_check.sh). Launches go through
+// gpu::RunConvGpu, the same function the TF op calls. Shapes, padding and the passes'
 // problems come from geometry.cc, exactly as the TF kernels get them.
 #include <cuda_runtime_api.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "direct_gpu.h"
-#include "fft_gpu.h"
 #include "geometry.h"
 #include "plan_gpu.h"
+#include "run_gpu.h"
 
 namespace py = pybind11;
 
@@ -65,57 +67,171 @@ DType ParseDTypeOrThrow(const std::string& name) {
   return t;
 }
 
-// Runs one pass: a, b are (input, filter), (out_backprop, filter) or
-// (input, out_backprop) for forward, backprop_input, backprop_filter. The
-// workspace is poisoned with NaN bytes. Returns "<algorithm>: <reason>".
+// RAII device buffer.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(int64_t bytes) {
+    if (bytes > 0) Check(cudaMalloc(&ptr, size_t(bytes)), "cudaMalloc(workspace)");
+  }
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+struct CudaEvent {
+  cudaEvent_t e = nullptr;
+  CudaEvent() { Check(cudaEventCreate(&e), "cudaEventCreate"); }
+  ~CudaEvent() { cudaEventDestroy(e); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+};
+
+// One pass as the harness runs it: the problem, the planned choice, and the
+// operands. a, b are (input, filter), (out_backprop, filter) or (input,
+// out_backprop) for forward, backprop_input, backprop_filter.
+struct Job {
+  Conv c;
+  DType dtype;
+  gpu::GpuAlgorithmChoice choice;
+  const void* a;
+  const void* b;
+  void* out;
+  cudaStream_t stream;
+  std::string Describe() const {
+    return std::string(gpu::GpuAlgorithmName(choice.algorithm)) + ": " + choice.reason;
+  }
+  void Launch(void* ws) const {
+    const std::string err = gpu::RunConvGpu(c.problem, dtype, choice, a, b, out, ws, stream);
+    if (!err.empty()) throw std::runtime_error(err);
+  }
+};
+
+Job MakeJob(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
+            const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
+            const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
+            const std::string& padding, const std::vector<int64_t>& explicit_paddings,
+            const std::string& data_format, const std::string& dtype_name,
+            const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle) {
+  Job j{MakeConv(pass, input_shape, filter_shape, strides, dilations, padding, explicit_paddings,
+                 data_format),
+        ParseDTypeOrThrow(dtype_name),
+        {},
+        reinterpret_cast<const void*>(a),
+        reinterpret_cast<const void*>(b),
+        reinterpret_cast<void*>(out),
+        reinterpret_cast<cudaStream_t>(stream_handle)};
+  if (j.c.problem.g.output_elements() == 0) return j;
+  const std::string err = gpu::ChooseGpuAlgorithm(j.c.problem.g, j.dtype, algorithm,
+                                                  workspace_limit, j.stream, &j.choice);
+  if (!err.empty()) throw std::runtime_error(err);
+  return j;
+}
+
+// Check mode: plans, allocates the workspace and poisons it with NaN bytes
+// (so reads of unwritten workspace show), runs the pass, synchronizes.
+// Returns "<algorithm>: <reason>".
 std::string Run(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
                 const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
                 const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
                 const std::string& padding, const std::vector<int64_t>& explicit_paddings,
                 const std::string& data_format, const std::string& dtype_name,
                 const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle) {
-  const Conv c = MakeConv(pass, input_shape, filter_shape, strides, dilations, padding,
-                          explicit_paddings, data_format);
-  const DType dtype = ParseDTypeOrThrow(dtype_name);
-  auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
-  if (c.problem.g.output_elements() == 0) return "empty";
-  gpu::GpuAlgorithmChoice choice;
-  std::string err = gpu::ChooseGpuAlgorithm(c.problem.g, dtype, algorithm, workspace_limit,
-                                            stream, &choice);
-  if (!err.empty()) throw std::runtime_error(err);
-  void* ws = nullptr;
-  const int64_t bytes = choice.workspace_bytes();
-  if (bytes > 0) {
-    Check(cudaMalloc(&ws, size_t(bytes)), "cudaMalloc(workspace)");
-    Check(cudaMemsetAsync(ws, 0xff, size_t(bytes), stream), "poisoning the workspace");
+  const Job j = MakeJob(pass, a, b, out, input_shape, filter_shape, strides, dilations, padding,
+                        explicit_paddings, data_format, dtype_name, algorithm, workspace_limit,
+                        stream_handle);
+  if (j.c.problem.g.output_elements() == 0) return "empty";
+  DeviceBuffer ws(j.choice.workspace_bytes());
+  if (ws.ptr)
+    Check(cudaMemsetAsync(ws.ptr, 0xff, size_t(j.choice.workspace_bytes()), j.stream),
+          "poisoning the workspace");
+  j.Launch(ws.ptr);
+  Check(cudaStreamSynchronize(j.stream), "kernel execution");
+  return j.Describe();
+}
+
+// The planner's choice for a pass, without running it: (algorithm, reason).
+py::tuple Plan(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
+               const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
+               const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
+               const std::string& padding, const std::vector<int64_t>& explicit_paddings,
+               const std::string& data_format, const std::string& dtype_name,
+               const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle) {
+  const Job j = MakeJob(pass, a, b, out, input_shape, filter_shape, strides, dilations, padding,
+                        explicit_paddings, data_format, dtype_name, algorithm, workspace_limit,
+                        stream_handle);
+  return py::make_tuple(std::string(gpu::GpuAlgorithmName(j.choice.algorithm)), j.choice.reason);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Timing mode: plans once and allocates the workspace once (not poisoned,
+// as TF's allocator hands it out), runs one warm-up, then `reps` calls.
+// kernel_ms: median over the calls of the GPU time between CUDA events
+// recorded around each call's launches (the calls are enqueued back to back,
+// so host launch work overlaps the GPU's). wall_ms: median host time of a
+// call that plans, launches and synchronizes, as a TF op would (without its
+// allocation). Returns a dict with kernel_ms, wall_ms, algorithm, reason and
+// workspace_bytes.
+py::dict Time(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
+              const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
+              const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
+              const std::string& padding, const std::vector<int64_t>& explicit_paddings,
+              const std::string& data_format, const std::string& dtype_name,
+              const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle,
+              int reps) {
+  if (reps < 1) throw py::value_error("reps must be at least 1");
+  std::vector<double> kernel_ms, wall_ms;
+  Job j;
+  {
+    py::gil_scoped_release release;
+    j = MakeJob(pass, a, b, out, input_shape, filter_shape, strides, dilations, padding,
+                explicit_paddings, data_format, dtype_name, algorithm, workspace_limit,
+                stream_handle);
+    if (j.c.problem.g.output_elements() > 0) {
+      DeviceBuffer ws(j.choice.workspace_bytes());
+      j.Launch(ws.ptr);  // warm-up: module load, cuFFT plans
+      Check(cudaStreamSynchronize(j.stream), "kernel execution");
+      std::vector<CudaEvent> ev(size_t(reps) + 1);
+      Check(cudaEventRecord(ev[0].e, j.stream), "cudaEventRecord");
+      for (int r = 0; r < reps; ++r) {
+        j.Launch(ws.ptr);
+        Check(cudaEventRecord(ev[size_t(r) + 1].e, j.stream), "cudaEventRecord");
+      }
+      Check(cudaStreamSynchronize(j.stream), "kernel execution");
+      for (int r = 0; r < reps; ++r) {
+        float ms = 0;
+        Check(cudaEventElapsedTime(&ms, ev[size_t(r)].e, ev[size_t(r) + 1].e),
+              "cudaEventElapsedTime");
+        kernel_ms.push_back(ms);
+      }
+      for (int r = 0; r < reps; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        gpu::GpuAlgorithmChoice again;
+        const std::string err = gpu::ChooseGpuAlgorithm(j.c.problem.g, j.dtype, algorithm,
+                                                        workspace_limit, j.stream, &again);
+        if (!err.empty()) throw std::runtime_error(err);
+        j.Launch(ws.ptr);
+        Check(cudaStreamSynchronize(j.stream), "kernel execution");
+        wall_ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count());
+      }
+    }
   }
-  if (choice.algorithm == gpu::GpuAlgorithm::kFft) {
-    gpu::FftGpuParams p;
-    p.problem = c.problem;
-    p.dtype = dtype;
-    p.plan = choice.fft;
-    p.input = reinterpret_cast<const void*>(a);
-    p.filter = reinterpret_cast<const void*>(b);
-    p.output = reinterpret_cast<void*>(out);
-    p.workspace = ws;
-    err = gpu::FftConvGpu(p, stream);
-  } else {
-    gpu::DirectGpuParams p;
-    p.problem = c.problem;
-    p.dtype = dtype;
-    p.plan = choice.direct;
-    p.input = reinterpret_cast<const void*>(a);
-    p.filter = reinterpret_cast<const void*>(b);
-    p.output = reinterpret_cast<void*>(out);
-    p.workspace = ws;
-    err = gpu::DirectConvGpu(p, stream);
-  }
-  const cudaError_t sync = cudaStreamSynchronize(stream);
-  if (ws) cudaFree(ws);
-  if (!err.empty()) throw std::runtime_error(err);
-  Check(sync, "kernel execution");
-  return std::string(choice.algorithm == gpu::GpuAlgorithm::kFft ? "fft" : "direct") + ": " +
-         choice.reason;
+  py::dict d;
+  const bool empty = kernel_ms.empty();
+  d["kernel_ms"] = empty ? 0.0 : Median(kernel_ms);
+  d["wall_ms"] = empty ? 0.0 : Median(wall_ms);
+  d["algorithm"] = empty ? "empty" : gpu::GpuAlgorithmName(j.choice.algorithm);
+  d["reason"] = j.choice.reason;
+  d["workspace_bytes"] = j.choice.workspace_bytes();
+  return d;
 }
 
 std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape,
@@ -147,6 +263,17 @@ PYBIND11_MODULE(tfbigconv_gpu_harness, m) {
         py::arg("data_format"), py::arg("dtype"), py::arg("algorithm"),
         py::arg("workspace_limit") = int64_t(4) << 30, py::arg("stream") = uintptr_t(0),
         py::call_guard<py::gil_scoped_release>());
+  m.def("time", &Time, py::arg("pass_"), py::arg("a"), py::arg("b"), py::arg("out"),
+        py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
+        py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
+        py::arg("data_format"), py::arg("dtype"), py::arg("algorithm"),
+        py::arg("workspace_limit") = int64_t(4) << 30, py::arg("stream") = uintptr_t(0),
+        py::arg("reps") = 5);
+  m.def("plan", &Plan, py::arg("pass_"), py::arg("a"), py::arg("b"), py::arg("out"),
+        py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
+        py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
+        py::arg("data_format"), py::arg("dtype"), py::arg("algorithm"),
+        py::arg("workspace_limit") = int64_t(4) << 30, py::arg("stream") = uintptr_t(0));
   m.def("output_shape", &OutputShape, py::arg("input_shape"), py::arg("filter_shape"),
         py::arg("strides"), py::arg("dilations"), py::arg("padding"),
         py::arg("explicit_paddings"), py::arg("data_format"));
