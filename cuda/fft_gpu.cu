@@ -147,22 +147,40 @@ __device__ __forceinline__ Tile TileOf(const FftArgs& a, int64_t item) {
   return r;
 }
 
+// The layout kernels below give each warp one row of a plane (grid-stride
+// over rows) and its lanes consecutive columns: the row's index arithmetic is
+// done once per row rather than per element, and loads and stores coalesce.
+constexpr int kWarpsPerBlock = kThreads / 32;
+// The mix kernel gives a thread all output channels when they are few.
+constexpr int64_t kMixMacsPerThread = 64;
+
+__device__ __forceinline__ int64_t CeilDivDevice(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ int64_t WarpRow() {
+  return blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+}
+__device__ __forceinline__ int64_t WarpCount() { return gridDim.x * int64_t(kWarpsPerBlock); }
+
+inline unsigned GridForRows(int64_t rows) { return GridFor(rows, kWarpsPerBlock); }
+
 // real[co][ci][r][c] = dilated filter tap plane (co, ci0 + ci) at the origin.
 template <typename S, typename T>
 __global__ void PadFilterKernel(FftArgs a, const S* filt, int64_t ci0, int64_t nci, T* real) {
-  const int64_t plane = a.fft_h * a.fft_w, total = a.cout * a.ci_block * plane;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = i % a.fft_w, r = (i / a.fft_w) % a.fft_h, t = i / plane;
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = a.cout * a.ci_block * a.fft_h;
+  for (int64_t row = WarpRow(); row < rows; row += WarpCount()) {
+    const int64_t r = row % a.fft_h, t = row / a.fft_h;
     const int64_t ci = t % a.ci_block, co = t / a.ci_block;
-    T v = T(0);
-    if (ci < nci && r % a.dh == 0 && c % a.dw == 0 && r / a.dh < a.filter_h &&
-        c / a.dw < a.filter_w) {
-      const int64_t grp = co / a.cog;
-      v = ToCompute(filt[a.fv.offset + (r / a.dh) * a.fv.h + (c / a.dw) * a.fv.w +
-                         (ci0 + ci) * a.fv.i + grp * a.fv.g + (co % a.cog) * a.fv.o]);
+    T* dst = real + row * a.fft_w;
+    const bool live = ci < nci && r % a.dh == 0 && r / a.dh < a.filter_h;
+    const S* src = live ? filt + a.fv.offset + (r / a.dh) * a.fv.h + (ci0 + ci) * a.fv.i +
+                              (co / a.cog) * a.fv.g + (co % a.cog) * a.fv.o
+                        : nullptr;
+    for (int64_t c = lane; c < a.fft_w; c += 32) {
+      T v = T(0);
+      if (src && c % a.dw == 0 && c / a.dw < a.filter_w) v = ToCompute(src[(c / a.dw) * a.fv.w]);
+      dst[c] = v;
     }
-    real[i] = v;
   }
 }
 
@@ -171,72 +189,107 @@ __global__ void PadFilterKernel(FftArgs a, const S* filt, int64_t ci0, int64_t n
 template <typename S, typename T>
 __global__ void PadInputKernel(FftArgs a, const S* in, int64_t item0, int64_t n_items,
                                int64_t ci0, int64_t nci, T* real) {
-  const int64_t plane = a.fft_h * a.fft_w, total = a.chunk * a.groups * a.ci_block * plane;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = i % a.fft_w, r = (i / a.fft_w) % a.fft_h;
-    int64_t t = i / plane;
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = a.chunk * a.groups * a.ci_block * a.fft_h;
+  for (int64_t row = WarpRow(); row < rows; row += WarpCount()) {
+    const int64_t r = row % a.fft_h;
+    int64_t t = row / a.fft_h;
     const int64_t ci = t % a.ci_block;
     t /= a.ci_block;
     const int64_t grp = t % a.groups, slot = t / a.groups;
-    T v = T(0);
+    T* dst = real + row * a.fft_w;
+    // This row's source, and the window of columns [0, need_w) it may fill.
+    const S* src = nullptr;
+    int64_t vc0 = 0, need_w = 0;
     if (slot < n_items && ci < nci) {
       const Tile tl = TileOf(a, item0 + slot);
-      const int64_t need_h = (tl.vh - 1) * a.sh + a.eff_h, need_w = (tl.vw - 1) * a.sw + a.eff_w;
-      const int64_t vr = tl.oh0 * a.sh - a.pt + r, vc = tl.ow0 * a.sw - a.pl + c;
-      if (r < need_h && c < need_w && vr >= 0 && vr < a.vh && vc >= 0 && vc < a.vw &&
-          vr % a.uh == 0 && vc % a.uw == 0)
-        v = ToCompute(in[tl.n * a.iv.n + grp * a.iv.g + (ci0 + ci) * a.iv.c +
-                         (vr / a.uh) * a.iv.h + (vc / a.uw) * a.iv.w]);
+      const int64_t need_h = (tl.vh - 1) * a.sh + a.eff_h;
+      const int64_t vr = tl.oh0 * a.sh - a.pt + r;
+      if (r < need_h && vr >= 0 && vr < a.vh && vr % a.uh == 0) {
+        src = in + tl.n * a.iv.n + grp * a.iv.g + (ci0 + ci) * a.iv.c + (vr / a.uh) * a.iv.h;
+        vc0 = tl.ow0 * a.sw - a.pl;
+        need_w = (tl.vw - 1) * a.sw + a.eff_w;
+      }
     }
-    real[i] = v;
+    if (a.uw == 1) {
+      for (int64_t c = lane; c < a.fft_w; c += 32) {
+        const int64_t vc = vc0 + c;
+        dst[c] = c < need_w && vc >= 0 && vc < a.vw ? ToCompute(src[vc * a.iv.w]) : T(0);
+      }
+    } else {
+      for (int64_t c = lane; c < a.fft_w; c += 32) {
+        const int64_t vc = vc0 + c;
+        dst[c] = c < need_w && vc >= 0 && vc < a.vw && vc % a.uw == 0
+                     ? ToCompute(src[(vc / a.uw) * a.iv.w])
+                     : T(0);
+      }
+    }
   }
 }
 
 // y[slot][co][bin] (+)= sum over ci < nci of x[slot][grp(co)][ci][bin] *
 // conj(w[co][ci][bin]): correlation is convolution with the conjugate. One
-// thread per bin (consecutive threads, consecutive bins), ci in order.
+// thread per (slot, block of co_per_thread channels, bin), consecutive
+// threads on consecutive bins, ci in order. Few channels share a thread (the
+// thread re-reads its x from L1 rather than each channel's thread from L2);
+// many channels get a thread each, for parallelism.
 template <typename T>
 __global__ void MixKernel(FftArgs a, const typename Complex<T>::type* x,
                           const typename Complex<T>::type* w, typename Complex<T>::type* y,
-                          int64_t n_items, int64_t nci, bool accumulate) {
-  const int64_t total = n_items * a.cout * a.bins;
+                          int64_t n_items, int64_t nci, int64_t co_per_thread, bool accumulate) {
+  const int64_t co_blocks = CeilDivDevice(a.cout, co_per_thread);
+  const int64_t total = n_items * co_blocks * a.bins;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t bin = i % a.bins, t = i / a.bins, co = t % a.cout, slot = t / a.cout;
-    const int64_t grp = co / a.cog;
-    T re = T(0), im = T(0);
-    if (accumulate) {
-      re = y[i].x;
-      im = y[i].y;
+    const int64_t bin = i % a.bins, t = i / a.bins;
+    const int64_t co0 = (t % co_blocks) * co_per_thread, slot = t / co_blocks;
+    const int64_t co_end = min(a.cout, co0 + co_per_thread);
+    int64_t grp = co0 / a.cog, k = co0 % a.cog;
+    for (int64_t co = co0; co < co_end; ++co) {
+      const auto* xs = x + ((slot * a.groups + grp) * a.ci_block) * a.bins + bin;
+      const auto* ws = w + (co * a.ci_block) * a.bins + bin;
+      auto* yv = y + (slot * a.cout + co) * a.bins + bin;
+      T re = T(0), im = T(0);
+      if (accumulate) {
+        re = yv->x;
+        im = yv->y;
+      }
+      for (int64_t ci = 0; ci < nci; ++ci) {
+        const auto xv = xs[ci * a.bins], wv = ws[ci * a.bins];
+        re += xv.x * wv.x + xv.y * wv.y;
+        im += xv.y * wv.x - xv.x * wv.y;
+      }
+      yv->x = re;
+      yv->y = im;
+      if (++k == a.cog) {
+        k = 0;
+        ++grp;
+      }
     }
-    const auto* xs = x + ((slot * a.groups + grp) * a.ci_block) * a.bins + bin;
-    const auto* ws = w + (co * a.ci_block) * a.bins + bin;
-    for (int64_t ci = 0; ci < nci; ++ci) {
-      const auto xv = xs[ci * a.bins], wv = ws[ci * a.bins];
-      re += xv.x * wv.x + xv.y * wv.y;
-      im += xv.y * wv.x - xv.x * wv.y;
-    }
-    y[i].x = re;
-    y[i].y = im;
   }
 }
 
 // out[tile rows/cols] = real[slot][co] sampled by the stride, scaled by
-// 1 / (fft_h * fft_w) (cuFFT's inverse is unnormalised).
+// 1 / (fft_h * fft_w) (cuFFT's inverse is unnormalised), converted to the
+// storage type. One warp per (slot, tile row); each lane writes every output
+// channel of its pixel (contiguous in NHWC).
 template <typename S, typename T>
 __global__ void CropKernel(FftArgs a, const T* real, int64_t item0, int64_t n_items, T scale,
                            S* out) {
-  const int64_t tile = a.tile_h * a.tile_w, total = n_items * a.cout * tile;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = i % a.tile_w, r = (i / a.tile_w) % a.tile_h, t = i / tile;
-    const int64_t co = t % a.cout, slot = t / a.cout;
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = n_items * a.tile_h, plane = a.fft_h * a.fft_w;
+  for (int64_t row = WarpRow(); row < rows; row += WarpCount()) {
+    const int64_t r = row % a.tile_h, slot = row / a.tile_h;
     const Tile tl = TileOf(a, item0 + slot);
-    if (r >= tl.vh || c >= tl.vw) continue;
-    const T v = real[t * a.fft_h * a.fft_w + r * a.sh * a.fft_w + c * a.sw] * scale;
-    out[tl.n * a.ov.n + (tl.oh0 + r) * a.ov.h + (tl.ow0 + c) * a.ov.w + (co / a.cog) * a.ov.g +
-        (co % a.cog) * a.ov.c] = FromCompute<S, T>(v);
+    if (r >= tl.vh) continue;
+    const T* src = real + slot * a.cout * plane + r * a.sh * a.fft_w;
+    S* dst = out + tl.n * a.ov.n + (tl.oh0 + r) * a.ov.h + tl.ow0 * a.ov.w;
+    for (int64_t c = lane; c < tl.vw; c += 32) {
+      for (int64_t grp = 0, co = 0; grp < a.groups; ++grp)
+        for (int64_t k = 0; k < a.cog; ++k, ++co)
+          dst[c * a.ov.w + grp * a.ov.g + k * a.ov.c] =
+              FromCompute<S, T>(src[co * plane + c * a.sw] * scale);
+    }
   }
 }
 
@@ -298,25 +351,26 @@ std::string Run(const FftGpuParams& p, const CufftApi& api, cudaStream_t stream)
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t ci0 = blk * pl.ci_block, nci = std::min(pl.ci_block, a.cig - ci0);
       if (blocks > 1 || c0 == 0) {  // one block's filter spectra serve every chunk
-        PadFilterKernel<S, T><<<GridFor(b.filter * plane, kThreads), kThreads, 0, stream>>>(
+        PadFilterKernel<S, T><<<GridForRows(b.filter * pl.fft_h), kThreads, 0, stream>>>(
             a, filt, ci0, nci, real);
         if (!(err = LaunchError("FFT filter padding")).empty()) return err;
         err = Exec(api, stream, pl.fft_h, pl.fft_w, b.filter, true, dbl, real, wspec, work);
         if (!err.empty()) return err;
       }
-      PadInputKernel<S, T><<<GridFor(b.input * plane, kThreads), kThreads, 0, stream>>>(
+      PadInputKernel<S, T><<<GridForRows(b.input * pl.fft_h), kThreads, 0, stream>>>(
           a, in, c0, n, ci0, nci, real);
       if (!(err = LaunchError("FFT input padding")).empty()) return err;
       err = Exec(api, stream, pl.fft_h, pl.fft_w, b.input, true, dbl, real, xspec, work);
       if (!err.empty()) return err;
-      MixKernel<T><<<GridFor(n * a.cout * a.bins, kThreads), kThreads, 0, stream>>>(
-          a, xspec, wspec, yspec, n, nci, blk > 0);
+      const int64_t co_per_thread = a.cout * nci <= kMixMacsPerThread ? a.cout : 1;
+      MixKernel<T><<<GridFor(n * CeilDiv(a.cout, co_per_thread) * a.bins, kThreads), kThreads, 0,
+                     stream>>>(a, xspec, wspec, yspec, n, nci, co_per_thread, blk > 0);
       if (!(err = LaunchError("FFT channel mixing")).empty()) return err;
     }
     err = Exec(api, stream, pl.fft_h, pl.fft_w, b.output, false, dbl, yspec, real, work);
     if (!err.empty()) return err;
-    CropKernel<S, T><<<GridFor(n * a.cout * pl.tile_h * pl.tile_w, kThreads), kThreads, 0,
-                       stream>>>(a, real, c0, n, T(1) / T(plane), static_cast<S*>(p.output));
+    CropKernel<S, T><<<GridForRows(n * pl.tile_h), kThreads, 0, stream>>>(
+        a, real, c0, n, T(1) / T(plane), static_cast<S*>(p.output));
     if (!(err = LaunchError("FFT output crop")).empty()) return err;
   }
   return "";

@@ -123,6 +123,12 @@ def cases():
     yield ((2, 37, 41, 4), (9, 7, 2, 6), (2, 1), (1, 2), "SAME", ((0, 0), (0, 0)), "NCHW")
     yield ((0, 20, 20, 2), (5, 5, 2, 3), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC")
     yield ((3, 11, 13, 2), (11, 13, 2, 3), (1, 1), (1, 1), "VALID", ((0, 0), (0, 0)), "NHWC")
+    # the direct reduction kernel (backprop_filter): several channel blocks
+    # (10 per group), a channel multiplier, depthwise over more than a warp
+    # of channels, stride 2 with an odd tail
+    for x, w, s in [((2, 19, 23, 4), (3, 5, 2, 20), 1), ((3, 30, 26, 6), (5, 5, 1, 12), 1),
+                    ((2, 33, 29, 40), (7, 7, 1, 40), 1), ((2, 41, 37, 36), (15, 15, 1, 36), 2)]:
+        yield (x, w, (s, s), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC")
 
 
 def flat_pads(pairs, fmt, padding):
@@ -136,7 +142,7 @@ def to_fmt(a, fmt):
     return a.transpose(0, 3, 1, 2).copy() if fmt == "NCHW" else a
 
 
-def check_case(be, rng, case, dtype, algorithm, pass_):
+def check_case(be, rng, case, dtype, algorithm, pass_, workspace_limit=4 << 30):
     x_shape, w_shape, s, d, padding, pairs, fmt = case
     xs = x_shape if fmt == "NHWC" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
     pads = flat_pads(pairs, fmt, padding)
@@ -157,7 +163,8 @@ def check_case(be, rng, case, dtype, algorithm, pass_):
     da, db = be.to_device(encode(a, dtype)), be.to_device(encode(b, dtype))
     dout = be.empty_nan(int(np.prod(out_shape)) * ITEM[dtype])
     used = H.run(pass_, be.ptr(da), be.ptr(db), be.ptr(dout), list(xs), list(w_shape), list(s),
-                 list(d), padding, pads, fmt, dtype, algorithm, stream=be.stream())
+                 list(d), padding, pads, fmt, dtype, algorithm, workspace_limit=workspace_limit,
+                 stream=be.stream())
     got = decode(be.to_host(dout), dtype, out_shape)
     err = rel_l2(got, ref) if ref.size and np.any(ref) else (0.0 if np.all(got == 0) else np.inf)
     tol = TOLERANCE[dtype]
@@ -193,6 +200,16 @@ def run_matrix(be, quick, subset=False):
             failed += not good
             if not good:
                 print(f"FAIL {pass_} {algorithm} {dtype} {case}: rel_l2={err:.3g} tol={tol:g} ({used})")
+    # Without workspace the direct kernels run unsplit (the reduction kernel
+    # writes the output itself).
+    for case in all_cases[-4:]:
+        for pass_ in PASSES:
+            err, tol, used = check_case(be, rng, case, "float32", "direct", pass_, workspace_limit=0)
+            good = err <= tol
+            ok += good
+            failed += not good
+            if not good:
+                print(f"FAIL {pass_} direct float32 workspace 0 {case}: rel_l2={err:.3g} ({used})")
     print(f"kernel tests: {ok} passed, {failed} failed, {skipped} skipped")
     return failed == 0
 
