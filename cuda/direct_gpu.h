@@ -61,5 +61,10 @@ struct DirectGpuParams {
 // Enqueues the convolution on `stream`; "" or an error message.
 std::string DirectConvGpu(const DirectGpuParams& p, cudaStream_t stream);
 
+// For tests on machines without a GPU: runs the same kernel bodies on the
+// CPU, one thread's work at a time, over host pointers. Plans with the tiled
+// kernel (shared memory, barriers) are not emulated and return an error.
+std::string DirectConvOnHost(const DirectGpuParams& p);
+
 }  // namespace gpu
 }  // namespace tfbigconv

@@ -127,7 +127,8 @@ def cases():
     # (10 per group), a channel multiplier, depthwise over more than a warp
     # of channels, stride 2 with an odd tail
     for x, w, s in [((2, 19, 23, 4), (3, 5, 2, 20), 1), ((3, 30, 26, 6), (5, 5, 1, 12), 1),
-                    ((2, 33, 29, 40), (7, 7, 1, 40), 1), ((2, 41, 37, 36), (15, 15, 1, 36), 2)]:
+                    ((2, 33, 29, 40), (7, 7, 1, 40), 1), ((2, 41, 37, 36), (15, 15, 1, 36), 2),
+                    ((3, 20, 22, 35), (3, 3, 1, 35), 2)]:
         yield (x, w, (s, s), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC")
 
 
@@ -140,6 +141,60 @@ def flat_pads(pairs, fmt, padding):
 
 def to_fmt(a, fmt):
     return a.transpose(0, 3, 1, 2).copy() if fmt == "NCHW" else a
+
+
+def operands(rng, case, dtype, pass_):
+    """(a, b, reference, output shape, harness args) for one pass of a case,
+    inputs rounded to the dtype so the reference sees what the kernel sees."""
+    x_shape, w_shape, s, d, padding, pairs, fmt = case
+    xs = x_shape if fmt == "NHWC" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
+    pads = flat_pads(pairs, fmt, padding)
+    y_shape = tuple(H.output_shape(list(xs), list(w_shape), list(s), list(d), padding, pads, fmt))
+    rnd = lambda shape: decode(encode(rng.standard_normal(shape), dtype).view(np.uint8), dtype, shape)
+    kw = dict(strides=s, padding=padding, dilations=d, data_format=fmt, explicit=pairs)
+    if pass_ == "forward":
+        a, b = rnd(xs), rnd(w_shape)
+        ref, out_shape = (lambda: conv2d_reference(a, b, **kw)), y_shape
+    elif pass_ == "backprop_input":
+        a, b = rnd(y_shape), rnd(w_shape)
+        ref, out_shape = (lambda: conv2d_reference_backprop_input(a, b, xs, **kw)), xs
+    else:
+        a, b = rnd(xs), rnd(y_shape)
+        ref, out_shape = (lambda: conv2d_reference_backprop_filter(a, b, w_shape, **kw)), w_shape
+    args = (list(xs), list(w_shape), list(s), list(d), padding, pads, fmt, dtype)
+    return a, b, ref, out_shape, args
+
+
+def error_of(got, ref):
+    return rel_l2(got, ref) if ref.size and np.any(ref) else (0.0 if np.all(got == 0) else np.inf)
+
+
+def run_host_matrix(dtypes=("float32", "float64", "float16")):
+    """The direct kernels' bodies on the CPU (H.run_direct_on_host): every
+    case and pass whose plan is not the tiled kernel, with and without
+    workspace. Needs no GPU."""
+    ok, failed, skipped = 0, 0, 0
+    rng = np.random.default_rng(4321)
+    for case, pass_, dtype, limit in itertools.product(cases(), PASSES, dtypes, [4 << 30, 0]):
+        a, b, ref, out_shape, args = operands(rng, case, dtype, pass_)
+        out = np.full(int(np.prod(out_shape)) * ITEM[dtype], 0xFF, np.uint8)
+        try:
+            used = H.run_direct_on_host(pass_, encode(a, dtype).view(np.uint8),
+                                        encode(b, dtype).view(np.uint8), out, *args,
+                                        workspace_limit=limit)
+        except RuntimeError as e:
+            if "not emulated" in str(e):
+                skipped += 1
+                continue
+            raise
+        err = error_of(decode(out, dtype, out_shape), ref())
+        good = err <= TOLERANCE[dtype]
+        ok += good
+        failed += not good
+        if not good:
+            print(f"FAIL host {pass_} {dtype} limit={limit} {case}: rel_l2={err:.3g} ({used})")
+    print(f"host kernel tests: {ok} passed, {failed} failed, {skipped} skipped (tiled)")
+    return failed == 0
 
 
 def check_case(be, rng, case, dtype, algorithm, pass_, workspace_limit=4 << 30):
@@ -202,7 +257,7 @@ def run_matrix(be, quick, subset=False):
                 print(f"FAIL {pass_} {algorithm} {dtype} {case}: rel_l2={err:.3g} tol={tol:g} ({used})")
     # Without workspace the direct kernels run unsplit (the reduction kernel
     # writes the output itself).
-    for case in all_cases[-4:]:
+    for case in all_cases[-5:]:
         for pass_ in PASSES:
             err, tol, used = check_case(be, rng, case, "float32", "direct", pass_, workspace_limit=0)
             good = err <= tol
@@ -447,7 +502,11 @@ def main():
     ap.add_argument("--k-max", type=int, default=10**9, help="calibrate only geometries with K <= this")
     ap.add_argument("--passes", default=",".join(PASSES), help="calibration passes")
     ap.add_argument("--algos", default="direct,fft,auto,cudnn", help="calibration algorithms")
+    ap.add_argument("--host", action="store_true",
+                    help="only the direct kernels' bodies on the CPU (no GPU needed)")
     args = ap.parse_args()
+    if args.host:
+        sys.exit(0 if run_host_matrix() else 1)
     be = pick_backend()
     print(f"backend: {be.name}")
     ok = True

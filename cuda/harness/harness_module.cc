@@ -7,8 +7,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <pybind11/numpy.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -164,6 +167,40 @@ py::tuple Plan(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
   return py::make_tuple(std::string(gpu::GpuAlgorithmName(j.choice.algorithm)), j.choice.reason);
 }
 
+// The direct algorithm's kernel bodies run on the CPU over numpy buffers
+// (raw bytes of the storage type), for testing their index arithmetic on
+// machines without a GPU. Returns a description of the plan that ran.
+std::string RunDirectOnHost(const std::string& pass, py::array a, py::array b, py::array out,
+                            const std::vector<int64_t>& input_shape,
+                            const std::vector<int64_t>& filter_shape,
+                            const std::vector<int64_t>& strides,
+                            const std::vector<int64_t>& dilations, const std::string& padding,
+                            const std::vector<int64_t>& explicit_paddings,
+                            const std::string& data_format, const std::string& dtype_name,
+                            int64_t workspace_limit) {
+  const Conv c = MakeConv(pass, input_shape, filter_shape, strides, dilations, padding,
+                          explicit_paddings, data_format);
+  gpu::DirectGpuParams p;
+  p.problem = c.problem;
+  p.dtype = ParseDTypeOrThrow(dtype_name);
+  p.plan = gpu::PlanDirectGpu(c.problem.g, p.dtype, workspace_limit);
+  const int64_t item = DTypeBytes(p.dtype), g_out = c.problem.g.output_elements();
+  if (out.nbytes() != g_out * item) throw py::value_error("out has the wrong size");
+  // NaN bytes, as on the GPU, so that a partial sum never written shows.
+  std::vector<double> ws(size_t((p.plan.workspace_bytes + 7) / 8), std::nan(""));
+  p.input = a.data();
+  p.filter = b.data();
+  p.output = out.mutable_data();
+  p.workspace = ws.empty() ? nullptr : ws.data();
+  const std::string err = gpu::DirectConvOnHost(p);
+  if (!err.empty()) throw std::runtime_error(err);
+  const gpu::DirectGpuPlan& pl = p.plan;
+  return pl.reduction ? "reduction " + std::to_string(pl.red_channels) + "x" +
+                            std::to_string(pl.red_width) + " splits " +
+                            std::to_string(pl.row_splits)
+                      : pl.tiled ? "tiled" : "untiled splits " + std::to_string(pl.splits());
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -274,6 +311,10 @@ PYBIND11_MODULE(tfbigconv_gpu_harness, m) {
         py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
         py::arg("data_format"), py::arg("dtype"), py::arg("algorithm"),
         py::arg("workspace_limit") = int64_t(4) << 30, py::arg("stream") = uintptr_t(0));
+  m.def("run_direct_on_host", &RunDirectOnHost, py::arg("pass_"), py::arg("a"), py::arg("b"),
+        py::arg("out"), py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
+        py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
+        py::arg("data_format"), py::arg("dtype"), py::arg("workspace_limit") = int64_t(4) << 30);
   m.def("output_shape", &OutputShape, py::arg("input_shape"), py::arg("filter_shape"),
         py::arg("strides"), py::arg("dilations"), py::arg("padding"),
         py::arg("explicit_paddings"), py::arg("data_format"));
