@@ -193,8 +193,33 @@ def run_host_matrix(dtypes=("float32", "float64", "float16")):
         failed += not good
         if not good:
             print(f"FAIL host {pass_} {dtype} limit={limit} {case}: rel_l2={err:.3g} ({used})")
-    print(f"host kernel tests: {ok} passed, {failed} failed, {skipped} skipped (tiled)")
-    return failed == 0
+    print(f"host kernel tests (direct): {ok} passed, {failed} failed, {skipped} skipped (tiled)")
+    fft_ok, fft_failed = 0, 0
+    # The FFT steps with numpy's FFT for cuFFT: whole-output tiles, and small
+    # tiles with chunks and channel blocks smaller than the work.
+    for case, pass_, dtype, (tile, chunk, ci_block) in itertools.product(
+            cases(), PASSES, dtypes, [(10**6, 10**6, 10**6), (7, 3, 1)]):
+        if dtype == "float16" and tile < 10**6:
+            continue
+        a, b, ref, out_shape, args = operands(rng, case, dtype, pass_)
+        out = np.full(int(np.prod(out_shape)) * ITEM[dtype], 0xFF, np.uint8)
+        try:
+            used = H.run_fft_on_host(pass_, encode(a, dtype).view(np.uint8),
+                                     encode(b, dtype).view(np.uint8), out, *args, tile_h=tile,
+                                     tile_w=tile + 2, chunk=chunk, ci_block=ci_block)
+        except RuntimeError as e:
+            if "empty" in str(e):
+                continue
+            raise
+        err = error_of(decode(out, dtype, out_shape), ref())
+        tol = max(TOLERANCE[dtype], FFT_TOLERANCE.get(dtype, 0))
+        good = err <= tol
+        fft_ok += good
+        fft_failed += not good
+        if not good:
+            print(f"FAIL host fft {pass_} {dtype} tile={tile} {case}: rel_l2={err:.3g} ({used})")
+    print(f"host kernel tests (fft): {fft_ok} passed, {fft_failed} failed")
+    return failed == 0 and fft_failed == 0
 
 
 def check_case(be, rng, case, dtype, algorithm, pass_, workspace_limit=4 << 30):

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -201,6 +202,82 @@ std::string RunDirectOnHost(const std::string& pass, py::array a, py::array b, p
                       : pl.tiled ? "tiled" : "untiled splits " + std::to_string(pl.splits());
 }
 
+// The FFT algorithm's steps on the CPU over numpy buffers, with numpy's FFT
+// in cuFFT's place and a plan made here from (tile_h, tile_w, chunk,
+// ci_block) rather than by PlanFftGpu (which needs cuFFT): small tiles,
+// chunks and channel blocks exercise every loop of the launcher.
+std::string RunFftOnHost(const std::string& pass, py::array a, py::array b, py::array out,
+                         const std::vector<int64_t>& input_shape,
+                         const std::vector<int64_t>& filter_shape,
+                         const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
+                         const std::string& padding, const std::vector<int64_t>& explicit_paddings,
+                         const std::string& data_format, const std::string& dtype_name,
+                         int64_t tile_h, int64_t tile_w, int64_t chunk, int64_t ci_block) {
+  const Conv c = MakeConv(pass, input_shape, filter_shape, strides, dilations, padding,
+                          explicit_paddings, data_format);
+  const ConvGeometry& g = c.problem.g;
+  gpu::FftGpuParams p;
+  p.problem = c.problem;
+  p.dtype = ParseDTypeOrThrow(dtype_name);
+  if (out.nbytes() != g.output_elements() * DTypeBytes(p.dtype))
+    throw py::value_error("out has the wrong size");
+  gpu::FftGpuPlan& pl = p.plan;
+  pl.tile_h = std::max<int64_t>(1, std::min(tile_h, g.out_h));
+  pl.tile_w = std::max<int64_t>(1, std::min(tile_w, g.out_w));
+  pl.fft_h = (pl.tile_h - 1) * g.stride_h + g.effective_filter_h();
+  pl.fft_w = (pl.tile_w - 1) * g.stride_w + g.effective_filter_w();
+  pl.tiles_h = (g.out_h + pl.tile_h - 1) / pl.tile_h;
+  pl.tiles_w = (g.out_w + pl.tile_w - 1) / pl.tile_w;
+  pl.items = std::max<int64_t>(1, g.batch * pl.tiles_h * pl.tiles_w);
+  pl.chunk = std::max<int64_t>(1, std::min(chunk, pl.items));
+  pl.ci_block = std::max<int64_t>(1, std::min(ci_block, g.in_c_per_group()));
+  const int64_t rb = ComputeBytes(p.dtype), cb = 2 * rb;
+  const int64_t fb = g.out_c * pl.ci_block, ib = pl.chunk * g.groups * pl.ci_block,
+                ob = pl.chunk * g.out_c;
+  auto align = [](int64_t x) { return (x + 255) / 256 * 256; };
+  pl.wspec_bytes = align(fb * pl.bins() * cb);
+  pl.xspec_bytes = align(ib * pl.bins() * cb);
+  pl.yspec_bytes = align(ob * pl.bins() * cb);
+  pl.real_bytes = align(std::max({fb, ib, ob}) * pl.fft_h * pl.fft_w * rb);
+  pl.workspace_bytes = pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes + pl.real_bytes;
+  std::vector<double> ws(size_t(pl.workspace_bytes / 8), std::nan(""));
+  p.input = a.data();
+  p.filter = b.data();
+  p.output = out.mutable_data();
+  p.workspace = ws.data();
+  const bool dbl = p.dtype == DType::kDouble;
+  py::module_ np = py::module_::import("numpy");
+  py::module_ np_fft = py::module_::import("numpy.fft");
+  const py::object real_t = np.attr(dbl ? "float64" : "float32");
+  const py::object complex_t = np.attr(dbl ? "complex128" : "complex64");
+  const gpu::HostFft fft = [&](int64_t h, int64_t w, int64_t batch, bool forward, void* in,
+                               void* dst) -> std::string {
+    const int64_t bins = h * (w / 2 + 1);
+    py::array result;
+    if (forward) {
+      py::array src(py::dtype::from_args(real_t), std::vector<int64_t>{batch, h, w},
+                    static_cast<char*>(in));
+      result = np_fft.attr("rfft2")(src).attr("astype")(complex_t);
+    } else {
+      py::array src(py::dtype::from_args(complex_t), std::vector<int64_t>{batch, h, w / 2 + 1},
+                    static_cast<char*>(in));
+      // numpy's inverse divides by h * w; cuFFT's does not.
+      result = (np_fft.attr("irfft2")(src, py::make_tuple(h, w)) * py::int_(h * w))
+                   .attr("astype")(real_t);
+    }
+    result = np.attr("ascontiguousarray")(result);
+    const int64_t bytes = batch * (forward ? bins * 2 : h * w) * rb;
+    if (result.nbytes() != bytes) return "host FFT: unexpected result size";
+    std::memcpy(dst, result.data(), size_t(bytes));
+    return "";
+  };
+  const std::string err = gpu::FftConvOnHost(p, fft);
+  if (!err.empty()) throw std::runtime_error(err);
+  return "fft " + std::to_string(pl.fft_h) + "x" + std::to_string(pl.fft_w) + " tiles " +
+         std::to_string(pl.tiles_h) + "x" + std::to_string(pl.tiles_w) + " chunk " +
+         std::to_string(pl.chunk) + " ci_block " + std::to_string(pl.ci_block);
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -315,6 +392,11 @@ PYBIND11_MODULE(tfbigconv_gpu_harness, m) {
         py::arg("out"), py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
         py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
         py::arg("data_format"), py::arg("dtype"), py::arg("workspace_limit") = int64_t(4) << 30);
+  m.def("run_fft_on_host", &RunFftOnHost, py::arg("pass_"), py::arg("a"), py::arg("b"),
+        py::arg("out"), py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
+        py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
+        py::arg("data_format"), py::arg("dtype"), py::arg("tile_h"), py::arg("tile_w"),
+        py::arg("chunk"), py::arg("ci_block"));
   m.def("output_shape", &OutputShape, py::arg("input_shape"), py::arg("filter_shape"),
         py::arg("strides"), py::arg("dilations"), py::arg("padding"),
         py::arg("explicit_paddings"), py::arg("data_format"));
