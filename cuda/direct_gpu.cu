@@ -23,6 +23,14 @@ constexpr int kMaxSubBlock = 32;
 // A constant (not the SM count), so that results do not depend on the device.
 constexpr int64_t kTargetBlocks = 2048;
 constexpr int64_t kMaxSplits = 64;
+// The reduction kernel: threads it aims for (a constant, not the SM count, so
+// that the split, and with it the rounding, does not depend on the device),
+// the fewest multiply-add steps per thread and split worth a partial sum, and
+// the largest output it takes (bigger outputs have parallelism enough).
+constexpr int kRedThreads = 256;
+constexpr int64_t kRedTargetThreads = int64_t(1) << 19;
+constexpr int64_t kRedMinSteps = 64;
+constexpr int64_t kRedMaxOutW = 16, kRedMaxOutPixels = 1024, kRedMinReduction = 256;
 // Uncalibrated throughput guesses for the auto choice (multiply-adds/s).
 constexpr double kTiledMacsPerSecond = 8e12, kUntiledMacsPerSecond = 1e12;
 
@@ -41,12 +49,15 @@ struct DirectArgs {
   int64_t ci_splits, ci_per, kh_splits, kh_per;
   int64_t kb_h, kb_w, patch_max;  // sub-block and its largest patch (elements)
   int64_t out_elems, total;       // total: blocks (tiled) or outputs x splits (untiled)
+  // The reduction kernel: columns (n, group, channel block), column pieces of
+  // out_w, reduction rows (ci, kh) and their split.
+  int64_t red_cols, red_pieces, red_rows, red_rows_per;
 };
 
 // Virtual input sample (vr, vc) of channel ci as T: zero in the padding and
 // between the samples that in_dilation spreads apart.
 template <typename S, typename T>
-__device__ __forceinline__ T InputAt(const DirectArgs& a, const S* in_ng, int64_t ci, int64_t vr,
+TFBIGCONV_HD T InputAt(const DirectArgs& a, const S* in_ng, int64_t ci, int64_t vr,
                                      int64_t vc) {
   if (vr < 0 || vr >= a.vh || vc < 0 || vc >= a.vw || vr % a.uh != 0 || vc % a.uw != 0)
     return T(0);
@@ -54,14 +65,14 @@ __device__ __forceinline__ T InputAt(const DirectArgs& a, const S* in_ng, int64_
 }
 
 template <typename S>
-__device__ __forceinline__ const S* FilterAt(const DirectArgs& a, int64_t kh, int64_t kw,
+TFBIGCONV_HD const S* FilterAt(const DirectArgs& a, int64_t kh, int64_t kw,
                                              int64_t ci, int64_t grp, int64_t co) {
   return static_cast<const S*>(a.filt) + a.fv.offset + kh * a.fv.h + kw * a.fv.w + ci * a.fv.i +
          grp * a.fv.g + co * a.fv.o;
 }
 
 template <typename S, typename T>
-__device__ __forceinline__ void WriteOut(const DirectArgs& a, int64_t split, int64_t n,
+TFBIGCONV_HD void WriteOut(const DirectArgs& a, int64_t split, int64_t n,
                                          int64_t grp, int64_t co, int64_t oh, int64_t ow, T v) {
   if (a.partial) {
     const int64_t dense = (((n * a.groups + grp) * a.cog + co) * a.out_h + oh) * a.out_w + ow;
@@ -166,50 +177,158 @@ __global__ void __launch_bounds__(kThreads) DirectTiledKernel(DirectArgs a) {
 // One thread per (split, output element); for geometries whose tile does not
 // fit in shared memory. Reads go through the caches.
 template <typename S, typename T>
+TFBIGCONV_HD void DirectUntiledItem(const DirectArgs& a, int64_t i) {
+  int64_t e = i % a.out_elems;
+  const int64_t split = i / a.out_elems;
+  const int64_t ow = e % a.out_w; e /= a.out_w;
+  const int64_t oh = e % a.out_h; e /= a.out_h;
+  const int64_t co = e % a.cog; e /= a.cog;
+  const int64_t grp = e % a.groups;
+  const int64_t n = e / a.groups;
+  const int64_t sc = split / a.kh_splits, sk = split % a.kh_splits;
+  const S* in_ng = static_cast<const S*>(a.in) + n * a.iv.n + grp * a.iv.g;
+  const int64_t ci_end = Min64(a.cig, (sc + 1) * a.ci_per);
+  const int64_t kh_end = Min64(a.filter_h, (sk + 1) * a.kh_per);
+  T acc = T(0);
+  for (int64_t ci = sc * a.ci_per; ci < ci_end; ++ci)
+    for (int64_t kh = sk * a.kh_per; kh < kh_end; ++kh) {
+      const int64_t vr = oh * a.sh - a.pt + kh * a.dh;
+      for (int64_t kw = 0; kw < a.filter_w; ++kw) {
+        const T x = InputAt<S, T>(a, in_ng, ci, vr, ow * a.sw - a.pl + kw * a.dw);
+        acc += x * ToCompute(*FilterAt<S>(a, kh, kw, ci, grp, co));
+      }
+    }
+  WriteOut<S, T>(a, split, n, grp, co, oh, ow, acc);
+}
+
+template <typename S, typename T>
 __global__ void DirectUntiledKernel(DirectArgs a) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < a.total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t e = i % a.out_elems;
-    const int64_t split = i / a.out_elems;
-    const int64_t ow = e % a.out_w; e /= a.out_w;
-    const int64_t oh = e % a.out_h; e /= a.out_h;
-    const int64_t co = e % a.cog; e /= a.cog;
-    const int64_t grp = e % a.groups;
-    const int64_t n = e / a.groups;
-    const int64_t sc = split / a.kh_splits, sk = split % a.kh_splits;
-    const S* in_ng = static_cast<const S*>(a.in) + n * a.iv.n + grp * a.iv.g;
-    const int64_t ci_end = min(a.cig, (sc + 1) * a.ci_per);
-    const int64_t kh_end = min(a.filter_h, (sk + 1) * a.kh_per);
-    T acc = T(0);
-    for (int64_t ci = sc * a.ci_per; ci < ci_end; ++ci)
-      for (int64_t kh = sk * a.kh_per; kh < kh_end; ++kh) {
-        const int64_t vr = oh * a.sh - a.pt + kh * a.dh;
-        for (int64_t kw = 0; kw < a.filter_w; ++kw) {
-          const T x = InputAt<S, T>(a, in_ng, ci, vr, ow * a.sw - a.pl + kw * a.dw);
-          acc += x * ToCompute(*FilterAt<S>(a, kh, kw, ci, grp, co));
-        }
-      }
-    WriteOut<S, T>(a, split, n, grp, co, oh, ow, acc);
-  }
+       i += int64_t(gridDim.x) * blockDim.x)
+    DirectUntiledItem<S, T>(a, i);
 }
 
 // out = sum of the splits' partial sums, in split order.
 template <typename S, typename T>
-__global__ void ReduceSplitsKernel(DirectArgs a, int64_t splits) {
+TFBIGCONV_HD void ReduceSplitsItem(const DirectArgs& a, int64_t splits, int64_t i) {
   const T* part = static_cast<const T*>(a.partial);
+  T sum = part[i];
+  for (int64_t s = 1; s < splits; ++s) sum += part[s * a.out_elems + i];
+  int64_t e = i;
+  const int64_t ow = e % a.out_w; e /= a.out_w;
+  const int64_t oh = e % a.out_h; e /= a.out_h;
+  const int64_t co = e % a.cog; e /= a.cog;
+  const int64_t grp = e % a.groups;
+  const int64_t n = e / a.groups;
+  static_cast<S*>(a.out)[n * a.ov.n + oh * a.ov.h + ow * a.ov.w + grp * a.ov.g + co * a.ov.c] =
+      FromCompute<S, T>(sum);
+}
+
+template <typename S, typename T>
+__global__ void ReduceSplitsKernel(DirectArgs a, int64_t splits) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < a.out_elems;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    T sum = part[i];
-    for (int64_t s = 1; s < splits; ++s) sum += part[s * a.out_elems + i];
-    int64_t e = i;
-    const int64_t ow = e % a.out_w; e /= a.out_w;
-    const int64_t oh = e % a.out_h; e /= a.out_h;
-    const int64_t co = e % a.cog; e /= a.cog;
-    const int64_t grp = e % a.groups;
-    const int64_t n = e / a.groups;
-    static_cast<S*>(a.out)[n * a.ov.n + oh * a.ov.h + ow * a.ov.w + grp * a.ov.g + co * a.ov.c] =
-        FromCompute<S, T>(sum);
+       i += int64_t(gridDim.x) * blockDim.x)
+    ReduceSplitsItem<S, T>(a, splits, i);
+}
+
+// The reduction kernel. Thread -> (split, output row oh, column piece, column
+// j = (n, group, channel block)), j fastest, so that a warp's lanes read
+// neighbouring channels (NHWC) while sharing the loop over the reduction.
+// Each thread sums its split's rows (ci, kh) x all kw for CO channels x TW
+// output columns. Partial sums go to partial[split][oh][ow][n, group, co]
+// (coalesced); without splits the thread writes the output.
+template <typename S, typename T, int CO, int TW>
+TFBIGCONV_HD void DirectReductionItem(const DirectArgs& a, int64_t t) {
+  int64_t j = t % a.red_cols, rest = t / a.red_cols;
+  const int64_t piece = rest % a.red_pieces;
+  rest /= a.red_pieces;
+  const int64_t oh = rest % a.out_h, split = rest / a.out_h;
+  const int64_t co0 = (j % a.co_blocks) * CO;
+  j /= a.co_blocks;
+  const int64_t grp = j % a.groups, n = j / a.groups;
+  const int nco = int(Min64(int64_t(CO), a.cog - co0));
+  const int64_t ow0 = piece * TW;
+  const int nw = int(Min64(int64_t(TW), a.out_w - ow0));
+  T acc[CO][TW];
+#pragma unroll
+  for (int c = 0; c < CO; ++c)
+#pragma unroll
+    for (int q = 0; q < TW; ++q) acc[c][q] = T(0);
+  const S* in_ng = static_cast<const S*>(a.in) + n * a.iv.n + grp * a.iv.g;
+  const S* f_g = static_cast<const S*>(a.filt) + a.fv.offset + grp * a.fv.g + co0 * a.fv.o;
+  const int64_t row_end = Min64(a.red_rows, (split + 1) * a.red_rows_per);
+  const int64_t vc0 = ow0 * a.sw - a.pl;
+  for (int64_t row = split * a.red_rows_per; row < row_end; ++row) {
+    const int64_t ci = row / a.filter_h, kh = row % a.filter_h;
+    const int64_t vr = oh * a.sh - a.pt + kh * a.dh;  // in_dilation is 1 here
+    if (vr < 0 || vr >= a.vh) continue;
+    const S* x_row = in_ng + ci * a.iv.c + vr * a.iv.h;
+    const S* f_row = f_g + kh * a.fv.h + ci * a.fv.i;
+    for (int64_t kw = 0; kw < a.filter_w; ++kw) {
+      T f[CO], x[TW];
+#pragma unroll
+      for (int c = 0; c < CO; ++c)
+        f[c] = c < nco ? ToCompute(f_row[kw * a.fv.w + c * a.fv.o]) : T(0);
+      const int64_t vc = vc0 + kw * a.dw;
+#pragma unroll
+      for (int q = 0; q < TW; ++q) {
+        const int64_t v = vc + q * a.sw;
+        x[q] = v >= 0 && v < a.vw ? ToCompute(x_row[v * a.iv.w]) : T(0);
+      }
+#pragma unroll
+      for (int c = 0; c < CO; ++c)
+#pragma unroll
+        for (int q = 0; q < TW; ++q) acc[c][q] += x[q] * f[c];
+    }
   }
+  const int64_t col_elems = a.batch * a.groups * a.cog;  // (n, group, co) per pixel
+  const int64_t jc0 = (n * a.groups + grp) * a.cog + co0;
+#pragma unroll
+  for (int q = 0; q < TW; ++q) {
+    if (q >= nw) continue;
+    const int64_t ow = ow0 + q;
+#pragma unroll
+    for (int c = 0; c < CO; ++c) {
+      if (c >= nco) continue;
+      if (a.partial) {
+        static_cast<T*>(a.partial)[((split * a.out_h + oh) * a.out_w + ow) * col_elems + jc0 + c] =
+            acc[c][q];
+      } else {
+        static_cast<S*>(a.out)[n * a.ov.n + oh * a.ov.h + ow * a.ov.w + grp * a.ov.g +
+                               (co0 + c) * a.ov.c] = FromCompute<S, T>(acc[c][q]);
+      }
+    }
+  }
+}
+
+template <typename S, typename T, int CO, int TW>
+__global__ void __launch_bounds__(kRedThreads) DirectReductionKernel(DirectArgs a) {
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < a.total;
+       t += int64_t(gridDim.x) * blockDim.x)
+    DirectReductionItem<S, T, CO, TW>(a, t);
+}
+
+// out = the reduction kernel's partial sums added in split order.
+template <typename S, typename T>
+TFBIGCONV_HD void ReduceRowSplitsItem(const DirectArgs& a, int64_t splits, int64_t i) {
+  const T* part = static_cast<const T*>(a.partial);
+  const int64_t col_elems = a.batch * a.groups * a.cog;
+  T sum = part[i];
+  for (int64_t s = 1; s < splits; ++s) sum += part[s * a.out_elems + i];
+  int64_t e = i % col_elems;
+  const int64_t pix = i / col_elems, ow = pix % a.out_w, oh = pix / a.out_w;
+  const int64_t co = e % a.cog;
+  e /= a.cog;
+  const int64_t grp = e % a.groups, n = e / a.groups;
+  static_cast<S*>(a.out)[n * a.ov.n + oh * a.ov.h + ow * a.ov.w + grp * a.ov.g + co * a.ov.c] =
+      FromCompute<S, T>(sum);
+}
+
+template <typename S, typename T>
+__global__ void ReduceRowSplitsKernel(DirectArgs a, int64_t splits) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < a.out_elems;
+       i += int64_t(gridDim.x) * blockDim.x)
+    ReduceRowSplitsItem<S, T>(a, splits, i);
 }
 
 int64_t PatchElems(const ConvGeometry& g, int64_t kb_h, int64_t kb_w) {
@@ -217,9 +336,27 @@ int64_t PatchElems(const ConvGeometry& g, int64_t kb_h, int64_t kb_w) {
          ((kTileW - 1) * g.stride_w + (kb_w - 1) * g.dilation_w + 1);
 }
 
+template <typename S, typename T, int CO>
+void LaunchReduction(const DirectArgs& a, const DirectGpuPlan& plan, cudaStream_t stream) {
+  const unsigned grid = GridFor(a.total, kRedThreads);
+  if (plan.red_width == 8)
+    DirectReductionKernel<S, T, CO, 8><<<grid, kRedThreads, 0, stream>>>(a);
+  else
+    DirectReductionKernel<S, T, CO, 4><<<grid, kRedThreads, 0, stream>>>(a);
+}
+
 template <typename S>
 std::string Launch(const DirectArgs& a, const DirectGpuPlan& plan, cudaStream_t stream) {
   using T = typename ComputeOf<S>::type;
+  if (plan.reduction) {
+    if (plan.red_channels == 8) LaunchReduction<S, T, 8>(a, plan, stream);
+    else if (plan.red_channels == 4) LaunchReduction<S, T, 4>(a, plan, stream);
+    else LaunchReduction<S, T, 1>(a, plan, stream);
+    std::string err = LaunchError("direct convolution reduction kernel");
+    if (!err.empty() || !a.partial) return err;
+    ReduceRowSplitsKernel<S, T><<<GridFor(a.out_elems, 256), 256, 0, stream>>>(a, plan.splits());
+    return LaunchError("direct convolution split reduction");
+  }
   if (plan.tiled) {
     const dim3 block(kBX, kBY);
     const unsigned grid = unsigned(std::min<int64_t>(a.total, int64_t(1) << 30));
@@ -234,6 +371,31 @@ std::string Launch(const DirectArgs& a, const DirectGpuPlan& plan, cudaStream_t 
   if (!err.empty() || !a.partial) return err;
   ReduceSplitsKernel<S, T><<<GridFor(a.out_elems, 256), 256, 0, stream>>>(a, plan.splits());
   return LaunchError("direct convolution split reduction");
+}
+
+// The reduction kernel where it suits (see DirectGpuPlan): small output rows,
+// no input dilation (its row loop skips only padding), a long reduction.
+void PlanReduction(const ConvGeometry& g, DType dtype, int64_t limit, DirectGpuPlan* p) {
+  const int64_t reduction = g.in_c_per_group() * g.filter_h * g.filter_w;
+  if (g.in_dilation_h != 1 || g.in_dilation_w != 1 || g.out_w > kRedMaxOutW ||
+      g.out_h * g.out_w > kRedMaxOutPixels || reduction < kRedMinReduction)
+    return;
+  const int64_t cog = g.out_c_per_group();
+  p->reduction = true;
+  p->red_channels = cog == 1 ? 1 : cog <= 4 ? 4 : 8;
+  p->red_width = g.out_w <= 4 ? 4 : 8;
+  const int64_t cols = g.batch * g.groups * CeilDiv(cog, p->red_channels);
+  const int64_t threads = std::max<int64_t>(1, cols * g.out_h * CeilDiv(g.out_w, p->red_width));
+  const int64_t rows = std::max<int64_t>(1, g.in_c_per_group() * g.filter_h);
+  const int64_t min_rows = CeilDiv(kRedMinSteps, std::max<int64_t>(1, g.filter_w));
+  int64_t want = std::min(CeilDiv(kRedTargetThreads, threads), CeilDiv(rows, min_rows));
+  const int64_t out_bytes = g.output_elements() * ComputeBytes(dtype);
+  for (want = std::max<int64_t>(1, want);; want = CeilDiv(want, 2)) {
+    p->rows_per_split = CeilDiv(rows, want);
+    p->row_splits = CeilDiv(rows, p->rows_per_split);
+    p->workspace_bytes = p->row_splits > 1 ? p->row_splits * out_bytes : 0;
+    if (p->workspace_bytes <= limit || want == 1) break;
+  }
 }
 
 }  // namespace
@@ -278,19 +440,18 @@ DirectGpuPlan PlanDirectGpu(const ConvGeometry& g, DType dtype, int64_t limit) {
     if (p.workspace_bytes <= limit || p.splits() == 1) break;
   }
   if (p.splits() == 1) p.workspace_bytes = 0;
+  PlanReduction(g, dtype, limit, &p);
   p.seconds = double(g.macs()) / (p.tiled ? kTiledMacsPerSecond : kUntiledMacsPerSecond) *
               (dtype == DType::kDouble ? 2.0 : 1.0);
   return p;
 }
 
-std::string DirectConvGpu(const DirectGpuParams& p, cudaStream_t stream) {
+namespace {
+
+// The kernels' arguments for a call (host side of every launch).
+DirectArgs MakeArgs(const DirectGpuParams& p) {
   const ConvGeometry& g = p.problem.g;
-  if (g.output_elements() == 0) return "";
   const DirectGpuPlan& plan = p.plan;
-  if (plan.splits() > 1 && !p.workspace)
-    return "direct convolution: the plan's split reduction needs a workspace";
-  std::string err = ActivateStreamDevice(stream);
-  if (!err.empty()) return err;
   DirectArgs a;
   a.in = p.input;
   a.filt = p.filter;
@@ -330,6 +491,51 @@ std::string DirectConvGpu(const DirectGpuParams& p, cudaStream_t stream) {
   a.out_elems = g.output_elements();
   a.total = plan.tiled ? g.batch * g.groups * plan.splits() * a.co_blocks * a.tiles_h * a.tiles_w
                        : plan.splits() * a.out_elems;
+  if (plan.reduction) {
+    a.co_blocks = CeilDiv(a.cog, plan.red_channels);
+    a.red_cols = g.batch * g.groups * a.co_blocks;
+    a.red_pieces = CeilDiv(g.out_w, plan.red_width);
+    a.red_rows = g.in_c_per_group() * g.filter_h;
+    a.red_rows_per = plan.rows_per_split;
+    a.total = plan.row_splits * g.out_h * a.red_pieces * a.red_cols;
+  }
+  return a;
+}
+
+// The kernels' bodies on the CPU, item by item in launch order (tests).
+template <typename S>
+std::string RunOnHost(const DirectArgs& a, const DirectGpuPlan& plan) {
+  using T = typename ComputeOf<S>::type;
+  if (plan.reduction) {
+    for (int64_t t = 0; t < a.total; ++t) {
+      if (plan.red_channels == 8 && plan.red_width == 8) DirectReductionItem<S, T, 8, 8>(a, t);
+      else if (plan.red_channels == 8) DirectReductionItem<S, T, 8, 4>(a, t);
+      else if (plan.red_channels == 4 && plan.red_width == 8) DirectReductionItem<S, T, 4, 8>(a, t);
+      else if (plan.red_channels == 4) DirectReductionItem<S, T, 4, 4>(a, t);
+      else if (plan.red_width == 8) DirectReductionItem<S, T, 1, 8>(a, t);
+      else DirectReductionItem<S, T, 1, 4>(a, t);
+    }
+    if (a.partial)
+      for (int64_t i = 0; i < a.out_elems; ++i) ReduceRowSplitsItem<S, T>(a, plan.splits(), i);
+    return "";
+  }
+  if (plan.tiled) return "direct convolution on the host: the tiled kernel is not emulated";
+  for (int64_t i = 0; i < a.total; ++i) DirectUntiledItem<S, T>(a, i);
+  if (a.partial)
+    for (int64_t i = 0; i < a.out_elems; ++i) ReduceSplitsItem<S, T>(a, plan.splits(), i);
+  return "";
+}
+
+}  // namespace
+
+std::string DirectConvGpu(const DirectGpuParams& p, cudaStream_t stream) {
+  if (p.problem.g.output_elements() == 0) return "";
+  if (p.plan.splits() > 1 && !p.workspace)
+    return "direct convolution: the plan's split reduction needs a workspace";
+  std::string err = ActivateStreamDevice(stream);
+  if (!err.empty()) return err;
+  const DirectArgs a = MakeArgs(p);
+  const DirectGpuPlan& plan = p.plan;
   switch (p.dtype) {
     case DType::kFloat: return Launch<float>(a, plan, stream);
     case DType::kDouble: return Launch<double>(a, plan, stream);
@@ -338,6 +544,21 @@ std::string DirectConvGpu(const DirectGpuParams& p, cudaStream_t stream) {
   }
   return "direct convolution: unknown dtype";
 }
+
+std::string DirectConvOnHost(const DirectGpuParams& p) {
+  if (p.problem.g.output_elements() == 0) return "";
+  if (p.plan.splits() > 1 && !p.workspace)
+    return "direct convolution: the plan's split reduction needs a workspace";
+  const DirectArgs a = MakeArgs(p);
+  switch (p.dtype) {
+    case DType::kFloat: return RunOnHost<float>(a, p.plan);
+    case DType::kDouble: return RunOnHost<double>(a, p.plan);
+    case DType::kHalf: return RunOnHost<__half>(a, p.plan);
+    case DType::kBFloat16: return RunOnHost<__nv_bfloat16>(a, p.plan);
+  }
+  return "direct convolution: unknown dtype";
+}
+
 
 }  // namespace gpu
 }  // namespace tfbigconv

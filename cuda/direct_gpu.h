@@ -22,7 +22,18 @@ namespace gpu {
 // kernel. Long reductions (backprop_filter sums over batch x output pixels)
 // are split over input-channel and filter-row ranges into partial sums that
 // a second kernel adds in a fixed order: deterministic, no atomics.
+//
+// Problems with few output pixels and a long reduction (backprop_filter:
+// K x K taps, each a sum over N x Ho x Wo) use the reduction kernel instead:
+// each thread holds channels_per_thread output channels x width_per_thread
+// output columns of one output row, and sums over one range of the
+// reduction's (input channel, filter row) rows; `row_splits` ranges run in
+// parallel into partial sums, added in split order by a second kernel.
 struct DirectGpuPlan {
+  bool reduction = false;  // the reduction kernel (fields below); else tiled/untiled
+  int red_channels = 1;    // output channels per thread: 1, 4 or 8
+  int red_width = 4;       // output columns per thread: 4 or 8
+  int64_t row_splits = 1, rows_per_split = 1;
   bool tiled = true;
   int kb_h = 1, kb_w = 1;
   int channels_per_thread = 1;  // 1 or 4
@@ -31,7 +42,7 @@ struct DirectGpuPlan {
   int64_t kh_splits = 1, kh_per_split = 1;
   int64_t workspace_bytes = 0;  // partial sums; 0 without splits
   double seconds = 0;           // estimate (uncalibrated model)
-  int64_t splits() const { return ci_splits * kh_splits; }
+  int64_t splits() const { return reduction ? row_splits : ci_splits * kh_splits; }
 };
 
 // Always succeeds: splits shrink to fit workspace_limit (none needs 0 bytes).
@@ -49,6 +60,11 @@ struct DirectGpuParams {
 
 // Enqueues the convolution on `stream`; "" or an error message.
 std::string DirectConvGpu(const DirectGpuParams& p, cudaStream_t stream);
+
+// For tests on machines without a GPU: runs the same kernel bodies on the
+// CPU, one thread's work at a time, over host pointers. Plans with the tiled
+// kernel (shared memory, barriers) are not emulated and return an error.
+std::string DirectConvOnHost(const DirectGpuParams& p);
 
 }  // namespace gpu
 }  // namespace tfbigconv

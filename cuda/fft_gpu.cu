@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cufft_loader.h"
+#include "fft_sizes.h"
 #include "gpu_common.cuh"
 
 namespace tfbigconv {
@@ -23,16 +24,6 @@ constexpr int64_t kChunkTargetBytes = int64_t(1) << 30;
 constexpr double kFftFlopsPerSecond = 10e12, kBytesPerSecond = 2e12;
 
 int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-// Smallest n' >= n with no prime factor above 7 (sizes cuFFT does fastest).
-int64_t GoodSize(int64_t n) {
-  for (int64_t m = std::max<int64_t>(n, 1);; ++m) {
-    int64_t r = m;
-    for (int64_t p : {2, 3, 5, 7})
-      while (r % p == 0) r /= p;
-    if (r == 1) return m;
-  }
-}
 
 // ---- cuFFT plans, cached per (device, stream, size, batch, type) ----------
 
@@ -136,112 +127,204 @@ struct FftArgs {
 struct Tile {
   int64_t n, oh0, ow0, vh, vw;
 };
-__device__ __forceinline__ Tile TileOf(const FftArgs& a, int64_t item) {
+TFBIGCONV_HD Tile TileOf(const FftArgs& a, int64_t item) {
   const int64_t per_image = a.tiles_h * a.tiles_w, t = item % per_image;
   Tile r;
   r.n = item / per_image;
   r.oh0 = (t / a.tiles_w) * a.tile_h;
   r.ow0 = (t % a.tiles_w) * a.tile_w;
-  r.vh = min(a.tile_h, a.out_h - r.oh0);
-  r.vw = min(a.tile_w, a.out_w - r.ow0);
+  r.vh = Min64(a.tile_h, a.out_h - r.oh0);
+  r.vw = Min64(a.tile_w, a.out_w - r.ow0);
   return r;
 }
 
+// The layout kernels below give each warp one row of a plane (grid-stride
+// over rows) and its lanes consecutive columns: the row's index arithmetic is
+// done once per row rather than per element, and loads and stores coalesce.
+// Their bodies (one row, one lane; one item for the mix) are host-device
+// functions, so that FftConvOnHost can run them on the CPU for tests.
+constexpr int kWarpsPerBlock = kThreads / 32;
+constexpr int kLanes = 32;
+// The mix kernel gives a thread all output channels when they are few.
+constexpr int64_t kMixMacsPerThread = 64;
+
+inline unsigned GridForRows(int64_t rows) { return GridFor(rows, kWarpsPerBlock); }
+
+// Runs body(row, lane) for every row of a warp-per-row kernel.
+#define TFBIGCONV_WARP_ROWS(rows, body)                                                   \
+  for (int64_t row = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / kLanes;         \
+       row < (rows); row += gridDim.x * int64_t(kWarpsPerBlock))                          \
+    body(row, int(threadIdx.x % kLanes))
+
 // real[co][ci][r][c] = dilated filter tap plane (co, ci0 + ci) at the origin.
 template <typename S, typename T>
-__global__ void PadFilterKernel(FftArgs a, const S* filt, int64_t ci0, int64_t nci, T* real) {
-  const int64_t plane = a.fft_h * a.fft_w, total = a.cout * a.ci_block * plane;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = i % a.fft_w, r = (i / a.fft_w) % a.fft_h, t = i / plane;
-    const int64_t ci = t % a.ci_block, co = t / a.ci_block;
+TFBIGCONV_HD void PadFilterRow(const FftArgs& a, const S* filt, int64_t ci0, int64_t nci, T* real,
+                               int64_t row, int lane) {
+  const int64_t r = row % a.fft_h, t = row / a.fft_h;
+  const int64_t ci = t % a.ci_block, co = t / a.ci_block;
+  T* dst = real + row * a.fft_w;
+  const bool live = ci < nci && r % a.dh == 0 && r / a.dh < a.filter_h;
+  const S* src = live ? filt + a.fv.offset + (r / a.dh) * a.fv.h + (ci0 + ci) * a.fv.i +
+                            (co / a.cog) * a.fv.g + (co % a.cog) * a.fv.o
+                      : nullptr;
+  for (int64_t c = lane; c < a.fft_w; c += kLanes) {
     T v = T(0);
-    if (ci < nci && r % a.dh == 0 && c % a.dw == 0 && r / a.dh < a.filter_h &&
-        c / a.dw < a.filter_w) {
-      const int64_t grp = co / a.cog;
-      v = ToCompute(filt[a.fv.offset + (r / a.dh) * a.fv.h + (c / a.dw) * a.fv.w +
-                         (ci0 + ci) * a.fv.i + grp * a.fv.g + (co % a.cog) * a.fv.o]);
-    }
-    real[i] = v;
+    if (src && c % a.dw == 0 && c / a.dw < a.filter_w) v = ToCompute(src[(c / a.dw) * a.fv.w]);
+    dst[c] = v;
   }
+}
+
+template <typename S, typename T>
+__global__ void PadFilterKernel(FftArgs a, const S* filt, int64_t ci0, int64_t nci, T* real) {
+  auto body = [&](int64_t row, int lane) { PadFilterRow(a, filt, ci0, nci, real, row, lane); };
+  TFBIGCONV_WARP_ROWS(a.cout * a.ci_block * a.fft_h, body);
 }
 
 // real[slot][grp][ci][r][c] = the tile's input window (virtual input: zero in
 // the padding and between in_dilation's samples), zero beyond it.
 template <typename S, typename T>
+TFBIGCONV_HD void PadInputRow(const FftArgs& a, const S* in, int64_t item0, int64_t n_items,
+                              int64_t ci0, int64_t nci, T* real, int64_t row, int lane) {
+  const int64_t r = row % a.fft_h;
+  int64_t t = row / a.fft_h;
+  const int64_t ci = t % a.ci_block;
+  t /= a.ci_block;
+  const int64_t grp = t % a.groups, slot = t / a.groups;
+  T* dst = real + row * a.fft_w;
+  // This row's source, and the window of columns [0, need_w) it may fill.
+  const S* src = nullptr;
+  int64_t vc0 = 0, need_w = 0;
+  if (slot < n_items && ci < nci) {
+    const Tile tl = TileOf(a, item0 + slot);
+    const int64_t need_h = (tl.vh - 1) * a.sh + a.eff_h;
+    const int64_t vr = tl.oh0 * a.sh - a.pt + r;
+    if (r < need_h && vr >= 0 && vr < a.vh && vr % a.uh == 0) {
+      src = in + tl.n * a.iv.n + grp * a.iv.g + (ci0 + ci) * a.iv.c + (vr / a.uh) * a.iv.h;
+      vc0 = tl.ow0 * a.sw - a.pl;
+      need_w = (tl.vw - 1) * a.sw + a.eff_w;
+    }
+  }
+  if (a.uw == 1) {  // no division per element
+    for (int64_t c = lane; c < a.fft_w; c += kLanes) {
+      const int64_t vc = vc0 + c;
+      dst[c] = c < need_w && vc >= 0 && vc < a.vw ? ToCompute(src[vc * a.iv.w]) : T(0);
+    }
+  } else {
+    for (int64_t c = lane; c < a.fft_w; c += kLanes) {
+      const int64_t vc = vc0 + c;
+      dst[c] = c < need_w && vc >= 0 && vc < a.vw && vc % a.uw == 0
+                   ? ToCompute(src[(vc / a.uw) * a.iv.w])
+                   : T(0);
+    }
+  }
+}
+
+template <typename S, typename T>
 __global__ void PadInputKernel(FftArgs a, const S* in, int64_t item0, int64_t n_items,
                                int64_t ci0, int64_t nci, T* real) {
-  const int64_t plane = a.fft_h * a.fft_w, total = a.chunk * a.groups * a.ci_block * plane;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = i % a.fft_w, r = (i / a.fft_w) % a.fft_h;
-    int64_t t = i / plane;
-    const int64_t ci = t % a.ci_block;
-    t /= a.ci_block;
-    const int64_t grp = t % a.groups, slot = t / a.groups;
-    T v = T(0);
-    if (slot < n_items && ci < nci) {
-      const Tile tl = TileOf(a, item0 + slot);
-      const int64_t need_h = (tl.vh - 1) * a.sh + a.eff_h, need_w = (tl.vw - 1) * a.sw + a.eff_w;
-      const int64_t vr = tl.oh0 * a.sh - a.pt + r, vc = tl.ow0 * a.sw - a.pl + c;
-      if (r < need_h && c < need_w && vr >= 0 && vr < a.vh && vc >= 0 && vc < a.vw &&
-          vr % a.uh == 0 && vc % a.uw == 0)
-        v = ToCompute(in[tl.n * a.iv.n + grp * a.iv.g + (ci0 + ci) * a.iv.c +
-                         (vr / a.uh) * a.iv.h + (vc / a.uw) * a.iv.w]);
-    }
-    real[i] = v;
-  }
+  auto body = [&](int64_t row, int lane) {
+    PadInputRow(a, in, item0, n_items, ci0, nci, real, row, lane);
+  };
+  TFBIGCONV_WARP_ROWS(a.chunk * a.groups * a.ci_block * a.fft_h, body);
 }
 
 // y[slot][co][bin] (+)= sum over ci < nci of x[slot][grp(co)][ci][bin] *
 // conj(w[co][ci][bin]): correlation is convolution with the conjugate. One
-// thread per bin (consecutive threads, consecutive bins), ci in order.
-template <typename T>
-__global__ void MixKernel(FftArgs a, const typename Complex<T>::type* x,
-                          const typename Complex<T>::type* w, typename Complex<T>::type* y,
-                          int64_t n_items, int64_t nci, bool accumulate) {
-  const int64_t total = n_items * a.cout * a.bins;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t bin = i % a.bins, t = i / a.bins, co = t % a.cout, slot = t / a.cout;
-    const int64_t grp = co / a.cog;
+// item per (slot, block of co_per_thread channels, bin), consecutive threads
+// on consecutive bins, ci in order. Few channels share a thread (which
+// re-reads its x from L1 rather than each channel's thread from L2); many
+// channels get a thread each, for parallelism.
+template <typename T, typename C>
+TFBIGCONV_HD void MixItem(const FftArgs& a, const C* x, const C* w, C* y, int64_t nci,
+                          int64_t co_per_thread, bool accumulate, int64_t i) {
+  const int64_t co_blocks = (a.cout + co_per_thread - 1) / co_per_thread;
+  const int64_t bin = i % a.bins, t = i / a.bins;
+  const int64_t co0 = (t % co_blocks) * co_per_thread, slot = t / co_blocks;
+  const int64_t co_end = Min64(a.cout, co0 + co_per_thread);
+  int64_t grp = co0 / a.cog, k = co0 % a.cog;
+  for (int64_t co = co0; co < co_end; ++co) {
+    const C* xs = x + ((slot * a.groups + grp) * a.ci_block) * a.bins + bin;
+    const C* ws = w + (co * a.ci_block) * a.bins + bin;
+    C* yv = y + (slot * a.cout + co) * a.bins + bin;
     T re = T(0), im = T(0);
     if (accumulate) {
-      re = y[i].x;
-      im = y[i].y;
+      re = yv->x;
+      im = yv->y;
     }
-    const auto* xs = x + ((slot * a.groups + grp) * a.ci_block) * a.bins + bin;
-    const auto* ws = w + (co * a.ci_block) * a.bins + bin;
     for (int64_t ci = 0; ci < nci; ++ci) {
-      const auto xv = xs[ci * a.bins], wv = ws[ci * a.bins];
+      const C xv = xs[ci * a.bins], wv = ws[ci * a.bins];
       re += xv.x * wv.x + xv.y * wv.y;
       im += xv.y * wv.x - xv.x * wv.y;
     }
-    y[i].x = re;
-    y[i].y = im;
+    yv->x = re;
+    yv->y = im;
+    if (++k == a.cog) {
+      k = 0;
+      ++grp;
+    }
   }
+}
+
+template <typename T>
+__global__ void MixKernel(FftArgs a, const typename Complex<T>::type* x,
+                          const typename Complex<T>::type* w, typename Complex<T>::type* y,
+                          int64_t items, int64_t nci, int64_t co_per_thread, bool accumulate) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items;
+       i += int64_t(gridDim.x) * blockDim.x)
+    MixItem<T>(a, x, w, y, nci, co_per_thread, accumulate, i);
 }
 
 // out[tile rows/cols] = real[slot][co] sampled by the stride, scaled by
-// 1 / (fft_h * fft_w) (cuFFT's inverse is unnormalised).
+// 1 / (fft_h * fft_w) (cuFFT's inverse is unnormalised), converted to the
+// storage type. One warp per (slot, tile row); each lane writes every output
+// channel of its pixel (contiguous in NHWC).
 template <typename S, typename T>
-__global__ void CropKernel(FftArgs a, const T* real, int64_t item0, int64_t n_items, T scale,
-                           S* out) {
-  const int64_t tile = a.tile_h * a.tile_w, total = n_items * a.cout * tile;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = i % a.tile_w, r = (i / a.tile_w) % a.tile_h, t = i / tile;
-    const int64_t co = t % a.cout, slot = t / a.cout;
-    const Tile tl = TileOf(a, item0 + slot);
-    if (r >= tl.vh || c >= tl.vw) continue;
-    const T v = real[t * a.fft_h * a.fft_w + r * a.sh * a.fft_w + c * a.sw] * scale;
-    out[tl.n * a.ov.n + (tl.oh0 + r) * a.ov.h + (tl.ow0 + c) * a.ov.w + (co / a.cog) * a.ov.g +
-        (co % a.cog) * a.ov.c] = FromCompute<S, T>(v);
+TFBIGCONV_HD void CropRow(const FftArgs& a, const T* real, int64_t item0, T scale, S* out,
+                          int64_t row, int lane) {
+  const int64_t r = row % a.tile_h, slot = row / a.tile_h, plane = a.fft_h * a.fft_w;
+  const Tile tl = TileOf(a, item0 + slot);
+  if (r >= tl.vh) return;
+  const T* src = real + slot * a.cout * plane + r * a.sh * a.fft_w;
+  S* dst = out + tl.n * a.ov.n + (tl.oh0 + r) * a.ov.h + tl.ow0 * a.ov.w;
+  for (int64_t c = lane; c < tl.vw; c += kLanes) {
+    for (int64_t grp = 0, co = 0; grp < a.groups; ++grp)
+      for (int64_t k = 0; k < a.cog; ++k, ++co)
+        dst[c * a.ov.w + grp * a.ov.g + k * a.ov.c] =
+            FromCompute<S, T>(src[co * plane + c * a.sw] * scale);
   }
 }
 
+template <typename S, typename T>
+__global__ void CropKernel(FftArgs a, const T* real, int64_t item0, int64_t n_items, T scale,
+                           S* out) {
+  auto body = [&](int64_t row, int lane) { CropRow(a, real, item0, scale, out, row, lane); };
+  TFBIGCONV_WARP_ROWS(n_items * a.tile_h, body);
+}
+
+// The steps of one call: on the GPU (kernels and cuFFT on a stream) or, for
+// tests, on the CPU (the kernels' bodies in a loop, transforms by `fft`).
+struct Steps {
+  cudaStream_t stream = nullptr;
+  const HostFft* host_fft = nullptr;  // set: run on the CPU
+  const CufftApi* api = nullptr;
+  void* work = nullptr;
+  bool dbl = false;
+
+  bool on_host() const { return host_fft != nullptr; }
+  std::string Fft(int64_t h, int64_t w, int64_t batch, bool forward, void* in, void* out) const {
+    if (on_host()) return (*host_fft)(h, w, batch, forward, in, out);
+    return Exec(*api, stream, h, w, batch, forward, dbl, in, out, work);
+  }
+  template <typename Body>
+  std::string WarpRows(int64_t rows, Body body) const {
+    for (int64_t row = 0; row < rows; ++row)
+      for (int lane = 0; lane < kLanes; ++lane) body(row, lane);
+    return "";
+  }
+};
+
 template <typename S>
-std::string Run(const FftGpuParams& p, const CufftApi& api, cudaStream_t stream) {
+std::string Run(const FftGpuParams& p, Steps steps) {
   using T = typename ComputeOf<S>::type;
   using C = typename Complex<T>::type;
   const ConvGeometry& g = p.problem.g;
@@ -285,8 +368,10 @@ std::string Run(const FftGpuParams& p, const CufftApi& api, cudaStream_t stream)
   C* xspec = reinterpret_cast<C*>(ws + pl.wspec_bytes);
   C* yspec = reinterpret_cast<C*>(ws + pl.wspec_bytes + pl.xspec_bytes);
   T* real = reinterpret_cast<T*>(ws + pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes);
-  void* work = ws + pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes + pl.real_bytes;
-  const bool dbl = p.dtype == DType::kDouble;
+  steps.work = ws + pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes + pl.real_bytes;
+  steps.dbl = p.dtype == DType::kDouble;
+  const cudaStream_t stream = steps.stream;
+  S* out = static_cast<S*>(p.output);
   const Batches b = BatchesOf(g, pl);
   const int64_t plane = pl.fft_h * pl.fft_w;
   const int64_t blocks = CeilDiv(a.cig, pl.ci_block);
@@ -298,48 +383,59 @@ std::string Run(const FftGpuParams& p, const CufftApi& api, cudaStream_t stream)
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t ci0 = blk * pl.ci_block, nci = std::min(pl.ci_block, a.cig - ci0);
       if (blocks > 1 || c0 == 0) {  // one block's filter spectra serve every chunk
-        PadFilterKernel<S, T><<<GridFor(b.filter * plane, kThreads), kThreads, 0, stream>>>(
-            a, filt, ci0, nci, real);
-        if (!(err = LaunchError("FFT filter padding")).empty()) return err;
-        err = Exec(api, stream, pl.fft_h, pl.fft_w, b.filter, true, dbl, real, wspec, work);
+        const int64_t rows = b.filter * pl.fft_h;
+        if (steps.on_host()) {
+          steps.WarpRows(rows, [&](int64_t row, int lane) {
+            PadFilterRow(a, filt, ci0, nci, real, row, lane);
+          });
+        } else {
+          PadFilterKernel<S, T><<<GridForRows(rows), kThreads, 0, stream>>>(a, filt, ci0, nci,
+                                                                             real);
+          if (!(err = LaunchError("FFT filter padding")).empty()) return err;
+        }
+        err = steps.Fft(pl.fft_h, pl.fft_w, b.filter, true, real, wspec);
         if (!err.empty()) return err;
       }
-      PadInputKernel<S, T><<<GridFor(b.input * plane, kThreads), kThreads, 0, stream>>>(
-          a, in, c0, n, ci0, nci, real);
-      if (!(err = LaunchError("FFT input padding")).empty()) return err;
-      err = Exec(api, stream, pl.fft_h, pl.fft_w, b.input, true, dbl, real, xspec, work);
+      const int64_t rows = b.input * pl.fft_h;
+      if (steps.on_host()) {
+        steps.WarpRows(rows, [&](int64_t row, int lane) {
+          PadInputRow(a, in, c0, n, ci0, nci, real, row, lane);
+        });
+      } else {
+        PadInputKernel<S, T><<<GridForRows(rows), kThreads, 0, stream>>>(a, in, c0, n, ci0, nci,
+                                                                          real);
+        if (!(err = LaunchError("FFT input padding")).empty()) return err;
+      }
+      err = steps.Fft(pl.fft_h, pl.fft_w, b.input, true, real, xspec);
       if (!err.empty()) return err;
-      MixKernel<T><<<GridFor(n * a.cout * a.bins, kThreads), kThreads, 0, stream>>>(
-          a, xspec, wspec, yspec, n, nci, blk > 0);
-      if (!(err = LaunchError("FFT channel mixing")).empty()) return err;
+      const int64_t co_per_thread = a.cout * nci <= kMixMacsPerThread ? a.cout : 1;
+      const int64_t items = n * CeilDiv(a.cout, co_per_thread) * a.bins;
+      if (steps.on_host()) {
+        for (int64_t i = 0; i < items; ++i)
+          MixItem<T>(a, xspec, wspec, yspec, nci, co_per_thread, blk > 0, i);
+      } else {
+        MixKernel<T><<<GridFor(items, kThreads), kThreads, 0, stream>>>(
+            a, xspec, wspec, yspec, items, nci, co_per_thread, blk > 0);
+        if (!(err = LaunchError("FFT channel mixing")).empty()) return err;
+      }
     }
-    err = Exec(api, stream, pl.fft_h, pl.fft_w, b.output, false, dbl, yspec, real, work);
+    err = steps.Fft(pl.fft_h, pl.fft_w, b.output, false, yspec, real);
     if (!err.empty()) return err;
-    CropKernel<S, T><<<GridFor(n * a.cout * pl.tile_h * pl.tile_w, kThreads), kThreads, 0,
-                       stream>>>(a, real, c0, n, T(1) / T(plane), static_cast<S*>(p.output));
-    if (!(err = LaunchError("FFT output crop")).empty()) return err;
+    const int64_t rows = n * pl.tile_h;
+    const T scale = T(1) / T(plane);
+    if (steps.on_host()) {
+      steps.WarpRows(rows, [&](int64_t row, int lane) {
+        CropRow(a, real, c0, scale, out, row, lane);
+      });
+    } else {
+      CropKernel<S, T><<<GridForRows(rows), kThreads, 0, stream>>>(a, real, c0, n, scale, out);
+      if (!(err = LaunchError("FFT output crop")).empty()) return err;
+    }
   }
   return "";
 }
 
 // ---- planning ----------------------------------------------------------
-
-struct Dim {
-  int64_t tile, fft;
-};
-// (tile, fft size) candidates along one dimension, from the smallest FFT that
-// holds the filter to the one that holds the whole output.
-std::vector<Dim> Candidates(int64_t out, int64_t stride, int64_t eff) {
-  std::vector<Dim> c;
-  int64_t last_tile = 0;
-  for (int64_t f = GoodSize(eff);; f = GoodSize(f + 1)) {
-    const int64_t tile = std::min(out, (f - eff) / stride + 1);
-    if (tile > last_tile) c.push_back({tile, f});
-    last_tile = tile;
-    if (tile == out) break;
-  }
-  return c;
-}
 
 // Workspace of a plan whose tile, chunk and ci_block are set, with cuFFT's
 // work area taken as `work_bytes`.
@@ -364,7 +460,7 @@ int64_t WorkEstimate(const ConvGeometry& g, DType dtype, const FftGpuPlan& p) {
 
 double Seconds(const ConvGeometry& g, DType dtype, const FftGpuPlan& p) {
   const double plane = double(p.fft_h * p.fft_w), rb = double(ComputeBytes(dtype));
-  const double flops = 2.5 * plane * std::log2(std::max(plane, 2.0));
+  const double flops = 0.5 * ComplexFftFlops(int64_t(plane));  // a real 2-D transform
   const double blocks = double(CeilDiv(g.in_c_per_group(), p.ci_block));
   const double filter_tf = double(g.out_c * g.in_c_per_group()) * (blocks > 1 ? double(CeilDiv(p.items, p.chunk)) : 1.0);
   const double tf = double(p.items) * double(g.in_c + g.out_c) + filter_tf;
@@ -383,15 +479,15 @@ std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t limit, cudaSt
   const CufftApi* api = Cufft(&why);
   if (!api) return "GPU fft unavailable: " + why;
   const int64_t cig = std::max<int64_t>(1, g.in_c_per_group());
-  const std::vector<Dim> hs =
-      Candidates(std::max<int64_t>(g.out_h, 1), g.stride_h, g.effective_filter_h());
-  const std::vector<Dim> ws =
-      Candidates(std::max<int64_t>(g.out_w, 1), g.stride_w, g.effective_filter_w());
+  const std::vector<TileCandidate> hs =
+      TileCandidates(std::max<int64_t>(g.out_h, 1), g.stride_h, g.effective_filter_h());
+  const std::vector<TileCandidate> ws =
+      TileCandidates(std::max<int64_t>(g.out_w, 1), g.stride_w, g.effective_filter_w());
   FftGpuPlan best;
   bool found = false;
   int64_t min_needed = INT64_MAX;
-  for (const Dim& h : hs) {
-    for (const Dim& w : ws) {
+  for (const TileCandidate& h : hs) {
+    for (const TileCandidate& w : ws) {
       FftGpuPlan p;
       p.tile_h = h.tile;
       p.fft_h = h.fft;
@@ -456,6 +552,18 @@ std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t limit, cudaSt
   return "";
 }
 
+namespace {
+std::string RunDType(const FftGpuParams& p, const Steps& steps) {
+  switch (p.dtype) {
+    case DType::kFloat: return Run<float>(p, steps);
+    case DType::kDouble: return Run<double>(p, steps);
+    case DType::kHalf: return Run<__half>(p, steps);
+    case DType::kBFloat16: return Run<__nv_bfloat16>(p, steps);
+  }
+  return "FFT convolution: unknown dtype";
+}
+}  // namespace
+
 std::string FftConvGpu(const FftGpuParams& p, cudaStream_t stream) {
   if (p.problem.g.output_elements() == 0) return "";
   std::string why;
@@ -469,13 +577,18 @@ std::string FftConvGpu(const FftGpuParams& p, cudaStream_t stream) {
     const cudaError_t e = cudaMemsetAsync(p.output, 0, g.output_elements() * StorageBytes(p.dtype), stream);
     return e == cudaSuccess ? "" : std::string("zeroing the output: ") + cudaGetErrorString(e);
   }
-  switch (p.dtype) {
-    case DType::kFloat: return Run<float>(p, *api, stream);
-    case DType::kDouble: return Run<double>(p, *api, stream);
-    case DType::kHalf: return Run<__half>(p, *api, stream);
-    case DType::kBFloat16: return Run<__nv_bfloat16>(p, *api, stream);
-  }
-  return "FFT convolution: unknown dtype";
+  Steps steps;
+  steps.stream = stream;
+  steps.api = api;
+  return RunDType(p, steps);
+}
+
+std::string FftConvOnHost(const FftGpuParams& p, const HostFft& fft) {
+  if (p.problem.g.output_elements() == 0) return "";
+  if (p.problem.g.in_c_per_group() == 0) return "FFT convolution on the host: empty sum";
+  Steps steps;
+  steps.host_fft = &fft;
+  return RunDType(p, steps);
 }
 
 }  // namespace gpu

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <cuda_runtime_api.h>
@@ -54,6 +55,16 @@ struct FftGpuParams {
 
 // Enqueues the convolution on `stream`; "" or an error message.
 std::string FftConvGpu(const FftGpuParams& p, cudaStream_t stream);
+
+// For tests on machines without a GPU: the same steps on the CPU over host
+// pointers, the layout and mixing kernels' bodies in loops and the transforms
+// by `fft`, which must do what cuFFT does: `batch` real fft_h x fft_w planes
+// to fft_h x (fft_w / 2 + 1) complex ones (forward, in the compute type), or
+// back (unnormalised). Any plan whose workspace layout is consistent runs,
+// not only PlanFftGpu's (sizes need no good factors on the CPU).
+using HostFft = std::function<std::string(int64_t fft_h, int64_t fft_w, int64_t batch,
+                                          bool forward, void* in, void* out)>;
+std::string FftConvOnHost(const FftGpuParams& p, const HostFft& fft);
 
 }  // namespace gpu
 }  // namespace tfbigconv

@@ -20,18 +20,22 @@ template <typename S> struct ComputeOf { using type = S; };
 template <> struct ComputeOf<__half> { using type = float; };
 template <> struct ComputeOf<__nv_bfloat16> { using type = float; };
 
-__device__ __forceinline__ float ToCompute(float v) { return v; }
-__device__ __forceinline__ double ToCompute(double v) { return v; }
-__device__ __forceinline__ float ToCompute(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ToCompute(__nv_bfloat16 v) { return __bfloat162float(v); }
+// Host and device: kernel bodies written as __host__ __device__ functions
+// can also run on the CPU, where tests check their index arithmetic.
+#define TFBIGCONV_HD __host__ __device__ __forceinline__
 
-template <typename S, typename T> __device__ __forceinline__ S FromCompute(T v) { return S(v); }
-template <> __device__ __forceinline__ __half FromCompute<__half, float>(float v) {
-  return __float2half_rn(v);
-}
-template <> __device__ __forceinline__ __nv_bfloat16 FromCompute<__nv_bfloat16, float>(float v) {
+TFBIGCONV_HD float ToCompute(float v) { return v; }
+TFBIGCONV_HD double ToCompute(double v) { return v; }
+TFBIGCONV_HD float ToCompute(__half v) { return __half2float(v); }
+TFBIGCONV_HD float ToCompute(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename S, typename T> TFBIGCONV_HD S FromCompute(T v) { return S(v); }
+template <> TFBIGCONV_HD __half FromCompute<__half, float>(float v) { return __float2half_rn(v); }
+template <> TFBIGCONV_HD __nv_bfloat16 FromCompute<__nv_bfloat16, float>(float v) {
   return __float2bfloat16_rn(v);
 }
+
+TFBIGCONV_HD int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 inline int64_t StorageBytes(DType t) {
   return t == DType::kDouble ? 8 : t == DType::kFloat ? 4 : 2;

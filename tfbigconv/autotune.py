@@ -10,12 +10,16 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
   trusted. A candidate estimated further off is never timed. Nothing is timed
   when fewer than two remain.
 - Cost: each candidate runs once to warm up and, unless that took over
-  REPEAT_BELOW_S, twice more (the fastest counts), on at most
-  TIMING_BATCH images (times scaled to the real batch). Candidates run in
-  the order of their estimates, and one whose warm-up alone exceeds
-  ABANDON_FACTOR x the best time so far is not repeated. The first call of a
-  pass so costs at most about 3 x (candidates) x (its time on TIMING_BATCH
-  images), once per geometry, dtype, device and thread count.
+  REPEAT_BELOW_S, twice more (the fastest counts), on a reduced batch: the
+  fewest images (at least TIMING_BATCH) on which the best estimate is
+  MIN_TIMED_S or more, so that per-call overheads do not decide (a batch of 4
+  scaled to 64 once picked a kernel 3x slower at full batch); the whole
+  batch when it is cheaper than that. Times are scaled to the real batch.
+  Candidates run in the order of their estimates, and one whose warm-up
+  alone exceeds ABANDON_FACTOR x the best time so far is not repeated. The
+  first call of a pass so costs about 3 x (candidates) x max(MIN_TIMED_S,
+  the time on TIMING_BATCH images) where the estimates hold, once per
+  geometry, dtype, device and thread count.
 - Memory: remembered in this process and in a JSON cache file beside the
   cost-model profile ($XDG_CACHE_HOME/tfbigconv/autotune.json, or the file
   TFBIGCONV_AUTOTUNE_CACHE names). Entries of another format or package
@@ -24,6 +28,7 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
   explain() shows whether each choice was measured or estimated.
 """
 import json
+import math
 import os
 import threading
 import time
@@ -42,6 +47,7 @@ FORMAT = 1
 # within 3x of each other can be in either order.
 NEAR_FACTOR = 3.0
 TIMING_BATCH = 4
+MIN_TIMED_S = 0.03
 REPEAT_BELOW_S = 0.25
 ABANDON_FACTOR = 3.0
 
@@ -67,7 +73,7 @@ def _version():
     return tfbigconv.__version__
 
 
-def _load(path):
+def _load(path, warn=True):
     """The valid entries of a cache file ({} if missing); warns about what it ignores."""
     if not os.path.exists(path):
         return {}
@@ -80,7 +86,8 @@ def _load(path):
         if not isinstance(entries, dict):
             raise ValueError("no entries")
     except (OSError, ValueError) as e:
-        warnings.warn(f"tfbigconv: ignoring autotune cache {path}: {e}")
+        if warn:
+            warnings.warn(f"tfbigconv: ignoring autotune cache {path}: {e}")
         return {}
     good, stale = {}, 0
     for key, e in entries.items():
@@ -92,7 +99,7 @@ def _load(path):
             good[key] = e
         else:
             stale += 1
-    if stale:
+    if stale and warn:
         warnings.warn(f"tfbigconv: ignoring {stale} stale or invalid entries of autotune cache {path}")
     return good
 
@@ -113,7 +120,8 @@ def _store(key, entry):
         _memory[key] = entry
         path = cache_path()
         try:
-            on_disk = _load(path) if os.path.exists(path) else {}
+            # Entries other processes added since; what _lookup warned about stays out.
+            on_disk = _load(path, warn=False) if os.path.exists(path) else {}
             on_disk[key] = entry
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             tmp = f"{path}.{os.getpid()}.tmp"
@@ -172,9 +180,11 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
     key = _key(p["pass"], input_shape, filter_shape, attrs, dtype, device, workspace_limit)
     entry = _lookup(key)
     if entry is None or not set(names) <= set(entry["seconds"]):
+        best_estimate = min(p[n]["seconds"] for n in names if n != "tf" or p["tf_trusted"])
         seconds = measure(p["pass"], names, input_shape, filter_shape, attrs, dtype, device,
                           order=sorted(names, key=lambda n: p[n]["seconds"]),
-                          workspace_limit=workspace_limit)
+                          workspace_limit=workspace_limit,
+                          batch=timing_batch(input_shape[0], best_estimate))
         entry = {"chosen": min(seconds, key=seconds.get), "seconds": seconds,
                  "version": _version()}
         _store(key, entry)
@@ -200,16 +210,25 @@ def _apply(p, names, entry):
                    + f"); estimates: {p['reason']}")
 
 
+def timing_batch(batch, best_estimate_s):
+    """The images to time on (see the module docstring)."""
+    if batch <= TIMING_BATCH:
+        return max(batch, 1)
+    per_image = max(best_estimate_s, 1e-9) / batch
+    return int(min(batch, max(TIMING_BATCH, math.ceil(MIN_TIMED_S / per_image))))
+
+
 @tf.autograph.experimental.do_not_convert
 def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order=None,
-            workspace_limit=0):
-    """{candidate: seconds} for one pass, timed on random data of a reduced batch.
+            workspace_limit=0, batch=None):
+    """{candidate: seconds} for one pass, timed on random data of `batch` images
+    (default TIMING_BATCH) and scaled to the real batch.
 
     Runs eagerly on `device` (outside any tf.function being traced).
     """
     from tfbigconv import conv
-    batch = input_shape[0]  # dimension 0 in NHWC and NCHW
-    small = max(1, min(batch, TIMING_BATCH))
+    full = input_shape[0]  # dimension 0 in NHWC and NCHW
+    small = max(1, min(full, batch or TIMING_BATCH))
     shape = [small] + list(input_shape[1:])
     results = {}
     with tf.init_scope(), tf.device(f"/{device}:0"):
@@ -231,7 +250,7 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
                     _sync(run())
                     t = min(t, time.perf_counter() - start)
             best = min(best, t)
-            results[name] = t * batch / small
+            results[name] = t * full / small
     return results
 
 

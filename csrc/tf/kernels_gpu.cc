@@ -1,18 +1,18 @@
 // GPU kernels of the three ops (built with GOOGLE_CUDA): the ops of
 // kernel_base.h with a Run() that plans within the allocator's budget, takes
-// the workspace from TensorFlow's allocator and enqueues the CUDA launchers
-// (cuda/) on the op's stream. The only file where TF meets the CUDA code.
+// the workspace from TensorFlow's allocator and enqueues the pass with
+// gpu::RunConvGpu (cuda/run_gpu.h, the launch the harness also tests) on the
+// op's stream. The only file where TF meets the CUDA code.
 #if GOOGLE_CUDA
 
 #include <cuda_runtime_api.h>
 
 #include <string>
 
-#include "direct_gpu.h"
-#include "fft_gpu.h"
 #include "kernel_base.h"
 #include "memory_info.h"
 #include "plan_gpu.h"
+#include "run_gpu.h"
 #include "tensorflow/core/framework/device_base.h"
 #include "tensorflow/core/platform/logging.h"
 #include "xla/stream_executor/stream.h"
@@ -48,8 +48,7 @@ class BigConvGpuBase : public BigConvOpBase<T> {
     OP_REQUIRES_OK(ctx, this->ChooseWithPlan([&](const std::string& requested) {
       return gpu::ChooseGpuAlgorithm(problem, kDType<T>, requested, limit, stream, &choice);
     }));
-    VLOG(1) << this->name() << " (GPU): "
-            << (choice.algorithm == gpu::GpuAlgorithm::kFft ? "fft" : "direct") << " ("
+    VLOG(1) << this->name() << " (GPU): " << gpu::GpuAlgorithmName(choice.algorithm) << " ("
             << choice.reason << ")";
     Tensor workspace;
     void* ws = nullptr;
@@ -58,28 +57,8 @@ class BigConvGpuBase : public BigConvOpBase<T> {
                                              TensorShape({choice.workspace_bytes()}), &workspace));
       ws = this->Data(&workspace);
     }
-    std::string run_err;
-    if (choice.algorithm == gpu::GpuAlgorithm::kFft) {
-      gpu::FftGpuParams p;
-      p.problem = problem;
-      p.dtype = kDType<T>;
-      p.plan = choice.fft;
-      p.input = in;
-      p.filter = filter;
-      p.output = out;
-      p.workspace = ws;
-      run_err = gpu::FftConvGpu(p, stream);
-    } else {
-      gpu::DirectGpuParams p;
-      p.problem = problem;
-      p.dtype = kDType<T>;
-      p.plan = choice.direct;
-      p.input = in;
-      p.filter = filter;
-      p.output = out;
-      p.workspace = ws;
-      run_err = gpu::DirectConvGpu(p, stream);
-    }
+    const std::string run_err =
+        gpu::RunConvGpu(problem, kDType<T>, choice, in, filter, out, ws, stream);
     OP_REQUIRES(ctx, run_err.empty(), tensorflow::errors::Internal(this->name(), ": ", run_err));
   }
 };

@@ -1,13 +1,17 @@
 """CUDA kernel tests without TensorFlow: the launchers (tfbigconv_gpu_harness)
 on device buffers from CuPy or torch, against the float64 NumPy reference of
-tests/reference.py; then timings against torch (cuDNN and torch.fft).
+tests/reference.py; then timings against torch (cuDNN and torch.fft); and
+with --calibrate DIR, the timing grid that the GPU cost model is fitted to.
 
 Run through scripts/gpu_check.sh, which builds the module and sets PYTHONPATH.
+Kernel times of ours come from CUDA events around back-to-back calls with
+the workspace allocated once (H.time); torch's from CUDA events likewise.
 """
 import argparse
+import csv
 import itertools
+import os
 import sys
-import time
 
 import numpy as np
 
@@ -71,7 +75,11 @@ def pick_backend():
 
 
 # Storage encodings: bfloat16 as uint16 bit patterns (CuPy has no bfloat16).
+# float64 stays float64: rounding it through float32 would hand the kernel
+# other inputs than the reference.
 def encode(x, dtype):
+    if dtype == "float64":
+        return np.asarray(x, np.float64)
     x = np.asarray(x, np.float32)
     if dtype == "bfloat16":
         b = x.view(np.uint32).astype(np.uint64)
@@ -115,6 +123,13 @@ def cases():
     yield ((2, 37, 41, 4), (9, 7, 2, 6), (2, 1), (1, 2), "SAME", ((0, 0), (0, 0)), "NCHW")
     yield ((0, 20, 20, 2), (5, 5, 2, 3), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC")
     yield ((3, 11, 13, 2), (11, 13, 2, 3), (1, 1), (1, 1), "VALID", ((0, 0), (0, 0)), "NHWC")
+    # the direct reduction kernel (backprop_filter): several channel blocks
+    # (10 per group), a channel multiplier, depthwise over more than a warp
+    # of channels, stride 2 with an odd tail
+    for x, w, s in [((2, 19, 23, 4), (3, 5, 2, 20), 1), ((3, 30, 26, 6), (5, 5, 1, 12), 1),
+                    ((2, 33, 29, 40), (7, 7, 1, 40), 1), ((2, 41, 37, 36), (15, 15, 1, 36), 2),
+                    ((3, 20, 22, 35), (3, 3, 1, 35), 2)]:
+        yield (x, w, (s, s), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC")
 
 
 def flat_pads(pairs, fmt, padding):
@@ -128,7 +143,86 @@ def to_fmt(a, fmt):
     return a.transpose(0, 3, 1, 2).copy() if fmt == "NCHW" else a
 
 
-def check_case(be, rng, case, dtype, algorithm, pass_):
+def operands(rng, case, dtype, pass_):
+    """(a, b, reference, output shape, harness args) for one pass of a case,
+    inputs rounded to the dtype so the reference sees what the kernel sees."""
+    x_shape, w_shape, s, d, padding, pairs, fmt = case
+    xs = x_shape if fmt == "NHWC" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
+    pads = flat_pads(pairs, fmt, padding)
+    y_shape = tuple(H.output_shape(list(xs), list(w_shape), list(s), list(d), padding, pads, fmt))
+    rnd = lambda shape: decode(encode(rng.standard_normal(shape), dtype).view(np.uint8), dtype, shape)
+    kw = dict(strides=s, padding=padding, dilations=d, data_format=fmt, explicit=pairs)
+    if pass_ == "forward":
+        a, b = rnd(xs), rnd(w_shape)
+        ref, out_shape = (lambda: conv2d_reference(a, b, **kw)), y_shape
+    elif pass_ == "backprop_input":
+        a, b = rnd(y_shape), rnd(w_shape)
+        ref, out_shape = (lambda: conv2d_reference_backprop_input(a, b, xs, **kw)), xs
+    else:
+        a, b = rnd(xs), rnd(y_shape)
+        ref, out_shape = (lambda: conv2d_reference_backprop_filter(a, b, w_shape, **kw)), w_shape
+    args = (list(xs), list(w_shape), list(s), list(d), padding, pads, fmt, dtype)
+    return a, b, ref, out_shape, args
+
+
+def error_of(got, ref):
+    return rel_l2(got, ref) if ref.size and np.any(ref) else (0.0 if np.all(got == 0) else np.inf)
+
+
+def run_host_matrix(dtypes=("float32", "float64", "float16")):
+    """The direct kernels' bodies on the CPU (H.run_direct_on_host): every
+    case and pass whose plan is not the tiled kernel, with and without
+    workspace. Needs no GPU."""
+    ok, failed, skipped = 0, 0, 0
+    rng = np.random.default_rng(4321)
+    for case, pass_, dtype, limit in itertools.product(cases(), PASSES, dtypes, [4 << 30, 0]):
+        a, b, ref, out_shape, args = operands(rng, case, dtype, pass_)
+        out = np.full(int(np.prod(out_shape)) * ITEM[dtype], 0xFF, np.uint8)
+        try:
+            used = H.run_direct_on_host(pass_, encode(a, dtype).view(np.uint8),
+                                        encode(b, dtype).view(np.uint8), out, *args,
+                                        workspace_limit=limit)
+        except RuntimeError as e:
+            if "not emulated" in str(e):
+                skipped += 1
+                continue
+            raise
+        err = error_of(decode(out, dtype, out_shape), ref())
+        good = err <= TOLERANCE[dtype]
+        ok += good
+        failed += not good
+        if not good:
+            print(f"FAIL host {pass_} {dtype} limit={limit} {case}: rel_l2={err:.3g} ({used})")
+    print(f"host kernel tests (direct): {ok} passed, {failed} failed, {skipped} skipped (tiled)")
+    fft_ok, fft_failed = 0, 0
+    # The FFT steps with numpy's FFT for cuFFT: whole-output tiles, and small
+    # tiles with chunks and channel blocks smaller than the work.
+    for case, pass_, dtype, (tile, chunk, ci_block) in itertools.product(
+            cases(), PASSES, dtypes, [(10**6, 10**6, 10**6), (7, 3, 1)]):
+        if dtype == "float16" and tile < 10**6:
+            continue
+        a, b, ref, out_shape, args = operands(rng, case, dtype, pass_)
+        out = np.full(int(np.prod(out_shape)) * ITEM[dtype], 0xFF, np.uint8)
+        try:
+            used = H.run_fft_on_host(pass_, encode(a, dtype).view(np.uint8),
+                                     encode(b, dtype).view(np.uint8), out, *args, tile_h=tile,
+                                     tile_w=tile + 2, chunk=chunk, ci_block=ci_block)
+        except RuntimeError as e:
+            if "empty" in str(e):
+                continue
+            raise
+        err = error_of(decode(out, dtype, out_shape), ref())
+        tol = max(TOLERANCE[dtype], FFT_TOLERANCE.get(dtype, 0))
+        good = err <= tol
+        fft_ok += good
+        fft_failed += not good
+        if not good:
+            print(f"FAIL host fft {pass_} {dtype} tile={tile} {case}: rel_l2={err:.3g} ({used})")
+    print(f"host kernel tests (fft): {fft_ok} passed, {fft_failed} failed")
+    return failed == 0 and fft_failed == 0
+
+
+def check_case(be, rng, case, dtype, algorithm, pass_, workspace_limit=4 << 30):
     x_shape, w_shape, s, d, padding, pairs, fmt = case
     xs = x_shape if fmt == "NHWC" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
     pads = flat_pads(pairs, fmt, padding)
@@ -149,7 +243,8 @@ def check_case(be, rng, case, dtype, algorithm, pass_):
     da, db = be.to_device(encode(a, dtype)), be.to_device(encode(b, dtype))
     dout = be.empty_nan(int(np.prod(out_shape)) * ITEM[dtype])
     used = H.run(pass_, be.ptr(da), be.ptr(db), be.ptr(dout), list(xs), list(w_shape), list(s),
-                 list(d), padding, pads, fmt, dtype, algorithm, stream=be.stream())
+                 list(d), padding, pads, fmt, dtype, algorithm, workspace_limit=workspace_limit,
+                 stream=be.stream())
     got = decode(be.to_host(dout), dtype, out_shape)
     err = rel_l2(got, ref) if ref.size and np.any(ref) else (0.0 if np.all(got == 0) else np.inf)
     tol = TOLERANCE[dtype]
@@ -158,15 +253,20 @@ def check_case(be, rng, case, dtype, algorithm, pass_):
     return err, tol, used
 
 
-def run_matrix(be, quick):
+def run_matrix(be, quick, subset=False):
     ok, failed, skipped = 0, 0, 0
     have_fft, why = H.cufft_status()
     if not have_fft:
         print(f"cuFFT unavailable, fft cases skipped: {why}")
     rng = np.random.default_rng(1234)
-    for case in cases():
+    all_cases = list(cases())
+    for ci, case in enumerate(all_cases):
+        if subset and ci % 4 != 0:
+            continue
         for pass_, algorithm, dtype in itertools.product(PASSES, ["direct", "fft"], DTYPES):
             if quick and dtype in ("float64", "bfloat16") and case[1][0] > 40:
+                continue
+            if subset and dtype not in ("float32", "float16"):
                 continue
             if algorithm == "fft" and not have_fft:
                 skipped += 1
@@ -180,22 +280,72 @@ def run_matrix(be, quick):
             failed += not good
             if not good:
                 print(f"FAIL {pass_} {algorithm} {dtype} {case}: rel_l2={err:.3g} tol={tol:g} ({used})")
+    # Without workspace the direct kernels run unsplit (the reduction kernel
+    # writes the output itself).
+    for case in all_cases[-5:]:
+        for pass_ in PASSES:
+            err, tol, used = check_case(be, rng, case, "float32", "direct", pass_, workspace_limit=0)
+            good = err <= tol
+            ok += good
+            failed += not good
+            if not good:
+                print(f"FAIL {pass_} direct float32 workspace 0 {case}: rel_l2={err:.3g} ({used})")
     print(f"kernel tests: {ok} passed, {failed} failed, {skipped} skipped")
     return failed == 0
 
 
 # ---- timings --------------------------------------------------------------
 
-def timed(fn, sync, reps=3):
+def torch_ms(torch, fn, reps=3):
+    """Median GPU time of fn() in ms from CUDA events, after one warm-up call;
+    one timed call when the warm-up took over 0.2 s."""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
     fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
+    e1.record()
+    torch.cuda.synchronize()
+    if e0.elapsed_time(e1) > 200:
+        reps = 1
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    ev[0].record()
+    for i in range(reps):
         fn()
-        sync()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+        ev[i + 1].record()
+    torch.cuda.synchronize()
+    return float(np.median([ev[i].elapsed_time(ev[i + 1]) for i in range(reps)]))
+
+
+class Ours:
+    """Calls of the harness on one geometry, timed with H.time."""
+
+    def __init__(self, torch, x_shape, w_shape, stride=(1, 1), padding="VALID", dtype="float32"):
+        self.torch, self.dtype = torch, dtype
+        self.xs, self.ws, self.s, self.padding = list(x_shape), list(w_shape), list(stride), padding
+        self.ys = H.output_shape(self.xs, self.ws, self.s, [1, 1], padding, [], "NHWC")
+        tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+               "float64": torch.float64}[dtype]
+        self.x = torch.randn(self.xs, device="cuda").to(tdt)
+        self.w = torch.randn(self.ws, device="cuda").to(tdt)
+        self.dy = torch.randn(self.ys, device="cuda").to(tdt)
+        self.out = {"forward": torch.empty(self.ys, device="cuda", dtype=tdt),
+                    "backprop_input": torch.empty(self.xs, device="cuda", dtype=tdt),
+                    "backprop_filter": torch.empty(self.ws, device="cuda", dtype=tdt)}
+
+    def operands(self, pass_):
+        return {"forward": (self.x, self.w), "backprop_input": (self.dy, self.w),
+                "backprop_filter": (self.x, self.dy)}[pass_]
+
+    def args(self, pass_, algorithm):
+        a, b = self.operands(pass_)
+        return (pass_, a.data_ptr(), b.data_ptr(), self.out[pass_].data_ptr(), self.xs, self.ws,
+                self.s, [1, 1], self.padding, [], "NHWC", self.dtype, algorithm)
+
+    def time(self, pass_, algorithm, reps=5):
+        return H.time(*self.args(pass_, algorithm), stream=self.torch.cuda.current_stream().cuda_stream,
+                      reps=reps)
+
+    def plan(self, pass_, algorithm):
+        return H.plan(*self.args(pass_, algorithm))
 
 
 def timings(be, batch):
@@ -204,89 +354,206 @@ def timings(be, batch):
         return
     torch = be.torch
     F = torch.nn.functional
-    sync = torch.cuda.synchronize
-    stream = be.stream()
-
-    def ours(x, w, algorithm, pass_="forward", dy=None):
-        xs, ws = list(x.shape), list(w.shape)
-        ys = H.output_shape(xs, ws, [1, 1], [1, 1], "VALID", [], "NHWC")
-        out = torch.empty(ys if pass_ == "forward" else ws, device="cuda", dtype=x.dtype)
-        a, b = (x, w) if pass_ == "forward" else (x, dy)
-        return lambda: H.run(pass_, a.data_ptr(), b.data_ptr(), out.data_ptr(), xs, ws, [1, 1],
-                             [1, 1], "VALID", [], "NHWC", "float32", algorithm, stream=stream)
 
     def torch_fft(x, w):  # x NHWC (C=1), w HWIO (I=1): correlation via rfft2
         n, h, wd, _ = x.shape
         kh, kw = w.shape[:2]
-        X = torch.fft.rfft2(x[..., 0], s=(h, wd))
-        Wf = torch.fft.rfft2(torch.flip(w[:, :, 0, :], (0, 1)).permute(2, 0, 1), s=(h, wd))
-        return lambda: torch.fft.irfft2(X[:, None] * Wf[None], s=(h, wd))[:, :, kh - 1:, kw - 1:]
 
-    print(f"\nseed case: input ({batch},321,481,1) float32, filter 135x135x1x3, VALID, forward")
-    x = torch.randn(batch, 321, 481, 1, device="cuda")
-    w = torch.randn(135, 135, 1, 3, device="cuda")
-    xc, wc = x.permute(0, 3, 1, 2).contiguous(), w.permute(3, 2, 0, 1).contiguous()
-    rows = [("tfbigconv direct", timed(ours(x, w, "direct"), sync)),
-            ("tfbigconv fft", timed(ours(x, w, "fft"), sync)),
-            ("torch conv2d (cuDNN)", timed(lambda: F.conv2d(xc, wc), sync)),
-            ("torch.fft", timed(torch_fft(x, w), sync))]
-    for name, t in rows:
-        print(f"  {name:24s} {t * 1e3:10.2f} ms   {rows[2][1] / t:6.2f}x vs cuDNN")
-
-    print("\nK sweep: input (16,321,481,1) float32, filter KxKx1x3, VALID, forward (ms)")
-    print(f"  {'K':>4} {'direct':>10} {'fft':>10} {'cuDNN':>10} {'torch.fft':>10}")
-    x = torch.randn(16, 321, 481, 1, device="cuda")
-    xc = x.permute(0, 3, 1, 2).contiguous()
-    for k in (15, 31, 63, 95, 135):
-        w = torch.randn(k, k, 1, 3, device="cuda")
-        wc = w.permute(3, 2, 0, 1).contiguous()
-        t = [timed(ours(x, w, "direct"), sync), timed(ours(x, w, "fft"), sync),
-             timed(lambda: F.conv2d(xc, wc), sync), timed(torch_fft(x, w), sync)]
-        print(f"  {k:>4} " + " ".join(f"{v * 1e3:10.2f}" for v in t))
-
-    print("\ndepthwise 31x31, input (8,56,56,128) float32, forward + both gradients (ms)")
-    x = torch.randn(8, 56, 56, 128, device="cuda")
-    w = torch.randn(31, 31, 1, 128, device="cuda")
-    dy = torch.randn(8, 56, 56, 128, device="cuda")
-    dx = torch.empty_like(x)
-    dw = torch.empty_like(w)
-    y = torch.empty_like(dy)
-    s, d = [1, 1], [1, 1]
-
-    def ours_dw(algorithm):
         def step():
-            args = ([8, 56, 56, 128], [31, 31, 1, 128], s, d, "SAME", [], "NHWC",
-                    "float32", algorithm)
-            H.run("forward", x.data_ptr(), w.data_ptr(), y.data_ptr(), *args, stream=stream)
-            H.run("backprop_input", dy.data_ptr(), w.data_ptr(), dx.data_ptr(), *args, stream=stream)
-            H.run("backprop_filter", x.data_ptr(), dy.data_ptr(), dw.data_ptr(), *args, stream=stream)
+            X = torch.fft.rfft2(x[..., 0], s=(h, wd))
+            Wf = torch.fft.rfft2(torch.flip(w[:, :, 0, :], (0, 1)).permute(2, 0, 1), s=(h, wd))
+            return torch.fft.irfft2(X[:, None] * Wf[None], s=(h, wd))[:, :, kh - 1:, kw - 1:]
         return step
 
-    xc = x.permute(0, 3, 1, 2).contiguous().requires_grad_()
-    wc = w.permute(3, 2, 0, 1).contiguous().requires_grad_()
-    dyc = dy.permute(0, 3, 1, 2).contiguous()
+    print(f"\nseed case: input ({batch},321,481,1) float32, filter 135x135x1x3, VALID, forward")
+    print("  kernel ms from CUDA events; ours: workspace allocated once; wall: plan+launch+sync")
+    o = Ours(torch, (batch, 321, 481, 1), (135, 135, 1, 3))
+    xc = o.x.permute(0, 3, 1, 2).contiguous()
+    wc = o.w.permute(3, 2, 0, 1).contiguous()
+    fft = o.time("forward", "fft")
+    direct = o.time("forward", "direct", reps=1)
+    t_cudnn = torch_ms(torch, lambda: F.conv2d(xc, wc))
+    t_tfft = torch_ms(torch, torch_fft(o.x, o.w))
+    rows = [("tfbigconv direct", direct["kernel_ms"], direct["wall_ms"]),
+            ("tfbigconv fft", fft["kernel_ms"], fft["wall_ms"]),
+            ("torch conv2d (cuDNN)", t_cudnn, float("nan")),
+            ("torch.fft pipeline", t_tfft, float("nan"))]
+    for name, t, wall in rows:
+        print(f"  {name:22s} {t:10.3f} ms (wall {wall:8.3f})  {t_cudnn / t:8.2f}x vs cuDNN"
+              f"  {t_tfft / t:6.2f}x vs torch.fft")
 
-    def cudnn_step():
-        out = F.conv2d(xc, wc, padding=15, groups=128)
-        torch.autograd.grad(out, (xc, wc), dyc)
+    print("\nK sweep: input (16,321,481,1) float32, filter KxKx1x3, VALID, forward (kernel ms)")
+    print(f"  {'K':>4} {'direct':>10} {'fft':>10} {'cuDNN':>10} {'torch.fft':>10}")
+    for k in (15, 31, 63, 95, 135):
+        o = Ours(torch, (16, 321, 481, 1), (k, k, 1, 3))
+        xc, wc = o.x.permute(0, 3, 1, 2).contiguous(), o.w.permute(3, 2, 0, 1).contiguous()
+        t = [o.time("forward", "direct", reps=1)["kernel_ms"], o.time("forward", "fft")["kernel_ms"],
+             torch_ms(torch, lambda: F.conv2d(xc, wc)), torch_ms(torch, torch_fft(o.x, o.w))]
+        print(f"  {k:>4} " + " ".join(f"{v:10.3f}" for v in t))
 
-    t_cudnn = timed(cudnn_step, sync)
-    for algorithm in ("direct", "fft"):
-        t = timed(ours_dw(algorithm), sync)
-        print(f"  tfbigconv {algorithm:8s} {t * 1e3:10.2f} ms   {t_cudnn / t:6.2f}x vs cuDNN")
-    print(f"  torch cuDNN        {t_cudnn * 1e3:10.2f} ms")
+    print("\nfwd + both gradients, SAME (kernel ms, sum of the three passes)")
+    print(f"  {'case':44s} {'direct':>9} {'fft':>9} {'cuDNN':>9}")
+    for dtype, (x_shape, w_shape, groups) in itertools.product(
+            ["float32", "float16"],
+            [((8, 56, 56, 128), (31, 31, 1, 128), 128), ((4, 128, 128, 32), (31, 31, 32, 32), 1)]):
+        o = Ours(torch, x_shape, w_shape, padding="SAME", dtype=dtype)
+        t = {alg: sum(o.time(p, alg)["kernel_ms"] for p in PASSES) for alg in ("direct", "fft")}
+        t["cudnn"] = sum(cudnn_pass_ms(torch, x_shape, w_shape[3], w_shape[0], groups, 1, dtype))
+        print(f"  {dtype} {str(x_shape) + 'x' + str(w_shape):36s} {t['direct']:9.3f} {t['fft']:9.3f}"
+              f" {t['cudnn']:9.3f}")
+
+
+# ---- the calibration grid --------------------------------------------------
+
+# (N, H, W, Cin, Cout, K, groups, stride): input NHWC, K x K filter, SAME
+# padding, dilation 1 (the geometries of ../shared/gpu/h100_grid_*.csv).
+GRID = [
+    (16, 321, 481, 1, 3, 135, 1, 1), (16, 321, 481, 1, 3, 63, 1, 1),
+    (4, 128, 128, 32, 32, 31, 1, 1), (16, 56, 56, 64, 64, 3, 1, 1),
+    (32, 56, 56, 256, 256, 13, 256, 1), (8, 64, 64, 128, 128, 51, 128, 1),
+    (32, 224, 224, 32, 32, 51, 4, 2), (1, 128, 128, 32, 32, 9, 4, 1),
+    (2, 321, 481, 128, 128, 15, 128, 2), (32, 64, 64, 64, 64, 15, 1, 1),
+    (8, 64, 64, 32, 32, 3, 4, 1), (32, 128, 128, 3, 16, 51, 1, 2),
+    (1, 56, 56, 32, 32, 7, 4, 1), (2, 128, 128, 32, 32, 31, 4, 2),
+    (32, 128, 128, 32, 32, 51, 4, 1), (8, 32, 32, 128, 128, 31, 128, 2),
+    (1, 56, 56, 64, 64, 31, 64, 1), (1, 128, 128, 1, 3, 63, 1, 1),
+    (2, 224, 224, 32, 32, 31, 4, 1), (8, 224, 224, 128, 128, 7, 128, 1),
+    (2, 128, 128, 384, 384, 21, 384, 1), (32, 32, 32, 64, 64, 5, 64, 1),
+    (1, 128, 128, 64, 64, 15, 1, 2), (2, 224, 224, 128, 128, 63, 128, 1),
+    (1, 224, 224, 128, 128, 9, 128, 2), (2, 32, 32, 384, 384, 31, 384, 2),
+    (32, 128, 128, 16, 16, 11, 1, 2), (2, 128, 128, 3, 16, 11, 1, 1),
+    (8, 128, 128, 64, 64, 7, 1, 2), (2, 64, 64, 384, 384, 5, 384, 1),
+    (1, 321, 481, 384, 384, 7, 384, 1), (2, 64, 64, 16, 16, 51, 1, 1),
+]
+GRID_COLUMNS = ["N", "H", "W", "Cin", "Cout", "K", "groups", "stride", "dtype", "pass", "algo",
+                "kernel_ms", "note"]
+DIRECT_MAX_FLOPS = 2e12  # a direct pass needing more is not run (minutes)
+TORCH_DTYPE = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def cudnn_pass_ms(torch, x_shape, cout, k, groups, stride, dtype):
+    """cuDNN through torch in channels_last (NHWC, as TF feeds cuDNN): kernel
+    ms of forward, backprop_input, backprop_filter. Autotuned below K = 51
+    (its autotuning of huge filters takes minutes); TF32 allowed for float32."""
+    F = torch.nn.functional
+    tdt = getattr(torch, TORCH_DTYPE[dtype])
+    torch.backends.cudnn.benchmark = k < 51
+    n, h, w, cin = x_shape
+    cl = torch.channels_last
+    x = torch.randn(n, cin, h, w, device="cuda", dtype=tdt).to(memory_format=cl)
+    wt = torch.randn(cout, cin // groups, k, k, device="cuda", dtype=tdt).to(memory_format=cl)
+    pad = k // 2
+    y = F.conv2d(x, wt, stride=stride, padding=pad, groups=groups)
+    dy = torch.randn_like(y).to(memory_format=cl)
+    fwd = torch_ms(torch, lambda: F.conv2d(x, wt, stride=stride, padding=pad, groups=groups))
+    bi = torch_ms(torch, lambda: torch.nn.grad.conv2d_input(x.shape, wt, dy, stride=stride,
+                                                            padding=pad, groups=groups))
+    bf = torch_ms(torch, lambda: torch.nn.grad.conv2d_weight(x, wt.shape, dy, stride=stride,
+                                                             padding=pad, groups=groups))
+    return fwd, bi, bf
+
+
+def pass_flops(geo, pass_):
+    n, h, w, cin, cout, k, groups, stride = geo
+    ho, wo = -(-h // stride), -(-w // stride)
+    return 2.0 * n * ho * wo * cout * k * k * (cin // groups)
+
+
+def calibrate(be, out_dir, dtypes, k_max, passes, algos):
+    """Times every GRID geometry x pass x algorithm and writes one CSV per
+    dtype family (columns GRID_COLUMNS) into out_dir; returns the paths."""
+    if be.name != "torch":
+        sys.exit("--calibrate needs torch (cuDNN is a column of the grid)")
+    torch = be.torch
+    os.makedirs(out_dir, exist_ok=True)
+    families = [("float32", ["float32"]), ("float16_bfloat16", ["float16", "bfloat16"])]
+    paths = []
+    for fam, fam_dtypes in families:
+        fam_dtypes = [d for d in fam_dtypes if d in dtypes]
+        if not fam_dtypes:
+            continue
+        path = os.path.join(out_dir, f"gpu_grid_{fam}.csv")
+        paths.append(path)
+        with open(path, "w", newline="") as f:
+            wr = csv.writer(f)
+            wr.writerow(GRID_COLUMNS)
+            for dtype, geo in itertools.product(fam_dtypes, GRID):
+                n, h, w, cin, cout, k, groups, stride = geo
+                if k > k_max:
+                    continue
+                o = Ours(torch, (n, h, w, cin), (k, k, cin // groups, cout), (stride, stride),
+                         "SAME", dtype)
+                cudnn = dict(zip(PASSES, cudnn_pass_ms(torch, (n, h, w, cin), cout, k, groups,
+                                                       stride, dtype)))
+                for pass_ in passes:
+                    times = {}
+                    for algo in algos:
+                        note = ""
+                        try:
+                            if algo == "cudnn":
+                                ms = cudnn[pass_]
+                            elif algo == "auto":
+                                chosen, note = o.plan(pass_, "auto")
+                                note = f"{chosen}: {note}"
+                                ms = times.get(chosen) or o.time(pass_, "auto", reps=3)["kernel_ms"]
+                            elif algo == "direct" and pass_flops(geo, pass_) > DIRECT_MAX_FLOPS:
+                                ms, note = float("nan"), "skipped: flops"
+                            else:
+                                r = o.time(pass_, algo, reps=3)
+                                ms, note = r["kernel_ms"], f"{r['algorithm']}: {r['reason']}"
+                        except Exception as e:  # e.g. no fft plan fits: a row, not a crash
+                            ms, note = float("nan"), f"error: {e}"
+                        times[algo] = ms
+                        wr.writerow(list(geo) + [dtype, pass_, algo, f"{ms:.4f}", note])
+                    f.flush()
+                    print(f"  {dtype:8s} {str(geo):38s} {pass_:15s} " +
+                          " ".join(f"{a} {times[a]:9.4f}" for a in algos), flush=True)
+                del o
+                torch.cuda.empty_cache()
+    return paths
+
+
+def load_shipped_cost_model():
+    """The package's cost model (tfbigconv/cost_model.json, read as JSON: no TF here),
+    so that the harness's "auto" decides as the TF ops do after `import tfbigconv`."""
+    import json
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tfbigconv",
+                        "cost_model.json")
+    with open(path) as f:
+        values = json.load(f)["values"]
+    H.set_cost_model([float(values[name]) for name in H.cost_model_fields()])
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer float64/bfloat16 cases")
+    ap.add_argument("--no-matrix", action="store_true", help="skip the kernel tests")
     ap.add_argument("--no-timings", action="store_true")
     ap.add_argument("--seed-batch", type=int, default=200)
+    ap.add_argument("--subset", action="store_true",
+                    help="kernel tests on a few geometries, float32 and float16 (for memcheck)")
+    ap.add_argument("--calibrate", metavar="DIR", help="write the timing grid CSVs into DIR")
+    ap.add_argument("--dtypes", default="float32,float16,bfloat16",
+                    help="calibration dtypes (comma-separated)")
+    ap.add_argument("--k-max", type=int, default=10**9, help="calibrate only geometries with K <= this")
+    ap.add_argument("--passes", default=",".join(PASSES), help="calibration passes")
+    ap.add_argument("--algos", default="direct,fft,auto,cudnn", help="calibration algorithms")
+    ap.add_argument("--host", action="store_true",
+                    help="only the direct kernels' bodies on the CPU (no GPU needed)")
     args = ap.parse_args()
+    load_shipped_cost_model()
+    if args.host:
+        sys.exit(0 if run_host_matrix() else 1)
     be = pick_backend()
     print(f"backend: {be.name}")
-    ok = run_matrix(be, args.quick)
-    if not args.no_timings:
+    ok = True
+    if not args.no_matrix:
+        ok = run_matrix(be, args.quick, args.subset)
+    if args.calibrate:
+        paths = calibrate(be, args.calibrate, args.dtypes.split(","), args.k_max,
+                          args.passes.split(","), args.algos.split(","))
+        print("calibration grid:", " ".join(paths))
+    elif not args.no_timings:
         timings(be, args.seed_batch)
     sys.exit(0 if ok else 1)
 

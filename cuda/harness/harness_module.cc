@@ -1,20 +1,27 @@
-// pybind11 module `tfbigconv_gpu_harness`: the CUDA launchers on raw device
-// pointers (from CuPy arrays or torch tensors), for testing the kernels
-// without TensorFlow (scripts/gpu_check.sh). Shapes, padding and the passes'
+// pybind11 module `tfbigconv_gpu_harness`: the CUDA kernels on raw device
+// pointers (from CuPy arrays or torch tensors), for testing and timing them
+// without TensorFlow (scripts/gpu_check.sh). Launches go through
+// gpu::RunConvGpu, the same function the TF op calls. Shapes, padding and the passes'
 // problems come from geometry.cc, exactly as the TF kernels get them.
 #include <cuda_runtime_api.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <pybind11/numpy.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "direct_gpu.h"
-#include "fft_gpu.h"
+#include "cost_model.h"
 #include "geometry.h"
 #include "plan_gpu.h"
+#include "run_gpu.h"
 
 namespace py = pybind11;
 
@@ -65,58 +72,281 @@ DType ParseDTypeOrThrow(const std::string& name) {
   return t;
 }
 
-// Runs one pass: a, b are (input, filter), (out_backprop, filter) or
-// (input, out_backprop) for forward, backprop_input, backprop_filter. The
-// workspace is poisoned with NaN bytes. Returns "<algorithm>: <reason>".
+// RAII device buffer.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(int64_t bytes) {
+    if (bytes > 0) Check(cudaMalloc(&ptr, size_t(bytes)), "cudaMalloc(workspace)");
+  }
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+struct CudaEvent {
+  cudaEvent_t e = nullptr;
+  CudaEvent() { Check(cudaEventCreate(&e), "cudaEventCreate"); }
+  ~CudaEvent() { cudaEventDestroy(e); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+};
+
+// One pass as the harness runs it: the problem, the planned choice, and the
+// operands. a, b are (input, filter), (out_backprop, filter) or (input,
+// out_backprop) for forward, backprop_input, backprop_filter.
+struct Job {
+  Conv c;
+  DType dtype;
+  gpu::GpuAlgorithmChoice choice;
+  const void* a;
+  const void* b;
+  void* out;
+  cudaStream_t stream;
+  std::string Describe() const {
+    return std::string(gpu::GpuAlgorithmName(choice.algorithm)) + ": " + choice.reason;
+  }
+  void Launch(void* ws) const {
+    const std::string err = gpu::RunConvGpu(c.problem, dtype, choice, a, b, out, ws, stream);
+    if (!err.empty()) throw std::runtime_error(err);
+  }
+};
+
+Job MakeJob(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
+            const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
+            const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
+            const std::string& padding, const std::vector<int64_t>& explicit_paddings,
+            const std::string& data_format, const std::string& dtype_name,
+            const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle) {
+  Job j{MakeConv(pass, input_shape, filter_shape, strides, dilations, padding, explicit_paddings,
+                 data_format),
+        ParseDTypeOrThrow(dtype_name),
+        {},
+        reinterpret_cast<const void*>(a),
+        reinterpret_cast<const void*>(b),
+        reinterpret_cast<void*>(out),
+        reinterpret_cast<cudaStream_t>(stream_handle)};
+  if (j.c.problem.g.output_elements() == 0) return j;
+  const Status status = gpu::ChooseGpuAlgorithm(j.c.problem, j.dtype, algorithm,
+                                                workspace_limit, j.stream, &j.choice);
+  if (!status.ok()) throw std::runtime_error(status.message());
+  return j;
+}
+
+// Check mode: plans, allocates the workspace and poisons it with NaN bytes
+// (so reads of unwritten workspace show), runs the pass, synchronizes.
+// Returns "<algorithm>: <reason>".
 std::string Run(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
                 const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
                 const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
                 const std::string& padding, const std::vector<int64_t>& explicit_paddings,
                 const std::string& data_format, const std::string& dtype_name,
                 const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle) {
+  const Job j = MakeJob(pass, a, b, out, input_shape, filter_shape, strides, dilations, padding,
+                        explicit_paddings, data_format, dtype_name, algorithm, workspace_limit,
+                        stream_handle);
+  if (j.c.problem.g.output_elements() == 0) return "empty";
+  DeviceBuffer ws(j.choice.workspace_bytes());
+  if (ws.ptr)
+    Check(cudaMemsetAsync(ws.ptr, 0xff, size_t(j.choice.workspace_bytes()), j.stream),
+          "poisoning the workspace");
+  j.Launch(ws.ptr);
+  Check(cudaStreamSynchronize(j.stream), "kernel execution");
+  return j.Describe();
+}
+
+// The planner's choice for a pass, without running it: (algorithm, reason).
+py::tuple Plan(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
+               const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
+               const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
+               const std::string& padding, const std::vector<int64_t>& explicit_paddings,
+               const std::string& data_format, const std::string& dtype_name,
+               const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle) {
+  const Job j = MakeJob(pass, a, b, out, input_shape, filter_shape, strides, dilations, padding,
+                        explicit_paddings, data_format, dtype_name, algorithm, workspace_limit,
+                        stream_handle);
+  return py::make_tuple(std::string(gpu::GpuAlgorithmName(j.choice.algorithm)), j.choice.reason);
+}
+
+// The direct algorithm's kernel bodies run on the CPU over numpy buffers
+// (raw bytes of the storage type), for testing their index arithmetic on
+// machines without a GPU. Returns a description of the plan that ran.
+std::string RunDirectOnHost(const std::string& pass, py::array a, py::array b, py::array out,
+                            const std::vector<int64_t>& input_shape,
+                            const std::vector<int64_t>& filter_shape,
+                            const std::vector<int64_t>& strides,
+                            const std::vector<int64_t>& dilations, const std::string& padding,
+                            const std::vector<int64_t>& explicit_paddings,
+                            const std::string& data_format, const std::string& dtype_name,
+                            int64_t workspace_limit) {
   const Conv c = MakeConv(pass, input_shape, filter_shape, strides, dilations, padding,
                           explicit_paddings, data_format);
-  const DType dtype = ParseDTypeOrThrow(dtype_name);
-  auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
-  if (c.problem.g.output_elements() == 0) return "empty";
-  gpu::GpuAlgorithmChoice choice;
-  const Status status = gpu::ChooseGpuAlgorithm(c.problem, dtype, algorithm, workspace_limit,
-                                                stream, &choice);
-  if (!status.ok()) throw std::runtime_error(status.message());
-  std::string err;
-  void* ws = nullptr;
-  const int64_t bytes = choice.workspace_bytes();
-  if (bytes > 0) {
-    Check(cudaMalloc(&ws, size_t(bytes)), "cudaMalloc(workspace)");
-    Check(cudaMemsetAsync(ws, 0xff, size_t(bytes), stream), "poisoning the workspace");
-  }
-  if (choice.algorithm == gpu::GpuAlgorithm::kFft) {
-    gpu::FftGpuParams p;
-    p.problem = c.problem;
-    p.dtype = dtype;
-    p.plan = choice.fft;
-    p.input = reinterpret_cast<const void*>(a);
-    p.filter = reinterpret_cast<const void*>(b);
-    p.output = reinterpret_cast<void*>(out);
-    p.workspace = ws;
-    err = gpu::FftConvGpu(p, stream);
-  } else {
-    gpu::DirectGpuParams p;
-    p.problem = c.problem;
-    p.dtype = dtype;
-    p.plan = choice.direct;
-    p.input = reinterpret_cast<const void*>(a);
-    p.filter = reinterpret_cast<const void*>(b);
-    p.output = reinterpret_cast<void*>(out);
-    p.workspace = ws;
-    err = gpu::DirectConvGpu(p, stream);
-  }
-  const cudaError_t sync = cudaStreamSynchronize(stream);
-  if (ws) cudaFree(ws);
+  gpu::DirectGpuParams p;
+  p.problem = c.problem;
+  p.dtype = ParseDTypeOrThrow(dtype_name);
+  p.plan = gpu::PlanDirectGpu(c.problem.g, p.dtype, workspace_limit);
+  const int64_t item = DTypeBytes(p.dtype), g_out = c.problem.g.output_elements();
+  if (out.nbytes() != g_out * item) throw py::value_error("out has the wrong size");
+  // NaN bytes, as on the GPU, so that a partial sum never written shows.
+  std::vector<double> ws(size_t((p.plan.workspace_bytes + 7) / 8), std::nan(""));
+  p.input = a.data();
+  p.filter = b.data();
+  p.output = out.mutable_data();
+  p.workspace = ws.empty() ? nullptr : ws.data();
+  const std::string err = gpu::DirectConvOnHost(p);
   if (!err.empty()) throw std::runtime_error(err);
-  Check(sync, "kernel execution");
-  return std::string(choice.algorithm == gpu::GpuAlgorithm::kFft ? "fft" : "direct") + ": " +
-         choice.reason;
+  const gpu::DirectGpuPlan& pl = p.plan;
+  return pl.reduction ? "reduction " + std::to_string(pl.red_channels) + "x" +
+                            std::to_string(pl.red_width) + " splits " +
+                            std::to_string(pl.row_splits)
+                      : pl.tiled ? "tiled" : "untiled splits " + std::to_string(pl.splits());
+}
+
+// The FFT algorithm's steps on the CPU over numpy buffers, with numpy's FFT
+// in cuFFT's place and a plan made here from (tile_h, tile_w, chunk,
+// ci_block) rather than by PlanFftGpu (which needs cuFFT): small tiles,
+// chunks and channel blocks exercise every loop of the launcher.
+std::string RunFftOnHost(const std::string& pass, py::array a, py::array b, py::array out,
+                         const std::vector<int64_t>& input_shape,
+                         const std::vector<int64_t>& filter_shape,
+                         const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
+                         const std::string& padding, const std::vector<int64_t>& explicit_paddings,
+                         const std::string& data_format, const std::string& dtype_name,
+                         int64_t tile_h, int64_t tile_w, int64_t chunk, int64_t ci_block) {
+  const Conv c = MakeConv(pass, input_shape, filter_shape, strides, dilations, padding,
+                          explicit_paddings, data_format);
+  const ConvGeometry& g = c.problem.g;
+  gpu::FftGpuParams p;
+  p.problem = c.problem;
+  p.dtype = ParseDTypeOrThrow(dtype_name);
+  if (out.nbytes() != g.output_elements() * DTypeBytes(p.dtype))
+    throw py::value_error("out has the wrong size");
+  gpu::FftGpuPlan& pl = p.plan;
+  pl.tile_h = std::max<int64_t>(1, std::min(tile_h, g.out_h));
+  pl.tile_w = std::max<int64_t>(1, std::min(tile_w, g.out_w));
+  pl.fft_h = (pl.tile_h - 1) * g.stride_h + g.effective_filter_h();
+  pl.fft_w = (pl.tile_w - 1) * g.stride_w + g.effective_filter_w();
+  pl.tiles_h = (g.out_h + pl.tile_h - 1) / pl.tile_h;
+  pl.tiles_w = (g.out_w + pl.tile_w - 1) / pl.tile_w;
+  pl.items = std::max<int64_t>(1, g.batch * pl.tiles_h * pl.tiles_w);
+  pl.chunk = std::max<int64_t>(1, std::min(chunk, pl.items));
+  pl.ci_block = std::max<int64_t>(1, std::min(ci_block, g.in_c_per_group()));
+  const int64_t rb = ComputeBytes(p.dtype), cb = 2 * rb;
+  const int64_t fb = g.out_c * pl.ci_block, ib = pl.chunk * g.groups * pl.ci_block,
+                ob = pl.chunk * g.out_c;
+  auto align = [](int64_t x) { return (x + 255) / 256 * 256; };
+  pl.wspec_bytes = align(fb * pl.bins() * cb);
+  pl.xspec_bytes = align(ib * pl.bins() * cb);
+  pl.yspec_bytes = align(ob * pl.bins() * cb);
+  pl.real_bytes = align(std::max({fb, ib, ob}) * pl.fft_h * pl.fft_w * rb);
+  pl.workspace_bytes = pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes + pl.real_bytes;
+  std::vector<double> ws(size_t(pl.workspace_bytes / 8), std::nan(""));
+  p.input = a.data();
+  p.filter = b.data();
+  p.output = out.mutable_data();
+  p.workspace = ws.data();
+  const bool dbl = p.dtype == DType::kDouble;
+  py::module_ np = py::module_::import("numpy");
+  py::module_ np_fft = py::module_::import("numpy.fft");
+  const py::object real_t = np.attr(dbl ? "float64" : "float32");
+  const py::object complex_t = np.attr(dbl ? "complex128" : "complex64");
+  const gpu::HostFft fft = [&](int64_t h, int64_t w, int64_t batch, bool forward, void* in,
+                               void* dst) -> std::string {
+    const int64_t bins = h * (w / 2 + 1);
+    py::array result;
+    if (forward) {
+      py::array src(py::dtype::from_args(real_t), std::vector<int64_t>{batch, h, w},
+                    static_cast<char*>(in));
+      result = np_fft.attr("rfft2")(src).attr("astype")(complex_t);
+    } else {
+      py::array src(py::dtype::from_args(complex_t), std::vector<int64_t>{batch, h, w / 2 + 1},
+                    static_cast<char*>(in));
+      // numpy's inverse divides by h * w; cuFFT's does not.
+      result = (np_fft.attr("irfft2")(src, py::make_tuple(h, w)) * py::int_(h * w))
+                   .attr("astype")(real_t);
+    }
+    result = np.attr("ascontiguousarray")(result);
+    const int64_t bytes = batch * (forward ? bins * 2 : h * w) * rb;
+    if (result.nbytes() != bytes) return "host FFT: unexpected result size";
+    std::memcpy(dst, result.data(), size_t(bytes));
+    return "";
+  };
+  const std::string err = gpu::FftConvOnHost(p, fft);
+  if (!err.empty()) throw std::runtime_error(err);
+  return "fft " + std::to_string(pl.fft_h) + "x" + std::to_string(pl.fft_w) + " tiles " +
+         std::to_string(pl.tiles_h) + "x" + std::to_string(pl.tiles_w) + " chunk " +
+         std::to_string(pl.chunk) + " ci_block " + std::to_string(pl.ci_block);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Timing mode: plans once and allocates the workspace once (not poisoned,
+// as TF's allocator hands it out), runs one warm-up, then `reps` calls.
+// kernel_ms: median over the calls of the GPU time between CUDA events
+// recorded around each call's launches (the calls are enqueued back to back,
+// so host launch work overlaps the GPU's). wall_ms: median host time of a
+// call that plans, launches and synchronizes, as a TF op would (without its
+// allocation). Returns a dict with kernel_ms, wall_ms, algorithm, reason and
+// workspace_bytes.
+py::dict Time(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
+              const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
+              const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
+              const std::string& padding, const std::vector<int64_t>& explicit_paddings,
+              const std::string& data_format, const std::string& dtype_name,
+              const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle,
+              int reps) {
+  if (reps < 1) throw py::value_error("reps must be at least 1");
+  std::vector<double> kernel_ms, wall_ms;
+  Job j;
+  {
+    py::gil_scoped_release release;
+    j = MakeJob(pass, a, b, out, input_shape, filter_shape, strides, dilations, padding,
+                explicit_paddings, data_format, dtype_name, algorithm, workspace_limit,
+                stream_handle);
+    if (j.c.problem.g.output_elements() > 0) {
+      DeviceBuffer ws(j.choice.workspace_bytes());
+      j.Launch(ws.ptr);  // warm-up: module load, cuFFT plans
+      Check(cudaStreamSynchronize(j.stream), "kernel execution");
+      std::vector<CudaEvent> ev(size_t(reps) + 1);
+      Check(cudaEventRecord(ev[0].e, j.stream), "cudaEventRecord");
+      for (int r = 0; r < reps; ++r) {
+        j.Launch(ws.ptr);
+        Check(cudaEventRecord(ev[size_t(r) + 1].e, j.stream), "cudaEventRecord");
+      }
+      Check(cudaStreamSynchronize(j.stream), "kernel execution");
+      for (int r = 0; r < reps; ++r) {
+        float ms = 0;
+        Check(cudaEventElapsedTime(&ms, ev[size_t(r)].e, ev[size_t(r) + 1].e),
+              "cudaEventElapsedTime");
+        kernel_ms.push_back(ms);
+      }
+      for (int r = 0; r < reps; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        gpu::GpuAlgorithmChoice again;
+        const Status status = gpu::ChooseGpuAlgorithm(j.c.problem, j.dtype, algorithm,
+                                                      workspace_limit, j.stream, &again);
+        if (!status.ok()) throw std::runtime_error(status.message());
+        j.Launch(ws.ptr);
+        Check(cudaStreamSynchronize(j.stream), "kernel execution");
+        wall_ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count());
+      }
+    }
+  }
+  py::dict d;
+  const bool empty = kernel_ms.empty();
+  d["kernel_ms"] = empty ? 0.0 : Median(kernel_ms);
+  d["wall_ms"] = empty ? 0.0 : Median(wall_ms);
+  d["algorithm"] = empty ? "empty" : gpu::GpuAlgorithmName(j.choice.algorithm);
+  d["reason"] = j.choice.reason;
+  d["workspace_bytes"] = j.choice.workspace_bytes();
+  return d;
 }
 
 std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape,
@@ -148,8 +378,39 @@ PYBIND11_MODULE(tfbigconv_gpu_harness, m) {
         py::arg("data_format"), py::arg("dtype"), py::arg("algorithm"),
         py::arg("workspace_limit") = int64_t(4) << 30, py::arg("stream") = uintptr_t(0),
         py::call_guard<py::gil_scoped_release>());
+  m.def("time", &Time, py::arg("pass_"), py::arg("a"), py::arg("b"), py::arg("out"),
+        py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
+        py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
+        py::arg("data_format"), py::arg("dtype"), py::arg("algorithm"),
+        py::arg("workspace_limit") = int64_t(4) << 30, py::arg("stream") = uintptr_t(0),
+        py::arg("reps") = 5);
+  m.def("plan", &Plan, py::arg("pass_"), py::arg("a"), py::arg("b"), py::arg("out"),
+        py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
+        py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
+        py::arg("data_format"), py::arg("dtype"), py::arg("algorithm"),
+        py::arg("workspace_limit") = int64_t(4) << 30, py::arg("stream") = uintptr_t(0));
+  m.def("run_direct_on_host", &RunDirectOnHost, py::arg("pass_"), py::arg("a"), py::arg("b"),
+        py::arg("out"), py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
+        py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
+        py::arg("data_format"), py::arg("dtype"), py::arg("workspace_limit") = int64_t(4) << 30);
+  m.def("run_fft_on_host", &RunFftOnHost, py::arg("pass_"), py::arg("a"), py::arg("b"),
+        py::arg("out"), py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
+        py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
+        py::arg("data_format"), py::arg("dtype"), py::arg("tile_h"), py::arg("tile_w"),
+        py::arg("chunk"), py::arg("ci_block"));
   m.def("output_shape", &OutputShape, py::arg("input_shape"), py::arg("filter_shape"),
         py::arg("strides"), py::arg("dilations"), py::arg("padding"),
         py::arg("explicit_paddings"), py::arg("data_format"));
   m.def("cufft_status", &CufftStatus, "(available, why not)");
+  m.def("cost_model_fields", &CostModelFields);
+  m.def(
+      "set_cost_model",
+      [](const std::vector<double>& values) {
+        CostModel model;
+        const std::string err = CostModelFromValues(values, &model);
+        if (!err.empty()) throw py::value_error(err);
+        SetActiveCostModel(model);
+      },
+      "Sets the cost model the run-time 'auto' uses (values in cost_model_fields() order), "
+      "as importing tfbigconv does for the TF ops.");
 }
