@@ -242,12 +242,13 @@ ENV_CACHE = "TFBIGCONV_AUTOTUNE_CACHE"
 
 
 @contextlib.contextmanager
-def fresh_autotune_env():
+def fresh_autotune_env(under=None):
     """Autotuning on, no forced algorithm, and an autotune cache file of this process's
-    own (removed after), so that the process starts cold."""
+    own (removed after; `under`, a folder the caller removes, keeps it from lingering
+    when the process is killed), so that the process starts cold."""
     os.environ.pop(ENV_AUTOTUNE, None)
     os.environ.pop("TFBIGCONV_ALGORITHM", None)  # it would override every algorithm
-    cache_dir = tempfile.mkdtemp(prefix="tfbigconv_bench_autotune_")
+    cache_dir = tempfile.mkdtemp(prefix="tfbigconv_bench_autotune_", dir=under)
     os.environ[ENV_CACHE] = os.path.join(cache_dir, "autotune.json")
     try:
         yield

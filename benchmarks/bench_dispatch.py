@@ -1,17 +1,23 @@
-"""How good is algorithm="auto"? Its time against the best of TensorFlow's own kernel,
-direct and fft, measured on a grid of geometries, as forward and as forward + backward.
+"""How good is algorithm="auto"? Its time against the best of tf, direct and fft.
 
-Grid: GRID below, 56 geometries (each label names its dtype and data_format):
-  - dense float32 NHWC (26): filter sizes 1-95, channels 1-128, batch 1-64,
+Measured on a grid of geometries, as forward and as forward + backward; "tf" is
+TensorFlow's own best kernel for the case.
+
+Grid: GRID below, 60 geometries (each label names its dtype and data_format):
+  - dense float32 NHWC (30): filter sizes 1-95, channels 1-128, batch 1-64,
     images 28-512 px, strides 1-2;
   - depthwise float32 NHWC (9): K 3-63, multiplier 1-2, batch 1-64, strides 1-2;
   - grouped float32 NHWC (6): 2-16 groups, K 3-31, strides 1-2;
   - half (9): float16 and bfloat16, dense, depthwise and grouped, NHWC;
   - NCHW (6): dense, depthwise and grouped, float32 and half.
-The big cases of the old float32-only grid (seconds per call for every contender) were
-dropped to keep the default run at about 25 minutes on a 2-core machine with --rounds 2
-(estimated from single geometries measured alone: typically 15-30 s each, import,
-tracing and autotuning included; the acceptance depthwise case about 60 s).
+--quick runs 10 of them (one or two of each class) for 1 round: about 2 minutes.
+The old float32-only grid's slowest cases (seconds per call for every contender) were
+dropped. Run time of the default (--rounds 2) on the 2-core development machine:
+about 16 minutes when the machine is otherwise idle, up to about 25 with another job
+on it. Estimated from 23 geometries measured one at a time while other jobs ran
+(5-10 s for small ones; 35-55 s for the most expensive, where TF's half-precision or
+depthwise gradients take seconds) and, for the rest, from the per-call times of the
+previous run in RESULTS.md.
 
 Contenders, each a tf.function:
     auto      tfbigconv.bigconv2d(..., algorithm="auto") with autotuning on (the
@@ -105,6 +111,7 @@ GRID = [
     G(2, 256, 256, 3, 3, 16, 2),
     G(64, 32, 32, 32, 3, 32),
     G(1, 512, 512, 1, 3, 1),
+    G(4, 64, 64, 128, 3, 128),
     G(8, 128, 128, 8, 5, 8),
     G(32, 32, 32, 16, 5, 16, 2),
     G(2, 128, 128, 64, 7, 64),
@@ -114,6 +121,7 @@ GRID = [
     G(8, 64, 64, 32, 11, 32),
     G(4, 256, 256, 1, 15, 3),
     G(1, 512, 512, 3, 15, 8, 2),
+    G(4, 64, 64, 64, 15, 64),
     G(64, 64, 64, 1, 15, 1),
     G(16, 64, 64, 8, 21, 8),
     G(2, 256, 256, 4, 21, 4, 2),
@@ -121,6 +129,8 @@ GRID = [
     G(1, 512, 512, 1, 31, 1),
     G(16, 64, 64, 4, 45, 4),
     G(2, 256, 256, 1, 45, 3, padding="VALID"),
+    G(4, 128, 128, 8, 63, 8),
+    G(16, 321, 481, 1, 63, 3, padding="VALID"),  # the seed case's shape, smaller filter
     G(1, 512, 512, 1, 63, 1),
     G(4, 256, 256, 3, 95, 3, padding="VALID"),
     # depthwise, float32, NHWC
@@ -204,6 +214,8 @@ def short_error(e):
     lines = [l.strip() for l in str(getattr(e, "message", None) or e).splitlines()]
     skip = ("Graph execution error", "Detected at node", "File ", "[[", "Cause:")
     lines = [l for l in lines if l and not l.startswith(skip)] or [type(e).__name__]
+    # TF's gradient ops fail in either order; a line saying what is unsupported says most
+    lines = [l for l in lines if "support" in l] or lines
     text = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", lines[0])
     return text[:100]
 
@@ -327,7 +339,8 @@ class Progress:
 
 
 def worker_geometry(spec):
-    with _harness.fresh_autotune_env():
+    # the cache lives beside the progress file: the parent removes both, even after a kill
+    with _harness.fresh_autotune_env(under=os.path.dirname(spec["progress"])):
         return measure_geometry(spec)
 
 
@@ -570,7 +583,7 @@ def summarize(points):
         for c in AUTOS:
             r, t, o = regrets[(c, mode)], vs_tf[(c, mode)], over_tf[(c, mode)]
             summary.append(f"| {mode} | {c} | {len(r)} | {stats_line(r)} | "
-                           f"{max(t, default=float('nan')):.2f} | {len(o)} of {len(t)} | "
+                           f"{f'{max(t):.2f}' if t else '-'} | {len(o)} of {len(t)} | "
                            f"{regret_verdict(r, o)} |")
     for mode in MODES:
         for c in AUTOS:
@@ -587,20 +600,24 @@ def summarize(points):
             a, e = per_class[(cls, "auto", mode)], per_class[(cls, "auto-est", mode)]
             breakdown.append(f"| {cls} | {mode} | {len(a)} | {stats_line(a)} | {stats_line(e)} |")
 
-    firsts = ["| mode | auto first call median s | max s | auto-est first call median s | max s |"
-              " first-call overhead of autotuning (auto - auto-est) median s | max s |",
+    firsts = ["| mode | auto first call median s | max s | auto-est first call median s | "
+              "max s | autotuning's cost (auto - auto-est) median s | max s |",
               "|---|---|---|---|---|---|---|"]
+    med = lambda v: fmt_s(statistics.median(v)) if v else "-"
+    mx = lambda v: fmt_s(max(v)) if v else "-"
     for mode in MODES:
         a, e = first_calls[("auto", mode)], first_calls[("auto-est", mode)]
-        diff = [p["by"][("auto", mode)]["first_call_s"] - p["by"][("auto-est", mode)]["first_call_s"]
-                for p in points
-                if all("first_call_s" in p["by"].get((c, mode), {}) for c in AUTOS)]
-        med = lambda v: fmt_s(statistics.median(v)) if v else "-"
-        mx = lambda v: fmt_s(max(v)) if v else "-"
+        diff = []  # fwd: auto's forward pass was tuned in its fwd+bwd call, so no difference
+        if mode == "fwd+bwd":
+            diff = [p["by"][("auto", mode)]["first_call_s"] - p["by"][("auto-est", mode)]["first_call_s"]
+                    for p in points
+                    if all("first_call_s" in p["by"].get((c, mode), {}) for c in AUTOS)]
         firsts.append(f"| {mode} | {med(a)} | {mx(a)} | {med(e)} | {mx(e)} | {med(diff)} | {mx(diff)} |")
-    firsts.append("\nFirst call = tracing + planning (+ autotuning for auto) + one run. auto's "
-                  "fwd+bwd first call tunes all three passes cold; its fwd first call comes "
-                  "after it in the same process and may reuse the forward pass's tuning.")
+    firsts.append("\nFirst call = tracing + planning (+ autotuning for auto) + one run, after the "
+                  "process's one-time costs were paid on a tiny convolution. auto's fwd+bwd first "
+                  "call tunes all three passes cold (auto-est, traced before it, may have warmed "
+                  "the planner for this geometry); auto's fwd first call comes after it and "
+                  "reuses its forward pass's tuning.")
 
     head = ("| geometry | " + " | ".join(f"{c} ms" for c in CONTENDERS)
             + " | auto first call s | auto regret | auto-est regret | auto/tf | auto-est/tf | "
