@@ -3,6 +3,7 @@ import os
 import tempfile
 
 import numpy as np
+import pytest
 
 from reference import conv2d_reference, rel_l2
 
@@ -13,6 +14,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tfbigconv-test-cache-")
 for _name in ("TFBIGCONV_ALGORITHM", "TFBIGCONV_COST_MODEL"):
     os.environ.pop(_name, None)
+# Nor on a developer's autotune cache (tfbigconv/autotune.py), nor on timings
+# taken during the run: a choice made by timing depends on the machine's load,
+# so the suite plans on the estimates alone unless a test turns autotuning on
+# (the `autotuning` fixture), each such test with its own cache file.
+os.environ["TFBIGCONV_AUTOTUNE_CACHE"] = os.path.join(os.environ["XDG_CACHE_HOME"],
+                                                      "autotune-session.json")
+os.environ["TFBIGCONV_AUTOTUNE"] = "0"
 
 # Relative L2 error allowed against the float64 reference, per dtype. 16-bit
 # inputs are rounded to the dtype before the reference sees them, so what is
@@ -104,3 +112,37 @@ def run_core_pass(kind, pass_, a, b, sizes, strides=1, padding="VALID", dil=1, f
     _core.run_pass(kind, pass_, a, b, list(sizes), to4(strides, fmt), padding, explicit, fmt,
                    to4(dil, fmt), out=out, **kwargs)
     return out
+
+
+@pytest.fixture
+def model():
+    """Lets a test scale fields of _core's cost model (the trace-time
+    planner's): model(prefix, factor) scales every field whose name starts
+    with prefix. Restores the model afterwards."""
+    from tfbigconv import _core
+    saved = _core.get_cost_model()
+    fields = _core.cost_model_fields()
+
+    def scale(prefix, factor):
+        values = _core.get_cost_model()
+        hit = [i for i, name in enumerate(fields) if name.startswith(prefix)]
+        assert hit, f"no cost model field starts with {prefix!r}"
+        for i in hit:
+            values[i] *= factor
+        _core.set_cost_model(values)
+
+    yield scale
+    _core.set_cost_model(saved)
+
+
+@pytest.fixture
+def autotuning(tmp_path, monkeypatch):
+    """Autotuning on (as by default outside the tests), with a fresh cache file
+    (its path is returned) and nothing remembered in this process."""
+    from tfbigconv import autotune
+    path = tmp_path / "autotune.json"
+    monkeypatch.setenv("TFBIGCONV_AUTOTUNE", "1")
+    monkeypatch.setenv("TFBIGCONV_AUTOTUNE_CACHE", str(path))
+    autotune.clear_memory()
+    yield path
+    autotune.clear_memory()

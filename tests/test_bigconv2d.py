@@ -14,7 +14,7 @@ ALGORITHMS = ["direct", "fft"]
 
 
 def tol(dtype, algorithm):
-    """float32 through FFTs is looser (DESIGN.md section 7); 16-bit types are
+    """float32 through FFTs is looser (docs/ARCHITECTURE.md section 7); 16-bit types are
     dominated by their own rounding whichever algorithm runs."""
     return 1e-4 if (dtype == "float32" and algorithm == "fft") else TOLERANCE[dtype]
 

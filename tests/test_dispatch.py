@@ -1,5 +1,7 @@
 """The dispatcher (tfbigconv/dispatch.py, conv.py): algorithm="auto" picks
-im2col, direct or fft per pass; the overrides; explain() and the CLI; the
+TensorFlow's own kernel ("tf": Conv2D, or DepthwiseConv2dNative for depthwise
+filters), direct or fft per pass; the precision rules of float16/bfloat16;
+planning with an unknown batch; the overrides; explain() and the CLI; the
 calibration round trip into both compiled modules."""
 import json
 import os
@@ -11,8 +13,10 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
-from tfbigconv import _core, cost_model
-from conftest import rel_l2
+from tfbigconv import _core, conv, cost_model, dispatch
+from conftest import TOLERANCE, random_case, rel_l2
+from reference import (conv2d_reference, conv2d_reference_backprop_filter,
+                       conv2d_reference_backprop_input)
 
 SMALL = ((8, 64, 64, 16), (3, 3, 16, 16), "SAME")
 SEED16 = ((4, 321, 481, 1), (135, 135, 1, 3), "VALID")
@@ -36,27 +40,10 @@ def run(cmd, **env):
                           cwd=os.path.dirname(__file__))
 
 
-@pytest.fixture
-def model():
-    """Lets a test change _core's cost model (the trace-time planner's); restores it."""
-    saved = _core.get_cost_model()
-    fields = _core.cost_model_fields()
-
-    def scale(prefix, factor):
-        values = _core.get_cost_model()
-        for i, name in enumerate(fields):
-            if name.startswith(prefix):
-                values[i] *= factor
-        _core.set_cost_model(values)
-
-    yield scale
-    _core.set_cost_model(saved)
-
-
 def test_small_filter_runs_tf_conv2d_and_large_filter_runs_fft():
     x_shape, w_shape, pad = SMALL
     e = tfbigconv.explain(x_shape, w_shape, padding=pad)
-    assert e.chosen["forward"] == "im2col"
+    assert e.chosen["forward"] == "tf.Conv2D"
     x, w = rand(x_shape, 0), rand(w_shape, 1)
     types = op_types(lambda x: tfbigconv.bigconv2d(x, w, 1, pad), x)
     assert "Conv2D" in types and "BigConv2D" not in types
@@ -71,7 +58,7 @@ def test_small_filter_runs_tf_conv2d_and_large_filter_runs_fft():
 
 
 def test_gradient_passes_are_planned_each_on_their_own(model):
-    """Forward on im2col, backprop_filter moved off it by the model: the
+    """Forward on TF's Conv2D, backprop_filter moved off it by the model: the
     gradient mixes TF's Conv2DBackpropInput with our BigConv2DBackpropFilter,
     and first and second order match tf.nn.conv2d's."""
     model("im2col_flops_per_second.forward", 1e6)
@@ -79,7 +66,7 @@ def test_gradient_passes_are_planned_each_on_their_own(model):
     model("im2col_flops_per_second.backprop_filter", 1e-6)
     x_shape, w_shape, pad = (2, 20, 23, 3), (5, 5, 3, 4), "SAME"
     e = tfbigconv.explain(x_shape, w_shape, padding=pad)
-    assert e.chosen["forward"] == "im2col" and e.chosen["backprop_input"] == "im2col"
+    assert e.chosen["forward"] == "tf.Conv2D" and e.chosen["backprop_input"] == "tf.Conv2D"
     assert e.chosen["backprop_filter"] in ("direct", "fft")
     x, w = rand(x_shape, 4), rand(w_shape, 5)
 
@@ -103,13 +90,13 @@ def test_gradient_passes_are_planned_each_on_their_own(model):
             assert rel_l2(got.numpy(), ref.numpy()) < 1e-5
 
 
-def test_registered_gradient_uses_im2col_where_it_wins(model):
-    """Forward on our op (direct), backprop_input moved to im2col by the model."""
+def test_registered_gradient_uses_tf_where_it_wins(model):
+    """Forward on our op (direct), backprop_input moved to TF's kernel by the model."""
     model("im2col_flops_per_second.forward", 1e-6)
     model("im2col_flops_per_second.backprop_input", 1e6)
     x_shape, w_shape, pad = (2, 20, 23, 3), (5, 5, 3, 4), "VALID"
     e = tfbigconv.explain(x_shape, w_shape, padding=pad)
-    assert e.chosen["forward"] != "im2col" and e.chosen["backprop_input"] == "im2col"
+    assert e.chosen["forward"] != "tf.Conv2D" and e.chosen["backprop_input"] == "tf.Conv2D"
     x, w = rand(x_shape, 6), rand(w_shape, 7)
 
     def grads(conv, x, w):
@@ -125,16 +112,20 @@ def test_registered_gradient_uses_im2col_where_it_wins(model):
         assert rel_l2(got.numpy(), ref.numpy()) < 1e-5
 
 
-def test_im2col_is_never_chosen_where_tf_cannot_run_it():
+def test_tf_is_never_chosen_where_tf_cannot_run_it():
     # NCHW: TF's CPU Conv2D runs only NHWC (without oneDNN).
     e = tfbigconv.explain((2, 16, 32, 32), (3, 3, 16, 16), padding="SAME", data_format="NCHW")
-    assert "im2col" not in e.chosen.values()
-    assert all("NHWC" in r.note for r in e.rows if r.algorithm == "im2col")
+    assert not any(a.startswith("tf") for a in e.chosen.values())
+    tf_rows = [r for r in e.rows if r.algorithm.startswith("tf")]
+    assert len(tf_rows) == 3 and all("NHWC" in r.note and not r.available for r in tf_rows)
     # Grouped and dilated: TF's CPU gradients reject them.
     for kwargs in ({}, {"dilations": 2}):
         w = (3, 3, 4, 16) if not kwargs else (3, 3, 16, 16)
         e = tfbigconv.explain((2, 32, 32, 16), w, padding="SAME", **kwargs)
-        assert e.chosen["backprop_input"] != "im2col" and e.chosen["backprop_filter"] != "im2col"
+        for p in ("backprop_input", "backprop_filter"):
+            assert not e.chosen[p].startswith("tf")
+            row = next(r for r in e.rows if r.pass_ == p and r.algorithm.startswith("tf"))
+            assert not row.available and "reject" in row.note
     x, w = rand((2, 32, 32, 16), 8), rand((3, 3, 4, 16), 9)
     with tf.GradientTape() as t:
         t.watch([x, w])
@@ -148,6 +139,7 @@ def test_unknown_shapes_leave_the_choice_to_the_op():
                     input_signature=[tf.TensorSpec([None, None, None, 2])])
     ops = [op for op in f.get_concrete_function().graph.get_operations() if op.type == "BigConv2D"]
     assert len(ops) == 1 and ops[0].get_attr("algorithm") == b"auto"
+    assert ops[0].get_attr("planned_algorithm") == b"none"
     assert rel_l2(f(x).numpy(), tf.nn.conv2d(x, w, 1, "SAME").numpy()) < 1e-5
 
 
@@ -157,17 +149,32 @@ def test_environment_override(monkeypatch):
     monkeypatch.setenv("TFBIGCONV_ALGORITHM", "direct")
     ops = [op for op in graph_ops(conv, x) if op.type == "BigConv2D"]
     assert ops[0].get_attr("algorithm") == b"direct"
-    monkeypatch.setenv("TFBIGCONV_ALGORITHM", "im2col")
-    assert "Conv2D" in op_types(conv, x)
+    for name in ("tf", "im2col"):
+        monkeypatch.setenv("TFBIGCONV_ALGORITHM", name)
+        types = op_types(conv, x)
+        assert "Conv2D" in types and "BigConv2D" not in types
     monkeypatch.setenv("TFBIGCONV_ALGORITHM", "fastest")
     with pytest.raises(tf.errors.InvalidArgumentError, match="TFBIGCONV_ALGORITHM"):
         conv(x)
 
 
-def test_forced_im2col_is_tf_conv2d():
+@pytest.mark.parametrize("algorithm", ["tf", "im2col"])
+def test_forced_tf_is_tf_conv2d(algorithm):
+    """"tf" (and its old name "im2col") is TF's Conv2D, its gradients included."""
     x, w = rand((2, 12, 13, 3), 14), rand((4, 4, 3, 5), 15)
-    np.testing.assert_array_equal(tfbigconv.bigconv2d(x, w, 2, "SAME", algorithm="im2col"),
-                                  tf.nn.conv2d(x, w, 2, "SAME"))
+
+    def run(conv):
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            y = conv(x, w)
+            loss = tf.reduce_sum(y * tf.sin(y))
+        return [y] + t.gradient(loss, [x, w])
+
+    got = run(lambda x, w: tfbigconv.bigconv2d(x, w, 2, "SAME", algorithm=algorithm))
+    for g, r in zip(got, run(lambda x, w: tf.nn.conv2d(x, w, 2, "SAME"))):
+        np.testing.assert_array_equal(g, r)
+    assert tfbigconv.explain((2, 12, 13, 3), (4, 4, 3, 5), 2, "SAME",
+                             algorithm=algorithm).chosen["forward"] == "tf.Conv2D"
 
 
 def test_nothing_fits_raises_resource_exhausted_with_the_minimum():
@@ -188,16 +195,18 @@ def test_explain_table():
     assert len(e.rows) == 9 and e.budget == 256 << 20
     for p in ("forward", "backprop_input", "backprop_filter"):
         rows = [r for r in e.rows if r.pass_ == p]
-        assert [r.algorithm for r in rows] == ["im2col", "direct", "fft"]
+        assert [r.algorithm for r in rows] == ["tf.Conv2D", "direct", "fft"]
         assert sum(r.chosen for r in rows) == 1
         chosen = next(r for r in rows if r.chosen)
         assert chosen.fits and chosen.workspace_bytes <= e.budget
         assert e.reasons[p].startswith("auto: " + chosen.algorithm)
     # One image's patch matrix of a 135x135 filter is 4.4 GiB: over the budget.
-    im2col = next(r for r in e.rows if r.algorithm == "im2col")
-    assert im2col.workspace_bytes == 187 * 347 * 135 * 135 * 4 and not im2col.fits
+    conv2d = next(r for r in e.rows if r.algorithm == "tf.Conv2D")
+    assert conv2d.workspace_bytes == 187 * 347 * 135 * 135 * 4 and not conv2d.fits
+    assert e.device == "CPU" and e.how == dict.fromkeys(e.chosen, "estimated")
+    assert all(r.measured_seconds is None for r in e.rows)
     text = str(e)
-    assert text.count("<==") == 3 and "forward: auto: fft" in text
+    assert text.count("<==") == 3 and "forward: estimated; auto: fft" in text
     assert e.geometry["output_shape"] == [4, 187, 347, 3]
 
 
@@ -216,7 +225,7 @@ def test_cli():
     r = run(["-m", "tfbigconv", "explain", "--input", "200,321,481,1", "--filter", "135,135,1,3",
              "--padding", "VALID", "--budget", "256M"])
     assert r.returncode == 0, r.stderr
-    assert "forward: auto: fft" in r.stdout and "workspace budget 256.0 MiB" in r.stdout
+    assert "forward: estimated; auto: fft" in r.stdout and "workspace budget 256.0 MiB" in r.stdout
     r = run(["-m", "tfbigconv", "explain", "--input", "1,8,8,1", "--filter", "3,3,2,1"])
     assert r.returncode == 2 and "error:" in r.stderr
     r = run(["-m", "tfbigconv", "explain", "--input", "1,8,x,1", "--filter", "3,3,1,1"])
@@ -269,3 +278,228 @@ def test_calibration_round_trip(tmp_path):
     r = run(["-c", CHECK_MODEL], XDG_CACHE_HOME=str(cache))
     assert r.returncode == 0 and "ignoring cost model" in r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["source"] == "shipped"
+
+
+# ---- depthwise: TF's DepthwiseConv2dNative, never grouped Conv2D -----------
+
+DEPTHWISE = ((2, 16, 16, 8), (3, 3, 1, 16))  # multiplier 2; the model picks TF's kernel
+CPU = "/CPU:0"  # the CPU's rules and model, also where a GPU is visible
+
+
+def cpu_bigconv2d(*args, **kwargs):
+    with tf.device(CPU):
+        return tfbigconv.bigconv2d(*args, **kwargs)
+
+
+def grads_vs_reference(fn, x, w, strides=1, padding="SAME", fmt="NHWC", dil=1):
+    """fn's output and gradients (dy random) against the float64 reference:
+    the three relative L2 errors."""
+    s = (strides, strides) if isinstance(strides, int) else tuple(strides)
+    d = (dil, dil) if isinstance(dil, int) else tuple(dil)
+    x64 = tf.cast(x, tf.float64).numpy()
+    w64 = tf.cast(w, tf.float64).numpy()
+    y_ref = conv2d_reference(x64, w64, s, padding, d, fmt)
+    dy = tf.cast(random_case(y_ref.shape, 99, np.float64), x.dtype)
+    dy64 = tf.cast(dy, tf.float64).numpy()
+    with tf.device(CPU):
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            y = fn(x, w)
+        dx, dw = t.gradient(y, [x, w], output_gradients=dy)
+    refs = (y_ref, conv2d_reference_backprop_input(dy64, w64, x64.shape, s, padding, d, fmt),
+            conv2d_reference_backprop_filter(x64, dy64, w64.shape, s, padding, d, fmt))
+    return [rel_l2(tf.cast(g, tf.float64).numpy(), r) for g, r in zip((y, dx, dw), refs)]
+
+
+def tape_types(fn, x_shape, w_shape, dtype=tf.float32):
+    def step(x, w):
+        with tf.device(CPU), tf.GradientTape() as t:
+            t.watch([x, w])
+            loss = tf.reduce_sum(fn(x, w) ** 2)
+        return t.gradient(loss, [x, w])
+    return op_types(step, tf.TensorSpec(x_shape, dtype), tf.TensorSpec(w_shape, dtype))
+
+
+def test_auto_depthwise_runs_tf_depthwise_kernels():
+    e = tfbigconv.explain(*DEPTHWISE, padding="SAME")
+    assert e.chosen == dict.fromkeys(dispatch.PASSES, "tf.DepthwiseConv2dNative")
+    ours = lambda x, w: cpu_bigconv2d(x, w, 1, "SAME")  # noqa: E731
+    types = tape_types(ours, *DEPTHWISE)
+    assert {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+            "DepthwiseConv2dNativeBackpropFilter"} <= types
+    assert not types & {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "BigConv2D"}
+    x, w = rand(DEPTHWISE[0], 20), rand(DEPTHWISE[1], 21)
+    for fn in (ours, tf.function(ours)):
+        errors = grads_vs_reference(fn, x, w)
+        assert max(errors) < TOLERANCE["float32"], errors
+
+
+def test_depthwise_gradient_passes_mix_tf_and_ours(model):
+    """The model moves depthwise backprop_filter (then forward) off TF: the
+    other passes stay on DepthwiseConv2dNative*, reshaping the filter."""
+    x, w = rand(DEPTHWISE[0], 22), rand(DEPTHWISE[1], 23)
+    ours = lambda x, w: cpu_bigconv2d(x, w, 1, "SAME")  # noqa: E731
+    model("tf_depthwise_flops_per_second.backprop_filter", 1e-6)
+    types = tape_types(ours, *DEPTHWISE)
+    assert {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+            "BigConv2DBackpropFilter"} <= types
+    assert max(grads_vs_reference(ours, x, w)) < TOLERANCE["float32"]
+    model("tf_depthwise_flops_per_second.forward", 1e-6)  # the registered gradient's turn
+    types = tape_types(ours, *DEPTHWISE)
+    assert {"BigConv2D", "DepthwiseConv2dNativeBackpropInput", "BigConv2DBackpropFilter"} <= types
+    assert "DepthwiseConv2dNative" not in types
+    assert max(grads_vs_reference(ours, x, w)) < TOLERANCE["float32"]
+
+
+def test_auto_never_runs_grouped_conv2d_for_depthwise():
+    """The issue's trap: TF's grouped Conv2D ran depthwise filters 10-300x
+    slower than DepthwiseConv2dNative. Whatever auto picks, not that."""
+    for x_shape, w_shape in (((2, 24, 24, 16), (15, 15, 1, 16)), ((2, 20, 20, 8), (7, 7, 1, 8))):
+        types = tape_types(lambda x, w: cpu_bigconv2d(x, w, 1, "SAME"), x_shape, w_shape)
+        assert not types & {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"}, types
+        e = tfbigconv.explain(x_shape, w_shape, padding="SAME")
+        assert {r.algorithm for r in e.rows} == {"tf.DepthwiseConv2dNative", "direct", "fft"}
+
+
+@pytest.mark.parametrize("strides", [1, 2])
+def test_forced_tf_depthwise_is_tf_nn_depthwise_conv2d(strides):
+    x, w = rand((2, 13, 15, 6), 24), rand((5, 5, 1, 12), 25)
+    tf_w = tf.reshape(w, (5, 5, 6, 2))
+
+    def run(fn, w):
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            y = fn(x, w)
+            loss = tf.reduce_sum(y * tf.sin(y))
+        return [y] + t.gradient(loss, [x, w])
+
+    got = run(lambda x, w: tfbigconv.bigconv2d(x, w, strides, "SAME", algorithm="tf"), w)
+    want = run(lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, strides, strides, 1], "SAME"), tf_w)
+    want[2] = tf.reshape(want[2], w.shape)
+    for g, r in zip(got, want):
+        np.testing.assert_array_equal(g, r)
+
+
+@pytest.mark.parametrize("kwargs", [dict(data_format="NCHW"), dict(dilations=2),
+                                    dict(strides=(1, 2))])
+def test_depthwise_that_tf_depthwise_cannot_run(kwargs):
+    """TF's depthwise kernels need NHWC, equal strides and no dilations; such
+    cases are grouped Conv2D for TF, which on the CPU runs only NHWC forward."""
+    kwargs = dict(kwargs)
+    strides = kwargs.pop("strides", 1)
+    fmt = kwargs.get("data_format", "NHWC")
+    shape = (2, 8, 12, 12) if fmt == "NCHW" else (2, 12, 12, 8)
+    x, w = rand(shape, 26), rand((3, 3, 1, 8), 27)
+    if fmt == "NCHW":
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="'tf' is not available: .*only NHWC"):
+            cpu_bigconv2d(x, w, strides, "SAME", algorithm="tf", **kwargs)
+    else:  # forced tf: TF's grouped Conv2D, exactly tf.nn.conv2d
+        with tf.device("/CPU:0"):
+            np.testing.assert_array_equal(
+                cpu_bigconv2d(x, w, strides, "SAME", algorithm="tf", **kwargs),
+                tf.nn.conv2d(x, w, strides, "SAME", dilations=kwargs.get("dilations")))
+        e = tfbigconv.explain(shape, w.shape, strides, "SAME", dilations=kwargs.get("dilations", 1))
+        assert {r.algorithm for r in e.rows if r.pass_ == "forward"} >= {"tf.Conv2D"}
+    # auto runs it (on our kernels), correctly.
+    errors = grads_vs_reference(
+        lambda x, w: cpu_bigconv2d(x, w, strides, "SAME", **kwargs), x, w,
+        strides=strides, fmt=fmt, dil=kwargs.get("dilations", 1))
+    assert max(errors) < 1e-4, errors
+
+
+# ---- precision: float16 and bfloat16 gradients from auto -------------------
+
+HALF_CASES = {
+    "dense_1ch": ((3, 58, 63, 1), (9, 1, 1, 2), 1, "VALID"),   # the issue's bfloat16 case
+    "dense": ((2, 17, 19, 16), (7, 7, 16, 16), 1, "SAME"),
+    "dense_stride2": ((2, 20, 20, 8), (3, 3, 8, 8), 2, "SAME"),
+    "grouped": ((2, 20, 20, 8), (3, 3, 2, 8), 1, "SAME"),
+    "depthwise": ((2, 24, 24, 4), (7, 7, 1, 8), 1, "SAME"),
+    "big_k": ((1, 48, 44, 1), (31, 31, 1, 2), 1, "SAME"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", sorted(HALF_CASES))
+@pytest.mark.parametrize("tuned", [False, True], ids=["estimated", "autotuned"])
+def test_half_precision_gradients_from_auto_meet_tolerances(dtype, case, tuned, request):
+    """TF's CPU gradients (and depthwise kernels) accumulate in half
+    precision, 5-20x our error, over the tolerances: auto never picks them,
+    whether it decides by estimates or by timing, and explain() says why."""
+    if tuned:
+        request.getfixturevalue("autotuning")
+    x_shape, w_shape, strides, padding = HALF_CASES[case]
+    tf_dtype = tf.as_dtype(dtype)
+    x = tf.cast(random_case(x_shape, 30, np.float64), tf_dtype)
+    w = tf.cast(random_case(w_shape, 31, np.float64), tf_dtype)
+    fn = lambda x, w: cpu_bigconv2d(x, w, strides, padding)  # noqa: E731
+    errors = grads_vs_reference(fn, x, w, strides, padding)
+    assert max(errors) <= TOLERANCE[dtype], errors
+
+    e = tfbigconv.explain(x_shape, w_shape, strides, padding, dtype=dtype)
+    depthwise = w_shape[2] == 1 and x_shape[3] > 1
+    for p in dispatch.PASSES:
+        tf_row = next(r for r in e.rows if r.pass_ == p and r.algorithm.startswith("tf"))
+        if p == "forward" and not depthwise:
+            continue  # TF's forward rounds only its output: allowed
+        # Runnable when forced (algorithm="tf"), never auto's choice.
+        assert not e.chosen[p].startswith("tf"), (p, tf_row)
+        if case != "grouped":  # grouped gradients are out for another reason
+            assert "half precision" in tf_row.note, tf_row.note
+    if tuned:
+        assert set(e.how.values()) <= {"measured", "estimated"}
+
+
+def test_half_precision_rule_is_the_cpus():
+    """cuDNN accumulates half types in float32: on the GPU TF's kernels stay in."""
+    for dtype in ("float16", "bfloat16"):
+        e = tfbigconv.explain((2, 17, 19, 16), (7, 7, 16, 16), padding="SAME", dtype=dtype,
+                              device="GPU")
+        assert all(r.available for r in e.rows if r.algorithm.startswith("tf"))
+        e = tfbigconv.explain((2, 17, 19, 16), (7, 7, 16, 16), padding="SAME", dtype="float32")
+        assert all(r.available for r in e.rows if r.algorithm.startswith("tf"))
+
+
+# ---- an unknown batch is planned at trace time -----------------------------
+
+def test_unknown_batch_is_planned_at_trace_time(monkeypatch):
+    planned = []
+    real = dispatch.plan
+
+    def spy(pass_, input_shape, *args, **kwargs):
+        planned.append((pass_, list(input_shape)))
+        return real(pass_, input_shape, *args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "plan", spy)
+    # A 3x3 dense layer: TF's Conv2D, as with a known batch.
+    w = rand((3, 3, 8, 8), 40)
+    f = tf.function(lambda x: tfbigconv.bigconv2d(x, w, 1, "SAME"),
+                    input_signature=[tf.TensorSpec([None, 28, 28, 8])])
+    types = {op.type for op in f.get_concrete_function().graph.get_operations()}
+    assert "Conv2D" in types and "BigConv2D" not in types
+    assert planned and all(s == [dispatch.ASSUMED_BATCH, 28, 28, 8] for _, s in planned)
+    x = rand((3, 28, 28, 8), 41)
+    assert rel_l2(f(x).numpy(), conv2d_reference(x, w, (1, 1), "SAME")) < 1e-5
+
+    # A large filter: our ops, each pass with its trace-time plan.
+    w = rand((21, 21, 2, 3), 42)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 40, 40, 2])])
+    def grads(x):
+        with tf.GradientTape() as t:
+            t.watch(x)
+            y = tfbigconv.bigconv2d(x, w, 1, "SAME")
+            loss = tf.reduce_sum(y * y)
+        return y, t.gradient(loss, x)
+
+    ops = grads.get_concrete_function().graph.get_operations()
+    for op_type in ("BigConv2D", "BigConv2DBackpropInput"):
+        found = [op for op in ops if op.type == op_type]
+        assert len(found) == 1 and found[0].get_attr("planned_algorithm") in (b"direct", b"fft")
+    x = rand((3, 40, 40, 2), 43)
+    y, dx = grads(x)
+    y_ref = conv2d_reference(x, w, (1, 1), "SAME")
+    assert rel_l2(y.numpy(), y_ref) < 1e-4
+    dx_ref = conv2d_reference_backprop_input(2 * y_ref, w, x.shape, (1, 1), "SAME")
+    assert rel_l2(dx.numpy(), dx_ref) < 1e-4

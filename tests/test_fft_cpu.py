@@ -10,7 +10,7 @@ from conftest import (DILATIONS, LARGE_FILTERS, PADDINGS, STRIDES, TOLERANCE, ch
                       random_case, run_core, to4)
 from reference import conv2d_reference, rel_l2
 
-FFT_TOL = 1e-4  # float32 through FFTs (DESIGN.md section 7)
+FFT_TOL = 1e-4  # float32 through FFTs (docs/ARCHITECTURE.md section 7)
 
 
 def run(x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=((0, 0), (0, 0)), **kw):

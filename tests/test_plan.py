@@ -13,10 +13,12 @@ MIB = 1 << 20
 
 
 def plan(x, w, pass_="forward", padding="SAME", algorithm="auto", limit=1 << 34,
-         im2col=True, dtype="float32", workers=3, **attrs):
+         tf_kernel="Conv2D", dtype="float32", workers=3, device="CPU", trusted=True, note="",
+         **attrs):
     return _core.plan_pass(list(x), list(w), padding=padding, pass_=pass_, dtype=dtype,
-                           algorithm=algorithm, workspace_limit=limit, workers=workers,
-                           im2col_available=im2col, **dict(ATTRS, **attrs))
+                           device=device, algorithm=algorithm, workspace_limit=limit,
+                           workers=workers, tf_kernel=tf_kernel, tf_trusted=trusted,
+                           tf_note=note, **dict(ATTRS, **attrs))
 
 
 CASES = [
@@ -34,7 +36,7 @@ CASES = [
 def test_choice_fits_and_is_the_fastest_that_fits(x, w, pass_, limit):
     p = plan(x, w, pass_, limit=limit)
     assert p["limit"] == limit
-    est = {a: p[a] for a in ("im2col", "direct", "fft")}
+    est = {a: p[a] for a in ("tf", "direct", "fft")}
     usable = {a: e for a, e in est.items() if e["available"] and e["fits"]}
     assert p["chosen"] in usable
     chosen = est[p["chosen"]]
@@ -50,8 +52,8 @@ def test_choice_fits_and_is_the_fastest_that_fits(x, w, pass_, limit):
         assert a in p["reason"]
 
 
-def test_small_filters_go_to_im2col_and_huge_ones_to_fft():
-    assert plan((8, 64, 64, 16), (3, 3, 16, 16))["chosen"] == "im2col"
+def test_small_filters_go_to_tf_and_huge_ones_to_fft():
+    assert plan((8, 64, 64, 16), (3, 3, 16, 16))["chosen"] == "tf"
     for pass_ in PASSES:
         assert plan((16, 321, 481, 1), (135, 135, 1, 3), pass_, padding="VALID")["chosen"] == "fft"
 
@@ -60,7 +62,7 @@ def test_estimates_grow_with_the_filter():
     prev = None
     for k in (3, 7, 15, 31, 63):
         p = plan((2, 128, 128, 8), (k, k, 8, 8))
-        cur = (p["im2col"]["seconds"], p["direct"]["seconds"], p["im2col"]["workspace_bytes"])
+        cur = (p["tf"]["seconds"], p["direct"]["seconds"], p["tf"]["workspace_bytes"])
         if prev:
             assert all(c > q for c, q in zip(cur, prev)), (k, cur, prev)
         prev = cur
@@ -78,14 +80,14 @@ def test_fft_workspace_shrinks_with_the_limit_and_time_does_not_fall():
         last = f
 
 
-def test_im2col_is_out_when_unavailable_or_too_big():
-    p = plan((8, 64, 64, 16), (3, 3, 16, 16), im2col=False)
-    assert not p["im2col"]["available"] and p["chosen"] != "im2col"
-    assert "im2col unavailable" in p["reason"]
+def test_tf_is_out_when_unavailable_or_too_big():
+    p = plan((8, 64, 64, 16), (3, 3, 16, 16), tf_kernel="", note="TF cannot")
+    assert not p["tf"]["available"] and p["chosen"] != "tf"
+    assert "tf unavailable" in p["reason"] and p["tf"]["note"] == "TF cannot"
     # One image's patch matrix: out_h * out_w * KH * KW * Cin floats.
     p = plan((2, 64, 64, 4), (9, 9, 4, 4), limit=64 * 64 * 81 * 4 * 4 - 1)
-    assert p["im2col"]["workspace_bytes"] == 64 * 64 * 81 * 4 * 4
-    assert not p["im2col"]["fits"] and p["chosen"] != "im2col"
+    assert p["tf"]["workspace_bytes"] == 64 * 64 * 81 * 4 * 4
+    assert not p["tf"]["fits"] and p["chosen"] != "tf"
 
 
 def test_forced_algorithm_that_does_not_fit_states_the_minimum():
@@ -95,15 +97,19 @@ def test_forced_algorithm_that_does_not_fit_states_the_minimum():
     minimum = int(e.value.args[0].split("at least ")[1].split()[0])
     assert plan(x, w, algorithm="fft", limit=minimum)["chosen"] == "fft"
     with pytest.raises(RuntimeError, match="no algorithm fits"):
-        plan(x, w, limit=1024, im2col=False)
-    with pytest.raises(RuntimeError, match="not available"):
-        plan(x, w, algorithm="im2col", im2col=False)
-    with pytest.raises(RuntimeError, match="algorithm must be"):
+        plan(x, w, limit=1024, tf_kernel="")
+    # A candidate that cannot run the case, or an unknown name, is a bad argument
+    # (InvalidArgumentError in TensorFlow), not a lack of memory.
+    with pytest.raises(ValueError, match="algorithm 'tf' is not available: no TF here"):
+        plan(x, w, algorithm="tf", tf_kernel="", note="no TF here")
+    with pytest.raises(ValueError, match="algorithm must be"):
         plan(x, w, algorithm="winograd")
+    with pytest.raises(ValueError, match="algorithm must be"):
+        plan(x, w, algorithm="im2col")  # the alias is Python's (dispatch.requested_algorithm)
 
 
 def test_forced_algorithms_are_obeyed():
-    for a in ("im2col", "direct", "fft"):
+    for a in ("tf", "direct", "fft"):
         p = plan((2, 64, 64, 4), (15, 15, 4, 4), algorithm=a)
         assert p["chosen"] == a and p["reason"] == f"{a} requested"
 
@@ -148,3 +154,87 @@ def test_the_model_moves_the_choice():
         assert plan(x, w, padding="VALID")["chosen"] == "direct"
     finally:
         _core.set_cost_model(values)
+
+
+def test_bad_device_and_tf_kernel_are_value_errors():
+    with pytest.raises(ValueError, match="device"):
+        plan((1, 8, 8, 1), (3, 3, 1, 1), device="TPU")
+    with pytest.raises(ValueError, match="tf_kernel"):
+        plan((1, 8, 8, 1), (3, 3, 1, 1), tf_kernel="Conv3D")
+
+
+def _scaled(prefix, factor):
+    """The active model with every field starting with `prefix` scaled."""
+    fields, values = _core.cost_model_fields(), list(_core.get_cost_model())
+    for i, name in enumerate(fields):
+        if name.startswith(prefix):
+            values[i] *= factor
+    return values
+
+
+def test_untrusted_tf_is_shown_but_never_chosen_on_its_estimate():
+    """An untrusted TF estimate (grouped Conv2D on the CPU) that the model
+    makes look free is still estimated and shown, but auto does not pick it on
+    the estimate alone; a request for tf is obeyed."""
+    saved = _core.get_cost_model()
+    x, w = (2, 32, 32, 16), (9, 9, 2, 16)
+    try:
+        _core.set_cost_model(_scaled("im2col_flops_per_second", 1e6))
+        trusted = plan(x, w)
+        assert trusted["chosen"] == "tf"
+        p = plan(x, w, trusted=False, note="untrusted here")
+        assert p["chosen"] in ("direct", "fft")
+        assert p["tf"]["available"] and p["tf"]["fits"] and p["tf"]["note"] == "untrusted here"
+        assert p["tf"]["seconds"] == trusted["tf"]["seconds"]
+        assert p["tf"]["seconds"] < min(p["direct"]["seconds"], p["fft"]["seconds"])
+        assert "untrusted" in p["reason"]
+        assert plan(x, w, algorithm="tf", trusted=False)["chosen"] == "tf"
+    finally:
+        _core.set_cost_model(saved)
+
+
+def test_depthwise_kernel_has_its_own_estimate():
+    """DepthwiseConv2dNative is estimated with its own constants, without a
+    patch matrix; Conv2D's estimate of the same grouped case is unchanged."""
+    x, w = (4, 56, 56, 32), (31, 31, 1, 32)
+    conv = plan(x, w, tf_kernel="Conv2D")
+    dw = plan(x, w, tf_kernel="DepthwiseConv2dNative")
+    assert conv["tf_kernel"] == "tf.Conv2D" and dw["tf_kernel"] == "tf.DepthwiseConv2dNative"
+    assert dw["tf"]["workspace_bytes"] == 0 < conv["tf"]["workspace_bytes"]
+    assert dw["tf"]["seconds"] != conv["tf"]["seconds"]
+    assert "tf.DepthwiseConv2dNative" in dw["reason"]
+    saved = _core.get_cost_model()
+    try:
+        _core.set_cost_model(_scaled("tf_depthwise_flops_per_second", 1e6))
+        fast = plan(x, w, tf_kernel="DepthwiseConv2dNative")
+        assert fast["tf"]["seconds"] == pytest.approx(dw["tf"]["seconds"] / 1e6)
+        assert fast["chosen"] == "tf"
+        assert plan(x, w, tf_kernel="Conv2D")["tf"]["seconds"] == conv["tf"]["seconds"]
+    finally:
+        _core.set_cost_model(saved)
+
+
+@pytest.mark.parametrize("x,w", CASES)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_gpu_plans_choose_the_fastest_gpu_estimate(x, w, pass_):
+    """On the GPU: TF's kernel (cuDNN) has no modelled workspace, no
+    trace-time limit unless one is given, and its own (GPU) estimates."""
+    kernel = "DepthwiseConv2dNative" if w[2] == 1 and x[3] > 1 else "Conv2D"
+    p = plan(x, w, pass_, device="GPU", limit=0, tf_kernel=kernel)
+    assert p["device"] == "GPU" and p["limit"] >= 1 << 62
+    assert p["tf"]["workspace_bytes"] == 0 and p["tf_kernel"] == "tf." + kernel
+    est = {a: p[a] for a in ("tf", "direct", "fft")}
+    assert all(e["available"] and e["fits"] and e["seconds"] > 0 for e in est.values())
+    assert est[p["chosen"]]["seconds"] == min(e["seconds"] for e in est.values())
+    cpu = plan(x, w, pass_, tf_kernel=kernel)
+    assert p["direct"]["seconds"] != cpu["direct"]["seconds"]
+    # The GPU kernels' own choice needs no thread count.
+    assert plan(x, w, pass_, device="GPU", limit=0, tf_kernel=kernel, workers=9) == p
+
+
+def test_gpu_fft_that_does_not_fit_states_the_minimum():
+    x, w = (16, 321, 481, 1), (135, 135, 1, 3)
+    with pytest.raises(RuntimeError, match="at least"):
+        plan(x, w, padding="VALID", algorithm="fft", device="GPU", limit=1024)
+    p = plan(x, w, padding="VALID", device="GPU", limit=1024)
+    assert not p["fft"]["fits"] and p["chosen"] != "fft"

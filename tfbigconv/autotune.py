@@ -7,8 +7,11 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
 
 - Which candidates: every one that runs and fits whose estimate is within
   NEAR_FACTOR of the best estimate, plus TF's kernel when its estimate is not
-  trusted. A candidate estimated further off is never timed. Nothing is timed
-  when fewer than two remain.
+  trusted, plus TF's kernel and our fastest when their estimates are within
+  CROSS_FACTOR of each other (the two come from different models, and
+  across them estimates have been off by up to ~40x). A candidate estimated
+  further off is never timed, and a TF kernel excluded for precision never
+  is. Nothing is timed when fewer than two remain.
 - Cost: each candidate runs once to warm up and, unless that took over
   REPEAT_BELOW_S, twice more (the fastest counts), on a reduced batch: the
   fewest images (at least TIMING_BATCH) on which the best estimate is
@@ -46,6 +49,7 @@ FORMAT = 1
 # times (RESULTS.md, calibration fit), so two candidates whose estimates are
 # within 3x of each other can be in either order.
 NEAR_FACTOR = 3.0
+CROSS_FACTOR = 50.0
 TIMING_BATCH = 4
 MIN_TIMED_S = 0.03
 REPEAT_BELOW_S = 0.25
@@ -61,6 +65,13 @@ def enabled(override=None):
     if override is not None:
         return bool(override)
     return os.environ.get(ENV_AUTOTUNE, "1").strip() not in ("0", "false", "False", "off")
+
+
+def can_measure(device):
+    """Whether `device` is here to time on: an op planned for the GPU (an
+    explicit tf.device scope) on a machine without one runs on the CPU, whose
+    timings must not stand for the GPU's (nor can every GPU candidate run there)."""
+    return device != "GPU" or bool(tf.config.list_logical_devices("GPU"))
 
 
 def cache_path():
@@ -159,21 +170,32 @@ def _device_name(device):
 
 def candidates_to_time(p):
     """The candidates worth timing for a planned pass (see the module docstring)."""
-    ok = [n for n in ("tf", "direct", "fft") if p[n]["available"] and p[n]["fits"]]
-    trusted = [n for n in ok if n != "tf" or p["tf_trusted"]]
+    for_auto = p.get("tf_for_auto", "trusted" if p["tf_trusted"] else "measured")
+    ok = [n for n in ("tf", "direct", "fft") if p[n]["available"] and p[n]["fits"]
+          and (n != "tf" or for_auto != "never")]
+    trusted = [n for n in ok if n != "tf" or for_auto == "trusted"]
     if not trusted:
         return []
-    best = min(p[n]["seconds"] for n in trusted)
-    chosen = [n for n in ok
-              if p[n]["seconds"] <= NEAR_FACTOR * best or (n == "tf" and not p["tf_trusted"])]
+    est = {n: p[n]["seconds"] for n in ok}
+    best = min(est[n] for n in trusted)
+    chosen = [n for n in ok if est[n] <= NEAR_FACTOR * best or (n == "tf" and n not in trusted)]
+    ours = [n for n in ok if n != "tf"]
+    if "tf" in trusted and ours:
+        # TF's kernel and ours come from different models; across them an
+        # estimate has been off by up to ~40x (calibrated profile, dense
+        # Conv2D with few channels), so the two meet on the clock unless
+        # their estimates are over CROSS_FACTOR apart.
+        mine = min(ours, key=est.get)
+        if max(est["tf"], est[mine]) <= CROSS_FACTOR * min(est["tf"], est[mine]):
+            chosen += [n for n in ("tf", mine) if n not in chosen]
     return chosen if len(chosen) > 1 else []
 
 
 @tf.autograph.experimental.do_not_convert
 def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, enabled=None):
     """Replaces p["chosen"] by the measured fastest candidate where timing is warranted."""
-    if not globals()["enabled"](enabled):
-        return
+    if not globals()["enabled"](enabled) or not can_measure(device):
+        return  # the estimates decide (and cached measurements, see cached())
     names = candidates_to_time(p)
     if not names:
         return

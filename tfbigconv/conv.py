@@ -190,9 +190,14 @@ def _in_depth(shape, data_format):
     return shape[3 if data_format == "NHWC" else 1]
 
 
-def _depthwise(in_depth, f_shape):
+def _depthwise(in_depth, f_shape, a):
+    """Whether TF's kernel is DepthwiseConv2dNative (dispatch.uses_depthwise_kernel's rule)."""
     f_shape = tf.TensorShape(f_shape).as_list()
-    return in_depth is not None and in_depth > 1 and f_shape[2] == 1
+    if in_depth is None or in_depth <= 1 or f_shape[2] != 1:
+        return False
+    nhwc = a["data_format"] == "NHWC"
+    s = a["strides"][1:3] if nhwc else a["strides"][2:4]
+    return nhwc and s[0] == s[1] and all(d == 1 for d in a["dilations"])
 
 
 def _depthwise_filter_shape(in_depth, f_shape):
@@ -202,14 +207,14 @@ def _depthwise_filter_shape(in_depth, f_shape):
 
 def _tf_forward(x, w, a):
     c = _in_depth(x.shape, a["data_format"])
-    if _depthwise(c, w.shape):
+    if _depthwise(c, w.shape, a):
         return tf.raw_ops.DepthwiseConv2dNative(
             input=x, filter=tf.reshape(w, _depthwise_filter_shape(c, w.shape)), **_op_attrs(a))
     return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
 
 
 def _tf_backprop_input(input_sizes, w, dy, a, in_depth):
-    if _depthwise(in_depth, w.shape):
+    if _depthwise(in_depth, w.shape, a):
         return tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
             input_sizes=input_sizes, filter=tf.reshape(w, _depthwise_filter_shape(in_depth, w.shape)),
             out_backprop=dy, **_op_attrs(a))
@@ -219,7 +224,7 @@ def _tf_backprop_input(input_sizes, w, dy, a, in_depth):
 
 def _tf_backprop_filter(x, f_shape, dy, a):
     c = _in_depth(x.shape, a["data_format"])
-    if _depthwise(c, f_shape):
+    if _depthwise(c, f_shape, a):
         dw = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
             input=x, filter_sizes=_depthwise_filter_shape(c, f_shape), out_backprop=dy,
             **_op_attrs(a))

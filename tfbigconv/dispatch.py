@@ -47,48 +47,56 @@ def is_depthwise(geometry):
     return geometry["filter_in_c"] == 1 and geometry["groups"] > 1
 
 
+def uses_depthwise_kernel(geometry, data_format):
+    """Whether TensorFlow's kernel for the case is DepthwiseConv2dNative: a depthwise
+    filter that its kernels accept (equal strides, no dilations, NHWC); other
+    grouped cases are grouped Conv2D. conv.py emits by the same rule."""
+    return (is_depthwise(geometry) and geometry["stride_h"] == geometry["stride_w"]
+            and geometry["dilation_h"] == 1 and geometry["dilation_w"] == 1
+            and data_format == "NHWC")
+
+
 def tf_kernel(pass_, geometry, data_format, dtype, device):
-    """TensorFlow's kernel for one pass on `device`: (name, estimate trusted, note).
+    """TensorFlow's kernel for one pass on `device`: (name, auto may pick it, note).
 
     name is "Conv2D" or "DepthwiseConv2dNative", or "" where TensorFlow cannot
-    run the case (then note says why). Conservative: what TF 2.21 runs
-    correctly with oneDNN on (the default) and off.
+    run the case (then note says why); a forced algorithm="tf" runs any named
+    kernel. "auto may pick it" is "trusted" (its estimate decides), "measured"
+    (chosen only when autotuning timed it fastest: its estimate has been wrong
+    by 100x) or "never" (runs, but less precisely than ours). Conservative:
+    what TF 2.21 runs correctly with oneDNN on (the default) and off.
     """
     sizes = ("batch", "in_h", "in_w", "in_c", "filter_h", "filter_w", "out_c")
     if any(geometry[k] == 0 for k in sizes):
         # TF 2.21's oneDNN Conv2D returns an input-shaped result for empty inputs.
-        return "", True, "TensorFlow's kernels mishandle empty tensors"
-    dilated = geometry["dilation_h"] > 1 or geometry["dilation_w"] > 1
-    if is_depthwise(geometry):
-        if geometry["stride_h"] != geometry["stride_w"]:
-            return "", True, "TensorFlow's depthwise kernels need equal strides"
-        if dilated:
-            return "", True, "TensorFlow's depthwise kernels reject dilations"
-        if device == "CPU" and data_format != "NHWC":
-            return "", True, "TensorFlow's CPU depthwise kernels run only NHWC"
-        if device == "CPU" and dtype in HALF_TYPES:
+        return "", "never", "TensorFlow's kernels mishandle empty tensors"
+    half = dtype in HALF_TYPES and device == "CPU"
+    if uses_depthwise_kernel(geometry, data_format):
+        if half:
             # Measured rel. L2 vs float64 (bfloat16, 7x7): 8.5e-3 forward,
             # 3.0e-2 filter gradient, against 3e-3 for ours.
-            return "", True, ("TensorFlow's CPU depthwise kernels accumulate in half "
-                              "precision (3-10x the error of ours)")
-        return "DepthwiseConv2dNative", True, ""
+            return ("DepthwiseConv2dNative", "never",
+                    "TensorFlow's CPU depthwise kernels accumulate in half precision "
+                    "(3-10x the error of ours): not for auto")
+        return "DepthwiseConv2dNative", "trusted", ""
     if device == "GPU":
-        return "Conv2D", True, ""
+        return "Conv2D", "trusted", ""
+    dilated = geometry["dilation_h"] > 1 or geometry["dilation_w"] > 1
     if data_format != "NHWC":
-        return "", True, "TensorFlow's CPU Conv2D runs only NHWC"
+        return "", "never", "TensorFlow's CPU Conv2D runs only NHWC"
     if pass_ != "forward" and geometry["groups"] > 1:
-        return "", True, "TensorFlow's CPU gradients reject grouped convolution"
+        return "", "never", "TensorFlow's CPU gradients reject grouped convolution"
     if pass_ != "forward" and dilated:
-        return "", True, "TensorFlow's CPU gradients reject dilations"
-    if pass_ != "forward" and dtype in HALF_TYPES:
+        return "", "never", "TensorFlow's CPU gradients reject dilations"
+    if pass_ != "forward" and half:
         # Measured rel. L2 vs float64 (bfloat16, 15x15x8): 1.4e-2 input and
         # 1.9e-2 filter gradient, against 2.4e-3 for ours.
-        return "", True, ("TensorFlow's CPU gradients accumulate in half precision "
-                          "(5-20x the error of ours)")
+        return ("Conv2D", "never", "TensorFlow's CPU gradients accumulate in half precision "
+                "(5-20x the error of ours): not for auto")
     if geometry["groups"] > 1:
         # Measured 10-300x slower than its estimate (depthwise-like shapes).
-        return "Conv2D", False, "grouped Conv2D on the CPU: picked only when measured fastest"
-    return "Conv2D", True, ""
+        return "Conv2D", "measured", "grouped Conv2D on the CPU: picked only when measured fastest"
+    return "Conv2D", "trusted", ""
 
 
 def gpu_available():
@@ -149,16 +157,17 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
         geometry = _core.conv_geometry(*args)
     except ValueError as e:
         raise invalid_argument(str(e)) from None
-    kernel, trusted, note = tf_kernel(pass_, geometry, attrs["data_format"], dtype, device)
+    kernel, for_auto, note = tf_kernel(pass_, geometry, attrs["data_format"], dtype, device)
     try:
         p = _core.plan_pass(*args, pass_, dtype, device, algorithm, workspace_limit, workers(),
-                            kernel, trusted, note)
+                            kernel, for_auto == "trusted", note)
     except ValueError as e:
         raise invalid_argument(str(e)) from None
     except RuntimeError as e:
         raise tf.errors.ResourceExhaustedError(None, None, str(e)) from None
     p["geometry"] = geometry
-    p["tf_trusted"] = trusted
+    p["tf_trusted"] = for_auto == "trusted"
+    p["tf_for_auto"] = for_auto
     p["measured"] = None
     return p
 

@@ -111,8 +111,9 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
     TFBIGCONV_AUTOTUNE as bigconv2d does.
 
     Returns an Explanation; print it for the table. Raises
-    InvalidArgumentError for bad arguments and ResourceExhaustedError when a
-    forced algorithm does not fit the budget.
+    InvalidArgumentError for bad arguments (autotune=True for a GPU that is
+    not here included) and ResourceExhaustedError when a forced algorithm
+    does not fit the budget.
     """
     device = str(device).upper()
     if device not in dispatch.DEVICES:
@@ -129,6 +130,11 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
                  explicit_paddings=explicit, data_format=data_format,
                  dilations=_expand(dilations, "dilations", data_format))
     algorithm = dispatch.requested_algorithm(algorithm)
+    if autotune is True and algorithm == "auto":
+        from tfbigconv import autotune as tuner
+        if not tuner.can_measure(device):
+            raise _invalid("autotune=True times the candidates on the GPU, and TensorFlow sees "
+                           "none here; autotune=False shows the GPU's estimates")
     limit = budget or 0
     plans = [dispatch.plan(p, input_shape, filter_shape, attrs, dtype, algorithm, limit, device)
              for p in dispatch.PASSES]

@@ -11,7 +11,7 @@ with work and features from _core.gpu_terms, per candidate (cudnn is the
 coefficients are fitted by ridge regression in log space (relative error),
 so that one grid's 30-odd geometries do not make the model swing.
 
-    python -m tfbigconv fit-gpu GRID.csv [...] --out PROFILE.json
+    python -m tfbigconv fit-gpu GRID.csv [...] --output PROFILE.json
 """
 import csv
 import math

@@ -1,0 +1,313 @@
+"""Planning for the GPU without one: where an op will run (dispatch.resolve_device),
+explain(device="GPU") with the GPU cost model, trace-time plans that follow
+the device, and fitting the GPU model to grid files (gpu_fit.py, fit-gpu).
+The GPU kernels themselves are tested in test_gpu.py."""
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfbigconv
+from tfbigconv import _core, autotune, cost_model, dispatch, gpu_fit
+
+PASSES = dispatch.PASSES
+DENSE_3X3 = ((16, 56, 56, 64), (3, 3, 64, 64))
+SEED16 = ((16, 321, 481, 1), (135, 135, 1, 3))
+NAMES = {"tf.Conv2D", "tf.DepthwiseConv2dNative", "direct", "fft"}
+HAVE_GPU = dispatch.gpu_available()
+
+
+def run(cmd, **env):
+    full = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env)
+    return subprocess.run([sys.executable] + cmd, env=full, capture_output=True, text=True,
+                          cwd=os.path.dirname(__file__))
+
+
+def rand(shape, seed):
+    return tf.constant(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+# ---- where an op will run --------------------------------------------------
+
+def test_resolve_device_follows_explicit_scopes():
+    default = "GPU" if HAVE_GPU else "CPU"
+    assert dispatch.resolve_device() == default
+    seen = {}
+
+    @tf.function
+    def f():
+        seen["none"] = dispatch.resolve_device()
+        with tf.device("/GPU:0"):
+            seen["gpu"] = dispatch.resolve_device()
+        with tf.device("/job:localhost/replica:0/task:0/device:GPU:0"):
+            seen["gpu_full"] = dispatch.resolve_device()
+        with tf.device("/CPU:0"):
+            seen["cpu"] = dispatch.resolve_device()
+        return tf.constant(0)
+
+    f.get_concrete_function()
+    assert seen == {"none": default, "gpu": "GPU", "gpu_full": "GPU", "cpu": "CPU"}
+    with tf.device("/CPU:0"):
+        assert dispatch.resolve_device() == "CPU"
+        assert dispatch.resolve_device(tf.constant(1.0)) == "CPU"
+    assert dispatch.device_kind("/device:GPU:1") == "GPU"
+    assert dispatch.device_kind("") == ""
+
+
+def test_trace_time_plan_follows_the_device_scope():
+    """NCHW 3x3: TF's CPU Conv2D cannot run it, so the CPU plan is ours; on
+    the GPU, cuDNN is the plan for every pass (TF's own gradients)."""
+    x_shape, w_shape = (2, 16, 32, 32), (3, 3, 16, 16)
+    for device, want in (("CPU", False), ("GPU", True)):
+        e = tfbigconv.explain(x_shape, w_shape, padding="SAME", data_format="NCHW", device=device)
+        assert (set(e.chosen.values()) == {"tf.Conv2D"}) == want, (device, e.chosen)
+    w = rand(w_shape, 0)
+
+    def step(x, device):
+        with tf.device(f"/{device}:0"):
+            with tf.GradientTape() as t:
+                t.watch(x)
+                y = tfbigconv.bigconv2d(x, w, 1, "SAME", data_format="NCHW")
+                loss = tf.reduce_sum(y * y)
+            dx = t.gradient(loss, x)
+            assert dx is not None
+            return dx
+
+    x = tf.TensorSpec(x_shape, tf.float32)
+    gpu = tf.function(lambda x: step(x, "GPU")).get_concrete_function(x).graph
+    types = {op.type for op in gpu.get_operations()}
+    assert {"Conv2D", "Conv2DBackpropInput"} <= types and "BigConv2D" not in types
+    assert all("GPU" in op.device for op in gpu.get_operations() if op.type == "Conv2D")
+    cpu = tf.function(lambda x: step(x, "CPU")).get_concrete_function(x).graph
+    types = {op.type for op in cpu.get_operations()}
+    assert {"BigConv2D", "BigConv2DBackpropInput"} <= types and "Conv2D" not in types
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="about a machine without a GPU")
+def test_no_timing_for_a_gpu_that_is_not_here(autotuning, monkeypatch):
+    """A tf.device("/GPU:0") scope on a machine without a GPU: the op is
+    planned for the GPU, on estimates; nothing is timed (it would run on the
+    CPU, and TF's CPU kernels cannot even run every GPU candidate, e.g.
+    grouped gradients)."""
+    def fail(*args, **kwargs):
+        raise AssertionError("autotune.measure called")
+    monkeypatch.setattr(autotune, "measure", fail)
+    x_shape, w_shape = (2, 16, 16, 16), (3, 3, 4, 16)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="GPU"):
+        tfbigconv.explain(x_shape, w_shape, padding="SAME", device="GPU", autotune=True)
+    e = tfbigconv.explain(x_shape, w_shape, padding="SAME", device="GPU", autotune=None)
+    assert e.how == dict.fromkeys(PASSES, "estimated")
+    w = rand(w_shape, 1)
+
+    def step(x):
+        with tf.device("/GPU:0"):
+            with tf.GradientTape() as t:
+                t.watch(x)
+                loss = tf.reduce_sum(tfbigconv.bigconv2d(x, w, 1, "SAME") ** 2)
+            return t.gradient(loss, x)
+
+    tf.function(step).get_concrete_function(tf.TensorSpec(x_shape, tf.float32))
+    assert not autotuning.exists()
+    r = run(["-m", "tfbigconv", "explain", "--input", "2,16,16,16", "--filter", "3,3,4,16",
+             "--device", "GPU", "--autotune"])
+    assert r.returncode == 2 and "error:" in r.stderr and "GPU" in r.stderr
+
+
+# ---- explain(device="GPU") -------------------------------------------------
+
+@pytest.mark.parametrize("x_shape,w_shape,kernel", [
+    (DENSE_3X3[0], DENSE_3X3[1], "tf.Conv2D"),
+    ((2, 32, 32, 16), (9, 9, 2, 16), "tf.Conv2D"),                  # grouped
+    ((8, 56, 56, 128), (31, 31, 1, 128), "tf.DepthwiseConv2dNative"),
+    ((2, 40, 40, 8), (5, 5, 1, 16), "tf.DepthwiseConv2dNative"),    # multiplier 2
+])
+def test_explain_gpu_rows(x_shape, w_shape, kernel):
+    e = tfbigconv.explain(x_shape, w_shape, padding="SAME", device="GPU")
+    assert e.device == "GPU" and len(e.rows) == 9
+    assert {r.algorithm for r in e.rows} == {kernel, "direct", "fft"} and kernel in NAMES
+    for p in PASSES:
+        r = {row.algorithm: row for row in e.rows if row.pass_ == p}
+        # On the GPU TF runs grouped gradients too.
+        assert all(row.available and row.fits and row.seconds > 0 for row in r.values())
+        assert r[kernel].workspace_bytes == 0
+        assert e.chosen[p] in r and r[e.chosen[p]].chosen
+        assert r[e.chosen[p]].seconds == min(row.seconds for row in r.values())
+        assert e.how[p] == "estimated"
+    assert e.budget >= 1 << 62 and "GPU allocator" in str(e) and "device GPU" in str(e)
+
+
+def test_explain_gpu_picks_cudnn_for_small_filters_and_fft_for_the_seed():
+    e = tfbigconv.explain(*DENSE_3X3, padding="SAME", device="GPU")
+    assert e.chosen == dict.fromkeys(PASSES, "tf.Conv2D")
+    e = tfbigconv.explain(*SEED16, padding="VALID", device="GPU")
+    assert e.chosen == dict.fromkeys(PASSES, "fft")
+    # The CPU's answer for the 3x3 layer is not taken from the GPU's model.
+    cpu = tfbigconv.explain(*DENSE_3X3, padding="SAME")
+    gpu = tfbigconv.explain(*DENSE_3X3, padding="SAME", device="GPU")
+    assert [r.seconds for r in cpu.rows] != [r.seconds for r in gpu.rows]
+
+
+def test_explain_gpu_availability_rules():
+    # NCHW, grouped gradients and half precision run on the GPU (not on the CPU).
+    for kwargs in (dict(data_format="NCHW"), dict(dtype="bfloat16"), dict(dtype="float16")):
+        shape = (2, 16, 32, 32) if kwargs.get("data_format") == "NCHW" else (2, 32, 32, 16)
+        e = tfbigconv.explain(shape, (3, 3, 4, 16), padding="SAME", device="GPU", **kwargs)
+        assert all(r.available for r in e.rows if r.algorithm.startswith("tf")), kwargs
+    # Depthwise: TF's depthwise kernels need equal strides, no dilation and
+    # (here) NHWC; otherwise TF runs the case as grouped Conv2D, on the GPU in
+    # every pass.
+    for kwargs in (dict(dilations=2), dict(strides=(1, 2)), dict(data_format="NCHW")):
+        shape = (2, 16, 32, 32) if kwargs.get("data_format") == "NCHW" else (2, 32, 32, 16)
+        e = tfbigconv.explain(shape, (3, 3, 1, 16), padding="SAME", device="GPU", **kwargs)
+        tf_rows = [r for r in e.rows if r.algorithm.startswith("tf")]
+        assert all(r.available and r.algorithm == "tf.Conv2D" for r in tf_rows), kwargs
+    e = tfbigconv.explain((2, 32, 32, 16), (3, 3, 1, 16), padding="SAME", device="GPU")
+    assert {r.algorithm for r in e.rows if r.algorithm.startswith("tf")} == \
+        {"tf.DepthwiseConv2dNative"}
+    # A budget applies to the GPU's fft (its smallest plan).
+    e = tfbigconv.explain(*SEED16, padding="VALID", device="GPU", budget=1024)
+    assert e.budget == 1024 and "fft" not in e.chosen.values()
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="at least"):
+        tfbigconv.explain(*SEED16, padding="VALID", device="GPU", budget=1024, algorithm="fft")
+
+
+def test_cli_explain_gpu():
+    r = run(["-m", "tfbigconv", "explain", "--input", "16,56,56,64", "--filter", "3,3,64,64",
+             "--padding", "SAME", "--device", "GPU"])
+    assert r.returncode == 0, r.stderr
+    assert "device GPU" in r.stdout and "forward: estimated; auto: tf" in r.stdout
+    assert r.stdout.count("tf.Conv2D") >= 3
+
+
+# ---- the GPU model: gpu_fit.py and fit-gpu ---------------------------------
+
+# Geometries like the H100 grids' (N, H, W, Cin, Cout, K, groups, stride).
+GRID = [
+    (16, 56, 56, 64, 64, 3, 1, 1), (8, 64, 64, 32, 32, 3, 4, 1), (2, 128, 128, 3, 16, 11, 1, 1),
+    (8, 128, 128, 64, 64, 7, 1, 2), (32, 32, 32, 64, 64, 5, 64, 1), (4, 128, 128, 32, 32, 31, 1, 1),
+    (2, 64, 64, 16, 16, 51, 1, 1), (1, 128, 128, 1, 3, 63, 1, 1), (2, 224, 224, 32, 32, 31, 4, 1),
+    (8, 32, 32, 128, 128, 31, 128, 2), (16, 321, 481, 1, 3, 135, 1, 1),
+    (32, 56, 56, 256, 256, 13, 256, 1), (2, 321, 481, 128, 128, 15, 128, 2),
+    (1, 56, 56, 32, 32, 7, 4, 1),
+]
+
+
+def shipped():
+    return dict(zip(_core.cost_model_fields(), cost_model.read_profile(cost_model.SHIPPED_PATH)))
+
+
+def gpu_explain_seconds(geometry, pass_, candidate, dtype):
+    x, f, strides = gpu_fit.shapes(geometry)
+    e = tfbigconv.explain(x, f, strides=strides, padding="SAME", dtype=dtype, device="GPU")
+    rows = [r for r in e.rows if r.pass_ == pass_
+            and (r.algorithm == candidate or (candidate == "tf" and r.algorithm.startswith("tf")))]
+    assert len(rows) == 1
+    return rows[0].seconds
+
+
+def test_predict_equals_the_planners_estimate():
+    """gpu_fit.predict (Python) and the C++ planner evaluate the same model."""
+    values = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))
+    for geometry in (GRID[0], GRID[1], GRID[4], GRID[9]):
+        for dtype in ("float32", "bfloat16"):
+            for p in PASSES:
+                for c in ("tf", "direct", "fft"):
+                    want = gpu_explain_seconds(geometry, p, c, dtype)
+                    got = gpu_fit.predict(values, geometry, p, c, dtype)
+                    assert got == pytest.approx(want, rel=1e-9), (geometry, dtype, p, c)
+
+
+def write_grid(path, times):
+    """A grid CSV with `times` {(geometry, dtype, pass, algo): seconds} and rows fit() must skip."""
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["N", "H", "W", "Cin", "Cout", "K", "groups", "stride", "dtype", "pass",
+                      "algo", "kernel_ms", "note"])
+        for (g, dtype, p, algo), s in times.items():
+            out.writerow(list(g) + [dtype, p, algo, f"{s * 1e3:.6g}", ""])
+            if algo == "direct":  # the run-time choice, a skipped and a broken measurement
+                out.writerow(list(g) + [dtype, p, "auto", "1e6", "ignored"])
+                out.writerow(list(g) + [dtype, p, "fft", "nan", "skipped: flops"])
+                out.writerow(list(g) + [dtype, p, "cudnn", "0", "broken"])
+
+
+def test_fit_gpu_cli_updates_only_the_gpu_section(tmp_path):
+    """Grid times 2x the shipped model's (float32) and 4x (half): the fitted
+    model predicts them closely, its CPU values are the profile's own, and
+    the planner uses the fitted values."""
+    truth = shipped()
+    times = {}
+    for i, g in enumerate(GRID):
+        for dtype, factor in (("float32", 2.0), ("bfloat16", 4.0)):
+            for p in PASSES:
+                for algo, c in gpu_fit.CANDIDATES.items():
+                    noise = math.exp(0.02 * math.sin(7 * i + len(p)))
+                    times[(g, dtype, p, algo)] = (factor * noise *
+                                                  gpu_fit.predict(truth, g, p, c, dtype))
+    grid = tmp_path / "grid.csv"
+    write_grid(grid, times)
+    assert len(gpu_fit.read_grid([str(grid)])) == len(times)
+
+    # A profile with a CPU section of its own (a calibration of this machine).
+    profile = tmp_path / "profile.json"
+    cpu = {k: v for k, v in truth.items() if not k.startswith("gpu.")}
+    cpu["direct_flops_per_second"] = 1.25e11
+    cpu["fft_seconds_per_call"] = 7e-4
+    profile.write_text(json.dumps({"meta": {"format": 1, "machine": "test box"}, "values": cpu}))
+
+    r = run(["-m", "tfbigconv", "fit-gpu", str(grid), "--output", str(profile)])
+    assert r.returncode == 0, r.stderr
+    assert f"wrote {profile}" in r.stdout
+    doc = json.loads(profile.read_text())
+    assert doc["meta"]["machine"] == "test box" and doc["meta"]["gpu_grids"] == ["grid.csv"]
+    fitted = doc["values"]
+    assert set(fitted) == set(_core.cost_model_fields())
+    for k, v in cpu.items():
+        assert fitted[k] == v, k
+    changed = [k for k in fitted if k.startswith("gpu.") and fitted[k] != truth[k]]
+    assert len(changed) == 3 * 3 * 2 * len(gpu_fit.FEATURES)
+
+    ratios = {"float32": [], "bfloat16": []}
+    for (g, dtype, p, algo), s in times.items():
+        ratios[dtype].append(gpu_fit.predict(fitted, g, p, gpu_fit.CANDIDATES[algo], dtype) / s)
+    for dtype, rs in ratios.items():
+        assert 0.9 < float(np.median(rs)) < 1.1, dtype
+        assert 0.5 < min(rs) and max(rs) < 2.0, dtype
+
+    # The planner, given the fitted profile, estimates what predict() says.
+    saved = _core.get_cost_model()
+    try:
+        _core.set_cost_model(cost_model.read_profile(str(profile)))
+        for p in PASSES:
+            for c in ("tf", "direct", "fft"):
+                assert gpu_explain_seconds(GRID[3], p, c, "float16") == pytest.approx(
+                    gpu_fit.predict(fitted, GRID[3], p, c, "float16"), rel=1e-9)
+    finally:
+        _core.set_cost_model(saved)
+
+
+def test_fit_gpu_cli_without_usable_rows(tmp_path):
+    grid = tmp_path / "empty.csv"
+    write_grid(grid, {})
+    r = run(["-m", "tfbigconv", "fit-gpu", str(grid), "--output", str(tmp_path / "p.json")])
+    assert r.returncode == 2 and "no cudnn/direct/fft rows" in r.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_read_profile_fills_missing_fields_from_defaults(tmp_path):
+    truth = shipped()
+    gpu_only = {k: v for k, v in truth.items() if k.startswith("gpu.")}
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": gpu_only}))
+    with pytest.raises(ValueError, match="lacks"):
+        cost_model.read_profile(str(path))
+    defaults = dict(truth, direct_flops_per_second=9e10)
+    values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), defaults)))
+    assert values["direct_flops_per_second"] == 9e10
+    assert all(values[k] == v for k, v in gpu_only.items())
