@@ -56,13 +56,6 @@ def _padding(padding):
     return "EXPLICIT", flat
 
 
-def _static_shape(t):
-    shape = t.shape
-    if shape.rank is None or any(d is None for d in shape.as_list()):
-        return None
-    return shape.as_list()
-
-
 def _planning_shape(shape):
     """A shape to plan with: the static one, with an unknown batch read as
     dispatch.ASSUMED_BATCH; None if any other dimension is unknown."""
@@ -139,7 +132,7 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
             for t, what in ((input, "input"), (filters, "filters")):
                 if t.shape.rank is not None and t.shape.rank != 4:
                     raise ValueError(f"{what} must be rank 4, got rank {t.shape.rank}: shape {t.shape}")
-            in_shape, f_shape = _static_shape(input), _static_shape(filters)
+            in_shape, f_shape = _static(input.shape), _static(filters.shape)
             if in_shape is not None and f_shape is not None:
                 _core.conv_geometry(in_shape, f_shape, strides, pad, explicit, data_format, dilations)
         except ValueError as e:
@@ -147,9 +140,10 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
         a = dict(strides=strides, padding=pad, explicit_paddings=explicit,
                  data_format=data_format, dilations=dilations, algorithm=algorithm,
                  workspace_limit_bytes=int(workspace_limit))
-        plan_in, f_shape = _planning_shape(input.shape), _static_shape(filters)
+        plan_in = _planning_shape(input.shape)
         planned = plan_in is not None and f_shape is not None
-        device = dispatch.resolve_device(input)
+        if planned and algorithm in ("tf", "auto"):
+            device = dispatch.resolve_device(input)
         if algorithm == "tf":
             if planned:  # raises, saying why, where TensorFlow cannot run the case
                 _plan("forward", plan_in, f_shape, a, input.dtype, device)
@@ -315,7 +309,7 @@ def _device_of(op):
 def _big_conv2d_grad(op, grad):
     x, w = op.inputs
     a = _attrs(op)
-    device = _device_of(op)
+    device = _device_of(op) if a["algorithm"] == "auto" else None  # only planning needs it
     return (_backprop_input(tf.shape(x), w, grad, a,
                             _choose("backprop_input", x.shape, w.shape, a, x.dtype, device),
                             x.shape),

@@ -151,6 +151,13 @@ void SetActiveCostModel(const CostModel& m) {
   g_cost_model = m;
 }
 
+std::string SetActiveCostModelValues(const std::vector<double>& values) {
+  CostModel m;
+  const std::string err = CostModelFromValues(values, &m);
+  if (err.empty()) SetActiveCostModel(m);
+  return err;
+}
+
 // ---- GPU model -------------------------------------------------------------
 
 const char* GpuCandidateName(GpuCandidate c) {

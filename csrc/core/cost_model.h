@@ -78,6 +78,10 @@ std::string CostModelFromValues(const std::vector<double>& values, CostModel* m)
 // The process-wide model (thread-safe).
 CostModel ActiveCostModel();
 void SetActiveCostModel(const CostModel& m);
+// CostModelFromValues, then SetActiveCostModel: "" or why the values were
+// rejected (the active model is then unchanged). Used by every module that
+// receives a profile: _core, the op library, the CUDA harness.
+std::string SetActiveCostModelValues(const std::vector<double>& values);
 
 // ---- GPU model -------------------------------------------------------------
 

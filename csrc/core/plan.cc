@@ -314,9 +314,10 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
 
 namespace {
 
-// Our two kernels on the GPU for one pass: the run-time chooser's estimates.
-void PlanGpuOurs(const ConvProblem& problem, DType dtype, const ConvGeometry& ug, int64_t limit,
-                 PassPlan* p) {
+// Our two kernels on the GPU for one pass: the run-time chooser's estimates
+// and its choice (ChooseGpuKernel, as cuda/plan_gpu.cc makes it).
+Algorithm PlanGpuOurs(const ConvProblem& problem, DType dtype, const ConvGeometry& ug,
+                      int64_t limit, PassPlan* p) {
   const int64_t operands = OperandBytes(ug, dtype);
   const int64_t fft_min = MinGpuFftWorkspace(problem.g, dtype);
   double ds, fs;
@@ -336,6 +337,7 @@ void PlanGpuOurs(const ConvProblem& problem, DType dtype, const ConvGeometry& ug
   fill(&p->direct, GpuCandidate::kDirect, ds, 0, "partial sums only within the budget");
   fill(&p->fft, GpuCandidate::kFft, fs, fft_min,
        "smallest plan; the kernel tiles and chunks within the budget at run time");
+  return choice;
 }
 
 }  // namespace
@@ -363,14 +365,13 @@ Status PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
     p.fft_plan = c.fft_plan;
     ours = c.algorithm;
   } else {
-    PlanGpuOurs(problem, dtype, ug, limit, &p);
+    ours = PlanGpuOurs(problem, dtype, ug, limit, &p);
     if (requested == "fft" && !p.fft.fits)
       err = Status::ResourceExhausted("the GPU fft needs a workspace of at least " +
                                       FormatBytes(p.fft.workspace_bytes) + ", but the limit is " +
                                       FormatBytes(limit));
-    const bool fft = requested == "fft" ||
-                     (requested != "direct" && p.fft.fits && p.fft.seconds < p.direct.seconds);
-    ours = fft ? Algorithm::kFft : Algorithm::kDirect;
+    if (requested == "fft") ours = Algorithm::kFft;
+    if (requested == "direct") ours = Algorithm::kDirect;
   }
   p.tf = TfEstimate(ug, pass, dtype, device, tf.kernel, limit);
   if (!tf.note.empty()) p.tf.note = tf.note;

@@ -396,10 +396,8 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "set_cost_model",
       [](const std::vector<double>& values) {
-        CostModel model;
-        const std::string err = CostModelFromValues(values, &model);
+        const std::string err = SetActiveCostModelValues(values);
         if (!err.empty()) throw py::value_error(err);
-        SetActiveCostModel(model);
       },
       "Sets this module's cost model (values in cost_model_fields() order).");
   m.def("free_host_memory", &FreeHostMemoryBytes);

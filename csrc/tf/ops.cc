@@ -173,10 +173,8 @@ as BigConv2D.
 // link hides the static libraries' symbols.
 extern "C" __attribute__((visibility("default"))) int tfbigconv_set_cost_model(const double* values,
                                                                               int count) {
-  tfbigconv::CostModel m;
-  if (count < 0 ||
-      !tfbigconv::CostModelFromValues(std::vector<double>(values, values + count), &m).empty())
-    return 1;
-  tfbigconv::SetActiveCostModel(m);
-  return 0;
+  if (count < 0) return 1;
+  return tfbigconv::SetActiveCostModelValues(std::vector<double>(values, values + count)).empty()
+             ? 0
+             : 1;
 }

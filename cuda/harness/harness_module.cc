@@ -406,10 +406,8 @@ PYBIND11_MODULE(tfbigconv_gpu_harness, m) {
   m.def(
       "set_cost_model",
       [](const std::vector<double>& values) {
-        CostModel model;
-        const std::string err = CostModelFromValues(values, &model);
+        const std::string err = SetActiveCostModelValues(values);
         if (!err.empty()) throw py::value_error(err);
-        SetActiveCostModel(model);
       },
       "Sets the cost model the run-time 'auto' uses (values in cost_model_fields() order), "
       "as importing tfbigconv does for the TF ops.");
