@@ -1,0 +1,55 @@
+"""Default auto as a user calls it, on geometries outside bench_dispatch's grid.
+
+Each case: fwd + both gradients under tf.function with the default auto
+(autotuning on, a fresh cache), checked against a float64 run by relative L2
+and timed (best of 3 after a warm-up) beside TensorFlow's own kernel
+(tf.nn.depthwise_conv2d for depthwise, else tf.nn.conv2d; nan where TF's CPU
+kernels cannot run the case).
+
+    python benchmarks/check_auto_off_grid.py
+"""
+import os, tempfile, time
+os.environ["TFBIGCONV_AUTOTUNE_CACHE"] = tempfile.mktemp(suffix=".json")
+import numpy as np, tensorflow as tf, tfbigconv
+rng = np.random.default_rng(1)
+def step(conv):
+    @tf.function
+    def f(x, w, g):
+        with tf.GradientTape() as t:
+            t.watch([x, w]); y = conv(x, w); l = tf.reduce_sum(tf.cast(y, tf.float32) * g)
+        dx, dw = t.gradient(l, [x, w]); return y, dx, dw
+    return f
+def timeit(f, *a):
+    f(*a); ts=[]
+    for _ in range(3):
+        t0=time.perf_counter(); [v.numpy() for v in f(*a)]; ts.append(time.perf_counter()-t0)
+    return min(ts)
+cases = [  # (x, w, stride, padding, dtype, tf reference fn)
+    ((6, 40, 52, 48), (9, 9, 1, 48), 1, "SAME", "float32", "dw"),
+    ((3, 37, 41, 24), (19, 19, 1, 48), 2, "SAME", "float32", "dw"),   # multiplier 2, stride 2
+    ((4, 33, 47, 32), (11, 11, 8, 32), 1, "VALID", "float32", "grouped"),
+    ((2, 45, 45, 12), (13, 13, 12, 12), 1, "SAME", "bfloat16", "dense"),
+    ((5, 30, 34, 16), (5, 5, 1, 16), 1, "SAME", "float16", "dw"),
+    ((2, 61, 59, 3), (27, 27, 3, 5), 1, "SAME", "float32", "dense"),
+]
+for xs, ws, s, pad, dt, kind in cases:
+    dtype = tf.as_dtype(dt)
+    x = tf.cast(rng.standard_normal(xs), dtype); w = tf.cast(rng.standard_normal(ws), dtype)
+    y64 = tfbigconv.bigconv2d(tf.cast(x, tf.float64), tf.cast(w, tf.float64), s, pad, algorithm="direct")
+    g = tf.constant(rng.standard_normal(y64.shape), tf.float32)
+    ref = step(lambda a, b: tfbigconv.bigconv2d(a, b, s, pad, algorithm="direct"))(tf.cast(x, tf.float64), tf.cast(w, tf.float64), g)
+    auto = step(lambda a, b: tfbigconv.bigconv2d(a, b, s, pad))
+    t0 = time.perf_counter(); got = auto(x, w, g); first = time.perf_counter() - t0
+    rel = [float(tf.norm(tf.cast(a, tf.float64) - r) / tf.norm(r)) for a, r in zip(got, ref)]
+    if kind == "dw":
+        m = ws[3] // xs[3]
+        tfconv = lambda a, b: tf.nn.depthwise_conv2d(a, tf.reshape(b, [ws[0], ws[1], xs[3], m]), [1, s, s, 1], pad)
+    else:
+        tfconv = lambda a, b: tf.nn.conv2d(a, b, s, pad)
+    try:
+        t_tf = timeit(step(tfconv), x, w, g)
+    except Exception as e:
+        t_tf = float("nan")
+    e = tfbigconv.explain(xs, ws, s, pad, dtype=dt)
+    print(f"{xs}x{ws} s{s} {pad} {dt}: auto {timeit(auto, x, w, g)*1e3:.1f} ms (first {first:.2f} s), "
+          f"tf.nn {t_tf*1e3:.1f} ms, rel L2 y/dx/dw {rel[0]:.1e}/{rel[1]:.1e}/{rel[2]:.1e}, chosen {e.chosen} {e.how}")
