@@ -1,7 +1,7 @@
 """How good is auto's GPU choice? explain(device="GPU") on measured grids, no GPU needed.
 
 For every geometry and dtype of the grid CSV files (scripts/gpu_check.sh
---calibrate; the H100 grids are in shared/gpu/), asks the planner
+--calibrate; the H100 grids are in benchmarks/gpu/), asks the planner
 (tfbigconv.explain with device="GPU", estimates only) for each pass's
 candidate among cuDNN (TF's Conv2D / DepthwiseConv2dNative), direct and fft,
 and sums the MEASURED kernel times of its picks (fwd+bwd = the three passes).
@@ -13,8 +13,17 @@ Targets (issue 11): regret median <= 1.2, max <= 2; vs cudnn never > 1.1.
 
 --loo refits the GPU model without the geometry being judged (leave one
 geometry out), which says how the model does on geometries it has not seen.
+--holdout GRID.csv judges the fitted model on grids it was not fitted to
+(benchmarks/gpu/gpu_random_*.csv: geometries drawn like user layers).
 
-    python benchmarks/gpu_dispatch_regret.py ../shared/gpu/h100_grid_*.csv [--loo] [--out F.md]
+--autotune also judges auto with measured autotuning as it runs under TF on
+a GPU: per pass, the candidates autotune.candidates_to_time() would time
+(the same rule as on the CPU), of which the measured fastest wins. It uses
+the grid's full-batch times, so it leaves out autotuning's reduced-batch
+timing error: a bound on what the rule can reach, not a measurement of it.
+
+    python benchmarks/gpu_dispatch_regret.py benchmarks/gpu/gpu_grid_*.csv [--loo] [--autotune]
+        [--holdout benchmarks/gpu/gpu_random_*.csv] [--out F.md]
 """
 import argparse
 import collections
@@ -25,7 +34,7 @@ import sys
 import numpy as np
 
 import tfbigconv
-from tfbigconv import _core, gpu_fit
+from tfbigconv import _core, autotune, dispatch, gpu_fit
 
 PASSES = gpu_fit.PASSES
 ALGOS = ("cudnn", "direct", "fft")
@@ -47,7 +56,23 @@ def picks(geometry, dtype):
     return {p: ROW_TO_ALGO.get(e.chosen[p], "cudnn") for p in PASSES}
 
 
-def judge(table, refit_without=None, rows=None):
+ATTRS = dict(padding="SAME", explicit_paddings=[], data_format="NHWC", dilations=[1, 1, 1, 1])
+PLAN_TO_ALGO = {"tf": "cudnn", "direct": "direct", "fft": "fft"}
+
+
+def autotuned_picks(geometry, dtype, times):
+    """Per pass: the measured fastest of the candidates autotuning would time
+    (the estimate's pick where it would time none)."""
+    x, f, strides = gpu_fit.shapes(geometry)
+    out = {}
+    for p in PASSES:
+        plan = dispatch.plan(p, x, f, dict(ATTRS, strides=strides), dtype, "auto", 64 << 30, "GPU")
+        names = autotune.candidates_to_time(plan) or [plan["chosen"]]
+        out[p] = min((PLAN_TO_ALGO[n] for n in names), key=lambda a: times.get((p, a), math.inf))
+    return out
+
+
+def judge(table, refit_without=None, rows=None, autotuned=False):
     results = []
     active = _core.get_cost_model()
     fields = _core.cost_model_fields()
@@ -57,7 +82,7 @@ def judge(table, refit_without=None, rows=None):
                 values = dict(zip(fields, active))
                 values.update(gpu_fit.fit([r for r in rows if r["geometry"] != geometry]))
                 _core.set_cost_model([values[n] for n in fields])
-            chosen = picks(geometry, dtype)
+            chosen = autotuned_picks(geometry, dtype, times) if autotuned else picks(geometry, dtype)
             t = lambda p, a: times.get((p, a), math.inf)  # noqa: E731
             picked = sum(t(p, chosen[p]) for p in PASSES)
             best = sum(min(t(p, a) for a in ALGOS) for p in PASSES)
@@ -95,6 +120,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("grids", nargs="+")
     ap.add_argument("--loo", action="store_true", help="also judge leave-one-geometry-out refits")
+    ap.add_argument("--autotune", action="store_true",
+                    help="also judge auto with measured autotuning (see the docstring)")
+    ap.add_argument("--holdout", nargs="+", default=[],
+                    help="grids judged but not fitted to (the model as it is active)")
     ap.add_argument("--out", help="write a markdown report here")
     args = ap.parse_args()
     rows = gpu_fit.read_grid(args.grids)
@@ -105,12 +134,21 @@ def main():
              "picks: c = cuDNN (TF's kernel), d = direct, f = fft", ""]
     results = judge(table)
     lines += summary(results, "fitted model (in-sample)")
+    sections = []
     if args.loo:
-        loo = judge(table, refit_without=True, rows=rows)
-        lines += [""] + summary(loo, "leave one geometry out")
+        sections.append(("leave one geometry out", judge(table, refit_without=True, rows=rows)))
+    if args.holdout:
+        held = measured_table(gpu_fit.read_grid(args.holdout))
+        sections.append(("held out (not fitted to)", judge(held)))
+    if args.autotune:
+        sections.append(("autotuned, in-sample", judge(table, autotuned=True)))
+        if args.holdout:
+            sections.append(("autotuned, held out", judge(held, autotuned=True)))
+    for label, res in sections:
+        lines += [""] + summary(res, label)
     lines += ["", "In-sample, per case:", ""] + table_md(results)
-    if args.loo:
-        lines += ["", "Leave one geometry out, per case:", ""] + table_md(loo)
+    for label, res in sections:
+        lines += ["", f"{label[0].upper()}{label[1:]}, per case:", ""] + table_md(res)
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -61,9 +61,12 @@ def test_resolve_device_follows_explicit_scopes():
 
 
 def test_trace_time_plan_follows_the_device_scope():
-    """NCHW 3x3: TF's CPU Conv2D cannot run it, so the CPU plan is ours; on
-    the GPU, cuDNN is the plan for every pass (TF's own gradients)."""
-    x_shape, w_shape = (2, 16, 32, 32), (3, 3, 16, 16)
+    """NCHW 3x3, 32 channels: TF's CPU Conv2D cannot run it, so the CPU plan
+    is ours; on the GPU, cuDNN is the plan for every pass (TF's own
+    gradients; on the H100 grids cuDNN is 10-30x faster than ours there).
+    Tiny layers would not do: all candidates are then near their launch
+    floors, where ours measured faster."""
+    x_shape, w_shape = (8, 32, 64, 64), (3, 3, 32, 32)
     for device, want in (("CPU", False), ("GPU", True)):
         e = tfbigconv.explain(x_shape, w_shape, padding="SAME", data_format="NCHW", device=device)
         assert (set(e.chosen.values()) == {"tf.Conv2D"}) == want, (device, e.chosen)
@@ -271,7 +274,8 @@ def test_fit_gpu_cli_updates_only_the_gpu_section(tmp_path):
     for k, v in cpu.items():
         assert fitted[k] == v, k
     changed = [k for k in fitted if k.startswith("gpu.") and fitted[k] != truth[k]]
-    assert len(changed) == 3 * 3 * 2 * len(gpu_fit.FEATURES)
+    # The coefficients and the floor of each (candidate, pass, dtype class).
+    assert len(changed) == 3 * 3 * 2 * (len(gpu_fit.FEATURES) + 1)
 
     ratios = {"float32": [], "bfloat16": []}
     for (g, dtype, p, algo), s in times.items():
@@ -311,3 +315,26 @@ def test_read_profile_fills_missing_fields_from_defaults(tmp_path):
     values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), defaults)))
     assert values["direct_flops_per_second"] == 9e10
     assert all(values[k] == v for k, v in gpu_only.items())
+
+
+def test_gpu_floor_bounds_estimates_and_a_tie_goes_to_tf():
+    """A GPU estimate never goes below its group's floor (the shortest call
+    measured); where all three sit at equal floors, TF's kernel is chosen."""
+    values = shipped()
+    floors = [k for k in values if k.endswith(".floor_seconds")]
+    assert len(floors) == 3 * 3 * 2 and all(values[k] > 0 for k in floors)
+    saved = _core.get_cost_model()
+    try:
+        tiny = (1, 8, 8, 4, 4, 3, 1, 1)
+        for k in floors:
+            values[k] = 1.0
+        _core.set_cost_model([values[n] for n in _core.cost_model_fields()])
+        x, f, strides = gpu_fit.shapes(tiny)
+        e = tfbigconv.explain(x, f, strides=strides, padding="SAME", device="GPU")
+        assert all(r.seconds == 1.0 for r in e.rows), e
+        assert set(e.chosen.values()) == {"tf.Conv2D"}, e.chosen
+        values[floors[0]] = -1.0
+        with pytest.raises(ValueError, match="floor_seconds"):
+            _core.set_cost_model([values[n] for n in _core.cost_model_fields()])
+    finally:
+        _core.set_cost_model(saved)

@@ -1,7 +1,7 @@
 """Fits the GPU section of the cost model to measured kernel times.
 
 Input: grid CSV files with the columns of scripts/gpu_check.sh --calibrate
-(the H100 grids in shared/gpu/ have them): N,H,W,Cin,Cout,K,groups,stride
+(the H100 grids in benchmarks/gpu/ have them): N,H,W,Cin,Cout,K,groups,stride
 (input NHWC, K x K filter, SAME padding, dilation 1), dtype, pass, algo
 (cudnn, direct, fft; other rows are ignored), kernel_ms.
 
@@ -9,7 +9,8 @@ Model (cost_model.h): log(seconds) = log(work) + coefficients . features,
 with work and features from _core.gpu_terms, per candidate (cudnn is the
 "tf" candidate), pass and dtype class (float32; float16 and bfloat16). The
 coefficients are fitted by ridge regression in log space (relative error),
-so that one grid's 30-odd geometries do not make the model swing.
+so that one grid's 30-odd geometries do not make the model swing. Each
+group's shortest measured call is its floor: no estimate goes below it.
 
     python -m tfbigconv fit-gpu GRID.csv [...] --output PROFILE.json
 """
@@ -84,6 +85,7 @@ def fit(rows, ridge=RIDGE):
         coef = np.linalg.solve(X.T @ X + penalty, X.T @ y)
         for name, c in zip(FEATURES, coef):
             values[f"gpu.{candidate}.{pass_}.{cls}.{name}"] = float(c)
+        values[f"gpu.{candidate}.{pass_}.{cls}.floor_seconds"] = min(r["seconds"] for r in rs)
     return values
 
 
@@ -91,4 +93,5 @@ def predict(values, geometry, pass_, candidate, dtype):
     """The model's seconds for one grid geometry (as the C++ planner computes them)."""
     work, features = terms(geometry, pass_, candidate)
     prefix = f"gpu.{candidate}.{pass_}.{DTYPE_CLASSES[dtype]}."
-    return work * math.exp(sum(values[prefix + n] * x for n, x in zip(FEATURES, features)))
+    seconds = work * math.exp(sum(values[prefix + n] * x for n, x in zip(FEATURES, features)))
+    return max(seconds, values[prefix + "floor_seconds"])

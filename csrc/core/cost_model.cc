@@ -79,6 +79,11 @@ std::vector<std::string> CostModelFields() {
           f.push_back(std::string("gpu.") + GpuCandidateName(GpuCandidate(c)) + "." +
                       PassName(Pass(p)) + "." + kGpuDTypeClassNames[d] + "." +
                       kGpuFeatureNames[i]);
+  for (int c = 0; c < kGpuCandidates; ++c)
+    for (int p = 0; p < kPasses; ++p)
+      for (int d = 0; d < kGpuDTypeClasses; ++d)
+        f.push_back(std::string("gpu.") + GpuCandidateName(GpuCandidate(c)) + "." +
+                    PassName(Pass(p)) + "." + kGpuDTypeClassNames[d] + ".floor_seconds");
   return f;
 }
 
@@ -98,6 +103,9 @@ std::vector<double> CostModelValues(const CostModel& m) {
     for (const auto& pass : c)
       for (const auto& cls : pass)
         for (double x : cls) v.push_back(x);
+  for (const auto& c : m.gpu_floor_seconds)
+    for (const auto& pass : c)
+      for (double x : pass) v.push_back(x);
   return v;
 }
 
@@ -111,7 +119,9 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
     const bool main = names[i] == "direct_flops_per_second" ||
                       names[i] == "fft_seconds_per_transform_flop" ||
                       names[i].rfind("im2col", 0) == 0 || names[i].rfind("tf_depthwise", 0) == 0;
-    const bool any_sign = names[i].rfind("gpu.", 0) == 0;
+    const bool is_floor = names[i].size() > 14 &&
+                       names[i].compare(names[i].size() - 14, 14, ".floor_seconds") == 0;
+    const bool any_sign = names[i].rfind("gpu.", 0) == 0 && !is_floor;
     if (!std::isfinite(v[i]) || (!any_sign && (v[i] < 0 || (v[i] == 0 && main))))
       return "cost model value " + names[i] + " must be finite and positive, got " +
              std::to_string(v[i]);
@@ -137,6 +147,9 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
     for (auto& pass : c)
       for (auto& cls : pass)
         for (double& x : cls) x = v[i++];
+  for (auto& c : m.gpu_floor_seconds)
+    for (auto& pass : c)
+      for (double& x : pass) x = v[i++];
   *out = m;
   return "";
 }
@@ -205,7 +218,7 @@ double GpuSeconds(const CostModel& m, const ConvGeometry& g, Pass pass, DType dt
   const double* k = m.gpu[int(c)][int(pass)][GpuDTypeClass(dtype)];
   double e = std::log(t.work);
   for (int i = 0; i < kGpuFeatures; ++i) e += k[i] * t.features[i];
-  return std::exp(e);
+  return std::max(std::exp(e), m.gpu_floor_seconds[int(c)][int(pass)][GpuDTypeClass(dtype)]);
 }
 
 std::string ChooseGpuKernel(const ConvProblem& problem, DType dtype, bool fft_possible,

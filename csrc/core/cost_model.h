@@ -63,6 +63,10 @@ struct CostModel {
   double tf_depthwise_flops_per_second[kPasses][kIm2colSides] = {};
   // The GPU model's coefficients (any sign).
   double gpu[kGpuCandidates][kPasses][kGpuDTypeClasses][kGpuFeatures] = {};
+  // The shortest call measured per candidate, pass and dtype class: no GPU
+  // estimate goes below it (launch latency; the log-linear terms would
+  // extrapolate tiny problems to microseconds no kernel reaches).
+  double gpu_floor_seconds[kGpuCandidates][kPasses][kGpuDTypeClasses] = {};
 };
 // The table's axes.
 constexpr double kIm2colSideAxis[kIm2colSides] = {3, 7, 15, 31};
@@ -73,7 +77,8 @@ std::vector<std::string> CostModelFields();
 std::vector<double> CostModelValues(const CostModel& m);
 // Errors: wrong count, or a CPU value that is not finite and positive (zero
 // is allowed for the secondary terms: per output, packed, mix flop, byte,
-// element and call); GPU coefficients need only be finite.
+// element and call); GPU coefficients need only be finite, GPU floors must be
+// finite and not negative.
 std::string CostModelFromValues(const std::vector<double>& values, CostModel* m);
 // The process-wide model (thread-safe).
 CostModel ActiveCostModel();

@@ -389,7 +389,9 @@ Status PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
   } else {
     p.chosen = ours == Algorithm::kFft ? "fft" : "direct";
     const Estimate& ours_e = ours == Algorithm::kFft ? p.fft : p.direct;
-    if (requested == "auto" && tf_eligible && t.seconds < ours_e.seconds) p.chosen = "tf";
+    // A tie goes to TF's kernel (on the GPU, small problems all estimate at
+    // their launch floors, and cuDNN is then the safer pick).
+    if (requested == "auto" && tf_eligible && t.seconds <= ours_e.seconds) p.chosen = "tf";
     p.reason = requested == "auto" ? "auto: " + p.chosen + " is the fastest that fits"
                                    : p.chosen + " requested";
   }
