@@ -92,6 +92,26 @@ def test_trace_time_plan_follows_the_device_scope():
     assert {"BigConv2D", "BigConv2DBackpropInput"} <= types and "Conv2D" not in types
 
 
+def test_an_eager_scope_around_a_traced_call_is_planned_for():
+    """with tf.device(...) around the call that traces a tf.function: the
+    trace plans for that device (NCHW 3x3: cuDNN on the GPU, ours on the CPU)."""
+    x_shape, w_shape = (8, 32, 64, 64), (3, 3, 32, 32)
+    w = rand(w_shape, 0)
+    for device, want in (("GPU", "Conv2D"), ("CPU", "BigConv2D")):
+        seen = {}
+
+        @tf.function
+        def f(x):
+            seen["device"] = dispatch.resolve_device(x)
+            return tfbigconv.bigconv2d(x, w, 1, "SAME", data_format="NCHW")
+
+        with tf.device(f"/{device}:0"):
+            graph = f.get_concrete_function(tf.TensorSpec(x_shape, tf.float32)).graph
+        types = {op.type for op in graph.get_operations()}
+        assert seen["device"] == device
+        assert want in types and ({"Conv2D", "BigConv2D"} - {want}).isdisjoint(types), types
+
+
 @pytest.mark.skipif(HAVE_GPU, reason="about a machine without a GPU")
 def test_no_timing_for_a_gpu_that_is_not_here(autotuning, monkeypatch):
     """A tf.device("/GPU:0") scope on a machine without a GPU: the op is

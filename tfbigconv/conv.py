@@ -84,8 +84,9 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
     Keyword-only:
       algorithm: "auto" (the default) lets the planner pick, per pass
         (forward, backprop_input, backprop_filter) and for the device the op
-        will run on (an explicit tf.device, else a visible GPU, else the CPU),
-        the fastest candidate whose workspace fits `workspace_limit`:
+        will run on (an explicit tf.device, also one around the call that
+        traces a tf.function; else a visible GPU, else the CPU), the fastest
+        candidate whose workspace fits `workspace_limit`:
         "tf" (TensorFlow's own kernel for the case: Conv2D, or
         DepthwiseConv2dNative for depthwise filters; best for small filters),
         "direct" (the tiled direct convolution) or "fft" (overlap-save FFT

@@ -106,15 +106,19 @@ def gpu_available():
 def resolve_device(tensor=None):
     """"CPU" or "GPU": where an op built now will run.
 
-    An explicit tf.device scope wins, then the tensor's own placement (eager),
-    then TensorFlow's default placement: a visible GPU runs ops that have a
-    GPU kernel.
+    An explicit tf.device scope wins (in a tf.function: a scope inside it,
+    else an eager scope around the call that traces it), then the tensor's
+    own placement (eager), then TensorFlow's default placement: a visible GPU
+    runs ops that have a GPU kernel. TF does not retrace a tf.function for
+    another device scope, so the scope of the first call is the one planned for.
     """
+    from tensorflow.python.eager import context  # the eager tf.device scope
     if tf.executing_eagerly():
-        from tensorflow.python.eager import context  # the eager tf.device scope
         scope = context.context().device_name or ""
     else:
         scope = tf.constant(0, name="device_probe").device  # a graph op gets the scope's device
+        if not scope:
+            scope = context.context().device_name or ""  # the scope around the traced call
     kind = device_kind(scope)
     if kind:
         return kind
