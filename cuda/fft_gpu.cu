@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
 #include <vector>
 
 #include "cufft_loader.h"
+#include "direct_gpu.h"
 #include "fft_sizes.h"
 #include "gpu_common.cuh"
 
@@ -138,6 +140,71 @@ TFBIGCONV_HD Tile TileOf(const FftArgs& a, int64_t item) {
   return r;
 }
 
+// The staging check (the workspace's last StagingCheckBytes()): the current
+// filter block's largest magnitude, as the bits of the compute type (for
+// non-negative values the bits order as the values; NaN's are the largest),
+// and a flag set when an input window holds a value the FFT must not take.
+struct StagingCheck {
+  unsigned long long filter_max_bits;
+  unsigned int unsafe;
+};
+static_assert(sizeof(StagingCheck) <= StagingCheckBytes(), "staging check too big");
+
+template <typename T>
+TFBIGCONV_HD unsigned long long MagnitudeBits(T v) {
+  const T m = v < T(0) ? -v : v;  // NaN keeps its bits, which order above Inf's
+  if constexpr (sizeof(T) == 4) {
+    unsigned int b;
+    memcpy(&b, &m, 4);
+    return b;
+  } else {
+    unsigned long long b;
+    memcpy(&b, &m, 8);
+    return b;
+  }
+}
+
+template <typename T>
+TFBIGCONV_HD T FromMagnitudeBits(unsigned long long bits) {
+  T v;
+  if constexpr (sizeof(T) == 4) {
+    const unsigned int b = static_cast<unsigned int>(bits);
+    memcpy(&v, &b, 4);
+  } else {
+    memcpy(&v, &bits, 8);
+  }
+  return v;
+}
+
+template <typename T>
+TFBIGCONV_HD void RaiseFilterMax(StagingCheck* check, T m) {
+  const unsigned long long bits = MagnitudeBits(m);
+  if (bits == 0) return;
+#ifdef __CUDA_ARCH__
+  atomicMax(&check->filter_max_bits, bits);
+#else
+  if (bits > check->filter_max_bits) check->filter_max_bits = bits;
+#endif
+}
+
+// The largest input magnitude the transforms take safely with filter values
+// up to the block's maximum (as on the CPU, fft_cpu.cc: spectra grow by up to
+// fft_h * fft_w, the mix sums cig products of two, the unnormalised inverse
+// grows by fft_h * fft_w again; a factor 2 to spare). Negative when the
+// filter holds a NaN or Inf: every staged value then fails.
+template <typename T>
+TFBIGCONV_HD T InputLimit(const FftArgs& a, unsigned long long w_bits) {
+  const T big = sizeof(T) == 4 ? T(3.4028234663852886e38) : T(1.7976931348623157e308);
+  const T w_max = FromMagnitudeBits<T>(w_bits);
+  if (!(w_max <= big)) return T(-1);
+  if (w_max == T(0)) return big;
+  const double points = double(a.fft_h) * double(a.fft_w);
+  const double growth = 4.0 * points * points * double(a.cig) * double(a.filter_h) *
+                        double(a.filter_w) * double(w_max);
+  const double limit = double(big) / growth;
+  return limit < double(big) ? T(limit) : big;
+}
+
 // The layout kernels below give each warp one row of a plane (grid-stride
 // over rows) and its lanes consecutive columns: the row's index arithmetic is
 // done once per row rather than per element, and loads and stores coalesce.
@@ -159,7 +226,7 @@ inline unsigned GridForRows(int64_t rows) { return GridFor(rows, kWarpsPerBlock)
 // real[co][ci][r][c] = dilated filter tap plane (co, ci0 + ci) at the origin.
 template <typename S, typename T>
 TFBIGCONV_HD void PadFilterRow(const FftArgs& a, const S* filt, int64_t ci0, int64_t nci, T* real,
-                               int64_t row, int lane) {
+                               StagingCheck* check, int64_t row, int lane) {
   const int64_t r = row % a.fft_h, t = row / a.fft_h;
   const int64_t ci = t % a.ci_block, co = t / a.ci_block;
   T* dst = real + row * a.fft_w;
@@ -167,16 +234,23 @@ TFBIGCONV_HD void PadFilterRow(const FftArgs& a, const S* filt, int64_t ci0, int
   const S* src = live ? filt + a.fv.offset + (r / a.dh) * a.fv.h + (ci0 + ci) * a.fv.i +
                             (co / a.cog) * a.fv.g + (co % a.cog) * a.fv.o
                       : nullptr;
+  T m = T(0);
   for (int64_t c = lane; c < a.fft_w; c += kLanes) {
     T v = T(0);
     if (src && c % a.dw == 0 && c / a.dw < a.filter_w) v = ToCompute(src[(c / a.dw) * a.fv.w]);
     dst[c] = v;
+    const T av = v < T(0) ? -v : v;
+    m = (av > m || av != av) ? av : m;  // NaN, once seen, stays
   }
+  RaiseFilterMax(check, m);
 }
 
 template <typename S, typename T>
-__global__ void PadFilterKernel(FftArgs a, const S* filt, int64_t ci0, int64_t nci, T* real) {
-  auto body = [&](int64_t row, int lane) { PadFilterRow(a, filt, ci0, nci, real, row, lane); };
+__global__ void PadFilterKernel(FftArgs a, const S* filt, int64_t ci0, int64_t nci, T* real,
+                                StagingCheck* check) {
+  auto body = [&](int64_t row, int lane) {
+    PadFilterRow(a, filt, ci0, nci, real, check, row, lane);
+  };
   TFBIGCONV_WARP_ROWS(a.cout * a.ci_block * a.fft_h, body);
 }
 
@@ -184,7 +258,8 @@ __global__ void PadFilterKernel(FftArgs a, const S* filt, int64_t ci0, int64_t n
 // the padding and between in_dilation's samples), zero beyond it.
 template <typename S, typename T>
 TFBIGCONV_HD void PadInputRow(const FftArgs& a, const S* in, int64_t item0, int64_t n_items,
-                              int64_t ci0, int64_t nci, T* real, int64_t row, int lane) {
+                              int64_t ci0, int64_t nci, T* real, StagingCheck* check,
+                              int64_t row, int lane) {
   const int64_t r = row % a.fft_h;
   int64_t t = row / a.fft_h;
   const int64_t ci = t % a.ci_block;
@@ -204,26 +279,34 @@ TFBIGCONV_HD void PadInputRow(const FftArgs& a, const S* in, int64_t item0, int6
       need_w = (tl.vw - 1) * a.sw + a.eff_w;
     }
   }
+  // Every staged value must be within the limit (NaN fails): see FftConvGpu.
+  const T limit = src ? InputLimit<T>(a, check->filter_max_bits) : T(0);
+  bool safe = true;
   if (a.uw == 1) {  // no division per element
     for (int64_t c = lane; c < a.fft_w; c += kLanes) {
       const int64_t vc = vc0 + c;
-      dst[c] = c < need_w && vc >= 0 && vc < a.vw ? ToCompute(src[vc * a.iv.w]) : T(0);
+      const bool live = c < need_w && vc >= 0 && vc < a.vw;
+      const T v = live ? ToCompute(src[vc * a.iv.w]) : T(0);
+      dst[c] = v;
+      safe &= !live || (v <= limit && -v <= limit);
     }
   } else {
     for (int64_t c = lane; c < a.fft_w; c += kLanes) {
       const int64_t vc = vc0 + c;
-      dst[c] = c < need_w && vc >= 0 && vc < a.vw && vc % a.uw == 0
-                   ? ToCompute(src[(vc / a.uw) * a.iv.w])
-                   : T(0);
+      const bool live = c < need_w && vc >= 0 && vc < a.vw && vc % a.uw == 0;
+      const T v = live ? ToCompute(src[(vc / a.uw) * a.iv.w]) : T(0);
+      dst[c] = v;
+      safe &= !live || (v <= limit && -v <= limit);
     }
   }
+  if (!safe) check->unsafe = 1;  // every writer stores the same value
 }
 
 template <typename S, typename T>
 __global__ void PadInputKernel(FftArgs a, const S* in, int64_t item0, int64_t n_items,
-                               int64_t ci0, int64_t nci, T* real) {
+                               int64_t ci0, int64_t nci, T* real, StagingCheck* check) {
   auto body = [&](int64_t row, int lane) {
-    PadInputRow(a, in, item0, n_items, ci0, nci, real, row, lane);
+    PadInputRow(a, in, item0, n_items, ci0, nci, real, check, row, lane);
   };
   TFBIGCONV_WARP_ROWS(a.chunk * a.groups * a.ci_block * a.fft_h, body);
 }
@@ -315,6 +398,25 @@ struct Steps {
     if (on_host()) return (*host_fft)(h, w, batch, forward, in, out);
     return Exec(*api, stream, h, w, batch, forward, dbl, in, out, work);
   }
+  // Zeroes `bytes` of the workspace at `dst` (stream-ordered on the GPU).
+  std::string Zero(void* dst, size_t bytes) const {
+    if (on_host()) {
+      memset(dst, 0, bytes);
+      return "";
+    }
+    const cudaError_t e = cudaMemsetAsync(dst, 0, bytes, stream);
+    return e == cudaSuccess ? "" : std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
+  }
+  // Copies `bytes` from the workspace to the host once the stream's work is done.
+  std::string Read(void* dst, const void* src, size_t bytes) const {
+    if (on_host()) {
+      memcpy(dst, src, bytes);
+      return "";
+    }
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    return e == cudaSuccess ? "" : std::string("reading the staging check: ") + cudaGetErrorString(e);
+  }
   template <typename Body>
   std::string WarpRows(int64_t rows, Body body) const {
     for (int64_t row = 0; row < rows; ++row)
@@ -369,28 +471,33 @@ std::string Run(const FftGpuParams& p, Steps steps) {
   C* yspec = reinterpret_cast<C*>(ws + pl.wspec_bytes + pl.xspec_bytes);
   T* real = reinterpret_cast<T*>(ws + pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes);
   steps.work = ws + pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes + pl.real_bytes;
+  StagingCheck* check =
+      reinterpret_cast<StagingCheck*>(ws + pl.workspace_bytes - StagingCheckBytes());
   steps.dbl = p.dtype == DType::kDouble;
   const cudaStream_t stream = steps.stream;
+  std::string err = steps.Zero(check, sizeof(StagingCheck));
+  if (!err.empty()) return err;
   S* out = static_cast<S*>(p.output);
   const Batches b = BatchesOf(g, pl);
   const int64_t plane = pl.fft_h * pl.fft_w;
   const int64_t blocks = CeilDiv(a.cig, pl.ci_block);
   const S* in = static_cast<const S*>(p.input);
   const S* filt = static_cast<const S*>(p.filter);
-  std::string err;
   for (int64_t c0 = 0; c0 < pl.items; c0 += pl.chunk) {
     const int64_t n = std::min(pl.chunk, pl.items - c0);
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t ci0 = blk * pl.ci_block, nci = std::min(pl.ci_block, a.cig - ci0);
       if (blocks > 1 || c0 == 0) {  // one block's filter spectra serve every chunk
         const int64_t rows = b.filter * pl.fft_h;
+        if (!(err = steps.Zero(&check->filter_max_bits, sizeof(check->filter_max_bits))).empty())
+          return err;
         if (steps.on_host()) {
           steps.WarpRows(rows, [&](int64_t row, int lane) {
-            PadFilterRow(a, filt, ci0, nci, real, row, lane);
+            PadFilterRow(a, filt, ci0, nci, real, check, row, lane);
           });
         } else {
           PadFilterKernel<S, T><<<GridForRows(rows), kThreads, 0, stream>>>(a, filt, ci0, nci,
-                                                                             real);
+                                                                             real, check);
           if (!(err = LaunchError("FFT filter padding")).empty()) return err;
         }
         err = steps.Fft(pl.fft_h, pl.fft_w, b.filter, true, real, wspec);
@@ -399,11 +506,11 @@ std::string Run(const FftGpuParams& p, Steps steps) {
       const int64_t rows = b.input * pl.fft_h;
       if (steps.on_host()) {
         steps.WarpRows(rows, [&](int64_t row, int lane) {
-          PadInputRow(a, in, c0, n, ci0, nci, real, row, lane);
+          PadInputRow(a, in, c0, n, ci0, nci, real, check, row, lane);
         });
       } else {
         PadInputKernel<S, T><<<GridForRows(rows), kThreads, 0, stream>>>(a, in, c0, n, ci0, nci,
-                                                                          real);
+                                                                          real, check);
         if (!(err = LaunchError("FFT input padding")).empty()) return err;
       }
       err = steps.Fft(pl.fft_h, pl.fft_w, b.input, true, real, xspec);
@@ -432,7 +539,23 @@ std::string Run(const FftGpuParams& p, Steps steps) {
       if (!(err = LaunchError("FFT output crop")).empty()) return err;
     }
   }
-  return "";
+  // A window failed the staging check: the direct kernel recomputes the call
+  // (no workspace: its plan without partial sums).
+  unsigned int unsafe = 0;
+  if (!(err = steps.Read(&unsafe, &check->unsafe, sizeof(unsafe))).empty()) return err;
+  if (!unsafe) return "";
+  DirectGpuParams d;
+  d.problem = p.problem;
+  d.dtype = p.dtype;
+  d.input = p.input;
+  d.filter = p.filter;
+  d.output = p.output;
+  d.plan = PlanDirectGpu(g, p.dtype, 0);
+  if (steps.on_host()) {
+    d.plan.tiled = false;  // the emulated kernel; the same sums
+    return DirectConvOnHost(d);
+  }
+  return DirectConvGpu(d, stream);
 }
 
 // ---- planning ----------------------------------------------------------
@@ -447,8 +570,8 @@ void FillBytes(const ConvGeometry& g, DType dtype, int64_t work_bytes, FftGpuPla
   p->yspec_bytes = AlignUp(b.output * bins * cb);
   p->real_bytes = AlignUp(std::max({b.filter, b.input, b.output}) * p->fft_h * p->fft_w * rb);
   p->work_bytes = AlignUp(work_bytes);
-  p->workspace_bytes =
-      p->wspec_bytes + p->xspec_bytes + p->yspec_bytes + p->real_bytes + p->work_bytes;
+  p->workspace_bytes = p->wspec_bytes + p->xspec_bytes + p->yspec_bytes + p->real_bytes +
+                       p->work_bytes + StagingCheckBytes();
 }
 
 // cuFFT's work area is about one complex copy of the largest batch; the

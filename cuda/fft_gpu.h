@@ -24,7 +24,9 @@ struct FftGpuPlan {
   int64_t chunk = 0;     // items transformed at once
   int64_t ci_block = 0;  // input channels per group whose spectra are held at once
   // Workspace layout, in this order (each part 256-byte aligned): filter
-  // spectra, input spectra, output spectra, real staging, cuFFT work area.
+  // spectra, input spectra, output spectra, real staging, cuFFT work area,
+  // and the staging check (StagingCheckBytes(): the filter block's largest
+  // magnitude and whether an input window failed; see FftConvGpu).
   int64_t wspec_bytes = 0, xspec_bytes = 0, yspec_bytes = 0, real_bytes = 0, work_bytes = 0;
   int64_t workspace_bytes = 0;
   double seconds = 0;  // estimate (uncalibrated model)
@@ -53,7 +55,15 @@ struct FftGpuParams {
   void* workspace = nullptr;    // plan.workspace_bytes, 256-byte aligned
 };
 
-// Enqueues the convolution on `stream`; "" or an error message.
+// The last part of every plan's workspace.
+constexpr int64_t StagingCheckBytes() { return 256; }
+
+// Enqueues the convolution on `stream`; "" or an error message. NaN, Inf and
+// input values large enough to overflow the transforms (the bound comes from
+// the filter block's largest magnitude, found while staging the filter) are
+// found while staging the input; then, after the FFT steps, the call waits
+// for the stream and recomputes the output with the direct kernel, which
+// places NaN and Inf as tf.nn.conv2d does.
 std::string FftConvGpu(const FftGpuParams& p, cudaStream_t stream);
 
 // For tests on machines without a GPU: the same steps on the CPU over host

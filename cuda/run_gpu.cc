@@ -11,6 +11,11 @@ std::string RunConvGpu(const ConvProblem& problem, DType dtype, const GpuAlgorit
                        const void* a, const void* b, void* out, void* workspace,
                        cudaStream_t stream) {
   if (problem.g.output_elements() == 0) return "";
+  if (problem.g.empty_sums()) {  // zeros, as tf.nn.conv2d gives; every output is dense
+    const cudaError_t e = cudaMemsetAsync(
+        out, 0, size_t(problem.g.output_elements() * DTypeBytes(dtype)), stream);
+    return e == cudaSuccess ? "" : std::string("zeroing an empty sum: ") + cudaGetErrorString(e);
+  }
   if (choice.workspace_bytes() > 0 && !workspace)
     return "the plan needs a workspace of " + std::to_string(choice.workspace_bytes()) +
            " bytes and none was given";

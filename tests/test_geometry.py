@@ -64,7 +64,7 @@ BAD = [
     (dict(padding="EXPLICIT", explicit=[0, 0, 1, 1]), "explicit_paddings must have 8"),
     (dict(padding="EXPLICIT", explicit=[0, 0, 1, -1, 0, 0, 0, 0]), "non-negative"),
     (dict(padding="EXPLICIT", explicit=[1, 0, 0, 0, 0, 0, 0, 0]), "batch and depth"),
-    (dict(f_shape=(9, 3, 1, 1)), "larger than the padded input along height"),
+    (dict(f_shape=(10, 3, 1, 1)), "larger than the padded input along height"),
     (dict(f_shape=(3, 3, 1, 1), dil=(1, 5)), "larger than the padded input along width"),
     (dict(f_shape=(0, 3, 1, 1)), "at least 1"),
     (dict(fmt="NWHC"), "data_format"),

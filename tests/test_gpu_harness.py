@@ -27,3 +27,4 @@ def test_gpu_harness_compiles_and_imports(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "host kernel tests (direct):" in r.stdout and "host kernel tests (fft):" in r.stdout
+    assert "host kernel tests (fft, non-finite):" in r.stdout  # the staging check (issue 15)

@@ -77,7 +77,9 @@ def main(argv=None):
                                     budget=args.budget, algorithm=args.algorithm,
                                     device=args.device, autotune=args.autotune))
         elif args.command == "calibrate":
-            calibrate.calibrate(args.output or cost_model.user_path(), quick=args.quick)
+            output = args.output or cost_model.user_path()
+            _check_writable(output)  # before minutes of measuring, not after
+            calibrate.calibrate(output, quick=args.quick)
         else:
             output = args.output or cost_model.user_path()
             rows = gpu_fit.read_grid(args.grids)
@@ -90,7 +92,19 @@ def main(argv=None):
     except (tf.errors.InvalidArgumentError, tf.errors.ResourceExhaustedError) as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _check_writable(path):
+    """Raises OSError if a profile cannot be written at `path` (as write_profile writes it)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    probe = path + ".tmp"
+    with open(probe, "w"):
+        pass
+    os.remove(probe)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """bigconv2d: tf.nn.conv2d's interface on tfbigconv's kernels."""
 import numbers
 
+import numpy as np
 import tensorflow as tf
 
 from tfbigconv import _core, dispatch
@@ -19,24 +20,70 @@ def _data_format(value):
     return value.upper()
 
 
+# Argument validation shared by bigconv2d and explain: every bad argument
+# raises InvalidArgumentError naming it, before anything reaches the compiled
+# code (whose int64 arguments would otherwise raise a raw TypeError).
+_INT64_MAX = 2**63 - 1
+# The ops' list attributes (strides, dilations, explicit_paddings) are int32
+# in TensorFlow, as tf.nn.conv2d's are.
+_INT32_MAX = 2**31 - 1
+
+
+def _int(value, name, minimum=-_INT64_MAX - 1, maximum=_INT64_MAX):
+    """An int (Python or NumPy, not bool) in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise _invalid(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    value = int(value)
+    if not minimum <= value <= maximum:
+        what = "non-negative " if minimum == 0 else "positive " if minimum == 1 else ""
+        bits = 31 if maximum == _INT32_MAX else 63
+        raise _invalid(f"{name} must be a {what}int below 2**{bits}, got {value}")
+    return value
+
+
+def _ints(value, name):
+    """A list or tuple of int32 attribute values (strings are not lists)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise _invalid(f"{name} must be a list of ints, got {value!r}")
+    return [_int(v, f"{name} entry", -_INT32_MAX - 1, _INT32_MAX) for v in value]
+
+
+def _byte_count(value, name, minimum):
+    """A size in bytes: an int in [minimum, 2**63)."""
+    return _int(value, name, minimum)
+
+
+def _shape(value, name):
+    """A fully known shape (list, tuple or TensorShape) as a list of non-negative ints."""
+    if isinstance(value, tf.TensorShape):
+        if value.rank is None or not value.is_fully_defined():
+            raise _invalid(f"{name} must be fully known, got {value}")
+        value = value.as_list()
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise _invalid(f"{name} must be a list of ints, got {value!r}")
+    if any(v is None for v in value):
+        raise _invalid(f"{name} must be fully known, got {value!r}")
+    return [_int(v, f"{name} dimension", 0) for v in value]
+
+
 def _expand(value, name, data_format):
     """strides/dilations in tf.nn.conv2d's forms -> 4 ints in data_format order."""
-    if value is None:
-        return [1, 1, 1, 1]
-    if isinstance(value, numbers.Integral):
-        value = [int(value)]
-    try:
-        value = [int(v) for v in value]
-    except (TypeError, ValueError):
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    if isinstance(value, tf.TensorShape) or not isinstance(value, (list, tuple)) \
+            or len(value) not in (1, 2, 4):
         raise _invalid(f"{name} must be an int or a list of 1, 2 or 4 ints, got {value!r}")
+    value = _ints(value, name)
     if len(value) == 1:
         value = value * 2
     if len(value) == 2:
         h, w = value
         return [1, h, w, 1] if data_format == "NHWC" else [1, 1, h, w]
-    if len(value) == 4:
-        return value
-    raise _invalid(f"{name} must be an int or a list of 1, 2 or 4 ints, got {value!r}")
+    return value
 
 
 def _padding(padding):
@@ -44,16 +91,17 @@ def _padding(padding):
     if isinstance(padding, str):
         return padding.upper(), []
     try:
-        pairs = [list(p) for p in padding]
-        flat = [int(x) for p in pairs for x in p]
-    except (TypeError, ValueError):
+        pairs = [p for p in padding]
+    except TypeError:
+        pairs = None
+    if pairs is None or isinstance(padding, bytes) or len(pairs) != 4 or any(
+            isinstance(p, (str, bytes)) or not hasattr(p, "__len__") or len(p) != 2
+            for p in pairs):
         raise _invalid(
-            f"padding must be 'SAME', 'VALID' or a list of 4 [before, after] pairs, got {padding!r}")
-    if len(pairs) != 4 or any(len(p) != 2 for p in pairs):
-        raise _invalid(
-            f"explicit padding must be a list of 4 [before, after] pairs (one per dimension), "
-            f"got {padding!r}")
-    return "EXPLICIT", flat
+            f"padding must be 'SAME', 'VALID' or a list of 4 [before, after] pairs (one per "
+            f"dimension), got {padding!r}")
+    return "EXPLICIT", [_int(x, "explicit padding", -_INT32_MAX - 1, _INT32_MAX)
+                        for p in pairs for x in p]
 
 
 def _planning_shape(shape):
@@ -115,8 +163,7 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
     with tf.name_scope(name or "bigconv2d"):
         data_format = _data_format(data_format)
         algorithm = dispatch.requested_algorithm(algorithm)
-        if not isinstance(workspace_limit, numbers.Integral) or workspace_limit < 0:
-            raise _invalid(f"workspace_limit must be a non-negative int, got {workspace_limit!r}")
+        workspace_limit = _byte_count(workspace_limit, "workspace_limit", 0)
         input = tf.convert_to_tensor(input, name="input")
         if input.dtype not in DTYPES:
             raise _invalid(
@@ -126,7 +173,7 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
                 f"filters dtype {filters.dtype.name} must match input dtype {input.dtype.name}")
         filters = tf.convert_to_tensor(filters, dtype=input.dtype, name="filters")
         strides = _expand(strides, "strides", data_format)
-        dilations = _expand(dilations, "dilations", data_format)
+        dilations = _expand(1 if dilations is None else dilations, "dilations", data_format)
         pad, explicit = _padding(padding)
         try:
             _core.validate_attrs(strides, pad, explicit, data_format, dilations)

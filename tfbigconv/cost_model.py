@@ -96,7 +96,7 @@ def update_profile(path, values, meta):
         try:
             current = dict(zip(fields, read_profile(path, current)))
             with open(path) as f:
-                old_meta = json.load(f).get("meta", {})
+                old_meta = json.load(f)["meta"]  # read_profile checked it is a dict
         except (ValueError, OSError) as e:
             warnings.warn(f"tfbigconv: replacing invalid profile {path}: {e}")
     current.update(values)

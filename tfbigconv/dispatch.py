@@ -66,9 +66,11 @@ def tf_kernel(pass_, geometry, data_format, dtype, device):
     by 100x) or "never" (runs, but less precisely than ours). Conservative:
     what TF 2.21 runs correctly with oneDNN on (the default) and off.
     """
-    sizes = ("batch", "in_h", "in_w", "in_c", "filter_h", "filter_w", "out_c")
+    sizes = ("batch", "in_h", "in_w", "in_c", "filter_h", "filter_w", "out_c", "out_h", "out_w")
     if any(geometry[k] == 0 for k in sizes):
-        # TF 2.21's oneDNN Conv2D returns an input-shaped result for empty inputs.
+        # TF 2.21's oneDNN Conv2D returns an input-shaped result for empty inputs,
+        # its gradients leave empty sums uninitialised, and its graph shape function
+        # rejects the empty outputs its kernel gives (filter one larger than the input).
         return "", "never", "TensorFlow's kernels mishandle empty tensors"
     half = dtype in HALF_TYPES and device == "CPU"
     if uses_depthwise_kernel(geometry, data_format):

@@ -4,7 +4,7 @@ import collections
 import tensorflow as tf
 
 from tfbigconv import cost_model, dispatch
-from tfbigconv.conv import _data_format, _expand, _invalid, _padding
+from tfbigconv.conv import _byte_count, _data_format, _expand, _invalid, _padding, _shape
 
 Row = collections.namedtuple(
     "Row", "pass_ algorithm seconds workspace_bytes peak_bytes available fits chosen note "
@@ -118,8 +118,10 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
     device = str(device).upper()
     if device not in dispatch.DEVICES:
         raise _invalid(f"device must be 'CPU' or 'GPU', got {device!r}")
-    if budget is not None and (not isinstance(budget, int) or budget <= 0):
-        raise _invalid(f"budget must be a positive number of bytes or None, got {budget!r}")
+    if budget is not None:
+        budget = _byte_count(budget, "budget (bytes, or None)", 1)
+    input_shape = _shape(input_shape, "input_shape")
+    filter_shape = _shape(filter_shape, "filter_shape")
     data_format = _data_format(data_format)
     try:
         dtype = tf.as_dtype(dtype).name

@@ -120,11 +120,16 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
                       names[i] == "fft_seconds_per_transform_flop" ||
                       names[i].rfind("im2col", 0) == 0 || names[i].rfind("tf_depthwise", 0) == 0;
     const bool is_floor = names[i].size() > 14 &&
-                       names[i].compare(names[i].size() - 14, 14, ".floor_seconds") == 0;
+                          names[i].compare(names[i].size() - 14, 14, ".floor_seconds") == 0;
     const bool any_sign = names[i].rfind("gpu.", 0) == 0 && !is_floor;
-    if (!std::isfinite(v[i]) || (!any_sign && (v[i] < 0 || (v[i] == 0 && main))))
-      return "cost model value " + names[i] + " must be finite and positive, got " +
-             std::to_string(v[i]);
+    // Subnormal values are corrupt, not measured: 1/x overflows (an estimate of inf).
+    const bool subnormal = std::fpclassify(v[i]) == FP_SUBNORMAL;
+    if (!std::isfinite(v[i]) || subnormal || (!any_sign && (v[i] < 0 || (v[i] == 0 && main)))) {
+      std::ostringstream os;
+      os << "cost model value " << names[i] << " must be finite, positive and not subnormal, got "
+         << v[i];
+      return os.str();
+    }
   }
   CostModel m;
   size_t i = 0;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "checked_math.h"
 #include "direct_cpu_microkernels.h"
 
 namespace tfbigconv {
@@ -61,7 +62,7 @@ struct Layout {
   int64_t panel_elems = 0, filter_elems = 0, acc_elems = 0;
 
   int64_t PanelRows(int64_t nkh, const ConvGeometry& g) const {
-    return (b.task_rows - 1) * g.stride_h + (nkh - 1) * g.dilation_h + 1;
+    return SatAdd(SatMul(b.task_rows - 1, g.stride_h), (nkh - 1) * g.dilation_h + 1);
   }
 };
 
@@ -81,14 +82,15 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
     l.unit = kt.chans_pixels;
     l.co_pad = RoundUp(cog, L);
     l.wo_pad = RoundUp(std::max<int64_t>(g.out_w, 1), l.unit);
-    row_bytes = l.wo_pad * l.co_pad * int64_t(sizeof(T));
+    row_bytes = SatMul({l.wo_pad, l.co_pad, int64_t(sizeof(T))});
     row_multiple = 1;
   } else {
     l.b.channels_per_tile = int(std::min<int64_t>(cog, 4));
     l.unit = L;
     l.co_pad = cog;
     l.wo_pad = RoundUp(std::max<int64_t>(g.out_w, 1), L);
-    row_bytes = cog * l.wo_pad * int64_t(sizeof(T));
+    // No output channels: no work (the kernel returns early), but a sane layout.
+    row_bytes = SatMul({std::max<int64_t>(cog, 1), l.wo_pad, int64_t(sizeof(T))});
     row_multiple = direct::kTaskRows;  // every micro-kernel row count divides it
   }
   // Enough pixels per task to amortise packing the filter block, within the
@@ -98,15 +100,15 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
                            CeilDiv(g.out_h * images, kMinTasks)});
   rows = std::min(std::max<int64_t>(rows, 1), std::max<int64_t>(g.out_h, 1));
   l.b.task_rows = RoundUp(rows, row_multiple);
-  l.acc_elems = l.b.task_rows * row_bytes / int64_t(sizeof(T));
+  l.acc_elems = SatMul(l.b.task_rows, row_bytes / int64_t(sizeof(T)));
   l.qlen = l.wo_pad + (g.filter_w - 1) * g.dilation_w / g.stride_w;
   // Shrink the (in-channel, filter-row) block until the panel and the filter
   // block of one channel tile (what a micro-kernel streams) fit.
   const int64_t tile_c = l.b.channel_vectors ? std::min(l.co_pad, 2 * L) : std::min<int64_t>(cog, 4);
   int64_t cib = cig, khb = g.filter_h;
   for (;;) {
-    const int64_t panel = cib * l.PanelRows(khb, g) * g.stride_w * l.qlen * int64_t(sizeof(T));
-    const int64_t filt = cib * khb * g.filter_w * tile_c * int64_t(sizeof(T));
+    const int64_t panel = SatMul({cib, l.PanelRows(khb, g), g.stride_w, l.qlen, int64_t(sizeof(T))});
+    const int64_t filt = SatMul({cib, khb, g.filter_w, tile_c, int64_t(sizeof(T))});
     if (panel <= kPanelBytes && filt <= kFilterBytes) break;
     if (khb >= cib && khb > 1) khb = CeilDiv(khb, 2);
     else if (cib > 1) cib = CeilDiv(cib, 2);
@@ -115,18 +117,20 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   l.b.ci_block = cib;
   l.b.kh_block = khb;
   l.panel_rows_max = l.PanelRows(khb, g);
-  l.panel_elems = cib * l.panel_rows_max * g.stride_w * l.qlen;
-  l.filter_elems = cib * khb * g.filter_w * tile_c;
+  l.panel_elems = SatMul({cib, l.panel_rows_max, g.stride_w, l.qlen});
+  l.filter_elems = SatMul({cib, khb, g.filter_w, tile_c});
   l.row_blocks = CeilDiv(g.out_h, l.b.task_rows);
   l.b.tasks = g.batch * g.groups * l.row_blocks;
   l.b.lane_utilization = double(std::max<int64_t>(g.out_w, 1)) / double(l.wo_pad) *
                          double(std::max<int64_t>(cog, 1)) / double(std::max<int64_t>(l.co_pad, 1));
+  // Saturating: a layout too large to allocate has a scratch that fits no limit.
   l.b.packed_elements =
-      l.b.tasks * (g.filter_h * g.filter_w * cig * l.co_pad +
-                   CeilDiv(g.filter_h, khb) * cig * l.panel_rows_max * g.stride_w * l.qlen);
-  l.b.scratch_bytes_per_worker = (l.panel_elems + l.filter_elems + l.acc_elems) *
-                                     int64_t(sizeof(T)) +
-                                 g.filter_w * int64_t(sizeof(int64_t));
+      SatMul(l.b.tasks, SatAdd(SatMul({g.filter_h, g.filter_w, cig, l.co_pad}),
+                               SatMul({CeilDiv(g.filter_h, khb), cig, l.panel_rows_max,
+                                       g.stride_w, l.qlen})));
+  l.b.scratch_bytes_per_worker =
+      SatAdd(SatMul(SatAdd(SatAdd(l.panel_elems, l.filter_elems), l.acc_elems), int64_t(sizeof(T))),
+             g.filter_w * int64_t(sizeof(int64_t)));
   return l;
 }
 
@@ -382,7 +386,7 @@ DirectBlocking DirectConvBlocking(const ConvGeometry& g, DType dtype, Isa isa) {
 void DirectConv(const DirectParams& p, const ParallelFor& pf, Isa isa) {
   const ConvGeometry& g = p.problem.g;
   if (g.output_elements() == 0) return;
-  if (g.in_c_per_group() == 0 || g.filter_h * g.filter_w == 0) {  // empty sums
+  if (g.empty_sums()) {
     ZeroConvOutput(p.problem, p.dtype, p.output);
     return;
   }

@@ -1,11 +1,17 @@
 #include "fft_cpu.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <complex>
 #include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
 
 #include "direct_cpu.h"
 #include "fft_backend_cpu.h"
+#include "isa.h"
 
 namespace tfbigconv {
 namespace {
@@ -38,7 +44,8 @@ class FftRunner {
 
  public:
   explicit FftRunner(const FftParams& p)
-      : g_(p.problem.g),
+      : params_(p),
+        g_(p.problem.g),
         pl_(p.plan),
         in_(static_cast<const S*>(p.input)),
         filt_(static_cast<const S*>(p.filter)),
@@ -47,7 +54,8 @@ class FftRunner {
         ov_(p.problem.out),
         fv_(p.problem.filter),
         bw_(pl_.bins_w()),
-        bins_(pl_.bins()) {
+        bins_(pl_.bins()),
+        unsafe_(new std::atomic<bool>[pl_.chunk]) {
     char* ws = static_cast<char*>(p.workspace);
     wspec_ = reinterpret_cast<C*>(ws);
     items_ = reinterpret_cast<C*>(ws + pl_.filter_spectra_bytes);
@@ -59,13 +67,28 @@ class FftRunner {
     const int64_t blocks = pl_.ci_blocks(g_);
     for (int64_t c0 = 0; c0 < pl_.items; c0 += pl_.chunk) {
       const int64_t n = std::min(pl_.chunk, pl_.items - c0);
+      for (int64_t i = 0; i < n; ++i) unsafe_[i].store(false, std::memory_order_relaxed);
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t ci0 = blk * pl_.ci_block, nci = std::min(pl_.ci_block, cig - ci0);
         // One block's filter spectra serve every chunk when there is one block.
         if (blocks > 1 || c0 == 0) {
+          filter_max_.store(0, std::memory_order_relaxed);
           pf(cout * nci, [&](int64_t b, int64_t e, int worker) {
-            for (int64_t i = b; i < e; ++i) FilterSpectrum(i / nci, ci0 + i % nci, Staging(worker));
+            T block_max = 0;
+            for (int64_t i = b; i < e; ++i)
+              block_max = std::max(block_max, FilterSpectrum(i / nci, ci0 + i % nci, Staging(worker)));
+            RaiseFilterMax(block_max);
           });
+          const T w_max = filter_max_.load(std::memory_order_relaxed);
+          if (!(w_max <= std::numeric_limits<T>::max())) {
+            // A NaN or Inf in the filter reaches every output of its channel:
+            // the direct kernel places it as tf.nn.conv2d does. Filter blocks
+            // are the same in every chunk, so this happens in the first one,
+            // before any output is written.
+            DirectConv(Direct(params_.problem, 0, 0), pf, ActiveIsa());
+            return;
+          }
+          x_limit_ = InputLimit(w_max);
         }
         const int64_t per_item = groups * nci;
         pf(n * per_item, [&](int64_t b, int64_t e, int worker) {
@@ -83,15 +106,71 @@ class FftRunner {
       pf(n * cout, [&](int64_t b, int64_t e, int worker) {
         for (int64_t i = b; i < e; ++i) {
           const int64_t slot = i / cout, co = i % cout;
+          if (unsafe_[slot].load(std::memory_order_relaxed)) continue;
           C* y = pl_.fused_mix ? WorkerSpectrum(worker) : Y(slot, co);
           if (pl_.fused_mix) MixInto(slot, co, 0, bins_, 0, cig, y);
           InverseItem(c0 + slot, co, y, Staging(worker));
         }
       });
+      // Tiles whose window holds a NaN, an Inf or a value the transforms
+      // could overflow with: the direct kernel, as tf.nn.conv2d computes them.
+      for (int64_t slot = 0; slot < n; ++slot)
+        if (unsafe_[slot].load(std::memory_order_relaxed)) DirectTile(c0 + slot, pf);
     }
   }
 
  private:
+  // The largest input magnitude the transforms take safely with filter
+  // values up to w_max: each spectrum value is at most (fft_h * fft_w) x max
+  // |x| (or taps x max |w|), the channel sum adds cig products of two such
+  // (each of up to 2 real products), and the unscaled inverse transform
+  // multiplies by fft_h * fft_w again. A factor 2 to spare.
+  T InputLimit(T w_max) const {
+    if (w_max == 0) return std::numeric_limits<T>::max();
+    const double points = double(pl_.fft_h) * double(pl_.fft_w);
+    const double growth = 4.0 * points * points * double(g_.in_c_per_group()) *
+                          double(g_.filter_h) * double(g_.filter_w) * double(w_max);
+    return T(std::min(double(std::numeric_limits<T>::max()),
+                      double(std::numeric_limits<T>::max()) / growth));
+  }
+
+  void RaiseFilterMax(T v) {
+    T cur = filter_max_.load(std::memory_order_relaxed);
+    // NaN compares false both ways: once stored, it stays.
+    while ((v > cur || (v != v && cur == cur)) &&
+           !filter_max_.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+    }
+  }
+
+  // The problem restricted to image n, output rows [oh0, oh0 + vh) and columns
+  // [ow0, ow0 + vw) (the whole output when vh == 0), with pointers to match.
+  DirectParams Direct(const ConvProblem& problem, int64_t vh, int64_t vw, int64_t n = 0,
+                      int64_t oh0 = 0, int64_t ow0 = 0) const {
+    DirectParams d;
+    d.problem = problem;
+    d.dtype = params_.dtype;
+    d.input = in_;
+    d.filter = filt_;
+    d.output = out_;
+    if (vh == 0) return d;
+    ConvGeometry& g = d.problem.g;
+    g.batch = 1;
+    g.out_h = vh;
+    g.out_w = vw;
+    g.pad_top -= oh0 * g.stride_h;  // may turn negative: cropping
+    g.pad_left -= ow0 * g.stride_w;
+    g.pad_bottom = (vh - 1) * g.stride_h + g.effective_filter_h() - g.virtual_in_h() - g.pad_top;
+    g.pad_right = (vw - 1) * g.stride_w + g.effective_filter_w() - g.virtual_in_w() - g.pad_left;
+    d.input = in_ + n * iv_.n;
+    d.output = out_ + n * ov_.n + oh0 * ov_.h + ow0 * ov_.w;
+    return d;
+  }
+
+  void DirectTile(int64_t item, const ParallelFor& pf) const {
+    const Tile t = TileOf(item);
+    DirectConv(Direct(params_.problem, t.vh, t.vw, t.n, t.oh0, t.ow0), pf, ActiveIsa());
+  }
+
   char* Worker(int worker) const { return workers_ + int64_t(worker) * pl_.worker_bytes; }
   T* Staging(int worker) const { return reinterpret_cast<T*>(Worker(worker)); }
   C* WorkerSpectrum(int worker) const {
@@ -117,18 +196,27 @@ class FftRunner {
   }
 
   // Spectrum of the dilated filter tap plane (co, ci within its group),
-  // placed at the origin.
-  void FilterSpectrum(int64_t co, int64_t ci, T* st) const {
+  // placed at the origin. Returns the plane's largest magnitude (NaN or Inf
+  // if it holds one), found while staging it.
+  T FilterSpectrum(int64_t co, int64_t ci, T* st) const {
     const int64_t eh = g_.effective_filter_h(), fw = pl_.fft_w, cog = g_.out_c_per_group();
     std::fill(st, st + eh * fw, T(0));
     const S* f = filt_ + fv_.offset + ci * fv_.i + (co / cog) * fv_.g + (co % cog) * fv_.o;
+    T w_max = 0;
+    bool finite = true;
     for (int64_t kh = 0; kh < g_.filter_h; ++kh)
-      for (int64_t kw = 0; kw < g_.filter_w; ++kw)
-        st[kh * g_.dilation_h * fw + kw * g_.dilation_w] = Load<T>(f[kh * fv_.h + kw * fv_.w]);
+      for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
+        const T v = Load<T>(f[kh * fv_.h + kw * fv_.w]);
+        st[kh * g_.dilation_h * fw + kw * g_.dilation_w] = v;
+        w_max = std::max(w_max, std::abs(v));
+        finite &= std::abs(v) <= std::numeric_limits<T>::max();  // false for NaN
+      }
+    if (!finite) return std::numeric_limits<T>::infinity();
     C* spec = W(co, ci);
     fft::RealRowsForward(st, fw, eh, fw, spec, bw_);
     ZeroRows(spec, eh, pl_.fft_h);
     fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, true);
+    return w_max;
   }
 
   // Where an item's tile sits: image, first output row/col, valid extent.
@@ -149,7 +237,9 @@ class FftRunner {
 
   // Spectrum of input channel ci over the tile's window. Window rows and
   // columns outside the (virtual, see in_dilation) input are zero: their row
-  // transforms are skipped.
+  // transforms are skipped. Staging checks every value against x_limit_ (a
+  // NaN fails too); a window that fails marks its item unsafe, and the item
+  // is computed by the direct kernel instead.
   void ForwardItem(int64_t item, int64_t slot, int64_t grp, int64_t ci, T* st) const {
     const Tile t = TileOf(item);
     const int64_t fw = pl_.fft_w, uh = g_.in_dilation_h, uw = g_.in_dilation_w;
@@ -167,16 +257,34 @@ class FftRunner {
       return;
     }
     const S* src = in_ + t.n * iv_.n + grp * iv_.g + ci * iv_.c;
+    const T limit = x_limit_;
+    bool safe = true;
     for (int64_t r = 0; r < r_hi - r_lo; ++r) {
       T* row = st + r * fw;
       std::fill(row, row + fw, T(0));
       const int64_t vr = ih0 + r_lo + r;
       if (vr % uh != 0) continue;
       const S* s = src + (vr / uh) * iv_.h;
-      for (int64_t c = c_lo; c < c_hi; ++c) {
-        const int64_t vc = iw0 + c;
-        if (vc % uw == 0) row[c] = Load<T>(s[(vc / uw) * iv_.w]);
+      if (uw == 1) {
+        const S* s0 = s + (iw0 + c_lo) * iv_.w;
+        for (int64_t c = 0; c < c_hi - c_lo; ++c) {
+          const T v = Load<T>(s0[c * iv_.w]);
+          row[c_lo + c] = v;
+          safe &= std::abs(v) <= limit;
+        }
+      } else {
+        for (int64_t c = c_lo; c < c_hi; ++c) {
+          const int64_t vc = iw0 + c;
+          if (vc % uw != 0) continue;
+          const T v = Load<T>(s[(vc / uw) * iv_.w]);
+          row[c] = v;
+          safe &= std::abs(v) <= limit;
+        }
       }
+    }
+    if (!safe) {
+      unsafe_[slot].store(true, std::memory_order_relaxed);
+      return;  // its spectrum is never used
     }
     ZeroRows(spec, 0, r_lo);
     ZeroRows(spec, r_hi, pl_.fft_h);
@@ -219,6 +327,7 @@ class FftRunner {
         dst[r * ov_.h + c * ov_.w] = Store<S, T>(st[r * fw + c * g_.stride_w]);
   }
 
+  const FftParams params_;
   const ConvGeometry g_;
   const FftPlan pl_;
   const S* in_;
@@ -230,6 +339,11 @@ class FftRunner {
   C* wspec_;
   C* items_;
   char* workers_;
+  // Per chunk slot: the item's window failed the staging check.
+  std::unique_ptr<std::atomic<bool>[]> unsafe_;
+  // The current filter block's largest magnitude, and the input limit it allows.
+  std::atomic<T> filter_max_{0};
+  T x_limit_ = 0;
 };
 
 }  // namespace
@@ -237,7 +351,7 @@ class FftRunner {
 void FftConv(const FftParams& p, const ParallelFor& pf) {
   const ConvGeometry& g = p.problem.g;
   if (g.output_elements() == 0) return;
-  if (g.in_c_per_group() == 0) return ZeroConvOutput(p.problem, p.dtype, p.output);
+  if (g.empty_sums()) return ZeroConvOutput(p.problem, p.dtype, p.output);
   switch (p.dtype) {
     case DType::kFloat: return FftRunner<float, float>(p).Run(pf);
     case DType::kDouble: return FftRunner<double, double>(p).Run(pf);

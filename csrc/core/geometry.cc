@@ -4,8 +4,13 @@
 #include <limits>
 #include <sstream>
 
+#include "checked_math.h"
+
 namespace tfbigconv {
 namespace {
+
+// The widest element (float64): size checks hold for every dtype.
+constexpr int64_t kMaxElementBytes = 8;
 
 std::string ListToString(const std::vector<int64_t>& v) {
   std::ostringstream os;
@@ -21,11 +26,6 @@ struct DimIndex {
 };
 DimIndex Dims(DataFormat f) {
   return f == DataFormat::kNHWC ? DimIndex{1, 2, 3} : DimIndex{2, 3, 1};
-}
-
-// a * b overflows int64?
-bool MulOverflows(int64_t a, int64_t b) {
-  return a != 0 && b > std::numeric_limits<int64_t>::max() / a;
 }
 
 }  // namespace
@@ -182,16 +182,20 @@ std::string ComputeOutputSize(int64_t in, int64_t filter, int64_t stride,
                               int64_t* out_pad_before, int64_t* out_pad_after) {
   if (stride <= 0 || dilation <= 0)
     return std::string("strides and dilations must be positive along ") + dim;
-  if (MulOverflows(filter - 1 < 0 ? 0 : filter - 1, dilation))
-    return std::string("filter size times dilation overflows along ") + dim;
+  if (in < 0 || filter < 0 || pad_before < 0 || pad_after < 0)
+    return std::string("sizes and paddings must be non-negative along ") + dim;
+  if (MulOverflows(filter - 1 < 0 ? 0 : filter - 1, dilation) ||
+      AddOverflows((filter - 1 < 0 ? 0 : filter - 1) * dilation, 1))
+    return std::string("filter size times dilation overflows 64-bit integers along ") + dim;
   const int64_t eff = (filter - 1) * dilation + 1;
   switch (padding) {
     case Padding::kValid:
       pad_before = pad_after = 0;
       break;
     case Padding::kSame: {
-      const int64_t o = (in + stride - 1) / stride;
-      const int64_t total = std::max<int64_t>(0, (o - 1) * stride + eff - in);
+      const int64_t o = in == 0 ? 0 : (in - 1) / stride + 1;  // ceil(in / stride)
+      // (o - 1) * stride < in, so the total fits whenever eff does.
+      const int64_t total = std::max<int64_t>(0, (o - 1) * stride - in + eff);
       pad_before = total / 2;
       pad_after = total - pad_before;
       break;
@@ -199,8 +203,19 @@ std::string ComputeOutputSize(int64_t in, int64_t filter, int64_t stride,
     case Padding::kExplicit:
       break;
   }
+  if (AddOverflows(in, pad_before) || AddOverflows(in + pad_before, pad_after)) {
+    std::ostringstream os;
+    os << "padded input size overflows 64-bit integers along " << dim << ": input " << in
+       << ", padding " << pad_before << "+" << pad_after;
+    return os.str();
+  }
   const int64_t padded = in + pad_before + pad_after;
-  if (eff > padded) {
+  // tf.nn.conv2d's rule (GetWindowedOutputSize): (padded - eff + stride) / stride,
+  // rounded toward zero, may be 0 (an empty output, e.g. an empty input) but
+  // not negative. Written so that nothing overflows.
+  const int64_t diff = padded - eff;  // both non-negative: no overflow
+  const int64_t o = diff >= 0 ? diff / stride + 1 : (diff + stride) / stride;
+  if (o < 0) {
     std::ostringstream os;
     os << "filter is larger than the padded input along " << dim
        << ": effective filter size " << eff << " (filter " << filter << ", dilation "
@@ -208,7 +223,7 @@ std::string ComputeOutputSize(int64_t in, int64_t filter, int64_t stride,
        << ", padding " << pad_before << "+" << pad_after << ")";
     return os.str();
   }
-  *out = (padded - eff) / stride + 1;
+  *out = o;
   if (out_pad_before) *out_pad_before = pad_before;
   if (out_pad_after) *out_pad_after = pad_after;
   return "";
@@ -273,16 +288,30 @@ std::string ComputeConvGeometry(const std::vector<int64_t>& in,
                           ex ? p[2 * d.w] : 0, ex ? p[2 * d.w + 1] : 0, "width",
                           &r.out_w, &r.pad_left, &r.pad_right);
   if (!err.empty()) return err;
-  // Every later index computation is int64; make sure the products fit.
-  const int64_t sizes[][4] = {{r.batch, r.in_h, r.in_w, r.in_c},
-                              {r.batch, r.out_h, r.out_w, r.out_c},
-                              {r.filter_h, r.filter_w, r.filter_in_c, r.out_c}};
-  for (const auto& s : sizes) {
-    int64_t prod = 1;
-    for (int64_t x : s) {
-      if (MulOverflows(prod, x)) return "tensor sizes overflow 64-bit indexing";
-      prod *= x;
-    }
+  // Every later index and size computation is int64; make sure the products
+  // fit: each tensor's size in bytes at the widest dtype, and the
+  // multiply-adds of the forward and the backprop_input pass (the larger of
+  // the gradients: it runs over the input's pixels).
+  const struct {
+    const char* what;
+    std::vector<int64_t> factors;
+  } products[] = {
+      {"the input's size in bytes", {r.batch, r.in_h, r.in_w, r.in_c, kMaxElementBytes}},
+      {"the output's size in bytes", {r.batch, r.out_h, r.out_w, r.out_c, kMaxElementBytes}},
+      {"the filter's size in bytes",
+       {r.filter_h, r.filter_w, r.filter_in_c, r.out_c, kMaxElementBytes}},
+      {"the forward pass's multiply-adds",
+       {r.batch, r.out_h, r.out_w, r.out_c, r.filter_h, r.filter_w, r.filter_in_c, 2}},
+      {"the input gradient's multiply-adds",
+       {r.batch, r.in_h, r.in_w, r.in_c, r.filter_h, r.filter_w, r.out_c_per_group(), 2}},
+  };
+  for (const auto& p : products) {
+    int64_t unused;
+    if (!CheckedProduct(p.factors, &unused))
+      return std::string("tensor sizes overflow 64-bit indexing: ") + p.what +
+             " overflows 64-bit integers (input shape " + ListToString(in) + ", filter shape " +
+             ListToString(f) + ", output " + std::to_string(r.out_h) + "x" +
+             std::to_string(r.out_w) + ")";
   }
   *g = r;
   return "";

@@ -62,6 +62,14 @@ struct ConvGeometry {
   Strides4 input_strides() const;
   Strides4 output_strides() const;
   int64_t output_elements() const { return batch * out_h * out_w * out_c; }
+  // Every output is an empty sum (no input channel, no filter tap, or an
+  // input without pixels, so that every window reads padding only): the
+  // kernels write zeros, as tf.nn.conv2d does.
+  bool empty_sums() const {
+    return in_c_per_group() == 0 || filter_h == 0 || filter_w == 0 || in_h == 0 || in_w == 0;
+  }
+  // No arithmetic to plan: an empty output, or zeros to write.
+  bool no_work() const { return output_elements() == 0 || empty_sums(); }
   // Multiply-adds of the convolution (each is 2 FLOPs).
   int64_t macs() const {
     return batch * out_h * out_w * out_c * filter_h * filter_w * filter_in_c;

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <vector>
 
+#include "checked_math.h"
 #include "direct_cpu.h"
 #include "fft_sizes.h"
 #include "isa.h"
@@ -39,12 +40,15 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
   if (p->ci_block <= 0) p->ci_block = std::max<int64_t>(1, g.in_c_per_group());
   p->fused_mix = g.in_c_per_group() <= kFusedMixMaxInChannels &&
                  p->ci_block >= g.in_c_per_group();
-  p->filter_spectra_bytes = p->ci_block * g.out_c * p->bins() * cplx;
+  // Saturating: a plan too large to allocate needs a workspace that fits no limit.
+  const int64_t spectrum = SatMul(SatMul(p->fft_h, p->bins_w()), cplx);
+  p->filter_spectra_bytes = SatMul({p->ci_block, g.out_c, spectrum});
   p->item_spectra_bytes =
-      (g.groups * p->ci_block + (p->fused_mix ? 0 : g.out_c)) * p->bins() * cplx;
-  p->worker_bytes = p->fft_h * p->fft_w * real + (p->fused_mix ? p->bins() * cplx : 0);
-  p->workspace_bytes = p->filter_spectra_bytes + p->chunk * p->item_spectra_bytes +
-                       int64_t(p->workers) * p->worker_bytes;
+      SatMul(SatAdd(SatMul(g.groups, p->ci_block), p->fused_mix ? 0 : g.out_c), spectrum);
+  p->worker_bytes = SatAdd(SatMul({p->fft_h, p->fft_w, real}), p->fused_mix ? spectrum : 0);
+  p->workspace_bytes =
+      SatAdd(SatAdd(p->filter_spectra_bytes, SatMul(p->chunk, p->item_spectra_bytes)),
+             SatMul(int64_t(p->workers), p->worker_bytes));
 }
 
 std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int workers,
@@ -151,9 +155,11 @@ double DirectEfficiency(const DirectBlocking& b, DType dtype) {
 }
 
 int64_t OperandBytes(const ConvGeometry& g, DType dtype) {
+  // Each tensor's bytes fit (ComputeConvGeometry checks); their sum may not.
   const int64_t in = g.batch * g.in_h * g.in_w * g.in_c;
   const int64_t filter = g.filter_h * g.filter_w * g.filter_in_c * g.out_c;
-  return (in + filter + g.output_elements()) * DTypeBytes(dtype);
+  return SatAdd(SatAdd(in * DTypeBytes(dtype), filter * DTypeBytes(dtype)),
+                g.output_elements() * DTypeBytes(dtype));
 }
 
 // Piecewise-linear interpolation of log(table) over log(axis), clamped at the ends.
@@ -188,16 +194,34 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& re
   const CostModel m = ActiveCostModel();
   *c = AlgorithmChoice();
   const int64_t operands = OperandBytes(g, dtype);
+  if (g.no_work()) {
+    // An empty output, or zeros to write (DirectConv and FftConv do that
+    // before any blocking or plan): either algorithm runs without workspace.
+    for (Estimate* e : {&c->direct, &c->fft}) {
+      e->available = e->fits = true;
+      e->peak_bytes = operands;
+      e->note = "nothing to compute: empty tensors";
+    }
+    c->direct.terms = {0, double(g.output_elements()), 0, 1};
+    c->direct.seconds = m.direct_seconds_per_output * double(g.output_elements()) +
+                        m.direct_seconds_per_call;
+    c->fft.terms = {0, 0, 0, double(g.output_elements()), 1};
+    c->fft.seconds = m.fft_seconds_per_element * double(g.output_elements()) +
+                     m.fft_seconds_per_call;
+    c->algorithm = requested == "fft" ? Algorithm::kFft : Algorithm::kDirect;
+    c->reason = requested == "auto" ? "auto: direct, nothing to compute" : requested + " requested";
+    return Status::Ok();
+  }
   Estimate& d = c->direct;
   d.available = true;
   const DirectBlocking blocking = DirectConvBlocking(g, dtype, ActiveIsa());
-  d.workspace_bytes = blocking.scratch_bytes_per_worker * std::max(workers, 1);
+  d.workspace_bytes = SatMul(blocking.scratch_bytes_per_worker, std::max(workers, 1));
   d.fits = d.workspace_bytes <= limit;
   d.terms = {2.0 * double(g.macs()) / DirectEfficiency(blocking, dtype),
              double(g.output_elements()), double(blocking.packed_elements), 1};
   d.seconds = d.terms[0] / m.direct_flops_per_second + m.direct_seconds_per_output * d.terms[1] +
               m.direct_seconds_per_packed * d.terms[2] + m.direct_seconds_per_call;
-  d.peak_bytes = operands + d.workspace_bytes;
+  d.peak_bytes = SatAdd(operands, d.workspace_bytes);
   d.note = "scratch per thread";
   Estimate& f = c->fft;
   // A requested direct pass (the kernels' hot path) needs no FFT plan.
@@ -210,7 +234,7 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& re
     f.terms = {fp.transform_flops, fp.mix_flops, fp.bytes, elements, 1};
     f.seconds = fp.cost + m.fft_seconds_per_element * elements + m.fft_seconds_per_call;
     f.workspace_bytes = fp.workspace_bytes;
-    f.peak_bytes = operands + f.workspace_bytes;
+    f.peak_bytes = SatAdd(operands, f.workspace_bytes);
     std::ostringstream os;
     os << "tile " << fp.tile_h << "x" << fp.tile_w << " (FFT " << fp.fft_h << "x" << fp.fft_w
        << "), chunk " << fp.chunk << " of " << fp.items << " items";
@@ -264,8 +288,8 @@ double DTypeSlowdown(const CostModel& m, DType dtype) {
 // time, the smallest transform): the run-time plan is at least this big.
 int64_t MinGpuFftWorkspace(const ConvGeometry& g, DType dtype) {
   const int64_t fh = GoodFftSize(g.effective_filter_h()), fw = GoodFftSize(g.effective_filter_w());
-  const int64_t spectrum = fh * (fw / 2 + 1) * 2 * ComputeBytes(dtype);
-  return (g.out_c + 2 + g.out_c) * spectrum;
+  const int64_t spectrum = SatMul({fh, fw / 2 + 1, 2 * int64_t(ComputeBytes(dtype))});
+  return SatMul(SatAdd(SatMul(g.out_c, 2), 2), spectrum);
 }
 
 }  // namespace
@@ -301,14 +325,14 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
     const double channels = double(in_c * std::max<int64_t>(ug.out_c_per_group(), 1));
     e.terms = {2.0 * double(ug.macs()) * DTypeSlowdown(m, dtype), side, channels};
     e.seconds = e.terms[0] / Im2colRate(m, pass, side, channels);
-    e.workspace_bytes =
-        ug.out_h * ug.out_w * ug.filter_h * ug.filter_w * ug.in_c * DTypeBytes(dtype);
+    e.workspace_bytes = SatMul(
+        {ug.out_h, ug.out_w, ug.filter_h, ug.filter_w, ug.in_c, int64_t(DTypeBytes(dtype))});
     if (ug.batch == 0) e.workspace_bytes = 0;
     e.note = pass == Pass::kForward ? "patch matrix of one image (upper bound)"
                                     : "col_buffer of one image";
   }
   e.fits = e.workspace_bytes <= limit;
-  e.peak_bytes = OperandBytes(ug, dtype) + e.workspace_bytes;
+  e.peak_bytes = SatAdd(OperandBytes(ug, dtype), e.workspace_bytes);
   return e;
 }
 
@@ -329,7 +353,7 @@ Algorithm PlanGpuOurs(const ConvProblem& problem, DType dtype, const ConvGeometr
     e->seconds = seconds;
     e->workspace_bytes = ws;
     e->fits = ws <= limit;
-    e->peak_bytes = operands + ws;
+    e->peak_bytes = SatAdd(operands, ws);
     e->note = note;
     e->terms.assign(t.features, t.features + kGpuFeatures);
     e->terms.insert(e->terms.begin(), t.work);

@@ -143,9 +143,10 @@ def to_fmt(a, fmt):
     return a.transpose(0, 3, 1, 2).copy() if fmt == "NCHW" else a
 
 
-def operands(rng, case, dtype, pass_):
+def operands(rng, case, dtype, pass_, poison=None):
     """(a, b, reference, output shape, harness args) for one pass of a case,
-    inputs rounded to the dtype so the reference sees what the kernel sees."""
+    inputs rounded to the dtype so the reference sees what the kernel sees;
+    poison(a, b) -> (a, b) alters them first (non-finite cases)."""
     x_shape, w_shape, s, d, padding, pairs, fmt = case
     xs = x_shape if fmt == "NHWC" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
     pads = flat_pads(pairs, fmt, padding)
@@ -161,8 +162,59 @@ def operands(rng, case, dtype, pass_):
     else:
         a, b = rnd(xs), rnd(y_shape)
         ref, out_shape = (lambda: conv2d_reference_backprop_filter(a, b, w_shape, **kw)), w_shape
+    if poison is not None:
+        a, b = poison(a, b)  # the reference lambdas see the poisoned operands
     args = (list(xs), list(w_shape), list(s), list(d), padding, pads, fmt, dtype)
     return a, b, ref, out_shape, args
+
+
+# ---- NaN, Inf and huge values through the FFT (issue 15) ------------------
+# The fft algorithm must give what the direct kernels and tf.nn.conv2d give:
+# NaN and Inf where the float64 reference has them, the rest within tolerance.
+
+def _poison(kind, seed):
+    rng = np.random.default_rng(seed)
+
+    def apply(a, b):
+        a, b = a.copy(), b.copy()
+        if kind == "nan_input":
+            for _ in range(3):
+                a[tuple(rng.integers(n) for n in a.shape)] = np.nan
+        elif kind == "inf_input":
+            a[tuple(rng.integers(n) for n in a.shape)] = np.inf
+            a[tuple(rng.integers(n) for n in a.shape)] = -np.inf
+        elif kind == "nan_filter":
+            b[tuple(rng.integers(n) for n in b.shape)] = np.nan
+        elif kind == "huge":  # exact results near 1e36: the transforms would overflow float32
+            a, b = a * 1e30, b * 1e5
+        return a, b
+    return apply
+
+
+NON_FINITE_KINDS = ("nan_input", "inf_input", "nan_filter", "huge")
+
+
+def non_finite_cases():
+    """(case, dtype, kind): a few geometries, every kind; huge only in float32.
+    The caller skips nan_filter outside the forward pass: there the kernels'
+    products with the zeros of input dilation are NaN where the reference's
+    scatter has no product at all."""
+    geos = [((2, 23, 29, 3), (5, 4, 3, 4), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC"),
+            ((1, 40, 37, 4), (7, 7, 2, 6), (2, 2), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC"),
+            ((1, 30, 33, 2), (9, 5, 2, 3), (1, 1), (2, 1), "VALID", ((0, 0), (0, 0)), "NCHW")]
+    for case, kind in itertools.product(geos, NON_FINITE_KINDS):
+        for dtype in (("float32",) if kind == "huge" else ("float32", "float16")):
+            yield case, dtype, kind
+
+
+def non_finite_error(got, ref):
+    """rel L2 on the finite part, or inf unless NaN/+Inf/-Inf sit exactly where ref has them."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    for test in (np.isnan, np.isposinf, np.isneginf):
+        if not np.array_equal(test(got), test(ref)):
+            return np.inf
+    finite = np.isfinite(ref)
+    return rel_l2(got[finite], ref[finite]) if finite.any() else 0.0
 
 
 def error_of(got, ref):
@@ -219,10 +271,27 @@ def run_host_matrix(dtypes=("float32", "float64", "float16")):
         if not good:
             print(f"FAIL host fft {pass_} {dtype} tile={tile} {case}: rel_l2={err:.3g} ({used})")
     print(f"host kernel tests (fft): {fft_ok} passed, {fft_failed} failed")
-    return failed == 0 and fft_failed == 0
+    nf_ok, nf_failed = 0, 0
+    for (case, dtype, kind), pass_, (tile, chunk, ci_block) in itertools.product(
+            non_finite_cases(), PASSES, [(10**6, 10**6, 10**6), (7, 3, 1)]):
+        if (dtype == "float16" and tile < 10**6) or (kind == "nan_filter" and pass_ != "forward"):
+            continue
+        a, b, ref, out_shape, args = operands(rng, case, dtype, pass_, _poison(kind, nf_ok))
+        out = np.full(int(np.prod(out_shape)) * ITEM[dtype], 0xFF, np.uint8)
+        used = H.run_fft_on_host(pass_, encode(a, dtype).view(np.uint8),
+                                 encode(b, dtype).view(np.uint8), out, *args, tile_h=tile,
+                                 tile_w=tile + 2, chunk=chunk, ci_block=ci_block)
+        err = non_finite_error(decode(out, dtype, out_shape), ref())
+        good = err <= max(TOLERANCE[dtype], FFT_TOLERANCE.get(dtype, 0))
+        nf_ok += good
+        nf_failed += not good
+        if not good:
+            print(f"FAIL host fft {kind} {pass_} {dtype} tile={tile} {case}: error={err:.3g} ({used})")
+    print(f"host kernel tests (fft, non-finite): {nf_ok} passed, {nf_failed} failed")
+    return failed == 0 and fft_failed == 0 and nf_failed == 0
 
 
-def check_case(be, rng, case, dtype, algorithm, pass_, workspace_limit=4 << 30):
+def check_case(be, rng, case, dtype, algorithm, pass_, workspace_limit=4 << 30, poison=None):
     x_shape, w_shape, s, d, padding, pairs, fmt = case
     xs = x_shape if fmt == "NHWC" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
     pads = flat_pads(pairs, fmt, padding)
@@ -240,13 +309,22 @@ def check_case(be, rng, case, dtype, algorithm, pass_, workspace_limit=4 << 30):
     else:
         a, b = rnd(xs), rnd(y_shape)
         ref, out_shape = conv2d_reference_backprop_filter(a, b, w_shape, **kw), w_shape
+    if poison is not None:
+        a, b = poison(a, b)
+        ref = {"forward": lambda: conv2d_reference(a, b, **kw),
+               "backprop_input": lambda: conv2d_reference_backprop_input(a, b, xs, **kw),
+               "backprop_filter": lambda: conv2d_reference_backprop_filter(a, b, w_shape, **kw),
+               }[pass_]()
     da, db = be.to_device(encode(a, dtype)), be.to_device(encode(b, dtype))
     dout = be.empty_nan(int(np.prod(out_shape)) * ITEM[dtype])
     used = H.run(pass_, be.ptr(da), be.ptr(db), be.ptr(dout), list(xs), list(w_shape), list(s),
                  list(d), padding, pads, fmt, dtype, algorithm, workspace_limit=workspace_limit,
                  stream=be.stream())
     got = decode(be.to_host(dout), dtype, out_shape)
-    err = rel_l2(got, ref) if ref.size and np.any(ref) else (0.0 if np.all(got == 0) else np.inf)
+    if poison is not None:
+        err = non_finite_error(got, ref)
+    else:
+        err = rel_l2(got, ref) if ref.size and np.any(ref) else (0.0 if np.all(got == 0) else np.inf)
     tol = TOLERANCE[dtype]
     if algorithm == "fft":
         tol = max(tol, FFT_TOLERANCE.get(dtype, tol))
@@ -290,6 +368,24 @@ def run_matrix(be, quick, subset=False):
             failed += not good
             if not good:
                 print(f"FAIL {pass_} direct float32 workspace 0 {case}: rel_l2={err:.3g} ({used})")
+    # NaN, Inf and huge values: fft must place them as the direct kernel and TF do.
+    for (case, dtype, kind), pass_ in itertools.product(non_finite_cases(), PASSES):
+        if kind == "nan_filter" and pass_ != "forward":
+            continue
+        if not have_fft:
+            skipped += 1
+            continue
+        for algorithm in ("direct", "fft"):
+            try:
+                err, tol, used = check_case(be, rng, case, dtype, algorithm, pass_,
+                                            poison=_poison(kind, ok))
+                good = err <= tol
+            except Exception as e:  # a launcher error is a failure, not a crash
+                err, tol, used, good = float("nan"), 0, repr(e), False
+            ok += good
+            failed += not good
+            if not good:
+                print(f"FAIL {kind} {pass_} {algorithm} {dtype} {case}: error={err:.3g} ({used})")
     print(f"kernel tests: {ok} passed, {failed} failed, {skipped} skipped")
     return failed == 0
 

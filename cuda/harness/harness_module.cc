@@ -240,7 +240,8 @@ std::string RunFftOnHost(const std::string& pass, py::array a, py::array b, py::
   pl.xspec_bytes = align(ib * pl.bins() * cb);
   pl.yspec_bytes = align(ob * pl.bins() * cb);
   pl.real_bytes = align(std::max({fb, ib, ob}) * pl.fft_h * pl.fft_w * rb);
-  pl.workspace_bytes = pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes + pl.real_bytes;
+  pl.workspace_bytes = pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes + pl.real_bytes +
+                       gpu::StagingCheckBytes();
   std::vector<double> ws(size_t(pl.workspace_bytes / 8), std::nan(""));
   p.input = a.data();
   p.filter = b.data();

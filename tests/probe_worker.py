@@ -1,0 +1,114 @@
+"""A subprocess that runs probes of tfbigconv for tests/test_robustness.py.
+
+Reads one JSON probe per line from stdin and writes one JSON line per probe:
+{"outcome": "ok", ...} or {"outcome": "<exception type name>", "message": ...}.
+A probe that kills the process (SIGFPE, SIGSEGV, abort) shows to the caller as
+a dead worker, so a crash fails a test instead of killing pytest.
+
+Probe kinds:
+  run      bigconv2d eagerly on random data (and tf.nn.conv2d on the same data)
+  trace    bigconv2d traced in a tf.function on static shapes (no data: any size)
+  grad     run, plus both gradients of sum(output * random)
+  explain  tfbigconv.explain
+"""
+import json
+import os
+import sys
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+warnings.simplefilter("ignore")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfbigconv  # noqa: E402
+
+ACCEPTED = (tf.errors.InvalidArgumentError, tf.errors.ResourceExhaustedError)
+
+
+def _data(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _tf_result(fn):
+    try:
+        return fn()
+    except Exception:  # TF refuses some cases we run (and crashes on none we probe)
+        return None
+
+
+def _compare(ours, theirs, *shapes):
+    """Shape, and values where TF ran; None if they agree, else what differs."""
+    if theirs is None:
+        return None
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    if ours.shape != theirs.shape:
+        return f"shape {ours.shape} != tf.nn.conv2d's {theirs.shape}"
+    if any(0 in list(s) for s in shapes + (ours.shape,)):
+        return None  # TF 2.21 leaves some results of empty tensors uninitialised
+    if ours.size and not np.allclose(ours, theirs, rtol=1e-4, atol=1e-4 * np.abs(theirs).max()):
+        return f"values differ from tf.nn.conv2d's: max abs diff {np.abs(ours - theirs).max()}"
+    return None
+
+
+def run_probe(p):
+    kind = p["kind"]
+    kwargs = dict(strides=p["strides"], padding=p["padding"], data_format=p["data_format"],
+                  dilations=p["dilations"])
+    ours_kwargs = dict(kwargs, algorithm=p["algorithm"], workspace_limit=p["workspace_limit"])
+    if kind == "explain":
+        e = tfbigconv.explain(p["input"], p["filter"], budget=p["budget"],
+                              algorithm=p["algorithm"], **kwargs)
+        str(e)
+        return {"outcome": "ok"}
+    if kind == "trace":
+        reached = []
+
+        def conv(x, w):
+            reached.append(True)
+            return tfbigconv.bigconv2d(x, w, **ours_kwargs)
+
+        try:
+            cf = tf.function(conv).get_concrete_function(tf.TensorSpec(p["input"]),
+                                                         tf.TensorSpec(p["filter"]))
+        except Exception:
+            if reached:
+                raise
+            return {"outcome": "not_reached"}  # TensorFlow refused the shapes themselves
+        return {"outcome": "ok", "shape": cf.output_shapes.as_list()}
+    x, w = _data(p["input"], 0), _data(p["filter"], 1)
+    y = tfbigconv.bigconv2d(x, w, **ours_kwargs)
+    diff = _compare(y, _tf_result(lambda: tf.nn.conv2d(x, w, **kwargs)), p["input"], p["filter"])
+    if kind == "grad":
+        x, w = tf.constant(x), tf.constant(w)
+        dy = tf.constant(_data(y.shape, 2))
+
+        def grads(conv):
+            with tf.GradientTape() as tape:
+                tape.watch([x, w])
+                loss = tf.reduce_sum(conv(x, w) * dy)
+            return tape.gradient(loss, [x, w])
+
+        dx, dw = grads(lambda x, w: tfbigconv.bigconv2d(x, w, **ours_kwargs))
+        ref = _tf_result(lambda: grads(lambda x, w: tf.nn.conv2d(x, w, **kwargs)))
+        for ours, theirs in zip((dx, dw), ref or (None, None)):
+            diff = diff or _compare(ours, theirs, p["input"], p["filter"], y.shape)
+    return {"outcome": "ok", "shape": list(y.shape), "differs": diff}
+
+
+def main():
+    for line in sys.stdin:
+        p = json.loads(line)
+        try:
+            result = run_probe(p)
+        except ACCEPTED as e:
+            result = {"outcome": type(e).__name__, "message": e.message}
+        except Exception as e:  # noqa: BLE001 - reported, and the test fails on it
+            result = {"outcome": type(e).__name__, "message": str(e)[:500]}
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
