@@ -193,27 +193,26 @@ def main():
 
 
 def check_max_batch(names):
-    """For each model (tf variant), a step budget of 1.5x the measured step at
-    the larger benchmark batch: the suggested batch must measure under it and
-    the suggested batch + 25% over it."""
-    print("| model | step budget MiB | suggested batch | measured MiB | batch +25% | measured MiB | ok |")
-    print("|---|---|---|---|---|---|---|")
+    """For each model (tf variant): a budget equal to the predicted peak at
+    twice the larger benchmark batch; max_batch_size's answer n must run
+    under it (measured step + weights, slots and batch) and ceil(1.25 n) over it."""
+    print("| model | budget MiB | suggested n | measured total at n MiB | 1.25 n | "
+          "measured total at 1.25 n MiB | n fits | 1.25 n exceeds |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in names:
-        big = MODELS[name][1][-1]
-        report = predict(name, "tf", big)
-        persistent = report.peak_bytes - report.step_peak_bytes
-        budget = int(1.5 * report.step_peak_bytes)
-        # max_batch_size works on the total peak; the persistent part at batch b
-        # is weights + slots + batch, so compare totals.
-        per_example_data = (persistent - report.param_bytes - report.slot_bytes) // big
-        fits = report.max_batch_size(budget + report.param_bytes + report.slot_bytes)
-        over = max(fits + 1, int(round(fits * 1.25)))
-        m1, m2 = measure(name, "tf", fits), measure(name, "tf", over)
-        step_budget_at = lambda b: budget - per_example_data * b  # budget left for the step
-        ok1 = "error" not in m1 and m1["measured"] <= step_budget_at(fits)
-        ok2 = "error" not in m2 and m2["measured"] > step_budget_at(over)
-        print(f"| {name} | {mib(budget)} | {fits} | {mib(m1.get('measured', 0))} | {over} | "
-              f"{mib(m2.get('measured', 0))} | {'yes' if ok1 and ok2 else 'NO'} |", flush=True)
+        report = predict(name, "tf", 2 * MODELS[name][1][-1])
+        budget = report.peak_bytes
+        n = report.max_batch_size(budget)
+        over = -(-5 * n // 4)
+        totals = []
+        for b in (n, over):
+            m = measure(name, "tf", b)
+            totals.append(None if "error" in m else m["measured"] + report.persistent_bytes(b))
+        cells = [mib(t) if t is not None else "failed" for t in totals]
+        fits = totals[0] is not None and totals[0] <= budget
+        exceeds = totals[1] is not None and totals[1] > budget
+        print(f"| {name} | {mib(budget)} | {n} | {cells[0]} | {over} | {cells[1]} | "
+              f"{'yes' if fits else 'NO'} | {'yes' if exceeds else 'NO'} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -396,6 +396,28 @@ def _decode(v):
     return v.decode() if isinstance(v, bytes) else v
 
 
+def _tf_cpu_images_per_col_buffer(pass_, g, dtype):
+    """How many images' patch matrices TensorFlow's CPU gradient kernels
+    (Conv2DCustomBackpropInput/Filter, TF 2.21 conv_grad_input_ops.h and
+    conv_grad_filter_ops.cc) hold in their col_buffer at once: enough for a
+    working set of 30 MiB (input) or 32 MiB (filter), at most the batch. The
+    input gradient takes one image when one image's work per thread already
+    exceeds 256 KiB (its parallel contraction). Only the touched images count:
+    RSS sees those."""
+    itemsize = tf.as_dtype(dtype).size
+    out_pixels = g["out_h"] * g["out_w"]
+    patch = g["filter_h"] * g["filter_w"] * g["filter_in_c"]
+    work_unit = out_pixels * patch + patch * g["out_c"] + out_pixels * g["out_c"]
+    if pass_ == "backprop_input":
+        threads = max(1, dispatch.workers() - 1)
+        if g["batch"] == 1 or work_unit // threads >= (256 << 10) // itemsize:
+            return 1
+        target = (30 << 20) // itemsize
+    else:
+        target = (32 << 20) // itemsize
+    return max(1, min(g["batch"], -(-target // work_unit)))
+
+
 class _ConvPlans:
     """Each convolution's transient workspace per pass under TensorFlow's kernel
     and under tfbigconv's plan, cached per (op, batch, device)."""
@@ -434,11 +456,15 @@ class _ConvPlans:
             out = {p: 0 for p in dispatch.PASSES}
             if g is not None:
                 for p in dispatch.PASSES:
-                    # The CPU planner sizes TF's patch matrix; on the GPU it is
-                    # the estimate of cuDNN's GEMM workspace, capped as TF caps it.
-                    ws = dispatch.plan(p, g[0], g[1], g[2], g[3], "tf", 0, "CPU")["tf"]
-                    n = ws["workspace_bytes"]
-                    out[p] = min(n, CUDNN_WORKSPACE_LIMIT) if self.device == "GPU" else n
+                    # The planner sizes one image's patch matrix; on the GPU it
+                    # is the estimate of cuDNN's GEMM workspace, capped as TF caps it.
+                    plan = dispatch.plan(p, g[0], g[1], g[2], g[3], "tf", 0, "CPU")
+                    n = plan["tf"]["workspace_bytes"]
+                    if self.device == "GPU":
+                        n = min(n, CUDNN_WORKSPACE_LIMIT)
+                    elif p != "forward" and op.type != "DepthwiseConv2dNative":
+                        n *= _tf_cpu_images_per_col_buffer(p, plan["geometry"], g[3])
+                    out[p] = n
             self.cache[key] = out
         return self.cache[key]
 
@@ -507,6 +533,19 @@ class _Result:
         self.forward_peak = 0
 
 
+def _passes_gradient_through(op, index, trace):
+    """Whether the gradient of op's input `index` is the incoming gradient
+    itself (TensorFlow returns it unchanged, no new buffer): aliases, BiasAdd's
+    value, and AddV2/Sub/AddN operands of the output's own shape."""
+    if op.type in _ALIASES:
+        return True
+    if op.type == "BiasAdd":
+        return index == 0
+    if (op.type in ("AddV2", "AddN") or (op.type == "Sub" and index == 0)):
+        return trace.tensors[op.inputs[index]].dims == trace.tensors[op.outputs[0]].dims
+    return False
+
+
 def _simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0):
     """Live bytes through forward, backward and the optimizer's update.
 
@@ -543,7 +582,9 @@ def _simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0
             recomputed_bases.add(base)
 
     def label(op):
-        return op.layer.label if op.layer is not None else "(model)"
+        if op.layer is not None:
+            return op.layer.label
+        return "(loss)" if op.name.startswith("loss/") else "(model)"
 
     def alloc(key, n, what, op, shape=None):
         if n > 0:
@@ -579,24 +620,37 @@ def _simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0
     res.forward_peak = res.peak
     live.pop(t.tensors[t.loss].base, None)
 
-    # Backward, in reverse order.
-    grads = {}       # tensor -> gradient buffer key
+    # Backward: each op's gradient runs once the gradients of all its outputs
+    # are complete, first ready first run (TensorFlow's executor runs ready
+    # ops in that order).
+    grads = {}       # tensor -> its complete gradient's buffer key
     pending = collections.defaultdict(list)  # tensor -> contributions so far
     expected = collections.Counter()
     backward_ops = [op for op in t.ops if t.grad_inputs(op)]
     for op in backward_ops:
         for i in t.grad_inputs(op):
             expected[op.inputs[i]] += 1
-    last_reader = {}
-    for op in backward_ops:  # forward order; the backward visits in reverse
+    readers_left = collections.Counter()  # saved buffer -> gradients still to read it
+    for op in backward_ops:
         for name in op_saved[op.name]:
-            last_reader.setdefault(t.tensors[name].base, op.index)
+            readers_left[t.tensors[name].base] += 1
+    holders = collections.Counter()  # gradient buffer -> tensors whose gradient it is
     started = set()
     param_grad_bytes = []
     grads[t.loss] = None
-    for op in reversed(backward_ops):
-        if not any(o in grads for o in op.outputs):
-            continue
+    waiting = {op.name: sum(1 for o in op.outputs if expected[o] or o == t.loss)
+               for op in backward_ops}
+    ready = collections.deque(op for op in backward_ops if t.loss in op.outputs)
+
+    def release(key):
+        if key is None:
+            return
+        holders[key] -= 1
+        if holders[key] <= 0 and not (isinstance(key, tuple) and key[0] == "param"):
+            live.pop(key, None)
+
+    while ready:
+        op = ready.popleft()
         call = op.layer
         if call is not None and id(call) in recompute_ids and id(call) not in started:
             started.add(id(call))
@@ -604,7 +658,6 @@ def _simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0
                 tensor = t.tensors[base]
                 alloc(base, tensor.bytes(batch), f"{tensor.op.type} output (recomputed)",
                       tensor.op, tensor.shape(batch))
-        ws, passes = 0, ""
         if op.type in _CONVS:
             runs = plans.runs(op, batch, call is not None and id(call.layer) in convert)
             gi = set(t.grad_inputs(op))
@@ -617,48 +670,56 @@ def _simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0
             ws = sum(runs[p][1] for p, used in parts if used)
             passes = " + ".join(f"{p} ({runs[p][0]})" for p, used in parts if used)
             alloc(("ws", op.name), ws, f"workspace of {op.type}'s gradient: {passes}", op)
-        alias = op.type in _ALIASES
+        out_grad = grads.get(op.outputs[0]) if op.outputs else None
+        made = []
         for i in t.grad_inputs(op):
             name = op.inputs[i]
             tensor = t.tensors[name]
-            key = ("grad", name, op.name)
             v = t.variable(name)
-            if alias:
-                key = grads.get(op.outputs[0])
+            if _passes_gradient_through(op, i, t):
+                key = out_grad  # the incoming gradient itself, no new buffer
             elif v is not None:
+                key = ("param", name, op.name)
                 alloc(key, tensor.bytes(batch), f"gradient of {v.path}", op, tensor.shape(batch))
                 param_grad_bytes.append(tensor.bytes(batch))
             else:
+                key = ("grad", name, op.name)
                 alloc(key, tensor.bytes(batch), f"gradient of {tensor.op.type} output", op,
                       tensor.shape(batch))
+            holders[key] += 1
             pending[name].append(key)
+            made.append(name)
         check(Step("backward", label(op), op.name))
         live.pop(("ws", op.name), None)
-        if not alias:
-            for o in op.outputs:
-                key = grads.pop(o, None)
-                if key is not None and t.variable(o) is None:
-                    live.pop(key, None)
+        for o in op.outputs:
+            if o in grads:
+                release(grads.pop(o))
         for name in op_saved[op.name]:
             base = t.tensors[name].base
-            if last_reader.get(base) == op.index:
+            readers_left[base] -= 1
+            if readers_left[base] <= 0:
                 live.pop(base, None)
-        for i in t.grad_inputs(op):
-            name = op.inputs[i]
-            if len(pending[name]) == expected[name]:
-                parts = pending.pop(name)
-                if len(parts) > 1:  # AddN of the contributions
-                    tensor = t.tensors[name]
-                    key = ("grad", name, "sum")
-                    alloc(key, tensor.bytes(batch), f"gradient of {tensor.op.type} output (sum)",
-                          op, tensor.shape(batch))
-                    check(Step("backward", label(op), f"AddN of {name}'s gradients"))
-                    for p in parts:
-                        if p != key:
-                            live.pop(p, None)
-                    grads[name] = key
-                else:
-                    grads[name] = parts[0]
+        for name in made:
+            if len(pending[name]) < expected[name]:
+                continue
+            parts = pending.pop(name)
+            if len(parts) > 1:  # AddN of the contributions
+                tensor = t.tensors[name]
+                key = ("grad", name, "sum")
+                alloc(key, tensor.bytes(batch), f"gradient of {tensor.op.type} output (sum)",
+                      op, tensor.shape(batch))
+                check(Step("backward", label(op), f"AddN of {name}'s gradients"))
+                for part in parts:
+                    release(part)
+                holders[key] += 1
+            else:
+                key = parts[0]
+            grads[name] = key
+            producer = t.tensors[name].op
+            if producer.name in waiting:
+                waiting[producer.name] -= 1
+                if waiting[producer.name] == 0:
+                    ready.append(producer)
     # The optimizer's update: every weight's gradient is alive; a few
     # temporaries of one weight's size each at a time.
     if param_grad_bytes:
@@ -688,11 +749,13 @@ class MemoryReport:
       peak_step: Step(phase "forward"/"backward"/"update", layer, op).
       alive_at_peak: [Alive(bytes, what, layer, shape)], largest first.
       rows: [Row] one per layer call (op "") then one per op that allocates
-        batch-sized tensors or a workspace. output_shape at batch_size;
+        batch-sized tensors or a workspace (when the layer has several ops or
+        a convolution). output_shape at batch_size;
         param/grad/slot bytes on a layer's first call; kept_bytes and kept:
         the tensors this op's gradient reads (inputs, outputs); tf_workspace
         and bigconv_workspace: (forward, backward) bytes under TensorFlow's
-        kernel and tfbigconv's plan (None for non-convolutions).
+        kernel and tfbigconv's plan (None for non-convolutions; a layer row
+        sums its ops'); backward counts the gradient passes that run.
       batch_size, device, training, optimizer, notes.
       advice: list of lines, computed (see `advise`).
     """
@@ -722,9 +785,13 @@ class MemoryReport:
         self.notes = list(dict.fromkeys(self.notes))
         self.advice = self.advise() if advise else []
 
-    def _persistent(self, batch):
+    def persistent_bytes(self, batch_size=None):
+        """What lives across steps: weights, optimizer slots and the input batch."""
+        batch = batch_size or self.batch_size
         data = sum(self._trace.tensors[n].bytes(batch) for n in self._trace.input_names)
         return self.param_bytes + self.slot_bytes + data
+
+    _persistent = persistent_bytes
 
     def _run(self, batch, **kw):
         trace = self._trace
@@ -838,8 +905,8 @@ class MemoryReport:
                 lines.append(f"convert_model(model, min_kernel_size={k}) converts them; "
                              f"together: {pct(together)}")
             if not helping and each:
-                lines.append("convert_model: no convolution's conversion lowers the peak "
-                             "(their workspaces are not what the peak holds)")
+                lines.append("convert_model: converting any one convolution leaves the peak "
+                             "as it is or raises it")
         budget = self.budget or _free_memory(self.device)
         if budget:
             fits = self.max_batch_size(budget)
@@ -893,10 +960,13 @@ class MemoryReport:
                     tf_w = self._plans.tf_workspace(op, batch)
                     big = self._plans.runs(op, batch, True) if op.type != "Conv2DBackpropInput" \
                         else None
-                    tf_ws = (tf_w["forward"], tf_w["backprop_input"] + tf_w["backprop_filter"])
+                    # The gradient passes that run: the input's only if it needs a gradient.
+                    gi = set(t.grad_inputs(op)) if self.training else set()
+                    grad_passes = [p for p, i in (("backprop_input", 0), ("backprop_filter", 1))
+                                   if i in gi]
+                    tf_ws = (tf_w["forward"], sum(tf_w[p] for p in grad_passes))
                     if big:
-                        big_ws = (big["forward"][1],
-                                  big["backprop_input"][1] + big["backprop_filter"][1])
+                        big_ws = (big["forward"][1], sum(big[p][1] for p in grad_passes))
                     for p, (algorithm, _, note) in (big or {}).items():
                         if note and op.type == "BigConv2D":
                             self.notes.append(f"{call.label}, {p} ({algorithm}): {note}")
@@ -907,21 +977,29 @@ class MemoryReport:
                 op_rows.append(Row(call.label, op.type, outs[0].shape(batch) if outs else None,
                                    sum(o.bytes(batch) for o in outs), 0, 0, 0,
                                    sum(k.bytes(batch) for _, k in kept), what, tf_ws, big_ws, ""))
+            total = lambda pairs: (tuple(map(sum, zip(*pairs))) if pairs else None)
             rows.append(Row(call.label, "", final.shape(batch) if final else None,
                             t.tensors[final.base].bytes(batch) if final else 0,
                             params, grads, slot * trainable, sum(kept_all.values()),
-                            type(call.layer).__name__, None, None, ""))
+                            type(call.layer).__name__,
+                            total([r.tf_workspace for r in op_rows if r.tf_workspace]),
+                            total([r.bigconv_workspace for r in op_rows if r.bigconv_workspace]),
+                            ""))
             if len(op_rows) > 1 or any(r.tf_workspace for r in op_rows):
                 rows.extend(op_rows)
         return rows
 
-    def table(self, max_alive=10):
+    def table(self, max_alive=10, ops=True):
+        """The report as text: the table (ops=False: layer rows only), the peak,
+        the max_alive largest tensors alive at it, the advice and notes."""
         head = ["layer / op", "output shape", "output", "params", "grads", "opt. slots",
                 "kept for backward", "workspace TF (fwd/bwd)", "workspace tfbigconv (fwd/bwd)"]
         b = lambda n: _fmt_bytes(n) if n else "-"
         pair = lambda p: f"{_fmt_bytes(p[0])} / {_fmt_bytes(p[1])}" if p else ""
         lines = []
         for r in self.rows:
+            if r.op and not ops:
+                continue
             if r.op:
                 name = "  " + r.op
                 kept = r.kept or "-"
