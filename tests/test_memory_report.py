@@ -271,6 +271,20 @@ def test_conv_workspaces_come_from_the_planner():
     assert r.alive_at_peak[0].what.startswith("workspace of Conv2D's gradient")
 
 
+def test_gpu_report_needs_no_gpu():
+    """device="GPU": cuDNN's workspace is estimated as TF's patch matrix (one
+    image), capped at TF's cuDNN limit; tfbigconv's plan is the GPU planner's."""
+    from tfbigconv.memory_report import CUDNN_WORKSPACE_LIMIT
+    r = tfbigconv.memory_report(_bigfilter_model(), 4, device="GPU", advice=False)
+    row = next(row for row in r.rows if row.layer == "big" and row.op == "Conv2D")
+    attrs = dict(strides=[1, 1, 1, 1], padding="VALID", explicit_paddings=[],
+                 data_format="NHWC", dilations=[1, 1, 1, 1])
+    patch = dispatch.plan("forward", [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", "tf",
+                          0)["tf"]["workspace_bytes"]
+    assert row.tf_workspace[0] == min(patch, CUDNN_WORKSPACE_LIMIT)
+    assert "device GPU" in str(r)
+
+
 def test_advice_conversion_batch_and_mixed_precision():
     model = _bigfilter_model()
     r = tfbigconv.memory_report(model, 4, device="CPU", budget=64 << 20)

@@ -127,7 +127,7 @@ def optimizer_slots(optimizer):
     """Slot variables per trainable weight that `optimizer` (a Keras optimizer,
     its name, or None for plain SGD) keeps; (count, note)."""
     if optimizer is None:
-        return 0, "no optimizer: plain SGD assumed (no slots)"
+        return 0, "none (plain SGD assumed)"
     if isinstance(optimizer, str):
         import keras
         optimizer = keras.optimizers.get(optimizer)
@@ -530,7 +530,6 @@ Step = collections.namedtuple("Step", "phase layer op")
 class _Result:
     def __init__(self):
         self.peak, self.step, self.alive = -1, None, []
-        self.forward_peak = 0
 
 
 def _passes_gradient_through(op, index, trace):
@@ -598,13 +597,11 @@ def _simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0
 
     # Forward.
     for op in t.ops:
-        ws = 0
         if op.type in _CONVS:
             runs = plans.runs(op, batch, op.layer is not None and
                               id(op.layer.layer) in convert)
             key = "backprop_input" if op.type == "Conv2DBackpropInput" else "forward"
-            ws = runs[key][1]
-            alloc(("ws", op.name), ws, f"workspace of {op.type} ({runs[key][0]})", op)
+            alloc(("ws", op.name), runs[key][1], f"workspace of {op.type} ({runs[key][0]})", op)
         for name in op.outputs:
             tensor = t.tensors[name]
             if tensor.kind == "activation" and tensor.base == name:
@@ -617,7 +614,6 @@ def _simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0
                 uses[base] -= 1
             if uses[base] <= 0 and (not saved_by.get(base) or base in recomputed_bases):
                 live.pop(base, None)
-    res.forward_peak = res.peak
     live.pop(t.tensors[t.loss].base, None)
 
     # Backward: each op's gradient runs once the gradients of all its outputs
