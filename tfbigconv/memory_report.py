@@ -108,6 +108,10 @@ _NO_GRADIENT = ("Shape", "ShapeN", "Size", "Rank", "StopGradient", "PreventGradi
                 "BroadcastGradientArgs", "AssignVariableOp", "AssignAddVariableOp",
                 "AssignSubVariableOp", "NoOp", "Const", "Placeholder", "VarHandleOp")
 _CONVS = ("Conv2D", "DepthwiseConv2dNative", "BigConv2D", "Conv2DBackpropInput")
+# max_batch_size keeps this fraction of the simulated peak in reserve: the
+# simulation has been within -16%..+7% of measured peaks on the CPU
+# (benchmarks/RESULTS.md), and the rest of TensorFlow's runtime needs room too.
+SAFETY_MARGIN = 0.1
 # TensorFlow's default cap on a cuDNN workspace (TF_CUDNN_WORKSPACE_LIMIT_IN_MB).
 CUDNN_WORKSPACE_LIMIT = 4 << 30
 # Optimizer class -> slot variables per trainable weight (Keras 3).
@@ -803,28 +807,38 @@ class MemoryReport:
         return self._run(batch_size, convert={id(layer) for layer in convert},
                          recompute=recompute).peak
 
-    def max_batch_size(self, budget_bytes=None):
-        """The largest batch size whose simulated peak fits budget_bytes (default:
-        the budget given to memory_report, else the device's free memory);
-        0 if not even one example fits."""
+    def max_batch_size(self, budget_bytes=None, margin=SAFETY_MARGIN):
+        """The largest batch size whose simulated peak, plus `margin` of it,
+        fits budget_bytes (default: the budget given to memory_report, else
+        the device's free memory); 0 if not even one example fits. The margin
+        covers the simulation's error against measured peaks (see
+        SAFETY_MARGIN)."""
         budget = budget_bytes or self.budget or _free_memory(self.device)
         if budget is None:
             raise ValueError("max_batch_size: no budget given, and the free memory of "
                              f"{self.device} is unknown here")
-        if self._run(1).peak > budget:
+        fits = lambda b: self._run(b).peak * (1 + margin) <= budget
+        if not fits(1):
             return 0
         lo, hi = 1, 2
-        while self._run(hi).peak <= budget:
+        while fits(hi):
             lo, hi = hi, hi * 2
             if hi > 1 << 24:
                 return lo
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self._run(mid).peak <= budget:
+            if fits(mid):
                 lo = mid
             else:
                 hi = mid
         return lo
+
+    def per_example_bytes(self, batch_size=None):
+        """(batch-independent bytes, bytes per example) of the peak near
+        batch_size: peak(b) = fixed + b * per_example, from peak(b) and peak(b + 1)."""
+        b = batch_size or self.batch_size
+        p0, p1 = self._run(b).peak, self._run(b + 1).peak
+        return p0 - b * (p1 - p0), p1 - p0
 
     # --- advice -----------------------------------------------------------
 
@@ -906,8 +920,14 @@ class MemoryReport:
         budget = self.budget or _free_memory(self.device)
         if budget:
             fits = self.max_batch_size(budget)
-            lines.append(f"largest batch within {_fmt_bytes(budget)}: {fits} "
-                         f"(peak at {fits}: {_fmt_bytes(self._run(max(fits, 1)).peak)})")
+            fixed, each = self.per_example_bytes(max(fits, 1))
+            line = (f"largest batch within {_fmt_bytes(budget)}: {fits} (peak at {fits}: "
+                    f"{_fmt_bytes(self._run(max(fits, 1)).peak)}, {SAFETY_MARGIN:.0%} margin "
+                    f"kept); the peak is {_fmt_bytes(fixed)} + {_fmt_bytes(each)} per example")
+            if fits and fixed > 0.8 * budget:
+                line += (": mostly independent of the batch, so a larger batch also "
+                         "comes close to fitting; lower the fixed part instead")
+            lines.append(line)
         if self._model is not None and not _is_mixed(self._model):
             try:
                 policy, peak = self.mixed_precision_peak()
