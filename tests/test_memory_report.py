@@ -295,7 +295,7 @@ def test_advice_conversion_batch_and_mixed_precision():
                                         device="CPU", advice=False)
     assert converted.peak_bytes == together  # the same simulation as the real conversion
     fits = r.max_batch_size(64 << 20)
-    assert 1.1 * r.peak_at(fits) <= 64 << 20 < 1.1 * r.peak_at(fits + 1)  # 10% kept in reserve
+    assert 1.2 * r.peak_at(fits) <= 64 << 20 < 1.2 * r.peak_at(fits + 1)  # 20% kept in reserve
     assert r.max_batch_size(64 << 20, margin=0) >= fits
     fixed, each = r.per_example_bytes(fits)
     assert fixed + (fits + 1) * each == r.peak_at(fits + 1)
