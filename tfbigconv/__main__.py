@@ -1,9 +1,10 @@
-"""Command line: python -m tfbigconv {explain,calibrate,fit-gpu} ...
+"""Command line: python -m tfbigconv {explain,calibrate,fit-gpu,memory} ...
 
   python -m tfbigconv explain --input 200,321,481,1 --filter 135,135,1,3 --padding VALID
   python -m tfbigconv explain ... --device GPU   # the GPU's candidates and cost model
   python -m tfbigconv calibrate            # this machine's CPU profile, into the user's cache
   python -m tfbigconv fit-gpu GRID.csv ... # the GPU section from scripts/gpu_check.sh --calibrate
+  python -m tfbigconv memory MODEL.keras --batch 16 [--budget 8G] [--device GPU]
 """
 import argparse
 import os
@@ -64,6 +65,14 @@ def main(argv=None):
     fit.add_argument("grids", nargs="+", help="CSV files of scripts/gpu_check.sh --calibrate")
     fit.add_argument("--output", default=None,
                      help="profile to update (default: the user's; created from the active one)")
+    mem = sub.add_parser("memory", help="where a model's training step keeps its memory")
+    mem.add_argument("model", help="a saved Keras model (.keras)")
+    mem.add_argument("--batch", type=int, required=True, help="batch size")
+    mem.add_argument("--budget", type=_bytes, default=None,
+                     help="memory budget for the largest-batch advice (default: free memory)")
+    mem.add_argument("--device", default=None, choices=["CPU", "GPU"],
+                     help="default: a visible GPU, else the CPU")
+    mem.add_argument("--inference", action="store_true", help="forward pass only")
     args = parser.parse_args(argv)
 
     import tfbigconv
@@ -76,6 +85,14 @@ def main(argv=None):
                                     dilations=args.dilations, dtype=args.dtype,
                                     budget=args.budget, algorithm=args.algorithm,
                                     device=args.device, autotune=args.autotune))
+        elif args.command == "memory":
+            import keras
+            if args.batch < 1:
+                print("error: --batch must be a positive int", file=sys.stderr)
+                return 2
+            model = keras.models.load_model(args.model, compile=True)
+            print(tfbigconv.memory_report(model, args.batch, training=not args.inference,
+                                          device=args.device, budget=args.budget))
         elif args.command == "calibrate":
             output = args.output or cost_model.user_path()
             _check_writable(output)  # before minutes of measuring, not after

@@ -1,0 +1,364 @@
+"""memory_report: the saved-for-backward rules against TensorFlow's gradient
+functions, the liveness simulation on small hand-checked models, shared
+layers, unknown batch, advice, the CLI and explain_oom on a real
+ResourceExhaustedError."""
+import io
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.framework import func_graph, op_def_registry
+
+import tfbigconv
+from tfbigconv import dispatch
+from tfbigconv.memory_report import SAVED_FOR_BACKWARD, _VARIADIC_NOTHING, _fmt_bytes
+
+F32 = tf.float32
+
+
+def _ph(shape, dtype=F32):
+    return tf.compat.v1.placeholder(dtype, shape)
+
+
+def _raw(op_type, *inputs, **attrs):
+    """tf.raw_ops.<op_type> with its inputs given in op-definition order."""
+    names = [a.name for a in op_def_registry.get(op_type).input_arg]
+    rename = {"dim": "axis", "reduction_indices": "axis"}  # Python names of ExpandDims, Mean, Sum
+    names = [rename.get(n, n) for n in names]
+    return getattr(tf.raw_ops, op_type)(**dict(zip(names, inputs)), **attrs)
+
+
+UNARY = ("Neg", "Square", "Sqrt", "Rsqrt", "Exp", "Log", "Abs", "Erf", "Erfc", "Relu", "Relu6", "Elu",
+         "Selu", "LeakyRelu", "Softplus", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Cast",
+         "Identity")
+BINARY = ("BiasAdd", "AddV2", "Sub", "Mul", "RealDiv", "Maximum", "Minimum",
+          "SquaredDifference")
+S1 = [1, 1, 1, 1]
+
+
+def _build(op_type):
+    """Builds one op of op_type on float placeholders; returns it."""
+    if op_type in UNARY:
+        extra = {"DstT": tf.float64} if op_type == "Cast" else {}
+        return _raw(op_type, _ph([2, 3]), **extra).op
+    if op_type in BINARY:
+        y = _ph([3]) if op_type == "BiasAdd" else _ph([2, 3])
+        return _raw(op_type, _ph([2, 3]), y).op
+    x4 = _ph([2, 8, 8, 3])
+    builders = {
+        "Conv2D": lambda: _raw("Conv2D", x4, _ph([3, 3, 3, 4]), strides=S1, padding="SAME"),
+        "DepthwiseConv2dNative": lambda: _raw("DepthwiseConv2dNative", x4, _ph([3, 3, 3, 2]),
+                                              strides=S1, padding="SAME"),
+        "BigConv2D": lambda: tfbigconv.bigconv2d(x4, _ph([3, 3, 3, 4]), 1, "SAME",
+                                                 algorithm="direct"),
+        "Conv2DBackpropInput": lambda: _raw("Conv2DBackpropInput", [2, 8, 8, 3],
+                                            _ph([3, 3, 3, 4]), _ph([2, 8, 8, 4]),
+                                            strides=S1, padding="SAME"),
+        "MatMul": lambda: _raw("MatMul", _ph([3, 4]), _ph([4, 5])),
+        "BatchMatMulV2": lambda: _raw("BatchMatMulV2", _ph([2, 3, 4]), _ph([2, 4, 5])),
+        "AddN": lambda: tf.raw_ops.AddN(inputs=[_ph([2, 3]), _ph([2, 3])]),
+        "MaxPool": lambda: _raw("MaxPool", x4, ksize=[1, 2, 2, 1], strides=[1, 2, 2, 1],
+                                padding="VALID"),
+        "AvgPool": lambda: _raw("AvgPool", x4, ksize=[1, 2, 2, 1], strides=[1, 2, 2, 1],
+                                padding="VALID"),
+        "Mean": lambda: _raw("Mean", _ph([2, 3, 4]), [1]),
+        "Sum": lambda: _raw("Sum", _ph([2, 3, 4]), [1]),
+        "ResizeNearestNeighbor": lambda: _raw("ResizeNearestNeighbor", x4, [16, 16]),
+        "ResizeBilinear": lambda: _raw("ResizeBilinear", x4, [16, 16]),
+        "ConcatV2": lambda: tf.raw_ops.ConcatV2(values=[_ph([2, 3]), _ph([2, 3])], axis=1),
+        "Pack": lambda: tf.raw_ops.Pack(values=[_ph([2, 3]), _ph([2, 3])], axis=0),
+        "Tile": lambda: _raw("Tile", _ph([2, 3]), [2, 1]),
+        "Pad": lambda: _raw("Pad", _ph([2, 3]), [[1, 1], [1, 1]]),
+        "PadV2": lambda: _raw("PadV2", _ph([2, 3]), [[1, 1], [1, 1]], 0.0),
+        "MirrorPad": lambda: _raw("MirrorPad", _ph([4, 5]), [[1, 1], [1, 1]], mode="REFLECT"),
+        "Slice": lambda: _raw("Slice", _ph([2, 3]), [0, 1], [2, 2]),
+        "StridedSlice": lambda: _raw("StridedSlice", _ph([2, 3]), [0, 1], [2, 3], [1, 1]),
+        "Transpose": lambda: _raw("Transpose", _ph([2, 3]), [1, 0]),
+        "Reshape": lambda: _raw("Reshape", _ph([2, 3]), [6]),
+        "Squeeze": lambda: _raw("Squeeze", _ph([2, 1, 3])),
+        "ExpandDims": lambda: _raw("ExpandDims", _ph([2, 3]), 0),
+        "DepthToSpace": lambda: _raw("DepthToSpace", _ph([1, 2, 2, 4]), block_size=2),
+        "SpaceToDepth": lambda: _raw("SpaceToDepth", _ph([1, 4, 4, 1]), block_size=2),
+    }
+    out = builders[op_type]()
+    op = out.op
+    while op.type != op_type:  # bigconv2d returns its op's output through name scopes
+        op = op.inputs[0].op
+    return op
+
+
+SHAPE_ONLY = ("Shape", "ShapeN", "Size", "Rank")
+
+
+def _gradient_reads(op_type, index):
+    """The float tensors of the op (as "in<i>"/"out<k>") that TensorFlow's
+    registered gradient reads as data to compute the gradient of input `index`."""
+    graph = func_graph.FuncGraph("rule")
+    with graph.as_default():
+        op = _build(op_type)
+        forward = set(graph.get_operations())
+        ys = [y for y in op.outputs if y.dtype.is_floating]
+        dys = [_ph(y.shape, y.dtype) for y in ys]
+        (dx,) = tf.gradients(ys, [op.inputs[index]], grad_ys=dys)
+    if dx is None:
+        return None, op
+    names = {t.name: f"in{k}" for k, t in enumerate(op.inputs)}
+    names.update({t.name: f"out{k}" for k, t in enumerate(op.outputs)})
+    reads, stack, seen = set(), [dx.op], set()
+    while stack:
+        o = stack.pop()
+        if o in seen or o in forward or o.type in SHAPE_ONLY:
+            continue
+        seen.add(o)
+        for t in o.inputs:
+            if t.name in names:
+                if t.dtype.is_floating:
+                    reads.add(names[t.name])
+            else:
+                stack.append(t.op)
+    return reads, op
+
+
+@pytest.mark.parametrize("op_type", sorted(SAVED_FOR_BACKWARD))
+def test_saved_for_backward_rule_matches_tf_gradient(op_type):
+    """Each rule names exactly the tensors the registered gradient reads."""
+    graph = func_graph.FuncGraph("inputs")
+    with graph.as_default():
+        op = _build(op_type)
+    float_inputs = [i for i, t in enumerate(op.inputs) if t.dtype.is_floating]
+    reads = {i: _gradient_reads(op_type, i)[0] for i in float_inputs}
+    with_gradient = [i for i in float_inputs if reads[i] is not None]
+    rule = SAVED_FOR_BACKWARD[op_type]
+    if op_type in _VARIADIC_NOTHING:
+        assert rule == {}
+    else:
+        assert sorted(rule) == with_gradient, "a rule for every input that gets a gradient"
+    for i in with_gradient:
+        assert reads[i] == set(rule.get(i, ())), (op_type, i, reads[i])
+
+
+# --- liveness on a hand-checked model -------------------------------------
+
+def _mlp(batch_free=True):
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(16, use_bias=False, name="d1")(inp)
+    h = keras.layers.ReLU(name="act")(h)
+    return keras.Model(inp, keras.layers.Dense(1, use_bias=False, name="d2")(h))
+
+
+def test_liveness_hand_checked_mlp():
+    """x(B,8) -> MatMul h(B,16) -> Relu r(B,16) -> MatMul y(B,1) -> MSE loss.
+
+    The peak is the ReLU's backward step: r (kept by Relu and by d2's MatMul),
+    dL/dr from d2, dL/dh being made, and d2's kernel gradient (16x1).
+    """
+    model = _mlp()
+    for b in (100, 1000):  # below ~20, the optimizer's update is the peak
+        r = tfbigconv.memory_report(model, b, advice=False, device="CPU")
+        act = 16 * 4 * b
+        assert r.step_peak_bytes == 3 * act + 16 * 4
+        assert r.param_bytes == (8 * 16 + 16) * 4 and r.slot_bytes == 0
+        assert r.peak_bytes == r.step_peak_bytes + r.param_bytes + 8 * 4 * b  # + the batch x
+        assert (r.peak_step.phase, r.peak_step.layer) == ("backward", "act")
+        alive = sorted((a.bytes, a.what) for a in r.alive_at_peak)
+        assert alive == sorted([(act, "Relu output"), (act, "gradient of Relu output"),
+                                (act, "gradient of MatMul output"),
+                                (64, "gradient of d2/kernel")])
+
+
+def test_inference_keeps_nothing_for_backward():
+    model = _mlp()
+    r = tfbigconv.memory_report(model, 100, training=False, advice=False, device="CPU")
+    # Forward only: h and r are alive together at the Relu; no gradients.
+    assert r.step_peak_bytes == 2 * 16 * 4 * 100
+    assert r.peak_step.phase == "forward"
+    assert all(row.kept_bytes == 0 and row.grad_bytes == 0 for row in r.rows)
+
+
+def test_optimizer_slots_and_unknown_batch():
+    """An unknown (None) batch: any batch size can be reported; the step's
+    memory is exactly linear in the batch here (no workspace), and Adam adds
+    two slots per trainable weight."""
+    model = _mlp()
+    r3 = tfbigconv.memory_report(model, 30, optimizer="adam", advice=False, device="CPU")
+    r7 = tfbigconv.memory_report(model, 70, optimizer=keras.optimizers.Adam(), advice=False,
+                                 device="CPU")
+    assert r3.slot_bytes == 2 * r3.param_bytes
+    assert (r7.step_peak_bytes - 64) * 3 == (r3.step_peak_bytes - 64) * 7
+    assert r3.rows[0].output_shape == [30, 16] and r7.rows[0].output_shape == [70, 16]
+    assert r3.peak_at(70) == r7.peak_bytes
+
+
+def test_shared_layer_counts_weights_once_and_activations_per_call():
+    inp = keras.Input((8,))
+    shared = keras.layers.Dense(8, name="shared")
+    h = shared(keras.layers.ReLU(name="r0")(inp))
+    h = keras.layers.ReLU(name="r1")(h)
+    out = shared(h)
+    model = keras.Model(inp, out)
+    r = tfbigconv.memory_report(model, 50, advice=False, device="CPU")
+    layer_rows = [row for row in r.rows if not row.op and row.layer.startswith("shared")]
+    assert [row.layer for row in layer_rows] == ["shared", "shared (call 2)"]
+    assert layer_rows[0].param_bytes == (64 + 8) * 4 and layer_rows[1].param_bytes == 0
+    assert r.param_bytes == (64 + 8) * 4
+    assert all(row.output_shape == [50, 8] for row in layer_rows)
+    # The second call's MatMul keeps r1's output; the first call's keeps r0's.
+    assert layer_rows[0].kept_bytes == layer_rows[1].kept_bytes == 50 * 8 * 4
+
+
+def test_subclassed_model_needs_input_shape():
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.conv = keras.layers.Conv2D(4, 3, padding="same", activation="relu")
+
+        def call(self, x):
+            return self.conv(x)
+
+    net = Net()
+    net(np.zeros((1, 16, 16, 2), np.float32))
+    with pytest.raises(ValueError, match="input_shape"):
+        tfbigconv.memory_report(net, 2, advice=False)
+    r = tfbigconv.memory_report(net, 2, input_shape=(16, 16, 2), advice=False, device="CPU")
+    assert any(row.op == "Conv2D" and row.output_shape == [2, 16, 16, 4] for row in r.rows)
+
+
+def test_bad_arguments():
+    model = _mlp()
+    for kwargs in ({"batch_size": 0}, {"batch_size": 2.0}, {"batch_size": 2, "device": "TPU"},
+                   {"batch_size": 2, "budget": -1}):
+        with pytest.raises(ValueError):
+            tfbigconv.memory_report(model, **kwargs)
+    with pytest.raises(ValueError, match="Keras model"):
+        tfbigconv.memory_report("model", 2)
+
+
+# --- convolutions, advice --------------------------------------------------
+
+def _bigfilter_model():
+    inp = keras.Input((48, 48, 1))
+    h = keras.layers.Conv2D(3, 3, padding="same", activation="relu", name="small")(inp)
+    return keras.Model(inp, keras.layers.Conv2D(2, 25, name="big")(h))
+
+
+def test_conv_workspaces_come_from_the_planner():
+    model = _bigfilter_model()
+    r = tfbigconv.memory_report(model, 4, device="CPU", advice=False)
+    row = next(row for row in r.rows if row.layer == "big" and row.op == "Conv2D")
+    attrs = dict(strides=[1, 1, 1, 1], padding="VALID", explicit_paddings=[],
+                 data_format="NHWC", dilations=[1, 1, 1, 1])
+    ws = {p: dispatch.plan(p, [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", "auto", 0)
+          for p in dispatch.PASSES}
+    # TF's CPU filter gradient fills a col_buffer of several images up to a
+    # 32 MiB working set: a work unit of 24*24*1875 + 1875*2 + 24*24*2
+    # elements, so 8 images, at most the batch (4). The input gradient runs
+    # one image at a time (parallel contraction: over 256 KiB per thread).
+    assert row.tf_workspace == (ws["forward"]["tf"]["workspace_bytes"],
+                                ws["backprop_input"]["tf"]["workspace_bytes"]
+                                + 4 * ws["backprop_filter"]["tf"]["workspace_bytes"])
+    # tfbigconv plans an unknown batch as ASSUMED_BATCH images, then runs that
+    # algorithm on the real batch.
+    def chosen(p):
+        algorithm = dispatch.plan(p, [dispatch.ASSUMED_BATCH, 48, 48, 3], [25, 25, 3, 2], attrs,
+                                  "float32", "auto", 0)["chosen"]
+        return dispatch.plan(p, [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", algorithm,
+                             0)[algorithm]["workspace_bytes"]
+
+    assert row.bigconv_workspace == (chosen("forward"),
+                                     chosen("backprop_input") + chosen("backprop_filter"))
+    # TF's patch matrix is the largest thing alive at the peak.
+    assert r.alive_at_peak[0].what.startswith("workspace of Conv2D's gradient")
+
+
+def test_gpu_report_needs_no_gpu():
+    """device="GPU": cuDNN's workspace is estimated as TF's patch matrix (one
+    image), capped at TF's cuDNN limit; tfbigconv's plan is the GPU planner's."""
+    from tfbigconv.memory_report import CUDNN_WORKSPACE_LIMIT
+    r = tfbigconv.memory_report(_bigfilter_model(), 4, device="GPU", advice=False)
+    row = next(row for row in r.rows if row.layer == "big" and row.op == "Conv2D")
+    attrs = dict(strides=[1, 1, 1, 1], padding="VALID", explicit_paddings=[],
+                 data_format="NHWC", dilations=[1, 1, 1, 1])
+    patch = dispatch.plan("forward", [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", "tf",
+                          0)["tf"]["workspace_bytes"]
+    assert row.tf_workspace[0] == min(patch, CUDNN_WORKSPACE_LIMIT)
+    assert "device GPU" in str(r)
+
+
+def test_advice_conversion_batch_and_mixed_precision():
+    model = _bigfilter_model()
+    r = tfbigconv.memory_report(model, 4, device="CPU", budget=64 << 20)
+    each, together, helping = r.conversion_effect()
+    assert [layer.name for layer in helping] == ["big"]
+    assert together < r.peak_bytes
+    converted = tfbigconv.memory_report(tfbigconv.convert_model(model, min_kernel_size=15), 4,
+                                        device="CPU", advice=False)
+    assert converted.peak_bytes == together  # the same simulation as the real conversion
+    fits = r.max_batch_size(64 << 20)
+    assert 1.2 * r.peak_at(fits) <= 64 << 20 < 1.2 * r.peak_at(fits + 1)  # 20% kept in reserve
+    assert r.max_batch_size(64 << 20, margin=0) >= fits
+    fixed, each = r.per_example_bytes(fits)
+    assert fixed + (fits + 1) * each == r.peak_at(fits + 1)
+    text = str(r)
+    assert "convert_model: converting big (25x25) lowers the peak" in text
+    assert f"largest batch within 64.0 MiB: {fits}" in text
+    assert "mixed precision (mixed_bfloat16)" in text
+
+
+def test_recompute_advice_frees_a_layers_internal_tensors():
+    """A layer whose own ops keep big tensors (GELU's erf and products inside
+    a Dense layer): under tf.recompute_grad they are made again in the
+    backward pass, so the peak drops."""
+    inp = keras.Input((64,))
+    h = inp
+    for i in range(4):
+        h = keras.layers.Dense(64, activation="gelu", name=f"d{i}")(h)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    r = tfbigconv.memory_report(model, 1024, device="CPU", advice=False)
+    effect = dict((call.label, peak) for call, peak in r.recompute_effect())
+    assert min(effect.values()) < r.peak_bytes
+    assert set(effect) >= {"d0", "d1", "d2", "d3"}
+
+
+# --- CLI and explain_oom ---------------------------------------------------
+
+def test_cli_memory(tmp_path, capsys):
+    from tfbigconv.__main__ import main
+    path = str(tmp_path / "m.keras")
+    model = _bigfilter_model()
+    model.compile(optimizer="adam", loss="mse")
+    model.save(path)
+    assert main(["memory", path, "--batch", "4", "--budget", "64M", "--device", "CPU"]) == 0
+    out = capsys.readouterr().out
+    expected = tfbigconv.memory_report(keras.models.load_model(path), 4, device="CPU",
+                                       budget=64 << 20, advice=False)
+    assert "optimizer Adam (2 slots per weight)" in out
+    assert f"Peak: {_fmt_bytes(expected.peak_bytes)} = " in out
+    assert f"largest batch within 64.0 MiB: {expected.max_batch_size()}" in out
+    assert main(["memory", path, "--batch", "0"]) == 2
+
+
+def test_explain_oom_on_a_real_resource_exhausted_error():
+    inp = keras.Input((40, 40, 1))
+    big = tfbigconv.keras.BigConv2D(2, 15, algorithm="fft", workspace_limit=1024, name="tight")
+    model = keras.Model(inp, big(inp))
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.random.default_rng(0).standard_normal((2, 40, 40, 1)).astype(np.float32)
+    y = np.zeros((2, 26, 26, 2), np.float32)
+    out = io.StringIO()
+    explainer = tfbigconv.explain_oom(model, 2, budget=1 << 30, file=out)
+    with pytest.raises(tf.errors.ResourceExhaustedError) as caught:
+        with explainer:
+            model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    assert "workspace" in str(caught.value)  # the op's own message, unchanged
+    text = out.getvalue()
+    assert "ResourceExhaustedError at batch 2" in text
+    assert "largest batch that fits:" in text
+    assert "tight, forward (fft)" in text  # the note naming the layer that cannot fit
+    assert explainer.report is not None and explainer.report.batch_size == 2
+    # Other errors pass through without a report.
+    out2 = io.StringIO()
+    with pytest.raises(KeyError):
+        with tfbigconv.explain_oom(model, 2, file=out2):
+            raise KeyError("x")
+    assert out2.getvalue() == ""
