@@ -2,7 +2,8 @@
 
 `bigconv2d` is a drop-in for `tf.nn.conv2d`; `tfbigconv.keras` has the Keras
 layers `BigConv2D` and `BigDepthwiseConv2D`; `convert_model` swaps them into an
-existing Keras model.
+existing Keras model; `fuse_linear` merges chains and branches of linear
+convolutions into one large-kernel convolution (kernel algebra: `tfbigconv.fuse`).
 
 Importing this package loads the custom ops, registers their gradients and the
 Keras layers, so SavedModels and `.keras` files that use them load afterwards.
@@ -24,11 +25,14 @@ from tfbigconv.explain import explain
 
 from tfbigconv import keras  # registers the Keras layers (needs Keras 3, a TensorFlow dependency)
 from tfbigconv.convert import convert_model
+from tfbigconv import fuse
+from tfbigconv.fuse_model import SubgraphReport, fuse_linear
 
 # The planner's constants, in both compiled modules (see cost_model.py).
 cost_model.load_active(_ops._LIB_PATH)
 
-__all__ = ["bigconv2d", "explain", "ALGORITHMS", "convert_model", "keras", "register_all"]
+__all__ = ["bigconv2d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_linear",
+           "SubgraphReport", "keras", "register_all"]
 __version__ = "0.1.0"
 
 
