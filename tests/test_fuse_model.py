@@ -215,3 +215,14 @@ def test_training_fused_matches_unfused():
     for name in ("p", "dw", "low"):
         got = layer.branch_weights[f"{name}_kernel"].numpy()
         assert rel_l2(got, block.get_layer(name).kernel.numpy()) < 1e-4
+
+
+def test_max_mac_ratio_refuses_costlier_kernels():
+    model = randomize(seed_block(20, 20, 8, 5))
+    _, (report,) = tfbigconv.fuse_linear(model, max_mac_ratio=2)
+    assert report.status == "refused" and "multiply-adds" in report.reason
+    assert report.macs_after > 2 * report.macs_before
+    _, (report,) = tfbigconv.fuse_linear(randomize(repvgg_block(12, 12, 4)), max_mac_ratio=1)
+    assert report.status == "fused" and report.macs_after < report.macs_before
+    with pytest.raises(ValueError, match="max_mac_ratio"):
+        tfbigconv.fuse_linear(model, max_mac_ratio=0)

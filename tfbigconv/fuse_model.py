@@ -232,7 +232,8 @@ def _time(fn, x, reps=3):
     return best
 
 
-def fuse_linear(model, trainable=False, *, measure=0, algorithm="auto", workspace_limit=0):
+def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algorithm="auto",
+                workspace_limit=0):
     """Returns (fused_model, reports): `model` with each linear subgraph as one convolution.
 
     A linear subgraph is a connected set of layers, reading one tensor and
@@ -277,6 +278,10 @@ def fuse_linear(model, trainable=False, *, measure=0, algorithm="auto", workspac
     if functional is None or not hasattr(functional, "_nodes_by_depth") or not model.built:
         raise ValueError("Invalid value for argument `model`: expected a built Functional or "
                          "Sequential model (subclassed models have no graph to rewrite)")
+    if max_mac_ratio is not None and (isinstance(max_mac_ratio, bool) or not isinstance(
+            max_mac_ratio, (int, float)) or not max_mac_ratio > 0):
+        raise ValueError("Invalid value for argument `max_mac_ratio`: expected None or a "
+                         f"positive number, received max_mac_ratio={max_mac_ratio!r}")
     if isinstance(measure, bool) or not isinstance(measure, int) or measure < 0:
         raise ValueError(f"Invalid value for argument `measure`: expected a non-negative int "
                          f"(images), received measure={measure!r}")
@@ -288,8 +293,8 @@ def fuse_linear(model, trainable=False, *, measure=0, algorithm="auto", workspac
         if input_tensor is None:
             reports.append(SubgraphReport(names, "refused", reason))
             continue
-        report, build = _fuse_region(input_tensor, nodes, trainable, measure, algorithm,
-                                     workspace_limit)
+        report, build = _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure,
+                                     algorithm, workspace_limit)
         reports.append(report)
         if build is not None:
             replace[id(nodes[-1])] = (input_tensor, build)
@@ -324,7 +329,8 @@ def fuse_linear(model, trainable=False, *, measure=0, algorithm="auto", workspac
     return fused, reports
 
 
-def _fuse_region(input_tensor, nodes, trainable, measure, algorithm, workspace_limit):
+def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorithm,
+                 workspace_limit):
     """(SubgraphReport, build function or None) for one region."""
     names = [n.operation.name for n in nodes]
     shape = input_tensor.shape
@@ -353,6 +359,11 @@ def _fuse_region(input_tensor, nodes, trainable, measure, algorithm, workspace_l
         exact=exact)
     (report.macs_before, report.macs_after, report.kept_bytes_before,
      report.kept_bytes_after) = _estimates(program, nodes, weights, in_size, channels, m)
+    if max_mac_ratio is not None and report.macs_after > max_mac_ratio * report.macs_before:
+        report.status = "refused"
+        report.reason = (f"the fused kernel needs {report.macs_after / report.macs_before:.2f}x "
+                         f"the multiply-adds (max_mac_ratio={max_mac_ratio})")
+        return report, None
     name = "fused_" + nodes[-1].operation.name
 
     if trainable:
