@@ -14,7 +14,7 @@ Modes, each (case, variant) in a fresh subprocess:
   infer   the forward pass; "fused" is fuse_linear(block) (BigConv2D + bias map).
 Each worker runs 2 warm-up steps, resets the peak RSS (/proc/self/clear_refs), and
 takes the peak RSS increase (VmHWM - VmRSS before) over the next step as the step's
-memory; the time is the median of --reps further steps. "p bytes" is the tensor the
+memory (glibc's mmap threshold is fixed at 128 KiB so that freed blocks leave the RSS); the time is the median of --reps further steps. "p bytes" is the tensor the
 fused version no longer keeps for backprop (batch x H x W x C/2 floats).
 
 Usage: python benchmarks/bench_fuse.py [--batch 8] [--reps 5] [--ks 7,31] [--stages 1,2,3,4]
@@ -87,7 +87,10 @@ WORKER = textwrap.dedent("""
 
 
 def run(mode, variant, hw, c, k, batch, reps):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # A fixed mmap threshold: large blocks go back to the OS when freed (glibc
+    # otherwise raises the threshold and keeps them), so the RSS after the
+    # warm-up steps is the live memory and the measured step's peak is its own.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", MALLOC_MMAP_THRESHOLD_="131072")
     args = [mode, variant] + [str(v) for v in (hw, c, k, batch, reps)]
     # Not from the source tree, whose tfbigconv/ has no compiled module.
     proc = subprocess.run([sys.executable, "-c", WORKER] + args, env=env, capture_output=True,
