@@ -41,7 +41,8 @@ def register_all():
 
     That is the custom ops (BigConv2D, BigConv2DBackpropInput,
     BigConv2DBackpropFilter) for `tf.saved_model.load`, their gradients, and
-    the Keras layers `tfbigconv>BigConv2D` and `tfbigconv>BigDepthwiseConv2D`
+    the Keras layers `tfbigconv>BigConv2D`, `tfbigconv>BigDepthwiseConv2D`,
+    `tfbigconv>FusedLinearConv` and `tfbigconv>FusedBiasMap` (fuse_linear's)
     for `keras.models.load_model`. Importing tfbigconv already does all this
     (and fails with ImportError, saying what to rebuild, when the ops were
     built against another TensorFlow); the call makes a serving script's
