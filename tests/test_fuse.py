@@ -28,13 +28,15 @@ def weights_for(shapes, seed):
             for i, (name, shape) in enumerate(sorted(shapes.items()))}
 
 
-def check_fused(program, weights, x):
+def check_fused(program, weights, x, patch=False):
     """Fuses the program and compares it with running it unfused; returns the map."""
     _, h, w, c = x.shape
     ref = fuse.run_program(program, weights, x).numpy()
-    m = fuse.compose_program(program, weights, (h, w), c, tf.float64)
-    bias = fuse.bias_map(program, weights, (h, w), c, tf.float64) if m.bias_padded else m.bias
-    got = fuse.apply_fused(x, m, bias).numpy()
+    m = fuse.compose_program(program, weights, (h, w), c, tf.float64, patch_borders=patch)
+    bias = m.bias
+    if m.bias_padded and not m.patched:
+        bias = fuse.bias_map(program, weights, (h, w), c, tf.float64)
+    got = fuse.apply_fused(x, m, bias, program=program, weights=weights).numpy()
     err = rel_l2(got, ref)
     assert err < TOL, f"rel L2 {err}"
     return m
@@ -148,6 +150,32 @@ def test_refusals_say_why(program, reason):
     assert str(e.value) and (reason is None or reason in str(e.value))
 
 
+@pytest.mark.parametrize("size", [(40, 37), (20, 19), (12, 40)])
+def test_same_chain_patched_borders(size):
+    """Three SAME 7x7 depthwise convs with biases: refused as one kernel, exact with the
+    border rows and columns taken from the unfused program on strips; on small
+    inputs the strips cover everything and the program runs as it is."""
+    x = tf.constant(random_case((2,) + size + (4,), 0, np.float64))
+    w = weights_for({n: (7, 7, 4, 1) for n in "abc"} | {"bb": (4,)}, 1)
+    program = [conv_step(0, "a", depthwise=True, padding="same"),
+               conv_step(1, "b", "bb", depthwise=True, padding="same"),
+               conv_step(2, "c", depthwise=True, padding="same")]
+    with pytest.raises(fuse.NotFusable, match="padding"):
+        fuse.compose_program(program, w, size, 4, tf.float64)
+    m = check_fused(program, w, x, patch=True)
+    assert m.patched and m.kernel_size == (19, 19)
+    (top, bottom, rows), _ = fuse.border_strips(m)
+    assert (top, m.out_size[0] - bottom, rows) == (9, 9, 20)
+
+
+def test_patching_needs_stride_one():
+    w = weights_for({"a": (3, 3, 2, 2)}, 1)
+    program = [conv_step(0, "a", padding="same"), conv_step(1, "a", strides=(2, 2),
+                                                             padding="same")]
+    with pytest.raises(fuse.NotFusable, match="stride 1"):
+        fuse.compose_program(program, w, (16, 16), 2, tf.float64, patch_borders=True)
+
+
 def test_pad_once_then_valid_is_exact():
     """ZeroPadding2D then VALID convs: the intermediates are never padded."""
     x = tf.constant(random_case((2, 10, 9, 3), 0, np.float64))
@@ -161,21 +189,25 @@ def test_pad_once_then_valid_is_exact():
 # ----- random linear DAGs: fused exactly, or refused with a reason ----------------------
 
 @st.composite
-def programs(draw):
+def programs(draw, stride_one=False):
     """A random program with its weight shapes and input shape (NHWC)."""
     c = draw(st.sampled_from([2, 4, 6]))
-    h, w = draw(st.integers(6, 16)), draw(st.integers(6, 16))
+    low = 24 if stride_one else 6
+    h, w = draw(st.integers(low, 40)), draw(st.integers(low, 40))
     shapes = [(h, w, c)]  # per value: (height, width, channels)
     program, weights = [], {}
     for i in range(draw(st.integers(2, 6))):
-        op = draw(st.sampled_from(["conv", "conv", "conv", "pad", "add", "concat", "affine"]))
-        src = draw(st.integers(0, len(shapes) - 1))
+        convs = ["conv"] * (6 if stride_one else 3)
+        op = draw(st.sampled_from(convs + ["pad", "add", "concat", "affine"]))
+        last = [len(shapes) - 1] * (3 if stride_one else 0)  # favour chains
+        src = draw(st.sampled_from(last + list(range(len(shapes)))))
         sh, sw, sc = shapes[src]
         if op == "conv":
-            k = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
-            s = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+            kmin = 2 if stride_one else 1  # stride 1: mostly padded chains, to patch
+            k = (draw(st.integers(kmin, 4)), draw(st.integers(kmin, 4)))
+            s = (1, 1) if stride_one else (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
             d = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-            padding = draw(st.sampled_from(["same", "valid", "explicit"]))
+            padding = draw(st.sampled_from(["same", "same", "valid", "explicit"]))
             if padding == "explicit":
                 padding = [draw(st.integers(0, 3)) for _ in range(4)]
             pads = fuse._conv_pads(dict(padding=padding, strides=s, dilations=d), (sh, sw), k)
@@ -222,20 +254,20 @@ FUSED = []
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(programs(), st.integers(0, 2**20))
-def test_property_random_dags_fused_exactly_or_refused(case, seed):
+@given(programs(), st.integers(0, 2**20), st.booleans())
+def test_property_random_dags_fused_exactly_or_refused(case, seed, patch):
     program, shapes, (h, w, c) = case
     if not program:
         return
     weights = weights_for(shapes, seed)
     x = tf.constant(random_case((2, h, w, c), seed, np.float64))
     try:
-        fuse.compose_program(program, weights, (h, w), c, tf.float64)
+        fuse.compose_program(program, weights, (h, w), c, tf.float64, patch_borders=patch)
     except fuse.NotFusable as e:
         assert len(str(e)) > 20
         FUSED.append(False)
         return
-    check_fused(program, weights, x)  # compares with the unfused program
+    check_fused(program, weights, x, patch)  # compares with the unfused program
     FUSED.append(True)
 
 
@@ -244,3 +276,25 @@ def test_property_fused_some_and_refused_some():
     if len(FUSED) < 100:
         pytest.skip("runs after test_property_random_dags_fused_exactly_or_refused")
     assert 0.2 < np.mean(FUSED) < 0.95, np.mean(FUSED)
+
+
+PATCHED = []
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(stride_one=True), st.integers(0, 2**20))
+def test_property_stride_one_dags_with_patched_borders(case, seed):
+    """Stride-1 DAGs on larger inputs, border patching on: always fused, and exact."""
+    program, shapes, (h, w, c) = case
+    if not program:
+        return
+    weights = weights_for(shapes, seed)
+    x = tf.constant(random_case((1, h, w, c), seed, np.float64))
+    m = check_fused(program, weights, x, patch=True)
+    PATCHED.append(m.patched)
+
+
+def test_property_patched_some():
+    if len(PATCHED) < 20:
+        pytest.skip("runs after test_property_stride_one_dags_with_patched_borders")
+    assert np.mean(PATCHED) > 0.1, np.mean(PATCHED)

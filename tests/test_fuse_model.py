@@ -111,12 +111,26 @@ def test_depthwise_chain_valid_fuses_to_19():
     assert report.kernel_size == (19, 19) and report.groups == 8
 
 
-def test_depthwise_chain_same_is_refused_with_reason():
-    """Three SAME 7x7 convs: the intermediates' zero padding is not a single conv's."""
-    model = randomize(depthwise_chain(30, 30, 4, "same"))
+@pytest.mark.parametrize("trainable", [False, True])
+def test_depthwise_chain_same_fuses_with_patched_borders(trainable):
+    """Three SAME 7x7 convs: the intermediates' zero padding is not a single conv's, so
+    the outputs within 9 of the borders come from the unfused convs on input strips."""
+    model = randomize(depthwise_chain(48, 44, 8, "same"))
+    fused, (report,) = check(model, trainable=trainable)
+    assert report.status == "fused" and report.kernel_size == (19, 19)
+    assert report.exact.startswith("borders patched") and "9/9" in report.exact
+    assert [type(layer) for layer in fused.layers[1:]] == [FusedLinearConv]
+    assert fused.layers[1].trainable == trainable
+
+
+def test_strided_same_chain_is_refused_with_reason():
+    x = keras.Input((30, 30, 4))
+    y = L.DepthwiseConv2D(3, padding="same", name="a")(x)
+    y = L.DepthwiseConv2D(3, strides=2, padding="same", name="b")(y)
+    model = randomize(keras.Model(x, y))
     fused, (report,) = check(model)  # the refused subgraph is kept: same outputs
-    assert report.status == "refused" and "padding" in report.reason
-    assert [layer.name for layer in fused.layers[1:]] == ["dw0", "dw1", "dw2"]
+    assert report.status == "refused" and "stride 1" in report.reason
+    assert [layer.name for layer in fused.layers[1:]] == ["a", "b"]
 
 
 def test_pad_once_then_valid_and_strides():
@@ -226,3 +240,19 @@ def test_max_mac_ratio_refuses_costlier_kernels():
     assert report.status == "fused" and report.macs_after < report.macs_before
     with pytest.raises(ValueError, match="max_mac_ratio"):
         tfbigconv.fuse_linear(model, max_mac_ratio=0)
+
+
+def test_same_chain_with_batchnorm_patched_for_inference(tmp_path):
+    x = keras.Input((36, 34, 6))
+    y = L.BatchNormalization(name="bn0")(x)
+    y = L.Conv2D(6, 5, padding="same", name="a")(y)
+    y = L.BatchNormalization(name="bn1")(y)
+    y = L.Conv2D(4, 3, padding="same", groups=2, name="b")(y)
+    model = randomize(keras.Model(x, y))
+    fused, (report,) = check(model)
+    assert report.status == "fused" and report.exact.startswith("borders patched")
+    assert report.kernel_size == (7, 7) and len(report.layers) == 4
+    path = str(tmp_path / "patched.keras")
+    fused.save(path)
+    data = random_case((2, 36, 34, 6), 5)
+    assert rel_l2(keras.models.load_model(path)(data).numpy(), model(data).numpy()) < TOL

@@ -21,7 +21,11 @@ every zero padding of an intermediate tensor is also zero in the fused map.
 `pad` checks that: the padded rows' footprints in x must lie wholly outside x
 (true for the subgraph input, for 1x1 stride-1 convs of it, for VALID chains
 and for "pad once then VALID"); otherwise it raises `NotFusable` with the
-reason (e.g. a SAME conv after a 3x3 SAME conv). Biases are handled apart:
+reason (e.g. a SAME conv after a 3x3 SAME conv), or, with patch=True and
+stride 1 throughout, marks the map `patched`: `apply_fused` then takes the
+outputs whose footprint reaches past the input's edge from the unfused
+program run on strips of K + 1 input rows and columns (`border_strips` says
+why that is exact). Biases are handled apart:
 the affine part of a linear subgraph is its output on a zero input, so when a
 bias meets a zero padding (`LinearMap.bias_padded`) the exact bias is the
 output map `bias_map` computes by running the subgraph once on zeros.
@@ -54,6 +58,10 @@ class LinearMap:
       bias_padded, it is only the interior value: some bias was zero-padded on
       the way, so near the borders the affine part differs (see bias_map).
     in_size, out_size: (height, width) of x and of this tensor.
+    patched: some zero padding is not reproduced by the kernel (allowed by
+      pad(..., patch=True)); the kernel is then exact only away from the borders,
+      and apply_fused takes the border rows and columns from the unfused
+      program run on strips of the input (border_strips).
     """
     kernel: tf.Tensor
     groups: int
@@ -63,6 +71,7 @@ class LinearMap:
     out_size: Tuple[int, int]
     bias: Optional[tf.Tensor] = None
     bias_padded: bool = False
+    patched: bool = False
 
     @property
     def kernel_size(self):
@@ -168,10 +177,11 @@ def identity(channels, in_size, dtype=tf.float32):
                      out_size=tuple(in_size))
 
 
-def pad(m, pads):
+def pad(m, pads, patch=False):
     """m zero-padded by pads = (top, bottom, left, right); raises NotFusable where a
     padded row or column is not zero in the fused map, i.e. where its footprint in
-    the subgraph input touches the input."""
+    the subgraph input touches the input, unless patch (then the map is marked
+    `patched`)."""
     top, bottom, left, right = pads
     if not any(pads):
         return m
@@ -183,6 +193,9 @@ def pad(m, pads):
                                   ("left", left, kw - sw - pw > 0),
                                   ("right", right, ow * sw - pw < w)):
         if amount and touches:
+            if patch:
+                m = dataclasses.replace(m, patched=True)
+                continue
             raise NotFusable(
                 f"zero padding ({side}) of an intermediate tensor whose border values are not "
                 f"zero in the fused map (it is a {kh}x{kw} stride-{sh}x{sw} map of the input): "
@@ -242,7 +255,8 @@ def add(maps, signs=None):
     biases = [s * m.bias for s, m in zip(signs, maps) if m.bias is not None]
     return dataclasses.replace(maps[0], kernel=kernel, groups=g, origin=origin,
                                bias=tf.add_n(biases) if biases else None,
-                               bias_padded=any(m.bias_padded for m in maps))
+                               bias_padded=any(m.bias_padded for m in maps),
+                               patched=any(m.patched for m in maps))
 
 
 def concat(maps):
@@ -256,7 +270,8 @@ def concat(maps):
     else:
         bias = None
     return dataclasses.replace(maps[0], kernel=kernel, groups=1, origin=origin, bias=bias,
-                               bias_padded=any(m.bias_padded for m in maps))
+                               bias_padded=any(m.bias_padded for m in maps),
+                               patched=any(m.patched for m in maps))
 
 
 def affine(m, scale, shift):
@@ -308,20 +323,24 @@ def _conv_pads(step, size, kernel_size):
     return tuple(padding)
 
 
-def compose_program(program, weights, in_size, channels, dtype=tf.float32):
-    """The LinearMap of a program's output (see above); raises NotFusable saying why."""
+def compose_program(program, weights, in_size, channels, dtype=tf.float32, patch_borders=False):
+    """The LinearMap of a program's output (see above); raises NotFusable saying why.
+
+    patch_borders: where a padding is not exact, mark the map `patched` instead of
+    refusing (stride 1 only: then the border outputs can be taken from the unfused
+    program on strips of the input, see border_strips)."""
     values = [identity(channels, in_size, dtype)]
     for step in program:
         op = step["op"]
         if op == "conv":
             kernel, groups = _conv_kernel(step, weights)
             m = values[step["src"]]
-            m = pad(m, _conv_pads(step, m.out_size, kernel.shape[:2]))
+            m = pad(m, _conv_pads(step, m.out_size, kernel.shape[:2]), patch_borders)
             bias = weights[step["bias"]] if step["bias"] else None
             m = convolve(m, kernel, groups, tuple(step["strides"]), tuple(step["dilations"]),
                          bias)
         elif op == "pad":
-            m = pad(values[step["src"]], tuple(step["pads"]))
+            m = pad(values[step["src"]], tuple(step["pads"]), patch_borders)
         elif op in ("add", "subtract"):
             signs = [1, -1] if op == "subtract" else None
             m = add([values[v] for v in step["srcs"]], signs)
@@ -332,13 +351,27 @@ def compose_program(program, weights, in_size, channels, dtype=tf.float32):
         else:
             raise ValueError(f"unknown program step {op!r}")
         values.append(m)
-    return values[-1]
+    m = values[-1]
+    if m.patched and m.strides != (1, 1):
+        raise NotFusable(f"zero padding of intermediate tensors that the fused kernel does not "
+                         f"reproduce, and strides {m.strides}: border patching needs stride 1")
+    return m
 
 
 def run_program(program, weights, x):
-    """Runs the program unfused on x (NHWC): the reference the fused conv must equal."""
+    """Runs the program unfused on x (NHWC): the reference the fused conv must equal.
+    Steps the output does not depend on are skipped (on a border strip they might
+    not even fit)."""
+    live = {len(program)}
+    for i in range(len(program), 0, -1):
+        if i in live:
+            step = program[i - 1]
+            live.update(step["srcs"] if "srcs" in step else [step["src"]])
     values = [x]
-    for step in program:
+    for i, step in enumerate(program, 1):
+        if i not in live:
+            values.append(None)
+            continue
         op = step["op"]
         if op == "conv":
             kernel, _ = _conv_kernel(step, weights)
@@ -389,9 +422,28 @@ def fused_padding(m):
     return (ph, (oh - 1) * sh + kh - ph - h, pw, (ow - 1) * sw + kw - pw - w)
 
 
-def apply_fused(x, m, bias=None, algorithm="auto", workspace_limit=0):
+def border_strips(m):
+    """For a patched map (stride 1): ((top rows, first bottom row, input rows per strip),
+    (the same for columns)). Output rows below `top rows` and from `first bottom row`
+    on read zero padding in the fused conv; every other output's footprint lies in
+    the input, so every value it depends on is a real (unpadded) one and the fused
+    kernel is exact there. A top strip of K - 1 input rows holds the whole footprint
+    of each top row, and the unfused program on it reproduces those rows (with
+    stride 1 the paddings do not depend on the input size); likewise at the bottom."""
+    dims = []
+    for k, p, n, out in zip(m.kernel_size, m.origin, m.in_size, m.out_size):
+        dims.append((min(p, out), max(min(n - k + p + 1, out), 0), k + 1))
+    return tuple(dims)
+
+
+def apply_fused(x, m, bias=None, algorithm="auto", workspace_limit=0, program=None,
+                weights=None):
     """Runs the fused map on x (NHWC): pad (or crop), one bigconv2d, then the bias
-    (a vector, or a bias_map output broadcast over the batch)."""
+    (a vector, or a bias_map output broadcast over the batch). A patched map needs
+    its program and weights: its border rows and columns come from the unfused
+    program on strips of x (border_strips)."""
+    if m.patched:
+        return _apply_patched(x, m, bias, algorithm, workspace_limit, program, weights)
     top, bottom, left, right = fused_padding(m)
     if min(top, bottom, left, right) < 0:
         h, w = x.shape[1], x.shape[2]
@@ -403,4 +455,26 @@ def apply_fused(x, m, bias=None, algorithm="auto", workspace_limit=0):
                   algorithm=algorithm, workspace_limit=workspace_limit)
     if bias is not None:
         y = y + tf.cast(bias, y.dtype)
+    return y
+
+
+def _apply_patched(x, m, bias, algorithm, workspace_limit, program, weights):
+    if program is None or weights is None:
+        raise ValueError("apply_fused: a patched map needs its program and weights")
+    unpatched = dataclasses.replace(m, patched=False)
+    (top, bottom, rows), (left, right, cols) = border_strips(m)
+    (h, w), (oh, ow) = m.in_size, m.out_size
+    if top >= bottom or left >= right or rows >= h or cols >= w:
+        return run_program(program, weights, x)  # the strips would cover it all
+    y = apply_fused(x, unpatched, bias, algorithm, workspace_limit)
+    if left or right < ow:  # columns first, from full-height strips
+        parts = [run_program(program, weights, x[:, :, :cols])[:, :, :left], y[:, :, left:right]]
+        if right < ow:
+            parts.append(run_program(program, weights, x[:, :, w - cols:])[:, :, right - (w - cols):])
+        y = tf.concat(parts, axis=2)
+    if top or bottom < oh:
+        parts = [run_program(program, weights, x[:, :rows])[:, :top], y[:, top:bottom]]
+        if bottom < oh:
+            parts.append(run_program(program, weights, x[:, h - rows:])[:, bottom - (h - rows):])
+        y = tf.concat(parts, axis=1)
     return y

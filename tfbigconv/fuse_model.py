@@ -26,7 +26,7 @@ class SubgraphReport:
     kernel_size, groups, strides: the fused convolution's. bias: "none",
     "vector" or "map" (a bias map: biases met zero padding, so the exact bias
     varies near the borders; FusedBiasMap adds it). exact: how borders are
-    exact. macs_before/after: multiply-adds per image of the direct
+    exact ("borders exact: ..." or "borders patched: ..."). macs_before/after: multiply-adds per image of the direct
     convolutions. kept_bytes_before/after: bytes per image of the distinct
     tensors the convolutions keep for backprop (float32). seconds_before/after:
     measured forward time of the subgraph on `measure` images (None unless
@@ -245,8 +245,12 @@ def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algori
     it. The whole subgraph is one affine map, computed as one convolution of
     the composed kernel (size d1 (K1 - 1) + s1 d2 (K2 - 1) + 1 for a chain,
     the largest for branches), only where that is exact at every output
-    position, borders included (see tfbigconv.fuse); otherwise the subgraph
-    is kept as it was and its report says why.
+    position, borders included (see tfbigconv.fuse). Where the kernel cannot
+    reproduce an intermediate zero padding (e.g. a chain of SAME convs) and
+    every stride is 1, the outputs near the borders are computed by the
+    original layers on strips of the input (a FusedLinearConv, also for
+    inference); otherwise the subgraph is kept as it was and its report says
+    why.
 
     Args:
       model: a built Functional or Sequential Keras model with static input
@@ -341,21 +345,29 @@ def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorit
     program, weights, variables = _program(input_tensor, nodes)
     w64 = {k: tf.constant(v) for k, v in weights.items()}
     try:
-        m = fuse.compose_program(program, w64, in_size, channels, tf.float64)
+        m = fuse.compose_program(program, w64, in_size, channels, tf.float64, patch_borders=True)
     except fuse.NotFusable as e:
         return SubgraphReport(names, "refused", str(e)), None
     out_shape = tuple(nodes[-1].output_tensors[0].shape[1:])
     if m.out_size + (m.out_channels,) != out_shape:  # a layer this module misreads
         return SubgraphReport(names, "refused", f"fused output {m.out_size + (m.out_channels,)}"
                               f" differs from the model's {out_shape}"), None
-    bmap = fuse.bias_map(program, w64, in_size, channels, tf.float64) if m.bias_padded else None
+    use_map = m.bias_padded and not m.patched
+    bmap = fuse.bias_map(program, w64, in_size, channels, tf.float64) if use_map else None
     pads = fuse.fused_padding(m)
-    exact = ("borders exact: intermediates are never padded where they are nonzero"
-             + ("; biases that meet padding are added as an exact bias map" if m.bias_padded
-                else ""))
+    if m.patched:
+        (top, bottom, rows), (left, right, cols) = fuse.border_strips(m)
+        exact = (f"borders patched: the kernel does not reproduce the intermediates' zero "
+                 f"padding, so the output rows/columns within {top}/{m.out_size[0] - bottom} "
+                 f"(top/bottom) and {left}/{m.out_size[1] - right} (left/right) of the borders "
+                 f"come from the unfused layers run on {rows}-row and {cols}-column input strips")
+    else:
+        exact = ("borders exact: intermediates are never padded where they are nonzero"
+                 + ("; biases that meet padding are added as an exact bias map" if use_map
+                    else ""))
     report = SubgraphReport(
         names, "fused", kernel_size=m.kernel_size, groups=m.groups, strides=m.strides,
-        bias="map" if m.bias_padded else ("vector" if m.bias is not None else "none"),
+        bias="map" if use_map else ("vector" if m.bias is not None else "none"),
         exact=exact)
     (report.macs_before, report.macs_after, report.kept_bytes_before,
      report.kept_bytes_after) = _estimates(program, nodes, weights, in_size, channels, m)
@@ -366,13 +378,16 @@ def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorit
         return report, None
     name = "fused_" + nodes[-1].operation.name
 
-    if trainable:
+    if trainable or m.patched:  # patched borders need the branch weights at run time
+        kept = [k for k, _, _ in variables] if trainable else sorted(weights)
+
         def build(x):
-            layer = FusedLinearConv(program, [[k, list(weights[k].shape)] for k, _, _ in variables],
+            layer = FusedLinearConv(program, [[k, list(weights[k].shape)] for k in kept],
                                     in_size, channels, algorithm=algorithm,
-                                    workspace_limit=workspace_limit, name=name)
+                                    workspace_limit=workspace_limit, trainable=trainable,
+                                    name=name)
             y = layer(x)
-            layer.set_weights([weights[k].astype(np.float32) for k, _, _ in variables])
+            layer.set_weights([weights[k].astype(np.float32) for k in kept])
             return y
     else:
         kernel = m.kernel.numpy().astype(np.float32)
@@ -411,5 +426,5 @@ def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorit
         b32 = tf.cast(bmap if bmap is not None else (m.bias if m.bias is not None else 0.0),
                       tf.float32)
         report.seconds_after = _time(tf.function(
-            lambda x: fuse.apply_fused(x, m32, b32, algorithm, workspace_limit)), x)
+            lambda x: fuse.apply_fused(x, m32, b32, algorithm, workspace_limit, program, w32)), x)
     return report, build

@@ -179,6 +179,9 @@ class FusedLinearConv(keras.layers.Layer):
     runs one `bigconv2d` on the input. Backprop keeps only this layer's input
     instead of every intermediate, and gradients reach the original weights
     through the composition, so training matches the unfused subgraph.
+    Where the kernel cannot reproduce an intermediate zero padding (a chain of
+    SAME convs, stride 1), the outputs near the borders come from the unfused
+    layers run on strips of the input (`tfbigconv.fuse.border_strips`).
 
     Args:
       program: the subgraph as a list of steps (see tfbigconv.fuse).
@@ -213,15 +216,16 @@ class FusedLinearConv(keras.layers.Layer):
         a bias map [out_h, out_w, channels], or None."""
         weights = dict(self.branch_weights)
         m = fuse.compose_program(self.program, weights, self.input_size, self.channels,
-                                 self.variable_dtype)
-        if m.bias_padded:
+                                 self.variable_dtype, patch_borders=True)
+        if m.bias_padded and not m.patched:
             return m, fuse.bias_map(self.program, weights, self.input_size, self.channels,
                                     self.variable_dtype)
         return m, m.bias
 
     def call(self, inputs):
         m, bias = self.fused()
-        return fuse.apply_fused(inputs, m, bias, self.algorithm, self.workspace_limit)
+        return fuse.apply_fused(inputs, m, bias, self.algorithm, self.workspace_limit,
+                                self.program, dict(self.branch_weights))
 
     def get_config(self):
         config = super().get_config()
