@@ -41,7 +41,8 @@ from tfbigconv.conv import bigconv2d
 __all__ = [
     "NotFusable", "LinearMap", "identity", "pad", "convolve", "add", "concat", "affine",
     "batchnorm_affine", "regroup", "dilate_kernel", "compose_kernels", "same_pads",
-    "compose_program", "run_program", "bias_map", "fused_padding", "apply_fused",
+    "compose_program", "run_program", "bias_map", "fused_padding", "border_strips",
+    "apply_fused",
 ]
 
 
