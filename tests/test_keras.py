@@ -182,7 +182,8 @@ def test_registered_for_loading():
     del keras.saving.get_custom_objects()["tfbigconv>BigConv2D"]
     assert keras.saving.get_registered_object("tfbigconv>BigConv2D") is None
     names = tfbigconv.register_all()
-    assert names == ["tfbigconv>BigConv2D", "tfbigconv>BigDepthwiseConv2D"]
+    assert names == ["tfbigconv>BigConv2D", "tfbigconv>BigDepthwiseConv2D",
+                     "tfbigconv>FusedLinearConv", "tfbigconv>FusedBiasMap"]
     assert keras.saving.get_registered_object("tfbigconv>BigConv2D") is BigConv2D
     assert keras.saving.get_registered_object("tfbigconv>BigDepthwiseConv2D") is BigDepthwiseConv2D
 

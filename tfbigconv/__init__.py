@@ -3,7 +3,9 @@
 `bigconv2d` is a drop-in for `tf.nn.conv2d`; `tfbigconv.keras` has the Keras
 layers `BigConv2D` and `BigDepthwiseConv2D`; `convert_model` swaps them into an
 existing Keras model; `memory_report` shows where a model's training step keeps
-its memory (and `explain_oom` prints it when a step runs out).
+its memory (and `explain_oom` prints it when a step runs out); `fuse_linear`
+merges chains and branches of linear convolutions into one large-kernel
+convolution (kernel algebra: `tfbigconv.fuse`).
 
 Importing this package loads the custom ops, registers their gradients and the
 Keras layers, so SavedModels and `.keras` files that use them load afterwards.
@@ -26,12 +28,15 @@ from tfbigconv.explain import explain
 from tfbigconv import keras  # registers the Keras layers (needs Keras 3, a TensorFlow dependency)
 from tfbigconv.convert import convert_model
 from tfbigconv.memory_report import MemoryReport, explain_oom, memory_report
+from tfbigconv import fuse
+from tfbigconv.fuse_model import SubgraphReport, fuse_linear
 
 # The planner's constants, in both compiled modules (see cost_model.py).
 cost_model.load_active(_ops._LIB_PATH)
 
-__all__ = ["bigconv2d", "explain", "ALGORITHMS", "convert_model", "keras", "register_all",
-           "memory_report", "MemoryReport", "explain_oom"]
+__all__ = ["bigconv2d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_linear",
+           "SubgraphReport", "keras", "register_all", "memory_report", "MemoryReport",
+           "explain_oom"]
 __version__ = "0.1.0"
 
 
@@ -40,7 +45,8 @@ def register_all():
 
     That is the custom ops (BigConv2D, BigConv2DBackpropInput,
     BigConv2DBackpropFilter) for `tf.saved_model.load`, their gradients, and
-    the Keras layers `tfbigconv>BigConv2D` and `tfbigconv>BigDepthwiseConv2D`
+    the Keras layers `tfbigconv>BigConv2D`, `tfbigconv>BigDepthwiseConv2D`,
+    `tfbigconv>FusedLinearConv` and `tfbigconv>FusedBiasMap` (fuse_linear's)
     for `keras.models.load_model`. Importing tfbigconv already does all this
     (and fails with ImportError, saying what to rebuild, when the ops were
     built against another TensorFlow); the call makes a serving script's

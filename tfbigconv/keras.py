@@ -26,6 +26,7 @@ import numbers
 import keras
 import tensorflow as tf
 
+from tfbigconv import fuse
 from tfbigconv.conv import ALGORITHMS, bigconv2d
 
 if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - depends on the install
@@ -33,7 +34,7 @@ if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - depends on th
         f"tfbigconv.keras needs Keras 3 (found keras {keras.__version__}); "
         "for tf.keras 2 (tf_keras) call tfbigconv.bigconv2d from your own layer")
 
-__all__ = ["BigConv2D", "BigDepthwiseConv2D"]
+__all__ = ["BigConv2D", "BigDepthwiseConv2D", "FusedLinearConv", "FusedBiasMap"]
 
 _DATA_FORMATS = {"channels_last": "NHWC", "channels_first": "NCHW"}
 
@@ -165,3 +166,93 @@ class BigDepthwiseConv2D(_BigConvMixin, keras.layers.DepthwiseConv2D):
 
     def get_config(self):
         return self._big_config(super().get_config())
+
+
+@keras.saving.register_keras_serializable(package="tfbigconv")
+class FusedLinearConv(keras.layers.Layer):
+    """A linear subgraph of convolutions run as one convolution, trainable.
+
+    Made by `tfbigconv.fuse_linear(model, trainable=True)`. It keeps the
+    original layers' weights as its own variables (named layer_attribute,
+    e.g. "conv1_kernel") and, on every call, composes the fused kernel and
+    bias from them (`tfbigconv.fuse.compose_program`: weight-sized work), then
+    runs one `bigconv2d` on the input. Backprop keeps only this layer's input
+    instead of every intermediate, and gradients reach the original weights
+    through the composition, so training matches the unfused subgraph.
+    Where the kernel cannot reproduce an intermediate zero padding (a chain of
+    SAME convs, stride 1), the outputs near the borders come from the unfused
+    layers run on strips of the input (`tfbigconv.fuse.border_strips`).
+
+    Args:
+      program: the subgraph as a list of steps (see tfbigconv.fuse).
+      weight_shapes: [[name, shape], ...], the variables in order.
+      input_size: (height, width) of the input; the fusion's border checks
+        and bias map are for this size.
+      channels: input channels.
+      algorithm, workspace_limit: as in `BigConv2D`.
+    Input and output are channels_last.
+    """
+
+    def __init__(self, program, weight_shapes, input_size, channels, algorithm="auto",
+                 workspace_limit=0, **kwargs):
+        super().__init__(**kwargs)
+        _check_backend()
+        self.algorithm, self.workspace_limit = _check_options(algorithm, workspace_limit)
+        self.program = [dict(step) for step in program]
+        self.weight_shapes = [[name, [int(d) for d in shape]] for name, shape in weight_shapes]
+        self.input_size = tuple(int(v) for v in input_size)
+        self.channels = int(channels)
+        self.supports_jit = False
+        self.branch_weights = {}
+
+    def build(self, input_shape):
+        for name, shape in self.weight_shapes:
+            self.branch_weights[name] = self.add_weight(name=name, shape=tuple(shape),
+                                                        initializer="zeros")
+        self.built = True
+
+    def fused(self):
+        """The composed (LinearMap, bias) from the current weights; bias is a vector,
+        a bias map [out_h, out_w, channels], or None."""
+        weights = dict(self.branch_weights)
+        m = fuse.compose_program(self.program, weights, self.input_size, self.channels,
+                                 self.variable_dtype, patch_borders=True)
+        if m.bias_padded and not m.patched:
+            return m, fuse.bias_map(self.program, weights, self.input_size, self.channels,
+                                    self.variable_dtype)
+        return m, m.bias
+
+    def call(self, inputs):
+        m, bias = self.fused()
+        return fuse.apply_fused(inputs, m, bias, self.algorithm, self.workspace_limit,
+                                self.program, dict(self.branch_weights))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(program=self.program, weight_shapes=self.weight_shapes,
+                      input_size=list(self.input_size), channels=self.channels,
+                      algorithm=self.algorithm, workspace_limit=self.workspace_limit)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfbigconv")
+class FusedBiasMap(keras.layers.Layer):
+    """Adds a fixed [height, width, channels] bias map: the exact bias of a fused
+    subgraph whose biases meet zero padding (made by `tfbigconv.fuse_linear`)."""
+
+    def __init__(self, shape, **kwargs):
+        super().__init__(**kwargs)
+        self.shape = tuple(int(d) for d in shape)
+
+    def build(self, input_shape):
+        self.bias_map = self.add_weight(name="bias_map", shape=self.shape, initializer="zeros",
+                                        trainable=False)
+        self.built = True
+
+    def call(self, inputs):
+        return inputs + tf.cast(self.bias_map, inputs.dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(shape=list(self.shape))
+        return config

@@ -1,0 +1,258 @@
+"""tfbigconv.fuse_linear and FusedLinearConv: the issue's blocks fused, compared with the
+unfused Keras model over the whole output (borders included) by relative L2 error, and
+training through FusedLinearConv against training the unfused model."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfbigconv
+from tfbigconv.keras import BigConv2D, BigDepthwiseConv2D, FusedBiasMap, FusedLinearConv
+from conftest import random_case
+from reference import rel_l2
+
+L = keras.layers
+TOL = 1e-5  # float32
+
+
+def randomize(model, seed=0, scale=0.3):
+    """Random weights; BatchNormalization variances positive."""
+    rng = np.random.default_rng(seed)
+    for w in model.weights:
+        value = rng.standard_normal(w.shape) * scale
+        if "variance" in w.path:
+            value = np.abs(value) + 0.5
+        w.assign(value.astype(np.float32))
+    return model
+
+
+def seed_block(h, w, c, k, bias=True):
+    """The issue's block: p = 1x1 (C -> C/2); d = depthwise KxK(p) - p; l = KxK(p); concat."""
+    x = keras.Input((h, w, c))
+    p = L.Conv2D(c // 2, 1, use_bias=bias, name="p")(x)
+    d = L.DepthwiseConv2D(k, padding="same", use_bias=bias, name="dw")(p)
+    d = L.Subtract(name="sub")([d, p])
+    low = L.Conv2D(c // 2, k, padding="same", use_bias=bias, name="low")(p)
+    y = L.Concatenate(name="cat")([d, low])
+    return keras.Model(x, L.ReLU(name="relu")(y))
+
+
+def repvgg_block(h, w, c):
+    x = keras.Input((h, w, c))
+    a = L.BatchNormalization(name="bn3")(L.Conv2D(c, 3, padding="same", use_bias=False,
+                                                  name="conv3")(x))
+    b = L.BatchNormalization(name="bn1")(L.Conv2D(c, 1, use_bias=False, name="conv1")(x))
+    i = L.BatchNormalization(name="bn_id")(x)
+    return keras.Model(x, L.ReLU()(L.Add(name="add")([a, b, i])))
+
+
+def replknet_block(h, w, c):
+    x = keras.Input((h, w, c))
+    a = L.BatchNormalization(name="bn31")(L.DepthwiseConv2D(31, padding="same", use_bias=False,
+                                                            name="dw31")(x))
+    b = L.BatchNormalization(name="bn5")(L.DepthwiseConv2D(5, padding="same", use_bias=False,
+                                                           name="dw5")(x))
+    return keras.Model(x, L.Add(name="add")([a, b]))
+
+
+def depthwise_chain(h, w, c, padding):
+    x = keras.Input((h, w, c))
+    y = x
+    for i in range(3):
+        y = L.DepthwiseConv2D(7, padding=padding, name=f"dw{i}")(y)
+    return keras.Model(x, y)
+
+
+def check(model, trainable=False, batch=2, seed=1):
+    fused, reports = tfbigconv.fuse_linear(model, trainable=trainable)
+    x = random_case((batch,) + tuple(model.inputs[0].shape[1:]), seed)
+    err = rel_l2(fused(x).numpy(), model(x).numpy())
+    assert err < TOL, (err, [str(r) for r in reports])
+    return fused, reports
+
+
+@pytest.mark.parametrize("k,c,bias", [(3, 16, True), (7, 32, True), (31, 64, True),
+                                      (7, 16, False)])
+def test_seed_block(k, c, bias):
+    model = randomize(seed_block(40, 36, c, k, bias))
+    fused, (report,) = check(model)
+    assert report.status == "fused" and report.kernel_size == (k, k)
+    assert report.layers == ["p", "dw", "sub", "low", "cat"]
+    assert report.bias == ("map" if bias else "none")
+    convs = [layer for layer in fused.layers if isinstance(layer, (L.Conv2D, L.DepthwiseConv2D))]
+    assert [type(layer) for layer in convs] == [BigConv2D]
+    assert report.kept_bytes_after < report.kept_bytes_before
+
+
+def test_seed_block_trainable_forward():
+    model = randomize(seed_block(30, 28, 16, 7))
+    fused, (report,) = check(model, trainable=True)
+    assert any(isinstance(layer, FusedLinearConv) for layer in fused.layers)
+    assert sorted(w.name for w in fused.trainable_weights) == sorted(
+        ["p_kernel", "p_bias", "dw_kernel", "dw_bias", "low_kernel", "low_bias"])
+
+
+def test_repvgg_block():
+    model = randomize(repvgg_block(20, 18, 8))
+    fused, (report,) = check(model)
+    assert report.kernel_size == (3, 3) and report.bias == "vector"
+    assert len(report.layers) == 6
+
+
+def test_replknet_block():
+    model = randomize(replknet_block(40, 38, 16))
+    fused, (report,) = check(model)
+    assert report.kernel_size == (31, 31) and report.groups == 16 and report.bias == "vector"
+
+
+def test_depthwise_chain_valid_fuses_to_19():
+    model = randomize(depthwise_chain(40, 36, 8, "valid"))
+    fused, (report,) = check(model)
+    assert report.kernel_size == (19, 19) and report.groups == 8
+
+
+@pytest.mark.parametrize("trainable", [False, True])
+def test_depthwise_chain_same_fuses_with_patched_borders(trainable):
+    """Three SAME 7x7 convs: the intermediates' zero padding is not a single conv's, so
+    the outputs within 9 of the borders come from the unfused convs on input strips."""
+    model = randomize(depthwise_chain(48, 44, 8, "same"))
+    fused, (report,) = check(model, trainable=trainable)
+    assert report.status == "fused" and report.kernel_size == (19, 19)
+    assert report.exact.startswith("borders patched") and "9/9" in report.exact
+    assert [type(layer) for layer in fused.layers[1:]] == [FusedLinearConv]
+    assert fused.layers[1].trainable == trainable
+
+
+def test_strided_same_chain_is_refused_with_reason():
+    x = keras.Input((30, 30, 4))
+    y = L.DepthwiseConv2D(3, padding="same", name="a")(x)
+    y = L.DepthwiseConv2D(3, strides=2, padding="same", name="b")(y)
+    model = randomize(keras.Model(x, y))
+    fused, (report,) = check(model)  # the refused subgraph is kept: same outputs
+    assert report.status == "refused" and "stride 1" in report.reason
+    assert [layer.name for layer in fused.layers[1:]] == ["a", "b"]
+
+
+def test_pad_once_then_valid_and_strides():
+    x = keras.Input((33, 31, 6))
+    y = L.ZeroPadding2D(((4, 2), (3, 5)))(x)
+    y = L.Conv2D(6, 5, strides=2, groups=3, name="a")(y)
+    y = BigDepthwiseConv2D(3, strides=(1, 2), name="b")(y)  # Keras: equal strides only
+    y = L.Conv2D(4, 1, name="c")(y)
+    model = randomize(keras.Model(x, y))
+    fused, (report,) = check(model)
+    assert report.strides == (2, 4) and report.bias == "vector"
+
+
+def test_resnet_style_conv_bn_next_to_other_layers():
+    """conv + BN before an Add with a projection shortcut: two subgraphs, both fused;
+    the ReLU between blocks is kept."""
+    x = keras.Input((16, 16, 8))
+    a = L.BatchNormalization()(L.Conv2D(8, 3, padding="same")(x))
+    s = L.BatchNormalization()(L.Conv2D(8, 1)(x))
+    y = L.ReLU()(L.Add()([a, s]))
+    y = L.BatchNormalization()(L.Conv2D(4, 3, padding="same")(y))
+    model = randomize(keras.Model(x, y))
+    fused, reports = check(model)
+    assert [r.status for r in reports] == ["fused", "fused"]
+    assert [r.kernel_size for r in reports] == [(3, 3), (3, 3)]
+
+
+def test_measure_fills_times():
+    model = randomize(seed_block(20, 20, 8, 5))
+    _, (report,) = tfbigconv.fuse_linear(model, measure=2)
+    assert report.seconds_before > 0 and report.seconds_after > 0
+    assert "measured" in str(report)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="model"):
+        tfbigconv.fuse_linear("not a model")
+    model = seed_block(10, 10, 4, 3)
+    with pytest.raises(ValueError, match="measure"):
+        tfbigconv.fuse_linear(model, measure=-1)
+    with pytest.raises(ValueError, match="algorithm"):
+        tfbigconv.fuse_linear(model, algorithm="nope")
+
+
+def test_unknown_spatial_size_is_refused():
+    x = keras.Input((None, None, 4))
+    y = L.Conv2D(4, 3)(L.Conv2D(4, 3)(x))
+    _, (report,) = tfbigconv.fuse_linear(keras.Model(x, y))
+    assert report.status == "refused" and "static" in report.reason
+
+
+def test_saving_fused_models(tmp_path):
+    model = randomize(seed_block(20, 18, 8, 5))
+    x = random_case((2, 20, 18, 8), 3)
+    for trainable in (False, True):
+        fused, _ = tfbigconv.fuse_linear(model, trainable=trainable)
+        path = str(tmp_path / f"fused{trainable}.keras")
+        fused.save(path)
+        loaded = keras.models.load_model(path)
+        assert rel_l2(loaded(x).numpy(), fused(x).numpy()) < 1e-7
+    assert any(isinstance(layer, FusedBiasMap) for layer in
+               tfbigconv.fuse_linear(model)[0].layers)
+
+
+def _train(model, data, steps, lr=0.05):
+    """Plain SGD on a mean-squared loss; returns the losses."""
+    opt = keras.optimizers.SGD(lr)
+    losses = []
+    for i in range(steps):
+        x, t = data[i % len(data)]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - t))
+        grads = tape.gradient(loss, model.trainable_weights)
+        opt.apply_gradients(zip(grads, model.trainable_weights))
+        losses.append(float(loss))
+    return losses
+
+
+def test_training_fused_matches_unfused():
+    """Several SGD steps on the seed block: the same loss curve and the same weights."""
+    def head(block):
+        x = keras.Input(block.inputs[0].shape[1:])
+        return keras.Model(x, L.Conv2D(3, 1, name="head")(block(x)))
+
+    block = randomize(seed_block(24, 22, 16, 7), scale=0.2)
+    fused_block, _ = tfbigconv.fuse_linear(block, trainable=True)
+    unfused, fused = head(block), head(fused_block)
+    fused.get_layer("head").set_weights(unfused.get_layer("head").get_weights())
+    data = [(random_case((4, 24, 22, 16), s), random_case((4, 24, 22, 3), s + 10))
+            for s in range(3)]
+    a = _train(unfused, data, 6)
+    b = _train(fused, data, 6)
+    assert a[-1] < a[0]  # it learns
+    np.testing.assert_allclose(b, a, rtol=1e-4)
+    layer = next(l for l in fused_block.layers if isinstance(l, FusedLinearConv))
+    for name in ("p", "dw", "low"):
+        got = layer.branch_weights[f"{name}_kernel"].numpy()
+        assert rel_l2(got, block.get_layer(name).kernel.numpy()) < 1e-4
+
+
+def test_max_mac_ratio_refuses_costlier_kernels():
+    model = randomize(seed_block(20, 20, 8, 5))
+    _, (report,) = tfbigconv.fuse_linear(model, max_mac_ratio=2)
+    assert report.status == "refused" and "multiply-adds" in report.reason
+    assert report.macs_after > 2 * report.macs_before
+    _, (report,) = tfbigconv.fuse_linear(randomize(repvgg_block(12, 12, 4)), max_mac_ratio=1)
+    assert report.status == "fused" and report.macs_after < report.macs_before
+    with pytest.raises(ValueError, match="max_mac_ratio"):
+        tfbigconv.fuse_linear(model, max_mac_ratio=0)
+
+
+def test_same_chain_with_batchnorm_patched_for_inference(tmp_path):
+    x = keras.Input((36, 34, 6))
+    y = L.BatchNormalization(name="bn0")(x)
+    y = L.Conv2D(6, 5, padding="same", name="a")(y)
+    y = L.BatchNormalization(name="bn1")(y)
+    y = L.Conv2D(4, 3, padding="same", groups=2, name="b")(y)
+    model = randomize(keras.Model(x, y))
+    fused, (report,) = check(model)
+    assert report.status == "fused" and report.exact.startswith("borders patched")
+    assert report.kernel_size == (7, 7) and len(report.layers) == 4
+    path = str(tmp_path / "patched.keras")
+    fused.save(path)
+    data = random_case((2, 36, 34, 6), 5)
+    assert rel_l2(keras.models.load_model(path)(data).numpy(), model(data).numpy()) < TOL

@@ -1,0 +1,430 @@
+"""fuse_linear: replace linear subgraphs of a Keras model by one large-kernel convolution."""
+import dataclasses
+import time
+from typing import List, Optional, Tuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfbigconv import fuse
+from tfbigconv.keras import (BigConv2D, BigDepthwiseConv2D, FusedBiasMap, FusedLinearConv,
+                             _check_options)
+
+_CONVS = (keras.layers.Conv2D, BigConv2D)
+_DEPTHWISE = (keras.layers.DepthwiseConv2D, BigDepthwiseConv2D)
+_MERGES = {keras.layers.Add: "add", keras.layers.Subtract: "subtract",
+           keras.layers.Concatenate: "concat"}
+
+
+@dataclasses.dataclass
+class SubgraphReport:
+    """What fuse_linear did with one linear subgraph.
+
+    layers: the merged layers' names, in order. status: "fused" or "refused"
+    (then `reason` says why and the layers are kept as they were).
+    kernel_size, groups, strides: the fused convolution's. bias: "none",
+    "vector" or "map" (a bias map: biases met zero padding, so the exact bias
+    varies near the borders; FusedBiasMap adds it). exact: how borders are
+    exact ("borders exact: ..." or "borders patched: ..."). macs_before/after: multiply-adds per image of the direct
+    convolutions. kept_bytes_before/after: bytes per image of the distinct
+    tensors the convolutions keep for backprop (float32). seconds_before/after:
+    measured forward time of the subgraph on `measure` images (None unless
+    measured).
+    """
+    layers: List[str]
+    status: str
+    reason: str = ""
+    kernel_size: Optional[Tuple[int, int]] = None
+    groups: Optional[int] = None
+    strides: Optional[Tuple[int, int]] = None
+    bias: str = "none"
+    exact: str = ""
+    macs_before: int = 0
+    macs_after: int = 0
+    kept_bytes_before: int = 0
+    kept_bytes_after: int = 0
+    seconds_before: Optional[float] = None
+    seconds_after: Optional[float] = None
+
+    def __str__(self):
+        head = f"{'+'.join(self.layers)}: {self.status}"
+        if self.status != "fused":
+            return f"{head} ({self.reason})"
+        text = (f"{head} into {self.kernel_size[0]}x{self.kernel_size[1]} groups={self.groups} "
+                f"strides={self.strides}, bias {self.bias}; {self.exact}; MACs/image "
+                f"{self.macs_before:,} -> {self.macs_after:,}; kept for backprop/image "
+                f"{self.kept_bytes_before:,} -> {self.kept_bytes_after:,} B")
+        if self.seconds_before is not None:
+            text += f"; measured {self.seconds_before * 1e3:.2f} -> {self.seconds_after * 1e3:.2f} ms"
+        return text
+
+
+def _is_linear(layer, trainable):
+    """Whether the layer is one fuse_linear can merge (and, if not, nothing)."""
+    t = type(layer)
+    if t in _CONVS or t in _DEPTHWISE:
+        return (layer.data_format == "channels_last"
+                and layer.activation is keras.activations.linear
+                and layer.dtype_policy.compute_dtype == "float32"
+                and not (trainable and _has_regularizer_or_constraint(layer)))
+    if t in _MERGES:
+        return t is not keras.layers.Concatenate or layer.axis in (-1, 3)
+    if t is keras.layers.ZeroPadding2D:
+        return layer.data_format == "channels_last"
+    if t is keras.layers.BatchNormalization:  # inference only: a fixed affine map
+        axis = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
+        return not trainable and list(axis) in ([-1], [3])
+    return False
+
+
+def _has_regularizer_or_constraint(layer):
+    """FusedLinearConv does not carry these over, so training would differ."""
+    return any(v is not None for k, v in layer.get_config().items()
+               if k.endswith(("_regularizer", "_constraint")))
+
+
+class _Graph:
+    """The model's call nodes, in execution order, with who consumes each tensor."""
+
+    def __init__(self, functional):
+        self.fn = functional
+        self.nodes = []
+        for depth in sorted(functional._nodes_by_depth, reverse=True):
+            for node in functional._nodes_by_depth[depth]:
+                if node.operation is not None and not node.is_input:
+                    self.nodes.append(node)
+        self.consumers = {}
+        for node in self.nodes:
+            for t in node.input_tensors:
+                self.consumers.setdefault(id(t), []).append(node)
+        self.outputs = {id(t) for t in functional.outputs}
+        self.producer = {id(t): node for node in self.nodes for t in node.output_tensors}
+
+
+def _regions(graph, trainable):
+    """Yields (input tensor, [nodes in order]) for maximal linear subgraphs with one input
+    and one output, and (None, nodes, reason) for ones that cannot be cut out."""
+    uses = {}
+    for node in graph.nodes:
+        uses[id(node.operation)] = uses.get(id(node.operation), 0) + 1
+    linear = {id(n) for n in graph.nodes
+              if uses[id(n.operation)] == 1 and _is_linear(n.operation, trainable)}
+    claimed = set()
+    for start in graph.nodes:  # every tensor a node reads, in execution order
+        for t in start.input_tensors:
+            region, inside = [], {id(t)}
+            for node in graph.nodes:  # closure: linear nodes reading only t and the region
+                if (id(node) in linear and id(node) not in claimed
+                        and all(id(x) in inside for x in node.input_tensors)):
+                    region.append(node)
+                    inside.update(id(x) for x in node.output_tensors)
+            if not any(isinstance(n.operation, _CONVS + _DEPTHWISE) for n in region):
+                continue
+            picked = _one_output(graph, region)
+            if picked is None:
+                claimed.update(id(n) for n in region)
+                yield None, region, "its tensors are used outside it in several places"
+                continue
+            if len(picked) >= 2:
+                claimed.update(id(n) for n in picked)
+                yield t, picked, ""
+
+
+def _one_output(graph, region):
+    """The largest part of region (an output and its ancestors in the region) whose
+    intermediate tensors are used only inside it; None if there is none."""
+    ids = {id(n) for n in region}
+    candidates = []
+    for node in region:
+        part = _ancestors(graph, node, ids)
+        made = {id(x) for n in part for x in n.output_tensors}
+        part_ids = {id(n) for n in part}
+        out = node.output_tensors[0]
+        escapes = any(
+            tid != id(out) and (tid in graph.outputs or any(
+                id(c) not in part_ids for c in graph.consumers.get(tid, [])))
+            for tid in made)
+        if not escapes:
+            candidates.append(part)
+    return max(candidates, key=len) if candidates else None
+
+
+def _ancestors(graph, node, ids):
+    seen, stack = {}, [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen[id(n)] = n
+        for x in n.input_tensors:
+            p = graph.producer.get(id(x))
+            if p is not None and id(p) in ids:
+                stack.append(p)
+    return [n for n in graph.nodes if id(n) in seen]  # in execution order
+
+
+def _program(input_tensor, nodes):
+    """(program, weights as float64 numpy, trainable weights [(name, layer, attr)])."""
+    value = {id(input_tensor): 0}
+    program, weights, variables = [], {}, []
+
+    def src(t):
+        return value[id(t)]
+
+    for node in nodes:
+        layer = node.operation
+        ins = node.input_tensors
+        if isinstance(layer, _CONVS + _DEPTHWISE):
+            depthwise = isinstance(layer, _DEPTHWISE)
+            kname = f"{layer.name}_kernel"
+            weights[kname] = layer.kernel
+            variables.append((kname, layer, "kernel"))
+            bname = None
+            if layer.use_bias:
+                bname = f"{layer.name}_bias"
+                weights[bname] = layer.bias
+                variables.append((bname, layer, "bias"))
+            program.append(dict(op="conv", src=src(ins[0]), kernel=kname, bias=bname,
+                                groups=1 if depthwise else layer.groups, depthwise=depthwise,
+                                strides=list(layer.strides), dilations=list(layer.dilation_rate),
+                                padding=layer.padding))
+        elif isinstance(layer, keras.layers.ZeroPadding2D):
+            (t, b), (l, r) = layer.padding
+            program.append(dict(op="pad", src=src(ins[0]), pads=[t, b, l, r]))
+        elif isinstance(layer, keras.layers.BatchNormalization):
+            scale, shift = fuse.batchnorm_affine(
+                layer.gamma if layer.scale else None, layer.beta if layer.center else None,
+                layer.moving_mean, layer.moving_variance, layer.epsilon)
+            weights[f"{layer.name}_scale"], weights[f"{layer.name}_shift"] = scale, shift
+            program.append(dict(op="affine", src=src(ins[0]), scale=f"{layer.name}_scale",
+                                shift=f"{layer.name}_shift"))
+        else:
+            program.append(dict(op=_MERGES[type(layer)], srcs=[src(x) for x in ins]))
+        value[id(node.output_tensors[0])] = len(program)
+    weights = {k: np.asarray(keras.ops.convert_to_numpy(v), np.float64)
+               for k, v in weights.items()}
+    return program, weights, variables
+
+
+def _estimates(program, nodes, weights, in_size, channels, m):
+    """(macs before, after, kept bytes before, after) per image."""
+    sizes = [tuple(in_size) + (channels,)] + [tuple(n.output_tensors[0].shape[1:]) for n in nodes]
+    macs, kept = 0, set()
+    for i, step in enumerate(program):
+        if step["op"] == "conv":
+            kh, kw, cin_g, _ = weights[step["kernel"]].shape
+            macs += int(np.prod(sizes[i + 1])) * kh * kw * (1 if step["depthwise"] else cin_g)
+            kept.add(step["src"])
+    kept_before = sum(4 * int(np.prod(sizes[v])) for v in kept)
+    kh, kw = m.kernel_size
+    macs_after = m.out_size[0] * m.out_size[1] * m.out_channels * kh * kw * int(m.kernel.shape[2])
+    return macs, macs_after, kept_before, 4 * int(np.prod(sizes[0]))
+
+
+def _time(fn, x, reps=3):
+    fn(x).numpy()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(x).numpy()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algorithm="auto",
+                workspace_limit=0):
+    """Returns (fused_model, reports): `model` with each linear subgraph as one convolution.
+
+    A linear subgraph is a connected set of layers, reading one tensor and
+    producing one, made of Conv2D, DepthwiseConv2D, BigConv2D and
+    BigDepthwiseConv2D without activation (channels_last, float32), Add,
+    Subtract, Concatenate on channels, ZeroPadding2D and, when not
+    `trainable`, BatchNormalization (in inference: its moving statistics);
+    each layer called once. Its intermediate tensors may not be used outside
+    it. The whole subgraph is one affine map, computed as one convolution of
+    the composed kernel (size d1 (K1 - 1) + s1 d2 (K2 - 1) + 1 for a chain,
+    the largest for branches), only where that is exact at every output
+    position, borders included (see tfbigconv.fuse). Where the kernel cannot
+    reproduce an intermediate zero padding (e.g. a chain of SAME convs) and
+    every stride is 1, the outputs near the borders are computed by the
+    original layers on strips of the input (a FusedLinearConv, also for
+    inference); otherwise the subgraph is kept as it was and its report says
+    why.
+
+    Args:
+      model: a built Functional or Sequential Keras model with static input
+        height and width (the border checks and bias maps depend on them).
+      trainable: False: each subgraph becomes ZeroPadding2D (when needed) +
+        BigConv2D with the composed kernel [+ FusedBiasMap], for inference.
+        True: a FusedLinearConv layer that keeps the original weights as its
+        variables and composes the kernel on every call, so training updates
+        the same parameters as the unfused model (BatchNormalization is then
+        not merged, since in training it uses batch statistics).
+      measure: if > 0, times each subgraph's forward pass unfused and fused on
+        that many random images and puts the times in the report.
+      algorithm, workspace_limit: for the fused convolutions (see BigConv2D).
+
+    Returns:
+      (fused_model, reports): a new, uncompiled Keras model (the original is
+      unchanged; other layers are cloned with their weights) and a list of
+      SubgraphReport, one per linear subgraph with at least one convolution
+      and two layers.
+
+    Raises:
+      ValueError: a bad argument (named), or a model that cannot be rebuilt.
+    """
+    algorithm, workspace_limit = _check_options(algorithm, workspace_limit)
+    if not isinstance(model, keras.Model):
+        raise ValueError("Invalid value for argument `model`: expected a Keras model, received "
+                         f"{type(model).__name__}")
+    functional = model._functional if isinstance(model, keras.Sequential) else model
+    if functional is None or not hasattr(functional, "_nodes_by_depth") or not model.built:
+        raise ValueError("Invalid value for argument `model`: expected a built Functional or "
+                         "Sequential model (subclassed models have no graph to rewrite)")
+    if max_mac_ratio is not None and (isinstance(max_mac_ratio, bool) or not isinstance(
+            max_mac_ratio, (int, float)) or not max_mac_ratio > 0):
+        raise ValueError("Invalid value for argument `max_mac_ratio`: expected None or a "
+                         f"positive number, received max_mac_ratio={max_mac_ratio!r}")
+    if isinstance(measure, bool) or not isinstance(measure, int) or measure < 0:
+        raise ValueError(f"Invalid value for argument `measure`: expected a non-negative int "
+                         f"(images), received measure={measure!r}")
+    graph = _Graph(functional)
+    reports, replace = [], {}  # replace: id(output node) -> (input tensor, build function)
+    skip = set()
+    for input_tensor, nodes, reason in _regions(graph, trainable):
+        names = [n.operation.name for n in nodes]
+        if input_tensor is None:
+            reports.append(SubgraphReport(names, "refused", reason))
+            continue
+        report, build = _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure,
+                                     algorithm, workspace_limit)
+        reports.append(report)
+        if build is not None:
+            replace[id(nodes[-1])] = (input_tensor, build)
+            skip.update(id(n) for n in nodes)
+
+    tensors, pairs = {}, []
+    new_inputs = []
+    for x in functional.inputs:
+        y = keras.Input(batch_shape=x.shape, dtype=x.dtype, name=x.name)
+        tensors[id(x)] = y
+        new_inputs.append(y)
+    for node in graph.nodes:
+        if id(node) in replace:
+            input_tensor, build = replace[id(node)]
+            tensors[id(node.output_tensors[0])] = build(tensors[id(input_tensor)])
+            continue
+        if id(node) in skip:
+            continue
+        layer = node.operation
+        new = layer.__class__.from_config(layer.get_config())
+        pairs.append((layer, new))
+        args, kwargs = node.arguments.fill_in(tensors)
+        outs = keras.tree.flatten(new(*args, **kwargs))
+        for x, y in zip(node.outputs, outs):
+            tensors[id(x)] = y
+    outputs = keras.tree.pack_sequence_as(functional._outputs_struct,
+                                          [tensors[id(x)] for x in functional.outputs])
+    inputs = keras.tree.pack_sequence_as(functional._inputs_struct, new_inputs)
+    fused = keras.Model(inputs, outputs, name=model.name)
+    for old, new in pairs:
+        new.set_weights(old.get_weights())
+    return fused, reports
+
+
+def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorithm,
+                 workspace_limit):
+    """(SubgraphReport, build function or None) for one region."""
+    names = [n.operation.name for n in nodes]
+    shape = input_tensor.shape
+    if len(shape) != 4 or None in shape[1:]:
+        return SubgraphReport(names, "refused", f"input shape {shape}: the height, width and "
+                              "channels must be static to check the borders"), None
+    in_size, channels = (int(shape[1]), int(shape[2])), int(shape[3])
+    program, weights, variables = _program(input_tensor, nodes)
+    w64 = {k: tf.constant(v) for k, v in weights.items()}
+    try:
+        m = fuse.compose_program(program, w64, in_size, channels, tf.float64, patch_borders=True)
+    except fuse.NotFusable as e:
+        return SubgraphReport(names, "refused", str(e)), None
+    out_shape = tuple(nodes[-1].output_tensors[0].shape[1:])
+    if m.out_size + (m.out_channels,) != out_shape:  # a layer this module misreads
+        return SubgraphReport(names, "refused", f"fused output {m.out_size + (m.out_channels,)}"
+                              f" differs from the model's {out_shape}"), None
+    use_map = m.bias_padded and not m.patched
+    bmap = fuse.bias_map(program, w64, in_size, channels, tf.float64) if use_map else None
+    pads = fuse.fused_padding(m)
+    if m.patched:
+        (top, bottom, rows), (left, right, cols) = fuse.border_strips(m)
+        exact = (f"borders patched: the kernel does not reproduce the intermediates' zero "
+                 f"padding, so the output rows/columns within {top}/{m.out_size[0] - bottom} "
+                 f"(top/bottom) and {left}/{m.out_size[1] - right} (left/right) of the borders "
+                 f"come from the unfused layers run on {rows}-row and {cols}-column input strips")
+    else:
+        exact = ("borders exact: intermediates are never padded where they are nonzero"
+                 + ("; biases that meet padding are added as an exact bias map" if use_map
+                    else ""))
+    report = SubgraphReport(
+        names, "fused", kernel_size=m.kernel_size, groups=m.groups, strides=m.strides,
+        bias="map" if use_map else ("vector" if m.bias is not None else "none"),
+        exact=exact)
+    (report.macs_before, report.macs_after, report.kept_bytes_before,
+     report.kept_bytes_after) = _estimates(program, nodes, weights, in_size, channels, m)
+    if max_mac_ratio is not None and report.macs_after > max_mac_ratio * report.macs_before:
+        report.status = "refused"
+        report.reason = (f"the fused kernel needs {report.macs_after / report.macs_before:.2f}x "
+                         f"the multiply-adds (max_mac_ratio={max_mac_ratio})")
+        return report, None
+    name = "fused_" + nodes[-1].operation.name
+
+    if trainable or m.patched:  # patched borders need the branch weights at run time
+        kept = [k for k, _, _ in variables] if trainable else sorted(weights)
+
+        def build(x):
+            layer = FusedLinearConv(program, [[k, list(weights[k].shape)] for k in kept],
+                                    in_size, channels, algorithm=algorithm,
+                                    workspace_limit=workspace_limit, trainable=trainable,
+                                    name=name)
+            y = layer(x)
+            layer.set_weights([weights[k].astype(np.float32) for k in kept])
+            return y
+    else:
+        kernel = m.kernel.numpy().astype(np.float32)
+        vector = m.bias is not None and not m.bias_padded
+
+        def build(x):
+            same = fuse.same_pads(in_size, m.kernel_size, m.strides)
+            padding = "valid"
+            if pads == same and any(pads):
+                padding = "same"
+            elif any(p < 0 for p in pads):
+                x = keras.layers.Cropping2D(((max(-pads[0], 0), max(-pads[1], 0)),
+                                             (max(-pads[2], 0), max(-pads[3], 0))),
+                                            name=name + "_crop")(x)
+            if padding == "valid" and any(p > 0 for p in pads):
+                x = keras.layers.ZeroPadding2D(((max(pads[0], 0), max(pads[1], 0)),
+                                                (max(pads[2], 0), max(pads[3], 0))),
+                                               name=name + "_pad")(x)
+            conv = BigConv2D(m.out_channels, m.kernel_size, strides=m.strides, padding=padding,
+                             groups=m.groups, use_bias=vector, algorithm=algorithm,
+                             workspace_limit=workspace_limit, name=name)
+            y = conv(x)
+            conv.set_weights([kernel] + ([m.bias.numpy().astype(np.float32)] if vector else []))
+            if bmap is not None:
+                add = FusedBiasMap(bmap.shape, name=name + "_bias_map")
+                y = add(y)
+                add.set_weights([bmap.numpy().astype(np.float32)])
+            return y
+
+    if measure:
+        x = tf.constant(np.random.default_rng(0).standard_normal(
+            (measure,) + in_size + (channels,)).astype(np.float32))
+        w32 = {k: tf.constant(v.astype(np.float32)) for k, v in weights.items()}
+        report.seconds_before = _time(tf.function(lambda x: fuse.run_program(program, w32, x)), x)
+        m32 = dataclasses.replace(m, kernel=tf.constant(m.kernel.numpy().astype(np.float32)))
+        b32 = tf.cast(bmap if bmap is not None else (m.bias if m.bias is not None else 0.0),
+                      tf.float32)
+        report.seconds_after = _time(tf.function(
+            lambda x: fuse.apply_fused(x, m32, b32, algorithm, workspace_limit, program, w32)), x)
+    return report, build
