@@ -250,13 +250,13 @@ def test_conv_workspaces_come_from_the_planner():
                  data_format="NHWC", dilations=[1, 1, 1, 1])
     ws = {p: dispatch.plan(p, [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", "auto", 0)
           for p in dispatch.PASSES}
-    # TF's CPU filter gradient fills a col_buffer of several images up to a
-    # 32 MiB working set: a work unit of 24*24*1875 + 1875*2 + 24*24*2
-    # elements, so 8 images, at most the batch (4). The input gradient runs
-    # one image at a time (parallel contraction: over 256 KiB per thread).
+    # TF's CPU gradient kernels' col_buffer, as the planner estimates it: the
+    # filter gradient's holds all 4 images, the input gradient's one
+    # (tests/test_plan.py checks the rule).
     assert row.tf_workspace == (ws["forward"]["tf"]["workspace_bytes"],
                                 ws["backprop_input"]["tf"]["workspace_bytes"]
-                                + 4 * ws["backprop_filter"]["tf"]["workspace_bytes"])
+                                + ws["backprop_filter"]["tf"]["workspace_bytes"])
+    assert ws["backprop_filter"]["tf"]["workspace_bytes"] == 4 * ws["forward"]["tf"]["workspace_bytes"]
     # tfbigconv plans an unknown batch as ASSUMED_BATCH images, then runs that
     # algorithm on the real batch.
     def chosen(p):
@@ -283,6 +283,9 @@ def test_gpu_report_needs_no_gpu():
                           0)["tf"]["workspace_bytes"]
     assert row.tf_workspace[0] == min(patch, CUDNN_WORKSPACE_LIMIT)
     assert "device GPU" in str(r)
+    assert "estimates" in str(r) and "not been checked against measured GPU peaks" in str(r)
+    assert not any("GPU" in n for n in tfbigconv.memory_report(_bigfilter_model(), 4,
+                                                               device="CPU", advice=False).notes)
 
 
 def test_advice_conversion_batch_and_mixed_precision():
@@ -362,3 +365,56 @@ def test_explain_oom_on_a_real_resource_exhausted_error():
         with tfbigconv.explain_oom(model, 2, file=out2):
             raise KeyError("x")
     assert out2.getvalue() == ""
+
+
+# --- the report's trace plans without timing, in its own thread only -------
+
+def _trace_tight_bigconv():
+    """Traces a 135x135 bigconv2d whose workspace_limit nothing fits: the planner raises."""
+    f = tf.function(lambda x: tfbigconv.bigconv2d(x, tf.ones([135, 135, 1, 3]), 1, "VALID",
+                                                  workspace_limit=1024))
+    f.get_concrete_function(tf.TensorSpec([1, 200, 200, 1]))
+
+
+def test_planning_only_holds_for_the_reports_trace_alone():
+    """While a report traces a model, another thread traces bigconv2d: that
+    trace plans as usual (it raises, nothing fitting its limit), and its
+    failure does not reach the report. A global switch of dispatch.decide, as
+    memory_report once used, fails both checks."""
+    import threading
+    with pytest.raises(tf.errors.ResourceExhaustedError):
+        _trace_tight_bigconv()  # outside any report
+    tracing, other_done = threading.Event(), threading.Event()
+    seen = {}
+
+    class Pause(keras.layers.Layer):
+        armed = False  # building the model calls it too
+
+        def call(self, x):
+            if Pause.armed:
+                tracing.set()
+                assert other_done.wait(120)
+            return x
+
+    def other_thread():
+        assert tracing.wait(120)
+        try:
+            _trace_tight_bigconv()
+            seen["error"] = None
+        except tf.errors.ResourceExhaustedError as e:
+            seen["error"] = e
+        finally:
+            other_done.set()
+
+    inp = keras.Input((16, 16, 1))
+    model = keras.Model(inp, keras.layers.Conv2D(2, 3)(Pause()(inp)))
+    Pause.armed = True
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    r = tfbigconv.memory_report(model, 2, device="CPU", advice=False)
+    thread.join()
+    assert isinstance(seen["error"], tf.errors.ResourceExhaustedError)
+    assert not any("workspace_limit" in n for n in r.notes)
+    with dispatch.planning_only() as failures:  # the report's own mode, in this thread
+        _trace_tight_bigconv()
+    assert len(failures) == 1 and "limit" in failures[0]

@@ -90,6 +90,34 @@ def test_tf_is_out_when_unavailable_or_too_big():
     assert not p["tf"]["fits"] and p["chosen"] != "tf"
 
 
+def test_tf_gradient_col_buffer_holds_the_images_of_its_working_set():
+    """TF's CPU gradient kernels fill their col_buffer with the patch matrices
+    of as many images as fit a 32 MiB (filter) or 30 MiB (input) working set,
+    at most the batch; the input gradient takes one image when one image's
+    work per thread is over 256 KiB, or the batch is 1 (TfColBufferImages)."""
+    x, w = (4, 48, 48, 3), (25, 25, 3, 2)  # VALID: 24x24 outputs
+    one = 24 * 24 * 25 * 25 * 3 * 4       # one image's patch matrix, bytes
+    p = {q: plan(x, w, q, padding="VALID")["tf"] for q in PASSES}
+    assert p["forward"]["workspace_bytes"] == one
+    # Filter: a work unit of 24*24*1875 + 1875*2 + 24*24*2 elements, so
+    # ceil(8 Mi / 1.08 M) = 8 images fit 32 MiB; the batch is 4.
+    assert p["backprop_filter"]["workspace_bytes"] == 4 * one
+    assert p["backprop_filter"]["note"] == "col_buffer of 4 images"
+    # Input: 1.08 M elements / 2 threads is over 64 Ki floats (256 KiB).
+    assert p["backprop_input"]["workspace_bytes"] == one
+    assert p["backprop_input"]["note"] == "col_buffer of one image"
+    assert plan((16,) + x[1:], w, "backprop_filter", padding="VALID")["tf"]["workspace_bytes"] \
+        == 8 * one
+    # A small problem: the whole batch (a 10384-element work unit).
+    small = 16 * 16 * 3 * 3 * 4 * 4
+    for q in PASSES[1:]:
+        assert plan((8, 16, 16, 4), (3, 3, 4, 4), q)["tf"]["workspace_bytes"] == 8 * small
+        assert plan((1, 16, 16, 4), (3, 3, 4, 4), q)["tf"]["workspace_bytes"] == small
+    # The estimate decides whether TF's kernel fits the limit.
+    q = plan((8, 16, 16, 4), (3, 3, 4, 4), "backprop_filter", limit=8 * small - 1)
+    assert not q["tf"]["fits"] and q["chosen"] != "tf"
+
+
 def test_forced_algorithm_that_does_not_fit_states_the_minimum():
     x, w = (4, 200, 200, 1), (63, 63, 1, 3)
     with pytest.raises(RuntimeError, match=r"at least (\d+) bytes") as e:

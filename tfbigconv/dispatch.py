@@ -7,6 +7,8 @@ kernel runs each case on that device and whether it can, the
 TFBIGCONV_ALGORITHM override, TF's thread count, and measured choices
 (autotune.py) where estimates are not to be trusted.
 """
+import contextlib
+import contextvars
 import ctypes
 import os
 
@@ -25,6 +27,12 @@ HALF_TYPES = ("float16", "bfloat16")
 # images: the choice between algorithms depends little on the batch, and a
 # training batch of 32 is Keras' default.
 ASSUMED_BATCH = 32
+
+
+# Set by planning_only() to the list of its plans' ResourceExhaustedError
+# messages; None outside it. A context variable, so that it holds only for the
+# thread (or task) that set it.
+_planning_only = contextvars.ContextVar("tfbigconv_planning_only", default=None)
 
 
 def invalid_argument(message):
@@ -229,13 +237,37 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
     return p
 
 
+@contextlib.contextmanager
+def planning_only():
+    """Within it, and only in the thread (or task) that entered it, decide()
+    plans from the estimates alone: nothing is timed or read from autotune's
+    cache, and a pass that does not fit its workspace limit is planned without
+    one instead of raising. Yields the list of those ResourceExhaustedError
+    messages. memory_report traces a model under it."""
+    failures = []
+    token = _planning_only.set(failures)
+    try:
+        yield failures
+    finally:
+        _planning_only.reset(token)
+
+
 def decide(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
            device="CPU", autotune=None):
     """plan(), then for "auto" a measured choice where the estimates cannot be trusted.
 
     autotune: None follows TFBIGCONV_AUTOTUNE (on unless "0"). The result's
     "measured" is {candidate: seconds} when timings decided, else None.
+    Inside planning_only(): plan() alone, see there.
     """
+    failures = _planning_only.get()
+    if failures is not None:
+        try:
+            return plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm,
+                        workspace_limit, device)
+        except tf.errors.ResourceExhaustedError as e:
+            failures.append(e.message)
+            return plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, 0, device)
     p = plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit, device)
     if algorithm == "auto":
         from tfbigconv import autotune as tuner  # imports conv.py, which imports this module

@@ -13,8 +13,8 @@ How it works:
   gradient rule keeps it. Gradients live until their producer's gradient has
   used them; the parameters' gradients until the optimizer's update. Each
   convolution adds its transient workspace while it runs: TensorFlow's kernel
-  (CPU: one image's patch matrix, from tfbigconv's planner) or tfbigconv's
-  planned algorithm. The largest total is the peak.
+  (CPU: the gradient kernels' col_buffer, as tfbigconv's planner estimates
+  it) or tfbigconv's planned algorithm. The largest total is the peak.
 - Advice re-runs the simulation with one change at a time: a layer converted
   by `convert_model`, a batch size, a mixed-precision clone of the model, a
   layer wrapped in `tf.recompute_grad`.
@@ -215,30 +215,6 @@ def _recording_layer_calls(model, calls, graph):
             object.__delattr__(layer, "call")
 
 
-@contextlib.contextmanager
-def _planning_without_timing(failures):
-    """While tracing for the report, tfbigconv's layers plan without timing
-    anything, and a plan that does not fit its workspace_limit is recorded
-    instead of raised (the report says so)."""
-    decide = dispatch.decide
-
-    def plan_only(pass_, input_shape, filter_shape, attrs, dtype, algorithm, limit,
-                  device="CPU", autotune=None):
-        try:
-            return dispatch.plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm,
-                                 limit, device)
-        except tf.errors.ResourceExhaustedError as e:
-            failures.append(e.message)
-            return dispatch.plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, 0,
-                                 device)
-
-    dispatch.decide = plan_only
-    try:
-        yield
-    finally:
-        dispatch.decide = decide
-
-
 def _input_specs(model, input_shape):
     """[(shape without batch, dtype)] for each model input."""
     if input_shape is not None:
@@ -260,13 +236,16 @@ class _Trace:
         from tensorflow.python.framework import func_graph
         specs = _input_specs(model, input_shape)
         graph = func_graph.FuncGraph("memory_report")
-        self.calls, self.plan_failures = [], []
+        self.calls = []
         with graph.as_default():
             xs = [tf.compat.v1.placeholder(tf.as_dtype(dt), [None] + shape, name=f"input_{i}")
                   for i, (shape, dt) in enumerate(specs)]
+            # tfbigconv's layers plan without timing; a plan that does not fit
+            # its workspace_limit is recorded (the report says so), not raised.
             with _recording_layer_calls(model, self.calls, graph) as owner, \
-                    _planning_without_timing(self.plan_failures):
+                    dispatch.planning_only() as failures:
                 ys = model(xs[0] if len(xs) == 1 else xs, training=training)
+            self.plan_failures = failures
             # The loss: mean squared error against a target of each output's shape.
             with tf.name_scope("loss"):
                 losses = []
@@ -400,28 +379,6 @@ def _decode(v):
     return v.decode() if isinstance(v, bytes) else v
 
 
-def _tf_cpu_images_per_col_buffer(pass_, g, dtype):
-    """How many images' patch matrices TensorFlow's CPU gradient kernels
-    (Conv2DCustomBackpropInput/Filter, TF 2.21 conv_grad_input_ops.h and
-    conv_grad_filter_ops.cc) hold in their col_buffer at once: enough for a
-    working set of 30 MiB (input) or 32 MiB (filter), at most the batch. The
-    input gradient takes one image when one image's work per thread already
-    exceeds 256 KiB (its parallel contraction). Only the touched images count:
-    RSS sees those."""
-    itemsize = tf.as_dtype(dtype).size
-    out_pixels = g["out_h"] * g["out_w"]
-    patch = g["filter_h"] * g["filter_w"] * g["filter_in_c"]
-    work_unit = out_pixels * patch + patch * g["out_c"] + out_pixels * g["out_c"]
-    if pass_ == "backprop_input":
-        threads = max(1, dispatch.workers() - 1)
-        if g["batch"] == 1 or work_unit // threads >= (256 << 10) // itemsize:
-            return 1
-        target = (30 << 20) // itemsize
-    else:
-        target = (32 << 20) // itemsize
-    return max(1, min(g["batch"], -(-target // work_unit)))
-
-
 class _ConvPlans:
     """Each convolution's transient workspace per pass under TensorFlow's kernel
     and under tfbigconv's plan, cached per (op, batch, device)."""
@@ -459,16 +416,18 @@ class _ConvPlans:
             g = self.geometry(op, batch)
             out = {p: 0 for p in dispatch.PASSES}
             if g is not None:
+                # The CPU planner's estimate of TF's kernel: the gradient kernels'
+                # col_buffer (plan.cc, TfColBufferImages). On the GPU, cuDNN's
+                # workspace is estimated, unmeasured, as one image's patch matrix
+                # (the forward estimate), capped as TF caps it.
+                plans = {p: dispatch.plan(p, g[0], g[1], g[2], g[3], "tf", 0, "CPU")
+                         for p in dispatch.PASSES}
                 for p in dispatch.PASSES:
-                    # The planner sizes one image's patch matrix; on the GPU it
-                    # is the estimate of cuDNN's GEMM workspace, capped as TF caps it.
-                    plan = dispatch.plan(p, g[0], g[1], g[2], g[3], "tf", 0, "CPU")
-                    n = plan["tf"]["workspace_bytes"]
                     if self.device == "GPU":
-                        n = min(n, CUDNN_WORKSPACE_LIMIT)
-                    elif p != "forward" and op.type != "DepthwiseConv2dNative":
-                        n *= _tf_cpu_images_per_col_buffer(p, plan["geometry"], g[3])
-                    out[p] = n
+                        out[p] = min(plans["forward"]["tf"]["workspace_bytes"],
+                                     CUDNN_WORKSPACE_LIMIT)
+                    else:
+                        out[p] = plans[p]["tf"]["workspace_bytes"]
             self.cache[key] = out
         return self.cache[key]
 
@@ -775,6 +734,9 @@ class MemoryReport:
         if unknown:
             self.notes.append("no saved-for-backward rule for " + ", ".join(unknown) +
                               ": assumed to keep all their inputs and outputs")
+        if device == "GPU":
+            self.notes.append("GPU: cuDNN's and tfbigconv's workspaces are estimates, and the "
+                              "simulation has not been checked against measured GPU peaks")
         for message in dict.fromkeys(trace.plan_failures):
             self.notes.append(f"a tfbigconv layer does not fit its workspace_limit: {message}")
         result = self._run(batch_size)
@@ -1109,8 +1071,15 @@ def memory_report(model, batch_size, training=True, optimizer=None, device=None,
       optimizer: a Keras optimizer or its name, for its slot variables
         (default: the model's compiled optimizer; none: plain SGD).
       device: "CPU" or "GPU" (default: a visible GPU, else the CPU). It picks
-        the convolution workspaces (TensorFlow's CPU patch matrix; cuDNN's,
-        estimated; tfbigconv's plan for that device) and the default budget.
+        the convolution workspaces (TensorFlow's CPU col_buffer; cuDNN's;
+        tfbigconv's plan for that device) and the default budget. The GPU
+        numbers are estimates that have never been checked against a
+        measured peak: cuDNN's workspace is taken as one image's patch
+        matrix capped at 4 GiB (cuDNN picks its own algorithm and
+        workspace), tfbigconv's GPU fft workspace is its smallest plan (the
+        kernel may take more within its budget), and TensorFlow's GPU
+        allocator's rounding and pooling are not modelled. Only the CPU
+        simulation is validated (benchmarks/RESULTS.md).
       budget: bytes for the advice's largest batch (default: the device's
         free memory).
       input_shape: shape of one example without the batch (a list of shapes

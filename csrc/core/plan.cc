@@ -294,8 +294,27 @@ int64_t MinGpuFftWorkspace(const ConvGeometry& g, DType dtype) {
 
 }  // namespace
 
+int64_t TfColBufferImages(const ConvGeometry& ug, Pass pass, DType dtype, int workers) {
+  if (pass == Pass::kForward || ug.batch <= 1) return 1;
+  const int64_t item = DTypeBytes(dtype);
+  const int64_t out_pixels = SatMul(ug.out_h, ug.out_w);
+  const int64_t patch = SatMul({ug.filter_h, ug.filter_w, ug.in_c_per_group()});
+  const int64_t work_unit =
+      SatAdd(SatAdd(SatMul(out_pixels, patch), SatMul(patch, ug.out_c)), SatMul(out_pixels, ug.out_c));
+  if (work_unit <= 0) return 1;
+  int64_t target;
+  if (pass == Pass::kBackpropInput) {
+    const int64_t threads = std::max(1, workers - 1);
+    if (work_unit / threads >= (int64_t(256) << 10) / item) return 1;
+    target = (int64_t(30) << 20) / item;
+  } else {
+    target = (int64_t(32) << 20) / item;
+  }
+  return std::max<int64_t>(1, std::min(ug.batch, (target + work_unit - 1) / work_unit));
+}
+
 Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
-                    TfKernel kernel, int64_t limit) {
+                    TfKernel kernel, int64_t limit, int workers) {
   const CostModel m = ActiveCostModel();
   Estimate e;
   e.available = kernel != TfKernel::kNone;
@@ -325,11 +344,13 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
     const double channels = double(in_c * std::max<int64_t>(ug.out_c_per_group(), 1));
     e.terms = {2.0 * double(ug.macs()) * DTypeSlowdown(m, dtype), side, channels};
     e.seconds = e.terms[0] / Im2colRate(m, pass, side, channels);
-    e.workspace_bytes = SatMul(
-        {ug.out_h, ug.out_w, ug.filter_h, ug.filter_w, ug.in_c, int64_t(DTypeBytes(dtype))});
+    const int64_t images = TfColBufferImages(ug, pass, dtype, workers);
+    e.workspace_bytes = SatMul({ug.out_h, ug.out_w, ug.filter_h, ug.filter_w, ug.in_c,
+                                int64_t(DTypeBytes(dtype)), images});
     if (ug.batch == 0) e.workspace_bytes = 0;
     e.note = pass == Pass::kForward ? "patch matrix of one image (upper bound)"
-                                    : "col_buffer of one image";
+             : images == 1          ? "col_buffer of one image"
+                                    : "col_buffer of " + std::to_string(images) + " images";
   }
   e.fits = e.workspace_bytes <= limit;
   e.peak_bytes = SatAdd(OperandBytes(ug, dtype), e.workspace_bytes);
@@ -397,7 +418,7 @@ Status PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
     if (requested == "fft") ours = Algorithm::kFft;
     if (requested == "direct") ours = Algorithm::kDirect;
   }
-  p.tf = TfEstimate(ug, pass, dtype, device, tf.kernel, limit);
+  p.tf = TfEstimate(ug, pass, dtype, device, tf.kernel, limit, workers);
   if (!tf.note.empty()) p.tf.note = tf.note;
   const Estimate& t = p.tf;
   // auto may pick TF's kernel where it runs, fits, and its estimate is trusted.

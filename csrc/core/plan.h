@@ -109,13 +109,23 @@ struct TfCandidate {
   std::string note;                   // why unavailable or untrusted
 };
 
+// How many images' patch matrices TF's CPU Conv2D gradient kernels
+// (Conv2DCustomBackpropInput/Filter: TF 2.21 conv_grad_input_ops.h,
+// conv_grad_filter_ops.cc) fill their col_buffer with at once: enough for a
+// working set of 30 MiB (input) or 32 MiB (filter), at most the batch. The
+// input gradient takes one image when one image's work per thread exceeds
+// 256 KiB (its parallel contraction). TF allocates the whole shard; only the
+// batch's images are ever written, and only written pages use memory.
+// 1 for the forward pass. workers: the ParallelFor's (TF's threads + 1).
+int64_t TfColBufferImages(const ConvGeometry& user_g, Pass pass, DType dtype, int workers);
+
 // Estimates of TF's kernel for one pass of the user's geometry. CPU Conv2D's
-// workspace: one image's patch matrix (out_h * out_w * KH * KW * in_c
-// elements), which TF's CPU backprop kernels allocate as col_buffer; for the
-// forward pass it is an upper bound (oneDNN blocks it). DepthwiseConv2dNative
-// and cuDNN: workspace not modelled (0).
+// workspace: patch matrices of out_h * out_w * KH * KW * in_c elements per
+// image; the backprop kernels' col_buffer holds TfColBufferImages of them;
+// for the forward pass one image's is an upper bound (oneDNN blocks it).
+// DepthwiseConv2dNative and cuDNN: workspace not modelled (0).
 Estimate TfEstimate(const ConvGeometry& user_g, Pass pass, DType dtype, Device device,
-                    TfKernel kernel, int64_t limit);
+                    TfKernel kernel, int64_t limit, int workers);
 
 // Every candidate of one pass and the choice among them. requested is auto,
 // tf, direct or fft; chosen is "tf", "direct" or "fft".
