@@ -180,8 +180,9 @@ std::vector<int64_t> Shape(const py::array& a) {
 // Runs one pass of a convolution on numpy arrays with RunConvCpu, the launch
 // the TF op uses. pass: "forward" (a = input, b = filter), "backprop_input"
 // (a = out_backprop, b = filter, sizes = input shape) or "backprop_filter"
-// (a = input, b = out_backprop, sizes = filter shape). `out`, if given, must have the result's shape and dtype and is
-// overwritten; the FFT workspace is exactly the planned size, NaN-poisoned.
+// (a = input, b = out_backprop, sizes = filter shape). `out`, if given, must
+// have the result's shape and dtype and is overwritten; the FFT workspace is
+// exactly the planned size, NaN-poisoned.
 py::array RunPass(const std::string& algorithm, const std::string& pass, py::array a, py::array b,
                   const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
                   const std::string& padding, const std::vector<int64_t>& explicit_paddings,
