@@ -35,10 +35,15 @@ Contenders, each a tf.function:
 for a fixed random g (a training step's convolution work).
 
 Each geometry runs in its own subprocess (machinery: _harness.py). Inside it, the
-contenders are measured round-robin for --rounds rounds (the machine is noisy), each
-round a warm-up call then the median of up to 5 calls within about 0.6 s; a contender
-whose calls take over 2 s gets one timed call and no more rounds; the smallest median
-counts; the order rotates each round. The first round's warm-up call (tracing, planning,
+contenders are measured for --rounds rounds (the machine is noisy). Each round, every
+contender makes a warm-up call, then the timed calls are interleaved, one call of each
+contender per cycle, so that a burst of load hits all of them alike; a contender gets
+2 to 15 calls, more while its calls add up to under 0.6 s (short calls are the noisy
+ones), and its round's time is their median. A contender whose calls take over 2 s gets
+one timed call and no more rounds; the smallest round median counts; the order rotates
+each round. (Before 2026-11-22 each contender's calls ran back to back, up to 5 of them:
+on millisecond calls that made auto and the contender running the same algorithm
+differ by up to 1.7x.) The first round's warm-up call (tracing, planning,
 autotuning and one run) is reported as "first call". auto-est is traced first and auto's
 fwd+bwd before auto's fwd: the fwd+bwd first call tunes all three passes cold, the fwd
 first call may reuse the forward pass's tuning from it (one process, one in-memory cache).
@@ -338,6 +343,38 @@ class Progress:
                 os._exit(3)
 
 
+MIN_CALLS, MAX_CALLS, ROUND_BUDGET_S = 2, 15, 0.6
+
+
+def wants_more(times):
+    """Whether a contender gets another timed call this round: at least one; a second
+    unless the first was slow; then more, up to MAX_CALLS, while its calls this round
+    add up to under ROUND_BUDGET_S (the short calls are the noisy ones)."""
+    if not times:
+        return True
+    if times[0] > _harness.SLOW_CALL_S:
+        return False
+    return len(times) < MIN_CALLS or (len(times) < MAX_CALLS and sum(times) < ROUND_BUDGET_S)
+
+
+def call_once(progress, key, call, spec, first=False):
+    """One call of a contender under the watchdog; its seconds, or None when it failed
+    (recorded in progress.failed). first: the warm-up call (its time is the first call's
+    on round one)."""
+    limit = None if key[0] in AUTOS else spec["call_limit"]
+    env = _harness.autotune_off() if key[0] == "auto-est" else contextlib.nullcontext()
+    try:
+        with env:
+            t = progress.timed(key, call, limit)
+    except Exception as err:  # one contender failing must not end the geometry
+        what = "unsupported" if key[0] == "tf" else "error"
+        progress.failed[key] = {what: short_error(err)}
+        return None
+    if first:
+        progress.first_call.setdefault(key, t)
+    return t
+
+
 def worker_geometry(spec):
     # the cache lives beside the progress file: the parent removes both, even after a kill
     with _harness.fresh_autotune_env(under=os.path.dirname(spec["progress"])):
@@ -386,28 +423,31 @@ def measure_geometry(spec):
     for rnd in range(spec["rounds"]):
         # Rotate the order each round: the first contender measured after another
         # one runs in a differently warmed machine.
-        for key in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
+        order_r = keys[rnd % len(keys):] + keys[:rnd % len(keys)]
+        times = {}
+        for key in order_r:  # warm-up; in the first round also tracing, planning, autotuning
             done = progress.medians.get(key, [])
             if key in progress.failed or len(done) > rnd:
                 continue  # failed, or measured in this round before a rerun
             if done and done[0] > _harness.SLOW_CALL_S:
                 continue  # too slow to repeat
-            limit = None if key[0] in AUTOS else spec["call_limit"]
-            env = _harness.autotune_off() if key[0] == "auto-est" else contextlib.nullcontext()
-            try:
-                with env:
-                    # warm-up; in the first round also tracing, planning, autotuning
-                    first = progress.timed(key, calls[key], limit)
-                    progress.first_call.setdefault(key, first)
-                    times = []  # at least one timed call; slow ones get just that one
-                    while len(times) < 5 and (not times or times[0] <= _harness.SLOW_CALL_S) \
-                            and (sum(times) < 0.6 or len(times) < 2):
-                        times.append(progress.timed(key, calls[key], limit))
-            except Exception as err:  # one contender failing must not end the geometry
-                what = "unsupported" if key[0] == "tf" else "error"
-                progress.failed[key] = {what: short_error(err)}
-                continue
-            progress.medians.setdefault(key, []).append(statistics.median(times))
+            t = call_once(progress, key, calls[key], spec, first=True)
+            if t is not None:
+                times[key] = []
+        # Then the timed calls, interleaved: one call of each contender per cycle, so
+        # that a burst of load on the shared machine hits all of them alike.
+        for cycle in range(MAX_CALLS):
+            live = [k for k in order_r if k in times and wants_more(times[k])]
+            if not live:
+                break
+            for key in live:
+                t = call_once(progress, key, calls[key], spec)
+                if t is None:
+                    del times[key]
+                else:
+                    times[key].append(t)
+        for key, ts in times.items():
+            progress.medians.setdefault(key, []).append(statistics.median(ts))
     progress.key = None
     progress.save()
     results.update(progress.failed)

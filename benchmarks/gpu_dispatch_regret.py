@@ -16,6 +16,10 @@ geometry out), which says how the model does on geometries it has not seen.
 --holdout GRID.csv judges the fitted model on grids it was not fitted to
 (benchmarks/gpu/gpu_random_*.csv: geometries drawn like user layers).
 
+--tf-margin M [M ...] also judges a what-if rule: TF's kernel unless ours is
+estimated M x faster (the shipped planner is M = 1), to show what a safety
+margin in favour of cuDNN buys and costs.
+
 --autotune also judges auto with measured autotuning as it runs under TF on
 a GPU: per pass, the candidates autotune.candidates_to_time() would time
 (the same rule as on the CPU), of which the measured fastest wins. It uses
@@ -72,7 +76,22 @@ def autotuned_picks(geometry, dtype, times):
     return out
 
 
-def judge(table, refit_without=None, rows=None, autotuned=False):
+def margin_picks(geometry, dtype, margin):
+    """Per pass: TF's kernel unless our best candidate is estimated `margin` x
+    faster (margin 1 is the planner's own rule; a what-if, not shipped)."""
+    x, f, strides = gpu_fit.shapes(geometry)
+    out = {}
+    for p in PASSES:
+        plan = dispatch.plan(p, x, f, dict(ATTRS, strides=strides), dtype, "auto", 64 << 30, "GPU")
+        ours = min((n for n in ("direct", "fft") if plan[n]["fits"]),
+                   key=lambda n: plan[n]["seconds"])
+        tf_ok = plan["tf"]["available"] and plan["tf"]["fits"] and plan["tf_trusted"]
+        pick = "tf" if tf_ok and plan["tf"]["seconds"] <= margin * plan[ours]["seconds"] else ours
+        out[p] = PLAN_TO_ALGO[pick]
+    return out
+
+
+def judge(table, refit_without=None, rows=None, autotuned=False, margin=None):
     results = []
     active = _core.get_cost_model()
     fields = _core.cost_model_fields()
@@ -82,7 +101,12 @@ def judge(table, refit_without=None, rows=None, autotuned=False):
                 values = dict(zip(fields, active))
                 values.update(gpu_fit.fit([r for r in rows if r["geometry"] != geometry]))
                 _core.set_cost_model([values[n] for n in fields])
-            chosen = autotuned_picks(geometry, dtype, times) if autotuned else picks(geometry, dtype)
+            if autotuned:
+                chosen = autotuned_picks(geometry, dtype, times)
+            elif margin is not None:
+                chosen = margin_picks(geometry, dtype, margin)
+            else:
+                chosen = picks(geometry, dtype)
             t = lambda p, a: times.get((p, a), math.inf)  # noqa: E731
             picked = sum(t(p, chosen[p]) for p in PASSES)
             best = sum(min(t(p, a) for a in ALGOS) for p in PASSES)
@@ -124,6 +148,10 @@ def main():
                     help="also judge auto with measured autotuning (see the docstring)")
     ap.add_argument("--holdout", nargs="+", default=[],
                     help="grids judged but not fitted to (the model as it is active)")
+    ap.add_argument("--tf-margin", type=float, nargs="+", default=[],
+                    help="what-if: also judge picking TF's kernel unless ours is estimated "
+                         "M x faster, for each M given (in-sample, leave one out with --loo, "
+                         "and held out)")
     ap.add_argument("--out", help="write a markdown report here")
     args = ap.parse_args()
     rows = gpu_fit.read_grid(args.grids)
@@ -140,6 +168,15 @@ def main():
     if args.holdout:
         held = measured_table(gpu_fit.read_grid(args.holdout))
         sections.append(("held out (not fitted to)", judge(held)))
+    for m in args.tf_margin:
+        sections.append((f"TF's kernel unless ours is estimated {m:g}x faster, in-sample",
+                         judge(table, margin=m)))
+        if args.loo:
+            sections.append((f"TF's kernel unless ours is estimated {m:g}x faster, leave one out",
+                             judge(table, refit_without=True, rows=rows, margin=m)))
+        if args.holdout:
+            sections.append((f"TF's kernel unless ours is estimated {m:g}x faster, held out",
+                             judge(held, margin=m)))
     if args.autotune:
         sections.append(("autotuned, in-sample", judge(table, autotuned=True)))
         if args.holdout:

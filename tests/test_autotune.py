@@ -195,11 +195,63 @@ def test_timing_runs_on_a_reduced_batch_and_scales(autotuning, monkeypatch):
     assert set(seconds) == {"direct", "fft"} and all(s > 0 for s in seconds.values())
     assert {s[1] for s in seen} == {"direct", "fft"}
     assert all(s[2] == s[3] == autotune.TIMING_BATCH for s in seen)
-    assert len(seen) <= 3 * 2  # a warm-up and at most two repeats per candidate
+    assert len(seen) <= (1 + autotune.MAX_ROUNDS) * 2  # a warm-up and the rounds
     seen.clear()
     autotune.measure("forward", ["direct", "fft"], x_shape, WIDE[1], ATTRS, "float32", "CPU",
                      batch=7)
     assert seen and all(s[2] == 7 for s in seen)
+
+
+class FakeClock:
+    """time.perf_counter for autotune.measure: each candidate's call takes its
+    given seconds, whatever the machine does."""
+
+    def __init__(self, seconds):
+        self.now, self.seconds, self.calls = 0.0, seconds, []
+
+    def perf_counter(self):
+        return self.now
+
+    def run_pass(self, pass_, chosen, x, w, dy, a, device=None):
+        self.calls.append(chosen)
+        self.now += self.seconds[chosen]
+        return tf.zeros([1])
+
+
+def fake_measure(monkeypatch, seconds, names, order=None):
+    clock = FakeClock(seconds)
+    monkeypatch.setattr(autotune.time, "perf_counter", clock.perf_counter)
+    monkeypatch.setattr(conv, "run_pass", clock.run_pass)
+    result = autotune.measure("forward", names, SMALL[0], SMALL[1], ATTRS, "float32", "CPU",
+                              order=order, batch=SMALL[0][0])
+    return clock.calls, result
+
+
+def test_timing_interleaves_candidates_after_their_warm_ups(monkeypatch):
+    names = ["direct", "fft", "tf"]
+    calls, seconds = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.002, "tf": 0.0015},
+                                  names)
+    assert calls[:3] == names  # the warm-ups, in the order given
+    rounds = [calls[i:i + 3] for i in range(3, len(calls), 3)]
+    assert all(sorted(r) == sorted(names) for r in rounds)  # one call of each per round
+    assert rounds[0] != rounds[1]  # the order rotates
+    # cheap rounds go on to MAX_ROUNDS
+    assert len(rounds) == autotune.MAX_ROUNDS
+    assert seconds == pytest.approx({"direct": 0.001, "fft": 0.002, "tf": 0.0015})
+
+
+def test_timing_rounds_stop_when_dear_and_skip_slow_candidates(monkeypatch):
+    # fft's warm-up is over ABANDON_FACTOR x direct's: never repeated; rounds of
+    # direct + tf cost over EXTRA_ROUNDS_BELOW_S, so MIN_ROUNDS of them.
+    slow = autotune.ABANDON_FACTOR * 0.06
+    calls, seconds = fake_measure(monkeypatch, {"direct": 0.06, "fft": slow, "tf": 0.07},
+                                  ["direct", "fft", "tf"])
+    assert calls.count("fft") == 1
+    assert calls.count("direct") == calls.count("tf") == 1 + autotune.MIN_ROUNDS
+    # a warm-up over REPEAT_BELOW_S is never repeated either
+    calls, _ = fake_measure(monkeypatch, {"direct": autotune.REPEAT_BELOW_S, "fft": 0.3},
+                            ["direct", "fft"])
+    assert calls == ["direct", "fft"]
 
 
 def test_timing_batch_is_bounded():

@@ -113,6 +113,61 @@ def test_an_eager_scope_around_a_traced_call_is_planned_for():
 
 
 @pytest.mark.skipif(HAVE_GPU, reason="about a machine without a GPU")
+class FakeGpu:
+    """tf.config as it looks with one GPU: its configured memory_limit (MiB or
+    None), the allocator's bytes in use (None: no statistics) and the driver's
+    total memory (0: no driver)."""
+
+    def __init__(self, monkeypatch, memory_limit_mib=None, in_use=None, total=0):
+        gpu = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+        monkeypatch.setattr(tf.config, "list_physical_devices",
+                            lambda kind=None: [gpu] if kind == "GPU" else [])
+        config = ([tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mib)]
+                  if memory_limit_mib else None)
+        monkeypatch.setattr(tf.config, "get_logical_device_configuration", lambda d: config)
+
+        def memory_info(name):
+            if in_use is None:
+                raise ValueError("no statistics")
+            assert name == "GPU:0"
+            return {"current": in_use, "peak": in_use}
+        monkeypatch.setattr(tf.config.experimental, "get_memory_info", memory_info)
+        monkeypatch.setattr(dispatch, "cuda_total_memory", lambda ordinal: total)
+
+
+def test_gpu_budget_is_a_fraction_of_what_the_allocator_can_still_give(monkeypatch):
+    half = _core.DEFAULT_BUDGET_FRACTION
+    FakeGpu(monkeypatch, memory_limit_mib=1024, in_use=256 << 20, total=80 << 30)
+    assert dispatch.gpu_workspace_budget() == int((768 << 20) * half)  # the configured limit
+    FakeGpu(monkeypatch, in_use=1 << 30, total=80 << 30)
+    assert dispatch.gpu_workspace_budget() == int((79 << 30) * half)  # the driver's total
+    FakeGpu(monkeypatch, in_use=None, total=8 << 30)
+    assert dispatch.gpu_workspace_budget() == int((8 << 30) * half)   # no statistics yet
+    FakeGpu(monkeypatch, in_use=90 << 30, total=80 << 30)
+    assert dispatch.gpu_workspace_budget() == 1                       # full: nothing fits
+    FakeGpu(monkeypatch, in_use=0, total=0)
+    assert dispatch.gpu_workspace_budget() == 0                       # unknown: no limit
+
+
+def test_gpu_trace_time_plans_use_the_gpu_budget(monkeypatch):
+    attrs = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[],
+                 data_format="NHWC", dilations=[1, 1, 1, 1])
+    x, w = SEED16
+    unlimited = dispatch.plan("forward", x, w, attrs, "float32", "auto", 1 << 40, "GPU")
+    assert unlimited["chosen"] == "fft"
+    # a 1 MiB device: half of it is less than the fft's smallest workspace
+    FakeGpu(monkeypatch, memory_limit_mib=1, in_use=0)
+    p = dispatch.plan("forward", x, w, attrs, "float32", "auto", 0, "GPU")
+    assert p["limit"] == int((1 << 20) * _core.DEFAULT_BUDGET_FRACTION)
+    assert p["limit"] < unlimited["fft"]["workspace_bytes"]
+    assert not p["fft"]["fits"] and p["chosen"] != "fft"
+    # an explicit limit still wins
+    assert dispatch.plan("forward", x, w, attrs, "float32", "auto", 1 << 40, "GPU")["chosen"] == "fft"
+    # a GPU with nothing known: no trace-time limit, as before
+    FakeGpu(monkeypatch, in_use=0, total=0)
+    assert dispatch.plan("forward", x, w, attrs, "float32", "auto", 0, "GPU")["limit"] >= 1 << 62
+
+
 def test_no_timing_for_a_gpu_that_is_not_here(autotuning, monkeypatch):
     """A tf.device("/GPU:0") scope on a machine without a GPU: the op is
     planned for the GPU, on estimates; nothing is timed (it would run on the

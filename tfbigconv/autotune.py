@@ -13,16 +13,20 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
   further off is never timed, and a TF kernel excluded for precision never
   is. Nothing is timed when fewer than two remain.
 - Cost: each candidate runs once to warm up and, unless that took over
-  REPEAT_BELOW_S, twice more (the fastest counts), on a reduced batch: the
+  REPEAT_BELOW_S, MIN_ROUNDS more times, interleaved with the other
+  candidates (one call of each per round, so that a burst of load hits all
+  alike; the fastest call counts), and up to MAX_ROUNDS while the rounds so
+  far took under EXTRA_ROUNDS_BELOW_S in all; on a reduced batch: the
   fewest images (at least TIMING_BATCH) on which the best estimate is
   MIN_TIMED_S or more, so that per-call overheads do not decide (a batch of 4
   scaled to 64 once picked a kernel 3x slower at full batch); the whole
   batch when it is cheaper than that. Times are scaled to the real batch.
-  Candidates run in the order of their estimates, and one whose warm-up
-  alone exceeds ABANDON_FACTOR x the best time so far is not repeated. The
-  first call of a pass so costs about 3 x (candidates) x max(MIN_TIMED_S,
-  the time on TIMING_BATCH images) where the estimates hold, once per
-  geometry, dtype, device and thread count.
+  Candidates warm up in the order of their estimates, and one whose warm-up
+  exceeds ABANDON_FACTOR x the fastest warm-up is not repeated. The first
+  call of a pass so costs about (1 + MIN_ROUNDS) x (candidates) x
+  max(MIN_TIMED_S, the time on TIMING_BATCH images) where the estimates
+  hold, plus at most EXTRA_ROUNDS_BELOW_S and one round for the extra
+  rounds, once per geometry, dtype, device and thread count.
 - Memory: remembered in this process and in a JSON cache file beside the
   cost-model profile ($XDG_CACHE_HOME/tfbigconv/autotune.json, or the file
   TFBIGCONV_AUTOTUNE_CACHE names). Entries of another format or package
@@ -54,6 +58,9 @@ TIMING_BATCH = 4
 MIN_TIMED_S = 0.03
 REPEAT_BELOW_S = 0.25
 ABANDON_FACTOR = 3.0
+MIN_ROUNDS = 2
+MAX_ROUNDS = 6
+EXTRA_ROUNDS_BELOW_S = 0.1
 
 _lock = threading.Lock()
 _memory = {}          # key -> {"chosen": ..., "seconds": {...}}
@@ -252,7 +259,6 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
     full = input_shape[0]  # dimension 0 in NHWC and NCHW
     small = max(1, min(full, batch or TIMING_BATCH))
     shape = [small] + list(input_shape[1:])
-    results = {}
     with tf.init_scope(), tf.device(f"/{device}:0"):
         rng = np.random.default_rng(0)
         x = tf.cast(tf.constant(rng.standard_normal(shape, dtype=np.float32)), dtype)
@@ -260,20 +266,32 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         a = dict(attrs, algorithm="auto", workspace_limit_bytes=int(workspace_limit))
         y_shape = conv.output_shape(shape, filter_shape, a)
         dy = tf.cast(tf.constant(rng.standard_normal(y_shape, dtype=np.float32)), dtype)
-        best = float("inf")
-        for name in order or names:
-            run = lambda: conv.run_pass(pass_, name, x, w, dy, a, device)  # noqa: E731
+
+        def timed(name):
             start = time.perf_counter()
-            _sync(run())
-            t = time.perf_counter() - start
-            if t < REPEAT_BELOW_S and t < ABANDON_FACTOR * best:
-                for _ in range(2):
-                    start = time.perf_counter()
-                    _sync(run())
-                    t = min(t, time.perf_counter() - start)
-            best = min(best, t)
-            results[name] = t * full / small
-    return results
+            _sync(conv.run_pass(pass_, name, x, w, dy, a, device))
+            return time.perf_counter() - start
+
+        order = list(order or names)
+        best = {}  # name -> shortest call so far
+        for name in order:  # warm-up, in the order of the estimates
+            best[name] = timed(name)
+        # Then interleaved rounds, one call of each candidate per round, so that a
+        # burst of load on the machine hits all of them alike; the shortest call
+        # counts. Candidates whose warm-up took REPEAT_BELOW_S, or ABANDON_FACTOR x
+        # the best, are not repeated. Rounds go on past MIN_ROUNDS while they are
+        # cheap (short calls are the noisy ones), up to MAX_ROUNDS.
+        fastest = min(best.values())
+        again = [n for n in order if best[n] < REPEAT_BELOW_S and best[n] < ABANDON_FACTOR * fastest]
+        spent = 0.0
+        for r in range(MAX_ROUNDS if again else 0):
+            if r >= MIN_ROUNDS and spent >= EXTRA_ROUNDS_BELOW_S:
+                break
+            for name in again[r % len(again):] + again[:r % len(again)]:
+                t = timed(name)
+                spent += t
+                best[name] = min(best[name], t)
+    return {name: t * full / small for name, t in best.items()}
 
 
 def _sync(t):

@@ -7,6 +7,7 @@ kernel runs each case on that device and whether it can, the
 TFBIGCONV_ALGORITHM override, TF's thread count, and measured choices
 (autotune.py) where estimates are not to be trusted.
 """
+import ctypes
 import os
 
 import tensorflow as tf
@@ -149,6 +150,53 @@ def workers():
     return threads + 1
 
 
+def gpu_workspace_budget():
+    """The trace-time workspace budget on the first visible GPU, in bytes; 0 if unknown.
+
+    The same rule as the GPU kernels' run-time default (kernels_gpu.cc): a
+    fraction (_core.DEFAULT_BUDGET_FRACTION) of what TF's allocator can still
+    hand out, its limit less its bytes in use
+    (tf.config.experimental.get_memory_info). The limit is the logical
+    device's configured memory_limit, else the device's total memory from the
+    CUDA driver (TF's allocator reserves a little of it: the kernel, planning
+    again at run time, has the last word). No GPU, or neither known: 0, and the
+    planner sets no trace-time limit.
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return 0
+    limit = 0
+    try:
+        config = tf.config.get_logical_device_configuration(gpus[0])
+    except (RuntimeError, ValueError):
+        config = None
+    if config and getattr(config[0], "memory_limit", None):
+        limit = int(config[0].memory_limit) << 20  # MiB
+    if not limit:
+        limit = cuda_total_memory(0)
+    if not limit:
+        return 0
+    try:
+        in_use = int(tf.config.experimental.get_memory_info("GPU:0")["current"])
+    except (RuntimeError, ValueError, KeyError):
+        in_use = 0  # the allocator keeps no statistics (or is not made yet)
+    return max(1, int(max(0, limit - in_use) * _core.DEFAULT_BUDGET_FRACTION))
+
+
+def cuda_total_memory(ordinal):
+    """Total memory of CUDA device `ordinal` (after CUDA_VISIBLE_DEVICES) from the
+    driver API, which needs no context; 0 without a driver."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev, total = ctypes.c_int(), ctypes.c_size_t()
+        if (cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), ordinal)
+                or cuda.cuDeviceTotalMem_v2(ctypes.byref(total), dev)):
+            return 0
+        return int(total.value)
+    except (OSError, AttributeError):
+        return 0
+
+
 def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
          device="CPU"):
     """The planner's table and choice for one pass (a dict; see _core.plan_pass).
@@ -156,7 +204,10 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
     attrs: strides, padding, explicit_paddings, data_format, dilations as the
     op takes them. Raises InvalidArgumentError for bad arguments and
     ResourceExhaustedError when nothing requested fits the workspace limit.
+    workspace_limit 0: the default budget (on the GPU, gpu_workspace_budget()).
     """
+    if device == "GPU" and not workspace_limit:
+        workspace_limit = gpu_workspace_budget()
     args = (list(input_shape), list(filter_shape), attrs["strides"], attrs["padding"],
             attrs["explicit_paddings"], attrs["data_format"], attrs["dilations"])
     try:

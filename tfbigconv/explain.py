@@ -104,7 +104,9 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
     HWIO). device: "CPU" or "GPU" (each has its own candidates and cost
     model; "GPU" needs no GPU here). budget: workspace limit in bytes (None:
     as the ops decide: half of the free host memory on the CPU; on the GPU,
-    the kernels plan within TensorFlow's allocator at run time). algorithm:
+    half of what TensorFlow's allocator can still give, see
+    dispatch.gpu_workspace_budget, or no limit where that is unknown, e.g. on
+    a machine without a GPU: the kernels plan again at run time). algorithm:
     what bigconv2d would be asked for. autotune: False shows the estimates
     and any cached measurement; True also times what bigconv2d would time
     (on this machine's `device`, which must exist); None follows

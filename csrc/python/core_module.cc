@@ -402,6 +402,7 @@ PYBIND11_MODULE(_core, m) {
       "Sets this module's cost model (values in cost_model_fields() order).");
   m.def("free_host_memory", &FreeHostMemoryBytes);
   m.def("default_workspace_budget", &DefaultHostWorkspaceBudget);
+  m.attr("DEFAULT_BUDGET_FRACTION") = kDefaultBudgetFraction;  // of free memory, CPU and GPU
   m.def("supported_isas", [] {
     std::vector<std::string> v;
     for (Isa i : SupportedIsas()) v.push_back(IsaName(i));
