@@ -10,6 +10,7 @@
 
 #include "dtypes.h"
 #include "geometry.h"
+#include "operands_gpu.h"
 
 namespace tfbigconv {
 namespace gpu {
@@ -48,14 +49,9 @@ struct DirectGpuPlan {
 // Always succeeds: splits shrink to fit workspace_limit (none needs 0 bytes).
 DirectGpuPlan PlanDirectGpu(const ConvGeometry& g, DType dtype, int64_t workspace_limit);
 
-struct DirectGpuParams {
-  ConvProblem problem;
-  DType dtype = DType::kFloat;
-  DirectGpuPlan plan;          // from PlanDirectGpu(problem.g, dtype, ...)
-  const void* input = nullptr;  // device pointers
-  const void* filter = nullptr;
-  void* output = nullptr;       // fully overwritten
-  void* workspace = nullptr;    // plan.workspace_bytes, 16-byte aligned
+// workspace: plan.workspace_bytes, 16-byte aligned.
+struct DirectGpuParams : GpuOperands {
+  DirectGpuPlan plan;  // from PlanDirectGpu(problem.g, dtype, ...)
 };
 
 // Enqueues the convolution on `stream`; "" or an error message.

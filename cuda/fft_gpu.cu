@@ -544,13 +544,8 @@ std::string Run(const FftGpuParams& p, Steps steps) {
   unsigned int unsafe = 0;
   if (!(err = steps.Read(&unsafe, &check->unsafe, sizeof(unsafe))).empty()) return err;
   if (!unsafe) return "";
-  DirectGpuParams d;
-  d.problem = p.problem;
-  d.dtype = p.dtype;
-  d.input = p.input;
-  d.filter = p.filter;
-  d.output = p.output;
-  d.plan = PlanDirectGpu(g, p.dtype, 0);
+  DirectGpuParams d{p, PlanDirectGpu(g, p.dtype, 0)};
+  d.workspace = nullptr;
   if (steps.on_host()) {
     d.plan.tiled = false;  // the emulated kernel; the same sums
     return DirectConvOnHost(d);

@@ -14,6 +14,7 @@
 
 #include "dtypes.h"
 #include "geometry.h"
+#include "operands_gpu.h"
 
 namespace tfbigconv {
 namespace gpu {
@@ -45,14 +46,9 @@ bool CufftAvailable(std::string* why);
 std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t workspace_limit,
                        cudaStream_t stream, FftGpuPlan* plan);
 
-struct FftGpuParams {
-  ConvProblem problem;
-  DType dtype = DType::kFloat;
-  FftGpuPlan plan;              // from PlanFftGpu(problem.g, dtype, ...)
-  const void* input = nullptr;  // device pointers
-  const void* filter = nullptr;
-  void* output = nullptr;       // fully overwritten
-  void* workspace = nullptr;    // plan.workspace_bytes, 256-byte aligned
+// workspace: plan.workspace_bytes, 256-byte aligned.
+struct FftGpuParams : GpuOperands {
+  FftGpuPlan plan;  // from PlanFftGpu(problem.g, dtype, ...)
 };
 
 // The last part of every plan's workspace.

@@ -19,26 +19,9 @@ std::string RunConvGpu(const ConvProblem& problem, DType dtype, const GpuAlgorit
   if (choice.workspace_bytes() > 0 && !workspace)
     return "the plan needs a workspace of " + std::to_string(choice.workspace_bytes()) +
            " bytes and none was given";
-  if (choice.algorithm == GpuAlgorithm::kFft) {
-    FftGpuParams p;
-    p.problem = problem;
-    p.dtype = dtype;
-    p.plan = choice.fft;
-    p.input = a;
-    p.filter = b;
-    p.output = out;
-    p.workspace = workspace;
-    return FftConvGpu(p, stream);
-  }
-  DirectGpuParams p;
-  p.problem = problem;
-  p.dtype = dtype;
-  p.plan = choice.direct;
-  p.input = a;
-  p.filter = b;
-  p.output = out;
-  p.workspace = workspace;
-  return DirectConvGpu(p, stream);
+  const GpuOperands operands{problem, dtype, a, b, out, workspace};
+  if (choice.algorithm == GpuAlgorithm::kFft) return FftConvGpu({operands, choice.fft}, stream);
+  return DirectConvGpu({operands, choice.direct}, stream);
 }
 
 }  // namespace gpu

@@ -33,6 +33,13 @@ std::vector<Isa> SupportedIsas() {
   return v;
 }
 
+Status CheckIsaSupported(Isa isa) {
+  for (Isa ok : SupportedIsas())
+    if (ok == isa) return Status::Ok();
+  return Status::InvalidArgument(std::string("isa ") + IsaName(isa) +
+                                 " is not supported by this CPU or build");
+}
+
 Isa ActiveIsa() {
   static const Isa isa = [] {
     const std::vector<Isa> ok = SupportedIsas();

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "status.h"
+
 namespace tfbigconv {
 
 enum class Isa { kBaseline, kAvx2, kAvx512 };
@@ -14,6 +16,8 @@ const char* IsaName(Isa isa);
 bool ParseIsa(const std::string& s, Isa* out);
 // Variants that were compiled in and that this CPU can run.
 std::vector<Isa> SupportedIsas();
+// Ok if `isa` is in SupportedIsas(); else kInvalidArgument naming it.
+Status CheckIsaSupported(Isa isa);
 // The best supported variant, or the one forced by TFBIGCONV_ISA (read once).
 // A forced variant the CPU cannot run falls back to the best one.
 Isa ActiveIsa();

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "direct_cpu.h"
-#include "fft_cpu.h"
 #include "memory_info.h"
 #include "plan.h"
 #include "geometry.h"
 #include "isa.h"
 #include "parallel.h"
+#include "run_cpu.h"
 
 namespace py = pybind11;
 using namespace tfbigconv;
@@ -69,13 +69,21 @@ py::dict GeometryDict(const ConvGeometry& g) {
   return d;
 }
 
-Isa PickIsa(const std::string& name) {
+// "" means the active variant. Whether this CPU can run it is checked where
+// it is used (PickIsa, RunConvCpu).
+Isa ParseIsaName(const std::string& name) {
   if (name.empty()) return ActiveIsa();
   Isa isa;
   if (!ParseIsa(name, &isa)) throw py::value_error("isa must be baseline, avx2 or avx512, got " + name);
-  for (Isa ok : SupportedIsas())
-    if (ok == isa) return isa;
-  throw py::value_error("isa " + name + " is not supported by this CPU or build");
+  return isa;
+}
+
+// For the direct kernel's blocking: a variant this CPU can run.
+Isa PickIsa(const std::string& name) {
+  const Isa isa = ParseIsaName(name);
+  const Status s = CheckIsaSupported(isa);
+  if (!s.ok()) throw py::value_error(s.message());
+  return isa;
 }
 
 DType PickDType(const py::array& a, const std::string& dtype) {
@@ -169,11 +177,12 @@ std::vector<int64_t> Shape(const py::array& a) {
   return std::vector<int64_t>(a.shape(), a.shape() + a.ndim());
 }
 
-// Runs one pass of a convolution on numpy arrays. pass: "forward" (a = input,
-// b = filter), "backprop_input" (a = out_backprop, b = filter, sizes = input
-// shape) or "backprop_filter" (a = input, b = out_backprop, sizes = filter
-// shape). `out`, if given, must have the result's shape and dtype and is
-// overwritten; the FFT workspace is exactly the planned size, NaN-poisoned.
+// Runs one pass of a convolution on numpy arrays with RunConvCpu, the launch
+// the TF op uses. pass: "forward" (a = input, b = filter), "backprop_input"
+// (a = out_backprop, b = filter, sizes = input shape) or "backprop_filter"
+// (a = input, b = out_backprop, sizes = filter shape). `out`, if given, must
+// have the result's shape and dtype and is overwritten; the FFT workspace is
+// exactly the planned size, NaN-poisoned.
 py::array RunPass(const std::string& algorithm, const std::string& pass, py::array a, py::array b,
                   const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
                   const std::string& padding, const std::vector<int64_t>& explicit_paddings,
@@ -208,36 +217,26 @@ py::array RunPass(const std::string& algorithm, const std::string& pass, py::arr
         !result.writeable())
       throw py::value_error("out must be a writeable C-contiguous array of the result's shape and dtype");
   }
+  AlgorithmChoice choice;
+  if (algorithm == "direct") choice.algorithm = Algorithm::kDirect;
+  else if (algorithm == "fft") choice.algorithm = Algorithm::kFft;
+  else throw py::value_error("algorithm must be direct or fft");
+  const Isa chosen_isa = ParseIsaName(isa);
   const ParallelFor pf = StdThreadParallelFor(num_threads);
   const ConvGeometry& g = problem.g;
   if (g.output_elements() == 0) return result;
-  if (algorithm == "direct") {
-    DirectParams p;
-    p.problem = problem;
-    p.dtype = dt;
-    p.input = a.data();
-    p.filter = b.data();
-    p.output = result.mutable_data();
-    const Isa chosen = PickIsa(isa);
+  // Zeros to write need no plan (RunConvCpu writes them first).
+  if (choice.algorithm == Algorithm::kFft && !g.empty_sums())
+    choice.fft_plan = PlanOrThrow(g, dt, workspace_limit, pf.num_workers());
+  std::vector<double> workspace((choice.fft_plan.workspace_bytes + 7) / 8,
+                                std::numeric_limits<double>::quiet_NaN());
+  Status status;
+  {
     py::gil_scoped_release release;
-    DirectConv(p, pf, chosen);
-  } else if (algorithm == "fft") {
-    FftParams p;
-    p.problem = problem;
-    p.dtype = dt;
-    // Zeros to write need no plan (FftConv writes them first).
-    if (!g.empty_sums()) p.plan = PlanOrThrow(g, dt, workspace_limit, pf.num_workers());
-    p.input = a.data();
-    p.filter = b.data();
-    p.output = result.mutable_data();
-    std::vector<double> workspace((p.plan.workspace_bytes + 7) / 8,
-                                  std::numeric_limits<double>::quiet_NaN());
-    p.workspace = workspace.data();
-    py::gil_scoped_release release;
-    FftConv(p, pf);
-  } else {
-    throw py::value_error("algorithm must be direct or fft");
+    status = RunConvCpu(problem, dt, choice, a.data(), b.data(), result.mutable_data(),
+                        workspace.empty() ? nullptr : workspace.data(), pf, chosen_isa);
   }
+  ThrowIfError(status);
   return result;
 }
 

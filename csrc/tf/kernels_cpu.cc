@@ -1,14 +1,14 @@
-// CPU kernels of the three ops: run each pass's ConvProblem with the
-// chosen algorithm (the ops themselves are in kernel_base.h).
+// CPU kernels of the three ops (kernel_base.h): a Run() that plans within
+// the host budget, takes the workspace from TensorFlow's allocator and runs
+// the pass with RunConvCpu (csrc/core/run_cpu.h, the launch _core also runs)
+// on TF's intra-op thread pool.
 #include <string>
-#include <vector>
 
-#include "direct_cpu.h"
-#include "fft_cpu.h"
 #include "isa.h"
 #include "kernel_base.h"
 #include "memory_info.h"
 #include "plan.h"
+#include "run_cpu.h"
 #include "tensorflow/core/platform/logging.h"
 
 namespace tfbigconv {
@@ -45,31 +45,19 @@ class BigConvCpuBase : public BigConvOpBase<T> {
     OP_REQUIRES_OK(ctx, this->ChooseWithPlan([&](const std::string& requested) {
       return ChooseAlgorithm(g, kDType<T>, requested, limit, pf.num_workers(), &choice);
     }));
-    VLOG(1) << this->name() << ": "
-            << (choice.algorithm == Algorithm::kFft ? "fft" : "direct") << " (" << choice.reason
+    VLOG(1) << this->name() << ": " << AlgorithmName(choice.algorithm) << " (" << choice.reason
             << ")";
-    if (choice.algorithm == Algorithm::kFft) {
-      FftParams p;
-      p.problem = problem;
-      p.dtype = kDType<T>;
-      p.plan = choice.fft_plan;
-      Tensor workspace;
+    // The workspace comes from TF's allocator, within the limit the plan kept to.
+    Tensor workspace;
+    void* ws = nullptr;
+    if (choice.algorithm == Algorithm::kFft && choice.fft_plan.workspace_bytes > 0) {
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8,
-                                             TensorShape({p.plan.workspace_bytes}), &workspace));
-      p.input = in;
-      p.filter = filter;
-      p.output = out;
-      p.workspace = const_cast<char*>(workspace.tensor_data().data());
-      FftConv(p, pf);
-    } else {
-      DirectParams p;
-      p.problem = problem;
-      p.dtype = kDType<T>;
-      p.input = in;
-      p.filter = filter;
-      p.output = out;
-      DirectConv(p, pf, ActiveIsa());
+                                             TensorShape({choice.fft_plan.workspace_bytes}),
+                                             &workspace));
+      ws = this->Data(&workspace);
     }
+    OP_REQUIRES_OK(ctx, ToTfStatus(RunConvCpu(problem, kDType<T>, choice, in, filter, out, ws, pf,
+                                              ActiveIsa())));
   }
 };
 

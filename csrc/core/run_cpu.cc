@@ -1,0 +1,58 @@
+#include "run_cpu.h"
+
+#include <string>
+
+#include "direct_cpu.h"
+#include "fft_cpu.h"
+
+namespace tfbigconv {
+
+const char* AlgorithmName(Algorithm a) { return a == Algorithm::kFft ? "fft" : "direct"; }
+
+Status RunConvCpu(const ConvProblem& problem, DType dtype, const AlgorithmChoice& choice,
+                  const void* a, const void* b, void* out, void* workspace,
+                  const ParallelFor& parallel_for, Isa isa) {
+  const ConvGeometry& g = problem.g;
+  if (g.output_elements() == 0) return Status::Ok();
+  if (g.empty_sums()) {  // zeros, as tf.nn.conv2d gives; needs no plan or workspace
+    ZeroConvOutput(problem, dtype, out);
+    return Status::Ok();
+  }
+  if (choice.algorithm == Algorithm::kDirect) {
+    // An unsupported variant would die on an illegal instruction.
+    const Status isa_ok = CheckIsaSupported(isa);
+    if (!isa_ok.ok()) return isa_ok;
+    DirectParams p;
+    p.problem = problem;
+    p.dtype = dtype;
+    p.input = a;
+    p.filter = b;
+    p.output = out;
+    DirectConv(p, parallel_for, isa);
+    return Status::Ok();
+  }
+  const FftPlan& plan = choice.fft_plan;
+  if (plan.items <= 0 || plan.chunk <= 0)
+    return Status::InvalidArgument("the fft choice carries no plan (fft_plan is empty)");
+  // Each worker id indexes its own buffer in the workspace.
+  if (plan.workers < parallel_for.num_workers())
+    return Status::InvalidArgument("the fft plan has buffers for " + std::to_string(plan.workers) +
+                                   " workers, but the thread pool has " +
+                                   std::to_string(parallel_for.num_workers()));
+  if (plan.workspace_bytes > 0 && !workspace)
+    return Status::InvalidArgument("the fft plan needs a workspace of " +
+                                   std::to_string(plan.workspace_bytes) +
+                                   " bytes and none was given");
+  FftParams p;
+  p.problem = problem;
+  p.dtype = dtype;
+  p.plan = plan;
+  p.input = a;
+  p.filter = b;
+  p.output = out;
+  p.workspace = workspace;
+  FftConv(p, parallel_for);
+  return Status::Ok();
+}
+
+}  // namespace tfbigconv
