@@ -192,10 +192,10 @@ def worker(spec):
         import tfbigconv
         result["versions"] = {"tensorflow": tf.__version__, "numpy": np.__version__}
         if method == "fft":
-            # The op plans with the intra-op pool's threads + 1 workers.
+            # The op plans with the intra-op pool's threads as its workers.
             result["fft_plan"] = tfbigconv._core.fft_plan(
                 in_shape, f_shape, [1, 1, 1, 1], padding, [], "NHWC", [1, 1, 1, 1],
-                workers=os.cpu_count() + 1)
+                workers=tfbigconv.dispatch.workers())
     print(json.dumps(result))
 
 

@@ -153,9 +153,8 @@ def device_kind(name):
 
 
 def workers():
-    """The worker count of the ops' ParallelFor: TF's intra-op threads + 1 (the caller)."""
-    threads = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count() or 1
-    return threads + 1
+    """The worker count of the ops' ParallelFor: TF's intra-op threads (kernels_cpu.cc)."""
+    return tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count() or 1
 
 
 def gpu_workspace_budget():

@@ -304,7 +304,7 @@ int64_t TfColBufferImages(const ConvGeometry& ug, Pass pass, DType dtype, int wo
   if (work_unit <= 0) return 1;
   int64_t target;
   if (pass == Pass::kBackpropInput) {
-    const int64_t threads = std::max(1, workers - 1);
+    const int64_t threads = std::max(1, workers);
     if (work_unit / threads >= (int64_t(256) << 10) / item) return 1;
     target = (int64_t(30) << 20) / item;
   } else {

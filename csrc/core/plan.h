@@ -116,7 +116,7 @@ struct TfCandidate {
 // input gradient takes one image when one image's work per thread exceeds
 // 256 KiB (its parallel contraction). TF allocates the whole shard; only the
 // batch's images are ever written, and only written pages use memory.
-// 1 for the forward pass. workers: the ParallelFor's (TF's threads + 1).
+// 1 for the forward pass. workers: the ParallelFor's (TF's intra-op threads).
 int64_t TfColBufferImages(const ConvGeometry& user_g, Pass pass, DType dtype, int workers);
 
 // Estimates of TF's kernel for one pass of the user's geometry. CPU Conv2D's

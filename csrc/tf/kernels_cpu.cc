@@ -2,6 +2,7 @@
 // the host budget, takes the workspace from TensorFlow's allocator and runs
 // the pass with RunConvCpu (csrc/core/run_cpu.h, the launch _core also runs)
 // on TF's intra-op thread pool.
+#include <algorithm>
 #include <string>
 
 #include "isa.h"
@@ -14,17 +15,20 @@
 namespace tfbigconv {
 namespace {
 
-// The intra-op pool; ids 0..NumThreads() (the caller may run a block too).
+// The intra-op pool, NumThreads() workers. The worker index is the block's:
+// blocks are fixed and at most one per thread, so each has its own scratch.
+// (The pool's thread ids run 0..NumThreads(), the caller included, and one of
+// them is always idle: indexing scratch by them cost a worker's buffers.)
 ParallelFor TfParallelFor(OpKernelContext* ctx) {
   auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  const int threads = pool->NumThreads();
-  return ParallelFor(threads + 1, [pool, threads](int64_t total, const ParallelFor::Body& body) {
+  const int threads = std::max(1, pool->NumThreads());
+  return ParallelFor(threads, [pool, threads](int64_t total, const ParallelFor::Body& body) {
     // Equal blocks, one per pool thread: more shards than cores would put the
     // caller thread on a core too and make the threads evict each other's L2.
     const int64_t block = std::max<int64_t>(1, (total + threads - 1) / threads);
     pool->ParallelForWithWorkerId(
         total, tsl::thread::ThreadPool::SchedulingParams::Fixed(block),
-        [&body](int64_t begin, int64_t end, int id) { body(begin, end, id); });
+        [&body, block](int64_t begin, int64_t end, int) { body(begin, end, int(begin / block)); });
   });
 }
 
