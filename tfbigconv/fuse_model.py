@@ -359,7 +359,14 @@ def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorit
     program, weights, variables = _program(input_tensor, nodes)
     w64 = {k: tf.constant(v) for k, v in weights.items()}
     try:
-        m = fuse.compose_program(program, w64, in_size, channels, tf.float64, patch_borders=True)
+        if trainable and not measure:  # only the fused map's shapes are needed: trace the
+            with tf.Graph().as_default():  # composition in a graph that never runs
+                m = fuse.compose_program(program, {k: tf.zeros(v.shape, tf.float64)
+                                                   for k, v in weights.items()},
+                                         in_size, channels, tf.float64, patch_borders=True)
+        else:
+            m = fuse.compose_program(program, w64, in_size, channels, tf.float64,
+                                     patch_borders=True)
     except fuse.NotFusable as e:
         return SubgraphReport(names, "refused", str(e)), None
     out_shape = tuple(nodes[-1].output_tensors[0].shape[1:])

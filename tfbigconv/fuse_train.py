@@ -172,15 +172,6 @@ def _filter_shape(step, weight_shapes):
     return (kh, kw, a, b), step["groups"]
 
 
-def _conv_pads(step, size, filter_shape):
-    padding = step["padding"]
-    if padding == "valid":
-        return (0, 0, 0, 0)
-    if padding == "same":
-        return fuse.same_pads(size, filter_shape[:2], step["strides"], step["dilations"])
-    return tuple(padding)
-
-
 def value_shapes(program, weight_shapes, in_size, channels):
     """(height, width, channels) of every value of the program (0: its input)."""
     shapes = [tuple(in_size) + (channels,)]
@@ -189,7 +180,7 @@ def value_shapes(program, weight_shapes, in_size, channels):
         if op == "conv":
             h, w, _ = shapes[step["src"]]
             f, _ = _filter_shape(step, weight_shapes)
-            t, b, l, r = _conv_pads(step, (h, w), f)
+            t, b, l, r = fuse._conv_pads(step, (h, w), f[:2])
             (sh, sw), (dh, dw) = step["strides"], step["dilations"]
             shapes.append(((h + t + b - (f[0] - 1) * dh - 1) // sh + 1,
                            (w + l + r - (f[1] - 1) * dw - 1) // sw + 1, f[3]))
@@ -271,7 +262,7 @@ def _branch_seconds(program, weight_shapes, in_size, channels, batch, training, 
             continue
         h, w, c = shapes[step["src"]]
         f, _ = _filter_shape(step, weight_shapes)
-        pads = _conv_pads(step, shapes[step["src"]][:2], f)
+        pads = fuse._conv_pads(step, (h, w), f[:2])
         passes = _passes(training) + (("forward",) if i in again else ())
         for p in set(passes):
             total += passes.count(p) * _conv_seconds(
