@@ -13,12 +13,16 @@ Modes, each (case, variant) in a fresh subprocess:
           see tfbigconv.fuse_train: "fused" composes the kernel from the branch
           weights in the step and runs one conv; "recompute" runs the branches and
           keeps only x for backprop; "auto" picks one from the planner's estimates,
-          and the table says which). "fused" is skipped where its kernel alone
+          and the table says which). --train-variants picks others; the first is
+          the baseline the last is compared with; "unfused-big" is the Keras block
+          with every conv converted to BigConv2D (convert_model): recompute's
+          kernels, with p kept. "fused" is skipped where its kernel alone
           would exceed 256 MiB (stage 4, K = 31: 1 GiB).
   infer   the forward pass; "fused" is fuse_linear(block) (BigConv2D + bias map).
 Each worker runs 2 warm-up steps, resets the peak RSS (/proc/self/clear_refs), and
 takes the peak RSS increase (VmHWM - VmRSS before) over the next step as the step's
-memory (glibc's mmap threshold is fixed at 128 KiB so that freed blocks leave the RSS); the time is the median of --reps further steps. "p MiB" is the tensor the
+memory (glibc's mmap threshold is fixed at 128 KiB so that freed blocks leave the
+RSS); the time is the median of --reps further steps. "p MiB" is the tensor the
 fused versions no longer keep for backprop (batch x H x W x C/2 floats).
 
 --blocks N chains N blocks with a ReLU between them (default 1): then N tensors p
@@ -29,15 +33,15 @@ holds its kept one.
 
 --rounds R runs every (case, variant) R times, rounds interleaved (round 1 of
 every case, then round 2, ...), so that load from other processes spreads over
-the variants; the table gives the median over rounds. "target" says whether
-auto meets the issue's training targets: step time at most 1.1x unfused, and
-peak lower by at least p.
+the variants; the table gives the median over rounds. "target" says whether the
+last variant (auto by default) meets the issue's training targets against the
+first (unfused by default): step time at most 1.1x, and peak lower by at least p.
 
 Run time: each worker starts TensorFlow (~5-10 s); with the defaults (batch 8, 5
 reps, 1 round) about 20-30 min on 2 idle cores, most of it in the K = 31 rows.
 
 Usage: python benchmarks/bench_fuse.py [--batch 8] [--reps 5] [--rounds 1] [--ks 7,31]
-       [--stages 1,2,3,4] [--modes train,infer] [--blocks 1]
+       [--stages 1,2,3,4] [--modes train,infer] [--blocks 1] [--train-variants ...]
 """
 import argparse
 import json
@@ -71,7 +75,9 @@ WORKER = textwrap.dedent("""
     for w in block.weights:
         w.assign(rng.standard_normal(w.shape).astype(np.float32) * 0.05)
     model, chosen = block, ""
-    if variant != "unfused":
+    if variant == "unfused-big":  # the same layers, every conv through bigconv2d
+        model = tfbigconv.convert_model(block, min_kernel_size=1)
+    elif variant != "unfused":
         train_mode = "fused" if variant == "fused" else variant
         model, reports = tfbigconv.fuse_linear(block, trainable=(mode == "train"),
                                                mode=train_mode)
@@ -129,7 +135,7 @@ def run(mode, variant, hw, c, k, batch, reps, blocks):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-VARIANTS = {"train": ("unfused", "fused", "recompute", "auto"), "infer": ("unfused", "fused")}
+TRAIN_VARIANTS = "unfused,fused,recompute,auto"
 
 
 def main():
@@ -141,14 +147,18 @@ def main():
     ap.add_argument("--stages", default="1,2,3,4")
     ap.add_argument("--modes", default="train,infer")
     ap.add_argument("--blocks", type=int, default=1)
+    ap.add_argument("--train-variants", default=TRAIN_VARIANTS,
+                    help="comma-separated, the first is the baseline; also unfused-big (the Keras block with every "
+                         "conv converted to BigConv2D: the kernels recompute runs, keeping p)")
     args = ap.parse_args()
+    variants = {"train": tuple(args.train_variants.split(",")), "infer": ("unfused", "fused")}
     cases = [(stage, k, mode) for stage in map(int, args.stages.split(","))
              for k in map(int, args.ks.split(",")) for mode in args.modes.split(",")]
     results = {}  # (stage, k, mode, variant) -> [result per round]
     for r in range(args.rounds):
         for stage, k, mode in cases:
             hw, c = STAGES[stage]
-            for variant in VARIANTS[mode]:
+            for variant in variants[mode]:
                 if variant == "fused" and mode == "train" and k * k * c * c * 4 > 256 << 20:
                     res = {"error": "skipped: fused kernel over 256 MiB"}
                 else:
@@ -172,25 +182,28 @@ def main():
             return "-"
         return f"{s['time'] * 1e3:.1f}" if field == "time" else f"{s['peak'] / mib:.1f}"
 
-    print("| stage (HxWxC) | K | mode | ms: unfused / fused / recompute / auto (chosen) | "
-          "auto / unfused time | peak MiB: unfused / fused / recompute / auto | "
-          "auto peak saved MiB | p MiB | target |")
+    names = " / ".join(variants["train"])
+    base, last_name = variants["train"][0], variants["train"][-1]
+    print(f"| stage (HxWxC) | K | mode | ms: {names} (auto: chosen) | "
+          f"{last_name} / {base} time | peak MiB: {names} | "
+          f"{last_name} peak saved MiB | p MiB | target |")
     print("|---|---|---|---|---|---|---|---|---|")
     for stage, k, mode in cases:
         hw, c = STAGES[stage]
         p_bytes = args.blocks * args.batch * hw * hw * (c // 2) * 4
-        s = {v: summary((stage, k, mode, v)) for v in VARIANTS[mode]}
-        last = s.get("auto") or s["fused"]
-        times = " / ".join(cell(s[v], "time") for v in VARIANTS[mode])
-        peaks = " / ".join(cell(s[v], "peak") for v in VARIANTS[mode])
-        if mode == "train" and s["auto"] is not None:
+        s = {v: summary((stage, k, mode, v)) for v in variants[mode]}
+        last = s[variants[mode][-1]]
+        times = " / ".join(cell(s[v], "time") for v in variants[mode])
+        peaks = " / ".join(cell(s[v], "peak") for v in variants[mode])
+        if mode == "train" and s.get("auto") is not None:
             times += f" ({s['auto']['chosen']})"
-        if s["unfused"] is None or last is None:
+        first = s[variants[mode][0]]
+        if first is None or last is None:
             print(f"| {stage} ({hw}x{hw}x{c}) | {k} | {mode} | {times} | - | {peaks} | - | "
                   f"{p_bytes / mib:.1f} | - |")
             continue
-        ratio = last["time"] / s["unfused"]["time"]
-        saved = s["unfused"]["peak"] - last["peak"]
+        ratio = last["time"] / first["time"]
+        saved = first["peak"] - last["peak"]
         target = "-"
         if mode == "train":
             target = "met" if ratio <= 1.1 and saved >= p_bytes else (

@@ -75,6 +75,7 @@ def _backprop(program, weights, x, dy, algorithm, workspace_limit):
     """(dL/dx, {weight name: dL/dweight}) for the program's output gradient dy."""
     values = fuse.run_values(program, weights, x, recomputed_values(program), algorithm,
                              workspace_limit)
+    channels = _value_channels(program, weights, int(x.shape[-1]))
     grads = {len(program): [dy]}
     wgrads = {name: [] for name in weights}
 
@@ -100,7 +101,7 @@ def _backprop(program, weights, x, dy, algorithm, workspace_limit):
                     tf.cast(tf.reduce_sum(g, (0, 1, 2)), weights[step["bias"]].dtype))
         elif op == "pad":
             t, b, l, r = step["pads"]
-            h, w = g.shape[1], g.shape[2]
+            h, w = (tf.shape(g)[i] if g.shape[i] is None else g.shape[i] for i in (1, 2))
             send(step["src"], g[:, t:h - b, l:w - r])
         elif op == "add":
             for v in step["srcs"]:
@@ -110,7 +111,6 @@ def _backprop(program, weights, x, dy, algorithm, workspace_limit):
             send(a, g)
             send(b, -g)
         elif op == "concat":
-            channels = _value_channels(program, weights, int(x.shape[-1]))
             sizes = [channels[v] for v in step["srcs"]]
             for v, part in zip(step["srcs"], tf.split(g, sizes, axis=-1)):
                 send(v, part)
