@@ -64,7 +64,8 @@ def depthwise_chain(h, w, c, padding):
 
 
 def check(model, trainable=False, batch=2, seed=1):
-    fused, reports = tfbigconv.fuse_linear(model, trainable=trainable)
+    """fuse_linear in fused mode (recompute and auto: test_fuse_train.py) against the model."""
+    fused, reports = tfbigconv.fuse_linear(model, trainable=trainable, mode="fused")
     x = random_case((batch,) + tuple(model.inputs[0].shape[1:]), seed)
     err = rel_l2(fused(x).numpy(), model(x).numpy())
     assert err < TOL, (err, [str(r) for r in reports])
@@ -216,7 +217,7 @@ def test_training_fused_matches_unfused():
         return keras.Model(x, L.Conv2D(3, 1, name="head")(block(x)))
 
     block = randomize(seed_block(24, 22, 16, 7), scale=0.2)
-    fused_block, _ = tfbigconv.fuse_linear(block, trainable=True)
+    fused_block, _ = tfbigconv.fuse_linear(block, trainable=True, mode="fused")
     unfused, fused = head(block), head(fused_block)
     fused.get_layer("head").set_weights(unfused.get_layer("head").get_weights())
     data = [(random_case((4, 24, 22, 16), s), random_case((4, 24, 22, 3), s + 10))

@@ -28,13 +28,13 @@ from tfbigconv.explain import explain
 from tfbigconv import keras  # registers the Keras layers (needs Keras 3, a TensorFlow dependency)
 from tfbigconv.convert import convert_model
 from tfbigconv.memory_report import MemoryReport, explain_oom, memory_report
-from tfbigconv import fuse
+from tfbigconv import fuse, fuse_train
 from tfbigconv.fuse_model import SubgraphReport, fuse_linear
 
 # The planner's constants, in both compiled modules (see cost_model.py).
 cost_model.load_active(_ops._LIB_PATH)
 
-__all__ = ["bigconv2d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_linear",
+__all__ = ["bigconv2d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_train", "fuse_linear",
            "SubgraphReport", "keras", "register_all", "memory_report", "MemoryReport",
            "explain_oom"]
 __version__ = "0.1.0"

@@ -41,7 +41,8 @@ from tfbigconv.conv import bigconv2d
 __all__ = [
     "NotFusable", "LinearMap", "identity", "pad", "convolve", "add", "concat", "affine",
     "batchnorm_affine", "regroup", "dilate_kernel", "compose_kernels", "same_pads",
-    "compose_program", "run_program", "bias_map", "fused_padding", "border_strips",
+    "compose_program", "composition_macs", "run_program", "run_values", "live_values",
+    "conv_kernel", "conv_padding", "bias_map", "fused_padding", "border_strips",
     "apply_fused",
 ]
 
@@ -63,6 +64,8 @@ class LinearMap:
       pad(..., patch=True)); the kernel is then exact only away from the borders,
       and apply_fused takes the border rows and columns from the unfused
       program run on strips of the input (border_strips).
+    compose_macs: multiply-adds compose_program spent on the kernel (composition_macs,
+      an estimate): the per-step cost of composing it from trainable weights.
     """
     kernel: tf.Tensor
     groups: int
@@ -73,6 +76,7 @@ class LinearMap:
     bias: Optional[tf.Tensor] = None
     bias_padded: bool = False
     patched: bool = False
+    compose_macs: int = 0
 
     @property
     def kernel_size(self):
@@ -169,6 +173,17 @@ def compose_kernels(k1, g1, s1, k2, g2):
     out = bigconv2d(a, f, strides=1, padding=[[0, 0], [ph, ph], [pw, pw], [0, 0]],
                     dilations=list(s1))
     return tf.transpose(out, (1, 2, 0, 3)), g
+
+
+def composition_macs(k1_shape, g1, s1, k2_shape, g2):
+    """Multiply-adds of compose_kernels for kernels of these shapes (an estimate: it
+    leaves out regrouping and the zeros its convolutions multiply)."""
+    (k1h, k1w, ci, cmid), (k2h, k2w, _, cout) = k1_shape, k2_shape
+    if (k1h, k1w) == (1, 1) or (k2h, k2w) == (1, 1):  # a channel product
+        return k1h * k1w * k2h * k2w * ci * cmid * cout // g2
+    g = math.gcd(g1, g2)  # a grouped convolution of the kernels
+    out = (k1h + s1[0] * (k2h - 1)) * (k1w + s1[1] * (k2w - 1))
+    return (ci * g1 // g) * out * cout * k2h * k2w * (cmid // g)
 
 
 def identity(channels, in_size, dtype=tf.float32):
@@ -307,7 +322,7 @@ def batchnorm_affine(gamma, beta, moving_mean, moving_variance, epsilon):
 #   {"op": "affine", "src": v, "scale": name, "shift": name}
 # Weights are looked up by name in a dict.
 
-def _conv_kernel(step, weights):
+def conv_kernel(step, weights):
     kernel = weights[step["kernel"]]
     if step["depthwise"]:
         kh, kw, c, mult = kernel.shape
@@ -331,13 +346,17 @@ def compose_program(program, weights, in_size, channels, dtype=tf.float32, patch
     refusing (stride 1 only: then the border outputs can be taken from the unfused
     program on strips of the input, see border_strips)."""
     values = [identity(channels, in_size, dtype)]
+    macs = 0
     for step in program:
         op = step["op"]
         if op == "conv":
-            kernel, groups = _conv_kernel(step, weights)
+            kernel, groups = conv_kernel(step, weights)
             m = values[step["src"]]
             m = pad(m, _conv_pads(step, m.out_size, kernel.shape[:2]), patch_borders)
             bias = weights[step["bias"]] if step["bias"] else None
+            (kh, kw, ci, co), (dh, dw) = kernel.shape, step["dilations"]
+            macs += composition_macs(m.kernel.shape, m.groups, m.strides,
+                                     ((kh - 1) * dh + 1, (kw - 1) * dw + 1, ci, co), groups)
             m = convolve(m, kernel, groups, tuple(step["strides"]), tuple(step["dilations"]),
                          bias)
         elif op == "pad":
@@ -352,22 +371,43 @@ def compose_program(program, weights, in_size, channels, dtype=tf.float32, patch
         else:
             raise ValueError(f"unknown program step {op!r}")
         values.append(m)
-    m = values[-1]
+    m = dataclasses.replace(values[-1], compose_macs=macs)
     if m.patched and m.strides != (1, 1):
         raise NotFusable(f"zero padding of intermediate tensors that the fused kernel does not "
                          f"reproduce, and strides {m.strides}: border patching needs stride 1")
     return m
 
 
-def run_program(program, weights, x):
+def run_program(program, weights, x, algorithm="auto", workspace_limit=0):
     """Runs the program unfused on x (NHWC): the reference the fused conv must equal.
     Steps the output does not depend on are skipped (on a border strip they might
-    not even fit)."""
-    live = {len(program)}
+    not even fit). algorithm, workspace_limit: for its convolutions (bigconv2d's)."""
+    return run_values(program, weights, x, [len(program)], algorithm, workspace_limit)[-1]
+
+
+def live_values(program, targets):
+    """The values (0 = input, i = step i's output) that `targets` depend on, targets included."""
+    live = set(targets)
     for i in range(len(program), 0, -1):
         if i in live:
             step = program[i - 1]
             live.update(step["srcs"] if "srcs" in step else [step["src"]])
+    return live
+
+
+def conv_padding(step):
+    """A conv step's padding in bigconv2d's form."""
+    padding = step["padding"]
+    if isinstance(padding, str):
+        return padding.upper()
+    t, b, l, r = padding
+    return [[0, 0], [t, b], [l, r], [0, 0]]
+
+
+def run_values(program, weights, x, targets, algorithm="auto", workspace_limit=0):
+    """Runs only the steps `targets` (value indices) depend on; returns every value,
+    None for those not computed."""
+    live = live_values(program, targets)
     values = [x]
     for i, step in enumerate(program, 1):
         if i not in live:
@@ -375,17 +415,12 @@ def run_program(program, weights, x):
             continue
         op = step["op"]
         if op == "conv":
-            kernel, _ = _conv_kernel(step, weights)
+            kernel, _ = conv_kernel(step, weights)
             src = values[step["src"]]
             kernel = tf.cast(kernel, src.dtype)
-            padding = step["padding"]
-            if not isinstance(padding, str):
-                t, b, l, r = padding
-                padding = [[0, 0], [t, b], [l, r], [0, 0]]
-            else:
-                padding = padding.upper()
-            y = bigconv2d(src, kernel, strides=list(step["strides"]), padding=padding,
-                          dilations=list(step["dilations"]))
+            y = bigconv2d(src, kernel, strides=list(step["strides"]), padding=conv_padding(step),
+                          dilations=list(step["dilations"]), algorithm=algorithm,
+                          workspace_limit=workspace_limit)
             if step["bias"]:
                 y = y + tf.cast(weights[step["bias"]], y.dtype)
         elif op == "pad":
@@ -405,7 +440,7 @@ def run_program(program, weights, x):
         else:
             raise ValueError(f"unknown program step {op!r}")
         values.append(y)
-    return values[-1]
+    return values
 
 
 def bias_map(program, weights, in_size, channels, dtype=tf.float32):

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tfbigconv import fuse
 from tfbigconv.keras import (BigConv2D, BigDepthwiseConv2D, FusedBiasMap, FusedLinearConv,
-                             _check_options)
+                             _check_mode, _check_options)
 
 _CONVS = (keras.layers.Conv2D, BigConv2D)
 _DEPTHWISE = (keras.layers.DepthwiseConv2D, BigDepthwiseConv2D)
@@ -30,7 +30,10 @@ class SubgraphReport:
     convolutions. kept_bytes_before/after: bytes per image of the distinct
     tensors the convolutions keep for backprop (float32). seconds_before/after:
     measured forward time of the subgraph on `measure` images (None unless
-    measured).
+    measured). mode: how a FusedLinearConv runs it ("fused" or "recompute", see
+    tfbigconv.fuse_train; "" where the subgraph became a plain BigConv2D), with
+    mode_reason (for "auto": the estimated step times, for the model's batch
+    size or 32 images) and mode_seconds ({mode: estimated seconds}).
     """
     layers: List[str]
     status: str
@@ -46,6 +49,9 @@ class SubgraphReport:
     kept_bytes_after: int = 0
     seconds_before: Optional[float] = None
     seconds_after: Optional[float] = None
+    mode: str = ""
+    mode_reason: str = ""
+    mode_seconds: dict = dataclasses.field(default_factory=dict)
 
     def __str__(self):
         head = f"{'+'.join(self.layers)}: {self.status}"
@@ -57,6 +63,8 @@ class SubgraphReport:
                 f"{self.kept_bytes_before:,} -> {self.kept_bytes_after:,} B")
         if self.seconds_before is not None:
             text += f"; measured {self.seconds_before * 1e3:.2f} -> {self.seconds_after * 1e3:.2f} ms"
+        if self.mode:
+            text += f"; runs in {self.mode} mode ({self.mode_reason})"
         return text
 
 
@@ -233,7 +241,7 @@ def _time(fn, x, reps=3):
 
 
 def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algorithm="auto",
-                workspace_limit=0):
+                workspace_limit=0, mode="auto"):
     """Returns (fused_model, reports): `model` with each linear subgraph as one convolution.
 
     A linear subgraph is a connected set of layers, reading one tensor and
@@ -258,9 +266,14 @@ def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algori
       trainable: False: each subgraph becomes ZeroPadding2D (when needed) +
         BigConv2D with the composed kernel [+ FusedBiasMap], for inference.
         True: a FusedLinearConv layer that keeps the original weights as its
-        variables and composes the kernel on every call, so training updates
-        the same parameters as the unfused model (BatchNormalization is then
-        not merged, since in training it uses batch statistics).
+        variables, so training updates the same parameters as the unfused
+        model, and keeps only its input for backprop (BatchNormalization is
+        then not merged, since in training it uses batch statistics).
+      mode: how each FusedLinearConv runs: "fused" (the kernel composed on
+        every call, one convolution), "recompute" (the original convolutions;
+        backprop recomputes the intermediates they read) or "auto" (the one
+        with the smaller estimated step time; the report says which and why).
+        See tfbigconv.fuse_train.
       measure: if > 0, times each subgraph's forward pass unfused and fused on
         that many random images and puts the times in the report.
       algorithm, workspace_limit: for the fused convolutions (see BigConv2D).
@@ -275,6 +288,7 @@ def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algori
       ValueError: a bad argument (named), or a model that cannot be rebuilt.
     """
     algorithm, workspace_limit = _check_options(algorithm, workspace_limit)
+    mode = _check_mode(mode)
     if not isinstance(model, keras.Model):
         raise ValueError("Invalid value for argument `model`: expected a Keras model, received "
                          f"{type(model).__name__}")
@@ -298,7 +312,7 @@ def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algori
             reports.append(SubgraphReport(names, "refused", reason))
             continue
         report, build = _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure,
-                                     algorithm, workspace_limit)
+                                     algorithm, workspace_limit, mode)
         reports.append(report)
         if build is not None:
             replace[id(nodes[-1])] = (input_tensor, build)
@@ -334,7 +348,7 @@ def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algori
 
 
 def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorithm,
-                 workspace_limit):
+                 workspace_limit, mode):
     """(SubgraphReport, build function or None) for one region."""
     names = [n.operation.name for n in nodes]
     shape = input_tensor.shape
@@ -345,7 +359,14 @@ def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorit
     program, weights, variables = _program(input_tensor, nodes)
     w64 = {k: tf.constant(v) for k, v in weights.items()}
     try:
-        m = fuse.compose_program(program, w64, in_size, channels, tf.float64, patch_borders=True)
+        if trainable and not measure:  # only the fused map's shapes are needed: trace the
+            with tf.Graph().as_default():  # composition in a graph that never runs
+                m = fuse.compose_program(program, {k: tf.zeros(v.shape, tf.float64)
+                                                   for k, v in weights.items()},
+                                         in_size, channels, tf.float64, patch_borders=True)
+        else:
+            m = fuse.compose_program(program, w64, in_size, channels, tf.float64,
+                                     patch_borders=True)
     except fuse.NotFusable as e:
         return SubgraphReport(names, "refused", str(e)), None
     out_shape = tuple(nodes[-1].output_tensors[0].shape[1:])
@@ -381,11 +402,14 @@ def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorit
     if trainable or m.patched:  # patched borders need the branch weights at run time
         kept = [k for k, _, _ in variables] if trainable else sorted(weights)
 
+        layer = FusedLinearConv(program, [[k, list(weights[k].shape)] for k in kept],
+                                in_size, channels, algorithm=algorithm,
+                                workspace_limit=workspace_limit, mode=mode, trainable=trainable,
+                                name=name)
+        choice = layer.choose_mode(shape[0])
+        report.mode, report.mode_reason, report.mode_seconds = choice
+
         def build(x):
-            layer = FusedLinearConv(program, [[k, list(weights[k].shape)] for k in kept],
-                                    in_size, channels, algorithm=algorithm,
-                                    workspace_limit=workspace_limit, trainable=trainable,
-                                    name=name)
             y = layer(x)
             layer.set_weights([weights[k].astype(np.float32) for k in kept])
             return y

@@ -26,7 +26,7 @@ import numbers
 import keras
 import tensorflow as tf
 
-from tfbigconv import fuse
+from tfbigconv import fuse, fuse_train
 from tfbigconv.conv import ALGORITHMS, bigconv2d
 
 if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - depends on the install
@@ -170,18 +170,30 @@ class BigDepthwiseConv2D(_BigConvMixin, keras.layers.DepthwiseConv2D):
 
 @keras.saving.register_keras_serializable(package="tfbigconv")
 class FusedLinearConv(keras.layers.Layer):
-    """A linear subgraph of convolutions run as one convolution, trainable.
+    """A linear subgraph of convolutions that keeps only its input for backprop, trainable.
 
     Made by `tfbigconv.fuse_linear(model, trainable=True)`. It keeps the
     original layers' weights as its own variables (named layer_attribute,
-    e.g. "conv1_kernel") and, on every call, composes the fused kernel and
-    bias from them (`tfbigconv.fuse.compose_program`: weight-sized work), then
-    runs one `bigconv2d` on the input. Backprop keeps only this layer's input
-    instead of every intermediate, and gradients reach the original weights
-    through the composition, so training matches the unfused subgraph.
-    Where the kernel cannot reproduce an intermediate zero padding (a chain of
-    SAME convs, stride 1), the outputs near the borders come from the unfused
-    layers run on strips of the input (`tfbigconv.fuse.border_strips`).
+    e.g. "conv1_kernel") and runs in one of two modes
+    (`tfbigconv.fuse_train`):
+
+      "fused": on every call it composes the fused kernel and bias from the
+        weights (`tfbigconv.fuse.compose_program`: weight-sized work) and runs
+        one `bigconv2d` on the input. Where the kernel cannot reproduce an
+        intermediate zero padding (a chain of SAME convs, stride 1), the
+        outputs near the borders come from the unfused layers run on strips of
+        the input (`tfbigconv.fuse.border_strips`).
+      "recompute": it runs the original convolutions, and its gradient keeps
+        only the input and the weights; backprop recomputes the intermediate
+        tensors that convolutions inside the subgraph read (for the seed block
+        p = 1x1 conv(x)), never the subgraph's output.
+      "auto" (default): the one with the smaller estimated step time
+        (forward pass only when the layer is not trainable), decided when the
+        call is traced, for its batch size (unknown: 32 images);
+        `choose_mode(batch)` says which and why.
+
+    Either way gradients reach the original weights, so training matches the
+    unfused subgraph.
 
     Args:
       program: the subgraph as a list of steps (see tfbigconv.fuse).
@@ -189,21 +201,25 @@ class FusedLinearConv(keras.layers.Layer):
       input_size: (height, width) of the input; the fusion's border checks
         and bias map are for this size.
       channels: input channels.
-      algorithm, workspace_limit: as in `BigConv2D`.
+      algorithm, workspace_limit: as in `BigConv2D`, for every convolution
+        the layer runs.
+      mode: "auto", "fused" or "recompute".
     Input and output are channels_last.
     """
 
     def __init__(self, program, weight_shapes, input_size, channels, algorithm="auto",
-                 workspace_limit=0, **kwargs):
+                 workspace_limit=0, mode="auto", **kwargs):
         super().__init__(**kwargs)
         _check_backend()
         self.algorithm, self.workspace_limit = _check_options(algorithm, workspace_limit)
+        self.mode = _check_mode(mode)
         self.program = [dict(step) for step in program]
         self.weight_shapes = [[name, [int(d) for d in shape]] for name, shape in weight_shapes]
         self.input_size = tuple(int(v) for v in input_size)
         self.channels = int(channels)
         self.supports_jit = False
         self.branch_weights = {}
+        self._choices = {}  # (batch, trainable) -> ModeChoice
 
     def build(self, input_shape):
         for name, shape in self.weight_shapes:
@@ -222,7 +238,22 @@ class FusedLinearConv(keras.layers.Layer):
                                     self.variable_dtype)
         return m, m.bias
 
+    def choose_mode(self, batch=None):
+        """The ModeChoice (mode, reason, estimated seconds) "auto" makes for `batch`
+        images (None: 32); `mode` itself when it is not "auto"."""
+        if self.mode != "auto":
+            return fuse_train.ModeChoice(self.mode, "requested", {})
+        key = (batch, self.trainable)
+        if key not in self._choices:
+            self._choices[key] = fuse_train.choose_mode(
+                self.program, dict(self.weight_shapes), self.input_size, self.channels, batch,
+                self.trainable, self.algorithm, self.workspace_limit)
+        return self._choices[key]
+
     def call(self, inputs):
+        if self.choose_mode(inputs.shape[0]).mode == "recompute":
+            return fuse_train.run_recompute(inputs, self.program, dict(self.branch_weights),
+                                            self.algorithm, self.workspace_limit)
         m, bias = self.fused()
         return fuse.apply_fused(inputs, m, bias, self.algorithm, self.workspace_limit,
                                 self.program, dict(self.branch_weights))
@@ -231,8 +262,16 @@ class FusedLinearConv(keras.layers.Layer):
         config = super().get_config()
         config.update(program=self.program, weight_shapes=self.weight_shapes,
                       input_size=list(self.input_size), channels=self.channels,
-                      algorithm=self.algorithm, workspace_limit=self.workspace_limit)
+                      algorithm=self.algorithm, workspace_limit=self.workspace_limit,
+                      mode=self.mode)
         return config
+
+
+def _check_mode(mode):
+    if not isinstance(mode, str) or mode not in fuse_train.MODES:
+        raise ValueError(f"Invalid value for argument `mode`: expected one of "
+                         f"{fuse_train.MODES}. Received mode={mode!r}")
+    return mode
 
 
 @keras.saving.register_keras_serializable(package="tfbigconv")
