@@ -4,7 +4,6 @@ Training through FusedLinearConv is tested in test_fuse_train.py."""
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import tfbigconv
 from tfbigconv.keras import BigConv2D, BigDepthwiseConv2D, FusedBiasMap, FusedLinearConv
