@@ -6,6 +6,22 @@
 #include "fft_cpu.h"
 
 namespace tfbigconv {
+namespace {
+
+// The fields DirectParams and FftParams share.
+template <typename Params>
+Params WithOperands(const ConvProblem& problem, DType dtype, const void* a, const void* b,
+                    void* out) {
+  Params p;
+  p.problem = problem;
+  p.dtype = dtype;
+  p.input = a;
+  p.filter = b;
+  p.output = out;
+  return p;
+}
+
+}  // namespace
 
 const char* AlgorithmName(Algorithm a) { return a == Algorithm::kFft ? "fft" : "direct"; }
 
@@ -22,13 +38,7 @@ Status RunConvCpu(const ConvProblem& problem, DType dtype, const AlgorithmChoice
     // An unsupported variant would die on an illegal instruction.
     const Status isa_ok = CheckIsaSupported(isa);
     if (!isa_ok.ok()) return isa_ok;
-    DirectParams p;
-    p.problem = problem;
-    p.dtype = dtype;
-    p.input = a;
-    p.filter = b;
-    p.output = out;
-    DirectConv(p, parallel_for, isa);
+    DirectConv(WithOperands<DirectParams>(problem, dtype, a, b, out), parallel_for, isa);
     return Status::Ok();
   }
   const FftPlan& plan = choice.fft_plan;
@@ -43,13 +53,8 @@ Status RunConvCpu(const ConvProblem& problem, DType dtype, const AlgorithmChoice
     return Status::InvalidArgument("the fft plan needs a workspace of " +
                                    std::to_string(plan.workspace_bytes) +
                                    " bytes and none was given");
-  FftParams p;
-  p.problem = problem;
-  p.dtype = dtype;
+  FftParams p = WithOperands<FftParams>(problem, dtype, a, b, out);
   p.plan = plan;
-  p.input = a;
-  p.filter = b;
-  p.output = out;
   p.workspace = workspace;
   FftConv(p, parallel_for);
   return Status::Ok();
