@@ -332,11 +332,24 @@ def check_case(be, rng, case, dtype, algorithm, pass_, workspace_limit=4 << 30, 
 
 
 def run_matrix(be, quick, subset=False):
-    ok, failed, skipped = 0, 0, 0
+    tally = {"ok": 0, "failed": 0}
+    skipped = 0
     have_fft, why = H.cufft_status()
     if not have_fft:
         print(f"cuFFT unavailable, fft cases skipped: {why}")
     rng = np.random.default_rng(1234)
+
+    def check(label, case, dtype, algorithm, pass_, **kw):
+        try:
+            err, tol, used = check_case(be, rng, case, dtype, algorithm, pass_, **kw)
+            good = err <= tol
+        except Exception as e:  # a launcher error is a failure, not a crash
+            err, tol, used, good = float("nan"), 0, repr(e), False
+        tally["ok" if good else "failed"] += 1
+        if not good:
+            print(f"FAIL {label}{pass_} {algorithm} {dtype} {case}: error={err:.3g} tol={tol:g} "
+                  f"({used})")
+
     all_cases = list(cases())
     for ci, case in enumerate(all_cases):
         if subset and ci % 4 != 0:
@@ -349,25 +362,12 @@ def run_matrix(be, quick, subset=False):
             if algorithm == "fft" and not have_fft:
                 skipped += 1
                 continue
-            try:
-                err, tol, used = check_case(be, rng, case, dtype, algorithm, pass_)
-                good = err <= tol
-            except Exception as e:  # a launcher error is a failure, not a crash
-                err, tol, used, good = float("nan"), 0, repr(e), False
-            ok += good
-            failed += not good
-            if not good:
-                print(f"FAIL {pass_} {algorithm} {dtype} {case}: rel_l2={err:.3g} tol={tol:g} ({used})")
+            check("", case, dtype, algorithm, pass_)
     # Without workspace the direct kernels run unsplit (the reduction kernel
     # writes the output itself).
     for case in all_cases[-5:]:
         for pass_ in PASSES:
-            err, tol, used = check_case(be, rng, case, "float32", "direct", pass_, workspace_limit=0)
-            good = err <= tol
-            ok += good
-            failed += not good
-            if not good:
-                print(f"FAIL {pass_} direct float32 workspace 0 {case}: rel_l2={err:.3g} ({used})")
+            check("workspace 0 ", case, "float32", "direct", pass_, workspace_limit=0)
     # NaN, Inf and huge values: fft must place them as the direct kernel and TF do.
     for (case, dtype, kind), pass_ in itertools.product(non_finite_cases(), PASSES):
         if kind == "nan_filter" and pass_ != "forward":
@@ -376,16 +376,8 @@ def run_matrix(be, quick, subset=False):
             skipped += 1
             continue
         for algorithm in ("direct", "fft"):
-            try:
-                err, tol, used = check_case(be, rng, case, dtype, algorithm, pass_,
-                                            poison=_poison(kind, ok))
-                good = err <= tol
-            except Exception as e:  # a launcher error is a failure, not a crash
-                err, tol, used, good = float("nan"), 0, repr(e), False
-            ok += good
-            failed += not good
-            if not good:
-                print(f"FAIL {kind} {pass_} {algorithm} {dtype} {case}: error={err:.3g} ({used})")
+            check(f"{kind} ", case, dtype, algorithm, pass_, poison=_poison(kind, tally["ok"]))
+    ok, failed = tally["ok"], tally["failed"]
     print(f"kernel tests: {ok} passed, {failed} failed, {skipped} skipped")
     return failed == 0
 
