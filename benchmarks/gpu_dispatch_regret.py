@@ -22,7 +22,8 @@ margin in favour of cuDNN buys and costs.
 
 --autotune also judges auto with measured autotuning as it runs under TF on
 a GPU: per pass, the candidates autotune.candidates_to_time() would time
-(the same rule as on the CPU), of which the measured fastest wins. It uses
+(the same rule as on the CPU), of which the measured fastest wins (TF's
+kernel unless ours is autotune.TF_MARGIN x faster). It uses
 the grid's full-batch times, so it leaves out autotuning's reduced-batch
 timing error: a bound on what the rule can reach, not a measurement of it.
 
@@ -65,14 +66,15 @@ PLAN_TO_ALGO = {"tf": "cudnn", "direct": "direct", "fft": "fft"}
 
 
 def autotuned_picks(geometry, dtype, times):
-    """Per pass: the measured fastest of the candidates autotuning would time
-    (the estimate's pick where it would time none)."""
+    """Per pass: autotuning's measured winner (autotune.fastest) of the
+    candidates it would time (the estimate's pick where it would time none)."""
     x, f, strides = gpu_fit.shapes(geometry)
     out = {}
     for p in PASSES:
         plan = dispatch.plan(p, x, f, dict(ATTRS, strides=strides), dtype, "auto", 64 << 30, "GPU")
         names = autotune.candidates_to_time(plan) or [plan["chosen"]]
-        out[p] = min((PLAN_TO_ALGO[n] for n in names), key=lambda a: times.get((p, a), math.inf))
+        out[p] = PLAN_TO_ALGO[autotune.fastest(
+            {n: times.get((p, PLAN_TO_ALGO[n]), math.inf) for n in names})]
     return out
 
 
