@@ -20,8 +20,8 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Choices that keep threads busy use these fixed counts, not the actual
 // thread count, so that the plan (and so the arithmetic) does not depend on
 // the number of threads unless the workspace limit binds.
-constexpr int64_t kBusyBlock = 8;  // reduction block: a few transforms per thread
-constexpr int64_t kMinChunk = 8;   // items per chunk
+constexpr int64_t kBusyBlock = 8;  // transforms per reduction block (all groups): a few per thread
+constexpr int64_t kMinChunk = 8;   // items per chunk, or groups of items
 
 // A plan may cost this much more than the cheapest if it needs less memory.
 constexpr double kCostSlack = 1.10;
@@ -78,15 +78,16 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
   int64_t min_needed = std::numeric_limits<int64_t>::max();
   const double cig = double(g.in_c_per_group()), cin = double(g.in_c), cout = double(g.out_c);
   // Reduction blocks: all input channels of a group, else halves of them,
-  // down to a few per worker so that each block's transforms keep every
-  // thread busy, and below that only when nothing else fits.
+  // down to a few transforms per worker (over all groups) so that each
+  // block's transforms keep every thread busy, and below that only when
+  // nothing else fits.
   std::vector<int64_t> blocks;
   const int64_t cig_all = std::max<int64_t>(1, g.in_c_per_group());
   for (int64_t b = cig_all; ; b = (b + 1) / 2) {
     blocks.push_back(b);
     if (b == 1) break;
   }
-  const int64_t busy = std::min<int64_t>(cig_all, kBusyBlock);
+  const int64_t busy = std::min<int64_t>(g.groups * cig_all, kBusyBlock);
   std::vector<FftPlan> fits;
   const CostModel m = ActiveCostModel();
   for (const TileCandidate& h : hs) {
@@ -106,7 +107,10 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
         if (p.workspace_bytes > limit) continue;
         const int64_t per_item = std::max<int64_t>(1, p.item_spectra_bytes);  // 0: no channels
         const int64_t fit = 1 + (limit - p.workspace_bytes) / per_item;
-        const int64_t target = std::max<int64_t>(kMinChunk, kChunkTargetBytes / per_item);
+        // Each group of an item is transformed and mixed on its own: many
+        // groups keep the threads busy with fewer items.
+        const int64_t target =
+            std::max<int64_t>(CeilDiv(kMinChunk, g.groups), kChunkTargetBytes / per_item);
         p.chunk = std::max<int64_t>(1, std::min({p.items, fit, target}));
         FillFftWorkspace(g, dtype, &p);
         // Cost: transform and channel-mixing flops, and bytes moved through
@@ -135,10 +139,10 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
   }
   // Blocks that leave threads idle only as a last resort.
   const bool any_busy = std::any_of(fits.begin(), fits.end(),
-                                    [&](const FftPlan& p) { return p.ci_block >= busy; });
+                                    [&](const FftPlan& p) { return g.groups * p.ci_block >= busy; });
   if (any_busy)
     fits.erase(std::remove_if(fits.begin(), fits.end(),
-                              [&](const FftPlan& p) { return p.ci_block < busy; }),
+                              [&](const FftPlan& p) { return g.groups * p.ci_block < busy; }),
                fits.end());
   // The cheapest plan, or a plan within kCostSlack of it that needs less
   // memory: memory is what users run out of, a few percent of time is not.
