@@ -38,9 +38,9 @@ constexpr int64_t kStageBytes = 384 << 10;
 
 int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& p) {
   const int64_t plane = p.fft_h * p.fft_w * ComputeBytes(dtype);
-  // The most planes one task can have: input planes of an item, output
-  // channels, or filter planes of a block.
-  const int64_t most = std::max(g.groups * p.ci_block, g.out_c * p.ci_block);
+  // A block's filter planes (out_c * ci_block) are the most planes of any
+  // phase (input planes: groups * ci_block; output planes: out_c).
+  const int64_t most = g.out_c * p.ci_block;
   return std::max<int64_t>(1, std::min({kMaxStagePlanes, most, kStageBytes / std::max<int64_t>(1, plane)}));
 }
 
