@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   };
   region("filter spectra", q.filter_spectra_bytes);
   region("item spectra", q.chunk * q.item_spectra_bytes);
-  const long staging = q.fft_h * q.fft_w * long(sizeof(float));
+  const long staging = q.stage_planes * q.fft_h * q.fft_w * long(sizeof(float));
   for (int w = 0; w < q.workers; ++w) {
     region("worker " + std::to_string(w) + " staging", staging);
     region("worker " + std::to_string(w) + " spectrum", q.worker_bytes - staging);

@@ -161,3 +161,96 @@ def test_reduction_blocks_bound_the_filter_spectra():
         assert p["ci_block"] < w_shape[2] and p["workspace_bytes"] <= limit, p
         check(random_case(x_shape, 0), random_case(w_shape, 1), 1, "SAME",
               workspace_limit=limit, num_threads=2)
+
+
+# ---- staged channel blocks (FftPlan.stage_planes) -----------------------------------
+
+def run_pass_fft(pass_, x, w, strides, padding, dil, fmt, **kw):
+    """One pass of the fft kernel: (result, float64 reference)."""
+    from conftest import hw_pair, run_core_pass
+    from reference import conv2d_reference_backprop_filter, conv2d_reference_backprop_input
+    args = (hw_pair(strides), padding, hw_pair(dil), fmt, ((0, 0), (0, 0)))
+    if pass_ == "forward":
+        return run(x, w, strides, padding, dil, fmt, **kw), conv2d_reference(x, w, *args)
+    y_shape = conv2d_reference(x, w, *args).shape
+    dy = random_case(y_shape, 7)
+    if pass_ == "backprop_input":
+        return (run_core_pass("fft", pass_, dy, w, x.shape, strides, padding, dil, fmt, **kw),
+                conv2d_reference_backprop_input(dy, w, x.shape, *args))
+    return (run_core_pass("fft", pass_, x, dy, w.shape, strides, padding, dil, fmt, **kw),
+            conv2d_reference_backprop_filter(x, dy, w.shape, *args))
+
+
+def test_stage_planes_planned_and_dropped_under_a_tight_limit():
+    x_shape, w_shape = (8, 56, 56, 128), (31, 31, 1, 128)  # issue 11's depthwise case
+    p = plan(x_shape, w_shape, padding="SAME", workers=2)
+    spectrum = p["fft_h"] * (p["fft_w"] // 2 + 1) * 8
+    assert p["stage_planes"] == 8 and p["fused_mix"]
+    assert p["worker_bytes"] == 8 * p["fft_h"] * p["fft_w"] * 4 + spectrum
+    tight = plan(x_shape, w_shape, padding="SAME", workers=2,
+                 workspace_limit=p["workspace_bytes"] - 1)
+    assert tight["stage_planes"] == 1 and tight["workspace_bytes"] < p["workspace_bytes"]
+    assert tight["worker_bytes"] == tight["fft_h"] * tight["fft_w"] * 4 + spectrum
+    # Few channels: no more planes than a task can have; big transforms: fewer.
+    assert plan((1, 40, 40, 1), (9, 9, 1, 3))["stage_planes"] == 3
+    assert plan((1, 400, 400, 8), (135, 135, 1, 8))["stage_planes"] == 1
+
+
+@pytest.mark.parametrize("pass_", ["forward", "backprop_input", "backprop_filter"])
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("cin,fin,cout,strides,dil", [
+    (13, 1, 13, 1, 1),   # depthwise: blocks of 8 and 5 channels
+    (11, 1, 22, 2, 1),   # multiplier 2, strided
+    (15, 3, 10, 1, 2),   # 5 groups of 3: blocks cross groups, dilated
+    (9, 9, 17, (2, 1), 1),  # dense, blocked mixing
+])
+def test_staged_blocks_match_reference(pass_, fmt, cin, fin, cout, strides, dil):
+    shape = (3, 17, 20, cin) if fmt == "NHWC" else (3, cin, 17, 20)
+    x, w = random_case(shape, cin), random_case((5, 4, fin, cout), cout)
+    got, ref = run_pass_fft(pass_, x, w, strides, "SAME", dil, fmt, num_threads=2)
+    assert rel_l2(got, ref) <= FFT_TOL
+
+
+@pytest.mark.parametrize("w_shape", [(6, 7, 1, 12), (6, 7, 4, 12), (6, 7, 12, 5)])
+def test_staged_blocks_change_no_result(w_shape):
+    """stage_planes > 1 and 1 (a limit one byte below the staged plan: same
+    tiles and chunks) give the same bits; partial blocks included."""
+    x, w = random_case((2, 21, 19, 12), 0), random_case(w_shape, 1)
+    p = plan(x.shape, w.shape, padding="SAME", workers=2)
+    tight = plan(x.shape, w.shape, padding="SAME", workers=2,
+                 workspace_limit=p["workspace_bytes"] - 1)
+    assert p["stage_planes"] > 1 and tight["stage_planes"] == 1
+    assert [tight[k] for k in ("tile_h", "tile_w", "chunk")] == [p[k] for k in ("tile_h", "tile_w", "chunk")]
+    staged = run(x, w, 1, "SAME", num_threads=2)
+    np.testing.assert_array_equal(staged, run(x, w, 1, "SAME", num_threads=2,
+                                              workspace_limit=p["workspace_bytes"] - 1))
+    assert rel_l2(staged, conv2d_reference(x, w, (1, 1), "SAME")) <= FFT_TOL
+
+
+def test_staged_block_with_a_nan_channel_matches_direct():
+    """A NaN in one channel of a staged block: its tile goes to the direct
+    kernel, which places the NaN as tf.nn.conv2d does; other tiles stay fft."""
+    x, w = random_case((2, 30, 30, 16), 0), random_case((7, 7, 1, 16), 1)
+    x[1, 12, 9, 5] = np.nan
+    got = run(x, w, 1, "SAME", num_threads=2)
+    want = run_core("direct", x, w, 1, "SAME")
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    assert np.isnan(want).any() and rel_l2(got[finite], want[finite]) <= FFT_TOL
+
+
+def test_many_groups_keep_threads_busy_with_small_chunks_and_blocks():
+    """Each group's transforms are separate tasks, so a grouped plan needs
+    fewer items per chunk and fewer input channels per reduction block for
+    busy threads: issue 11's depthwise passes stay far below their old 37
+    and 69 MiB workspaces (fresh pages cost about 0.4 ms per MiB)."""
+    fwd = plan((8, 56, 56, 128), (31, 31, 1, 128), padding="SAME", workers=2)
+    assert fwd["chunk"] < fwd["items"] and fwd["workspace_bytes"] < 20 << 20, fwd
+    # The filter gradient posed as a convolution: groups = channels, the
+    # batch of 8 as each group's input channels, dy as the filter.
+    bwd = _core.fft_plan([1, 56, 56, 8 * 128], [56, 56, 8, 128], [1, 1, 1, 1], "EXPLICIT",
+                         [0, 0, 15, 15, 15, 15, 0, 0], "NHWC", [1, 1, 1, 1], workers=2)
+    assert bwd["ci_block"] < 8 and bwd["workspace_bytes"] < 20 << 20, bwd
+    # One group: the old rules (8 items a chunk, all input channels a block).
+    dense = plan((8, 40, 40, 6), (9, 9, 6, 4), padding="SAME", workers=2)
+    assert dense["chunk"] == 8 and dense["ci_block"] == 6, dense

@@ -20,6 +20,8 @@ namespace {
 // (item, channel) pair stay in L1.
 constexpr int64_t kBinBlock = 256;
 
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // y = x * conj(w), or y += x * conj(w), over n complex values stored as
 // interleaved (re, im) pairs. Correlation is convolution with conj(W).
 template <typename T>
@@ -65,6 +67,7 @@ class FftRunner {
   void Run(const ParallelFor& pf) {
     const int64_t cig = g_.in_c_per_group(), cout = g_.out_c, groups = g_.groups;
     const int64_t blocks = pl_.ci_blocks(g_);
+    const int64_t stage = std::min(std::max<int64_t>(1, pl_.stage_planes), kMaxStagePlanes);
     for (int64_t c0 = 0; c0 < pl_.items; c0 += pl_.chunk) {
       const int64_t n = std::min(pl_.chunk, pl_.items - c0);
       for (int64_t i = 0; i < n; ++i) unsafe_[i].store(false, std::memory_order_relaxed);
@@ -72,11 +75,15 @@ class FftRunner {
         const int64_t ci0 = blk * pl_.ci_block, nci = std::min(pl_.ci_block, cig - ci0);
         // One block's filter spectra serve every chunk when there is one block.
         if (blocks > 1 || c0 == 0) {
+          // Planes (co, ci) in the order i = (ci - ci0) * cout + co: a task's
+          // block of adjacent output channels shares cache lines.
           filter_max_.store(0, std::memory_order_relaxed);
-          pf(cout * nci, [&](int64_t b, int64_t e, int worker) {
+          const int64_t planes = cout * nci;
+          pf(CeilDiv(planes, stage), [&](int64_t b, int64_t e, int worker) {
             T block_max = 0;
             for (int64_t i = b; i < e; ++i)
-              block_max = std::max(block_max, FilterSpectrum(i / nci, ci0 + i % nci, Staging(worker)));
+              block_max = std::max(block_max, FilterSpectra(i * stage, std::min(planes, (i + 1) * stage),
+                                                            ci0, Staging(worker)));
             RaiseFilterMax(block_max);
           });
           const T w_max = filter_max_.load(std::memory_order_relaxed);
@@ -90,11 +97,13 @@ class FftRunner {
           }
           x_limit_ = InputLimit(w_max);
         }
-        const int64_t per_item = groups * nci;
-        pf(n * per_item, [&](int64_t b, int64_t e, int worker) {
+        // An item's input planes (grp, ci) in the order j = (ci - ci0) *
+        // groups + grp, in blocks of `stage`.
+        const int64_t per_item = groups * nci, in_tasks = CeilDiv(per_item, stage);
+        pf(n * in_tasks, [&](int64_t b, int64_t e, int worker) {
           for (int64_t i = b; i < e; ++i) {
-            const int64_t slot = i / per_item, grp = (i % per_item) / nci, ci = ci0 + i % nci;
-            ForwardItem(c0 + slot, slot, grp, ci, Staging(worker));
+            const int64_t slot = i / in_tasks, j0 = (i % in_tasks) * stage;
+            ForwardItem(c0 + slot, slot, j0, std::min(per_item, j0 + stage), ci0, Staging(worker));
           }
         });
         if (!pl_.fused_mix) {
@@ -103,13 +112,12 @@ class FftRunner {
           });
         }
       }
-      pf(n * cout, [&](int64_t b, int64_t e, int worker) {
+      const int64_t out_tasks = CeilDiv(cout, stage);
+      pf(n * out_tasks, [&](int64_t b, int64_t e, int worker) {
         for (int64_t i = b; i < e; ++i) {
-          const int64_t slot = i / cout, co = i % cout;
+          const int64_t slot = i / out_tasks, co0 = (i % out_tasks) * stage;
           if (unsafe_[slot].load(std::memory_order_relaxed)) continue;
-          C* y = pl_.fused_mix ? WorkerSpectrum(worker) : Y(slot, co);
-          if (pl_.fused_mix) MixInto(slot, co, 0, bins_, 0, cig, y);
-          InverseItem(c0 + slot, co, y, Staging(worker));
+          InverseItem(c0 + slot, slot, co0, std::min(cout, co0 + stage), worker);
         }
       });
       // Tiles whose window holds a NaN, an Inf or a value the transforms
@@ -172,9 +180,11 @@ class FftRunner {
   }
 
   char* Worker(int worker) const { return workers_ + int64_t(worker) * pl_.worker_bytes; }
+  // The worker's stage_planes real planes of fft_h x fft_w, one after another.
   T* Staging(int worker) const { return reinterpret_cast<T*>(Worker(worker)); }
+  int64_t Plane() const { return pl_.fft_h * pl_.fft_w; }
   C* WorkerSpectrum(int worker) const {
-    return reinterpret_cast<C*>(Worker(worker) + pl_.fft_h * pl_.fft_w * int64_t(sizeof(T)));
+    return reinterpret_cast<C*>(Worker(worker) + pl_.stage_planes * Plane() * int64_t(sizeof(T)));
   }
   // Per item: groups * ci_block input spectra (this block's channels), then
   // out_c output spectra unless mixing is fused.
@@ -195,27 +205,39 @@ class FftRunner {
     if (r1 > r0) std::fill(spec + r0 * bw_, spec + r1 * bw_, C(0));
   }
 
-  // Spectrum of the dilated filter tap plane (co, ci within its group),
-  // placed at the origin. Returns the plane's largest magnitude (NaN or Inf
-  // if it holds one), found while staging it.
-  T FilterSpectrum(int64_t co, int64_t ci, T* st) const {
+  // Spectra of the dilated filter tap planes i in [i0, i1) of the block
+  // starting at input channel ci0 (co = i % out_c, ci = ci0 + i / out_c, ci
+  // within its group), placed at the origin. Returns their largest magnitude
+  // (NaN or Inf if one holds one), found while staging them.
+  T FilterSpectra(int64_t i0, int64_t i1, int64_t ci0, T* st) const {
     const int64_t eh = g_.effective_filter_h(), fw = pl_.fft_w, cog = g_.out_c_per_group();
-    std::fill(st, st + eh * fw, T(0));
-    const S* f = filt_ + fv_.offset + ci * fv_.i + (co / cog) * fv_.g + (co % cog) * fv_.o;
+    const int64_t cout = g_.out_c, np = i1 - i0;
+    const S* f[kMaxStagePlanes];
+    for (int64_t p = 0; p < np; ++p) {
+      const int64_t co = (i0 + p) % cout, ci = ci0 + (i0 + p) / cout;
+      f[p] = filt_ + fv_.offset + ci * fv_.i + (co / cog) * fv_.g + (co % cog) * fv_.o;
+      std::fill(st + p * Plane(), st + p * Plane() + eh * fw, T(0));
+    }
     T w_max = 0;
     bool finite = true;
+    // Tap row by tap row across the block: the planes' taps share cache lines.
     for (int64_t kh = 0; kh < g_.filter_h; ++kh)
-      for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
-        const T v = Load<T>(f[kh * fv_.h + kw * fv_.w]);
-        st[kh * g_.dilation_h * fw + kw * g_.dilation_w] = v;
-        w_max = std::max(w_max, std::abs(v));
-        finite &= std::abs(v) <= std::numeric_limits<T>::max();  // false for NaN
+      for (int64_t p = 0; p < np; ++p) {
+        T* row = st + p * Plane() + kh * g_.dilation_h * fw;
+        for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
+          const T v = Load<T>(f[p][kh * fv_.h + kw * fv_.w]);
+          row[kw * g_.dilation_w] = v;
+          w_max = std::max(w_max, std::abs(v));
+          finite &= std::abs(v) <= std::numeric_limits<T>::max();  // false for NaN
+        }
       }
     if (!finite) return std::numeric_limits<T>::infinity();
-    C* spec = W(co, ci);
-    fft::RealRowsForward(st, fw, eh, fw, spec, bw_);
-    ZeroRows(spec, eh, pl_.fft_h);
-    fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, true);
+    for (int64_t p = 0; p < np; ++p) {
+      C* spec = W((i0 + p) % cout, ci0 + (i0 + p) / cout);
+      fft::RealRowsForward(st + p * Plane(), fw, eh, fw, spec, bw_);
+      ZeroRows(spec, eh, pl_.fft_h);
+      fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, true);
+    }
     return w_max;
   }
 
@@ -235,12 +257,13 @@ class FftRunner {
     return r;
   }
 
-  // Spectrum of input channel ci over the tile's window. Window rows and
-  // columns outside the (virtual, see in_dilation) input are zero: their row
-  // transforms are skipped. Staging checks every value against x_limit_ (a
-  // NaN fails too); a window that fails marks its item unsafe, and the item
-  // is computed by the direct kernel instead.
-  void ForwardItem(int64_t item, int64_t slot, int64_t grp, int64_t ci, T* st) const {
+  // Spectra of the item's input planes j in [j0, j1) (grp = j % groups, ci =
+  // ci0 + j / groups) over the tile's window. Window rows and columns outside
+  // the (virtual, see in_dilation) input are zero: their row transforms are
+  // skipped. Staging checks every value against x_limit_ (a NaN fails too);
+  // a window that fails marks its item unsafe, and the item is computed by
+  // the direct kernel instead.
+  void ForwardItem(int64_t item, int64_t slot, int64_t j0, int64_t j1, int64_t ci0, T* st) const {
     const Tile t = TileOf(item);
     const int64_t fw = pl_.fft_w, uh = g_.in_dilation_h, uw = g_.in_dilation_w;
     const int64_t need_h = (t.vh - 1) * g_.stride_h + g_.effective_filter_h();
@@ -251,45 +274,56 @@ class FftRunner {
     const int64_t r_hi = std::max(r_lo, std::min(need_h, g_.virtual_in_h() - ih0));
     const int64_t c_lo = std::min(need_w, std::max<int64_t>(0, -iw0));
     const int64_t c_hi = std::max(c_lo, std::min(need_w, g_.virtual_in_w() - iw0));
-    C* spec = X(slot, grp, ci);
+    const int64_t np = j1 - j0;
+    C* spec[kMaxStagePlanes];
+    const S* src[kMaxStagePlanes];
+    for (int64_t p = 0; p < np; ++p) {
+      const int64_t grp = (j0 + p) % g_.groups, ci = ci0 + (j0 + p) / g_.groups;
+      spec[p] = X(slot, grp, ci);
+      src[p] = in_ + t.n * iv_.n + grp * iv_.g + ci * iv_.c;
+    }
     if (r_hi == r_lo || c_hi == c_lo) {  // the window sees only padding
-      ZeroRows(spec, 0, pl_.fft_h);
+      for (int64_t p = 0; p < np; ++p) ZeroRows(spec[p], 0, pl_.fft_h);
       return;
     }
-    const S* src = in_ + t.n * iv_.n + grp * iv_.g + ci * iv_.c;
     const T limit = x_limit_;
     bool safe = true;
+    // Row by row across the block: the planes' rows share cache lines.
     for (int64_t r = 0; r < r_hi - r_lo; ++r) {
-      T* row = st + r * fw;
-      std::fill(row, row + fw, T(0));
       const int64_t vr = ih0 + r_lo + r;
-      if (vr % uh != 0) continue;
-      const S* s = src + (vr / uh) * iv_.h;
-      if (uw == 1) {
-        const S* s0 = s + (iw0 + c_lo) * iv_.w;
-        for (int64_t c = 0; c < c_hi - c_lo; ++c) {
-          const T v = Load<T>(s0[c * iv_.w]);
-          row[c_lo + c] = v;
-          safe &= std::abs(v) <= limit;
-        }
-      } else {
-        for (int64_t c = c_lo; c < c_hi; ++c) {
-          const int64_t vc = iw0 + c;
-          if (vc % uw != 0) continue;
-          const T v = Load<T>(s[(vc / uw) * iv_.w]);
-          row[c] = v;
-          safe &= std::abs(v) <= limit;
+      for (int64_t p = 0; p < np; ++p) {
+        T* row = st + p * Plane() + r * fw;
+        std::fill(row, row + fw, T(0));
+        if (vr % uh != 0) continue;
+        const S* s = src[p] + (vr / uh) * iv_.h;
+        if (uw == 1) {
+          const S* s0 = s + (iw0 + c_lo) * iv_.w;
+          for (int64_t c = 0; c < c_hi - c_lo; ++c) {
+            const T v = Load<T>(s0[c * iv_.w]);
+            row[c_lo + c] = v;
+            safe &= std::abs(v) <= limit;
+          }
+        } else {
+          for (int64_t c = c_lo; c < c_hi; ++c) {
+            const int64_t vc = iw0 + c;
+            if (vc % uw != 0) continue;
+            const T v = Load<T>(s[(vc / uw) * iv_.w]);
+            row[c] = v;
+            safe &= std::abs(v) <= limit;
+          }
         }
       }
     }
     if (!safe) {
       unsafe_[slot].store(true, std::memory_order_relaxed);
-      return;  // its spectrum is never used
+      return;  // its spectra are never used
     }
-    ZeroRows(spec, 0, r_lo);
-    ZeroRows(spec, r_hi, pl_.fft_h);
-    fft::RealRowsForward(st, fw, r_hi - r_lo, fw, spec + r_lo * bw_, bw_);
-    fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, true);
+    for (int64_t p = 0; p < np; ++p) {
+      ZeroRows(spec[p], 0, r_lo);
+      ZeroRows(spec[p], r_hi, pl_.fft_h);
+      fft::RealRowsForward(st + p * Plane(), fw, r_hi - r_lo, fw, spec[p] + r_lo * bw_, bw_);
+      fft::ComplexColumns(spec[p], pl_.fft_h, bw_, bw_, true);
+    }
   }
 
   // y[b0, b1) (+)= sum over input channels [ci0, ci0 + nci) of co's group of
@@ -311,20 +345,30 @@ class FftRunner {
       for (int64_t it = 0; it < n_items; ++it) MixInto(it, co, b0, b1, ci0, nci, Y(it, co));
   }
 
-  // Output channel co of the tile: inverse transform, keeping only the rows
-  // and columns that the stride samples.
-  void InverseItem(int64_t item, int64_t co, C* spec, T* st) const {
+  // Output channels [co0, co1) of the tile (mixed first if mixing is
+  // fused): inverse transforms, keeping only the rows and columns that the
+  // stride samples.
+  void InverseItem(int64_t item, int64_t slot, int64_t co0, int64_t co1, int worker) const {
     const Tile t = TileOf(item);
-    const int64_t fw = pl_.fft_w;
-    fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, false);
+    const int64_t fw = pl_.fft_w, cog = g_.out_c_per_group();
     const T scale = T(1) / (T(pl_.fft_h) * T(fw));
-    fft::RealRowsBackward(spec, g_.stride_h * bw_, t.vh, fw, st, fw, scale);
-    const int64_t cog = g_.out_c_per_group();
-    S* dst = out_ + t.n * ov_.n + t.oh0 * ov_.h + t.ow0 * ov_.w + (co / cog) * ov_.g +
-             (co % cog) * ov_.c;
+    T* st = Staging(worker);
+    S* dst[kMaxStagePlanes];
+    for (int64_t co = co0; co < co1; ++co) {
+      C* spec = pl_.fused_mix ? WorkerSpectrum(worker) : Y(slot, co);
+      if (pl_.fused_mix) MixInto(slot, co, 0, bins_, 0, g_.in_c_per_group(), spec);
+      fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, false);
+      fft::RealRowsBackward(spec, g_.stride_h * bw_, t.vh, fw, st + (co - co0) * Plane(), fw, scale);
+      dst[co - co0] = out_ + t.n * ov_.n + t.oh0 * ov_.h + t.ow0 * ov_.w + (co / cog) * ov_.g +
+                      (co % cog) * ov_.c;
+    }
+    // Row by row across the block: the channels' pixels share cache lines.
     for (int64_t r = 0; r < t.vh; ++r)
-      for (int64_t c = 0; c < t.vw; ++c)
-        dst[r * ov_.h + c * ov_.w] = Store<S, T>(st[r * fw + c * g_.stride_w]);
+      for (int64_t p = 0; p < co1 - co0; ++p) {
+        const T* row = st + p * Plane() + r * fw;
+        S* d = dst[p] + r * ov_.h;
+        for (int64_t c = 0; c < t.vw; ++c) d[c * ov_.w] = Store<S, T>(row[c * g_.stride_w]);
+      }
   }
 
   const FftParams params_;

@@ -20,8 +20,8 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Choices that keep threads busy use these fixed counts, not the actual
 // thread count, so that the plan (and so the arithmetic) does not depend on
 // the number of threads unless the workspace limit binds.
-constexpr int64_t kBusyBlock = 8;  // reduction block: a few transforms per thread
-constexpr int64_t kMinChunk = 8;   // items per chunk
+constexpr int64_t kBusyBlock = 8;  // transforms per reduction block (all groups): a few per thread
+constexpr int64_t kMinChunk = 8;   // items per chunk, or groups of items
 
 // A plan may cost this much more than the cheapest if it needs less memory.
 constexpr double kCostSlack = 1.10;
@@ -29,6 +29,20 @@ constexpr double kCostSlack = 1.10;
 // Items per chunk beyond which a bigger chunk buys little (spectra of a chunk
 // stay near the last-level cache) unless threads would idle.
 constexpr int64_t kChunkTargetBytes = 16 << 20;
+
+// Channel planes staged together (FftPlan::stage_planes, at most
+// kMaxStagePlanes: 8 float32 channels are 32 bytes of each pixel's cache
+// line) stay within about 384 KiB, so that they and a spectrum fit in a
+// core's L2.
+constexpr int64_t kStageBytes = 384 << 10;
+
+int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& p) {
+  const int64_t plane = p.fft_h * p.fft_w * ComputeBytes(dtype);
+  // A block's filter planes (out_c * ci_block) are the most planes of any
+  // phase (input planes: groups * ci_block; output planes: out_c).
+  const int64_t most = g.out_c * p.ci_block;
+  return std::max<int64_t>(1, std::min({kMaxStagePlanes, most, kStageBytes / std::max<int64_t>(1, plane)}));
+}
 
 }  // namespace
 
@@ -38,6 +52,7 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
   p->tiles_w = CeilDiv(g.out_w, p->tile_w);
   p->items = g.batch * p->tiles_h * p->tiles_w;
   if (p->ci_block <= 0) p->ci_block = std::max<int64_t>(1, g.in_c_per_group());
+  if (p->stage_planes <= 0) p->stage_planes = 1;
   p->fused_mix = g.in_c_per_group() <= kFusedMixMaxInChannels &&
                  p->ci_block >= g.in_c_per_group();
   // Saturating: a plan too large to allocate needs a workspace that fits no limit.
@@ -45,7 +60,8 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
   p->filter_spectra_bytes = SatMul({p->ci_block, g.out_c, spectrum});
   p->item_spectra_bytes =
       SatMul(SatAdd(SatMul(g.groups, p->ci_block), p->fused_mix ? 0 : g.out_c), spectrum);
-  p->worker_bytes = SatAdd(SatMul({p->fft_h, p->fft_w, real}), p->fused_mix ? spectrum : 0);
+  p->worker_bytes =
+      SatAdd(SatMul({p->stage_planes, p->fft_h, p->fft_w, real}), p->fused_mix ? spectrum : 0);
   p->workspace_bytes =
       SatAdd(SatAdd(p->filter_spectra_bytes, SatMul(p->chunk, p->item_spectra_bytes)),
              SatMul(int64_t(p->workers), p->worker_bytes));
@@ -62,15 +78,16 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
   int64_t min_needed = std::numeric_limits<int64_t>::max();
   const double cig = double(g.in_c_per_group()), cin = double(g.in_c), cout = double(g.out_c);
   // Reduction blocks: all input channels of a group, else halves of them,
-  // down to a few per worker so that each block's transforms keep every
-  // thread busy, and below that only when nothing else fits.
+  // down to a few transforms per worker (over all groups) so that each
+  // block's transforms keep every thread busy, and below that only when
+  // nothing else fits.
   std::vector<int64_t> blocks;
   const int64_t cig_all = std::max<int64_t>(1, g.in_c_per_group());
   for (int64_t b = cig_all; ; b = (b + 1) / 2) {
     blocks.push_back(b);
     if (b == 1) break;
   }
-  const int64_t busy = std::min<int64_t>(cig_all, kBusyBlock);
+  const int64_t busy = std::min<int64_t>(g.groups * cig_all, kBusyBlock);
   std::vector<FftPlan> fits;
   const CostModel m = ActiveCostModel();
   for (const TileCandidate& h : hs) {
@@ -84,12 +101,16 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
         p.workers = workers;
         p.ci_block = cib;
         p.chunk = 1;
+        p.stage_planes = 1;
         FillFftWorkspace(g, dtype, &p);
         min_needed = std::min(min_needed, p.workspace_bytes);
         if (p.workspace_bytes > limit) continue;
         const int64_t per_item = std::max<int64_t>(1, p.item_spectra_bytes);  // 0: no channels
         const int64_t fit = 1 + (limit - p.workspace_bytes) / per_item;
-        const int64_t target = std::max<int64_t>(kMinChunk, kChunkTargetBytes / per_item);
+        // Each group of an item is transformed and mixed on its own: many
+        // groups keep the threads busy with fewer items.
+        const int64_t target =
+            std::max<int64_t>(CeilDiv(kMinChunk, g.groups), kChunkTargetBytes / per_item);
         p.chunk = std::max<int64_t>(1, std::min({p.items, fit, target}));
         FillFftWorkspace(g, dtype, &p);
         // Cost: transform and channel-mixing flops, and bytes moved through
@@ -118,10 +139,10 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
   }
   // Blocks that leave threads idle only as a last resort.
   const bool any_busy = std::any_of(fits.begin(), fits.end(),
-                                    [&](const FftPlan& p) { return p.ci_block >= busy; });
+                                    [&](const FftPlan& p) { return g.groups * p.ci_block >= busy; });
   if (any_busy)
     fits.erase(std::remove_if(fits.begin(), fits.end(),
-                              [&](const FftPlan& p) { return p.ci_block < busy; }),
+                              [&](const FftPlan& p) { return g.groups * p.ci_block < busy; }),
                fits.end());
   // The cheapest plan, or a plan within kCostSlack of it that needs less
   // memory: memory is what users run out of, a few percent of time is not.
@@ -138,7 +159,12 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
        << " bytes for this convolution (one tile), but the limit is " << limit << " bytes";
     return os.str();
   }
-  *out = best;
+  // Blocks of staged planes where they fit. They change no result, and the
+  // tiling is chosen without them.
+  FftPlan staged = best;
+  staged.stage_planes = PreferredStagePlanes(g, dtype, best);
+  FillFftWorkspace(g, dtype, &staged);
+  *out = staged.workspace_bytes <= limit ? staged : best;
   return "";
 }
 

@@ -37,10 +37,14 @@ struct FftPlan {
   // cache; otherwise all output spectra of a chunk are mixed in one pass
   // over frequency blocks, reading each filter spectrum once per chunk.
   bool fused_mix = false;
+  // Channel planes one task stages together (at least 1): adjacent channels
+  // of an NHWC tensor share cache lines, so a block of them is read and
+  // written row by row while those lines are in L1.
+  int64_t stage_planes = 0;
   // Workspace layout, in this order; all sizes in bytes.
   int64_t filter_spectra_bytes = 0;     // ci_block * out_c spectra
   int64_t item_spectra_bytes = 0;       // groups * ci_block (+ out_c unless fused) spectra of one item
-  int64_t worker_bytes = 0;             // one worker's real staging (+ a spectrum if fused)
+  int64_t worker_bytes = 0;             // one worker's stage_planes real planes (+ a spectrum if fused)
   int64_t workspace_bytes = 0;          // the exact total
   // The cost model's inputs: transform and channel-mixing flops, and bytes
   // moved through memory; and their weighted sum, in seconds (CostModel).
@@ -53,6 +57,9 @@ struct FftPlan {
   }
   int64_t bins() const { return fft_h * bins_w(); }
 };
+
+// The most planes FftPlan::stage_planes may hold.
+constexpr int64_t kMaxStagePlanes = 8;
 
 // Input channels per group up to which FftPlan::fused_mix is used.
 constexpr int64_t kFusedMixMaxInChannels = 4;

@@ -1,0 +1,112 @@
+// Times the CPU fft kernel's three passes (FftConv through PlanFft, as
+// RunConvCpu runs them) of a conv with x (N, H, H, C) and w (K, K, CI, C),
+// stride 1, PAD (SAME), default issue 11's depthwise case (8, 56, 56, 128) x
+// (31, 31, 1, 128). The ParallelFor splits each call into equal blocks, one per
+// thread, as csrc/tf/kernels_cpu.cc's TfParallelFor does. Prints the plan, the
+// median and min of REPS calls (after one untimed), a hash of the output
+// (bit-identical results hash alike), and with PHASES 1 the time of each
+// ParallelFor call and each worker's busy time. STAGE=n forces stage_planes;
+// FRESH=1 allocates the workspace anew for every call (as TF's allocator
+// does above glibc's 32 MiB mmap threshold).
+//
+// Build (after pip install, which leaves the static core library) and run:
+//   g++ -std=c++17 -O2 -Icsrc/core benchmarks/fft_cpu_passes.cc \
+//       build/temp.linux-x86_64-cpython-311/libtfbigconv_core.a -lpthread -o /tmp/fft_passes
+//   /tmp/fft_passes THREADS REPS PHASES
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+#include <algorithm>
+#include "fft_cpu.h"
+#include "geometry.h"
+#include "parallel.h"
+#include "plan.h"
+using namespace tfbigconv;
+using Clock = std::chrono::steady_clock;
+static double Sec(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? atoi(argv[1]) : 2;
+  const int reps = argc > 2 ? atoi(argv[2]) : 5;
+  const bool phases = argc > 3 && atoi(argv[3]);
+  int64_t N = getenv("N") ? atoll(getenv("N")) : 8, H = getenv("H") ? atoll(getenv("H")) : 56,
+          C = getenv("C") ? atoll(getenv("C")) : 128, K = getenv("K") ? atoll(getenv("K")) : 31;
+  int64_t CI = getenv("CI") ? atoll(getenv("CI")) : 1;  // filter in-depth
+  ConvAttrs a;
+  ParsePadding(getenv("PAD") ? getenv("PAD") : "SAME", &a.padding);
+  ParseDataFormat("NHWC", &a.data_format);
+  a.strides = {1, 1, 1, 1};
+  a.dilations = {1, 1, 1, 1};
+  ConvGeometry g;
+  std::string err = ComputeConvGeometry({N, H, H, C}, {K, K, CI, C}, a, &g);
+  if (!err.empty()) { fprintf(stderr, "%s\n", err.c_str()); return 1; }
+  std::vector<float> x(N * H * H * C), w(K * K * CI * C), y(g.output_elements()), out(std::max(x.size(), w.size()) * 2);
+  std::mt19937 rng(0);
+  std::normal_distribution<float> nd;
+  for (float& v : x) v = nd(rng);
+  for (float& v : w) v = nd(rng);
+  for (float& v : y) v = nd(rng);
+  std::vector<double> phase_t;
+  size_t phase_i = 0;
+  std::vector<double> busy(threads);
+  const ParallelFor pf(threads, [&](int64_t total, const ParallelFor::Body& body) {
+    auto t0 = Clock::now();
+    const int64_t block = std::max<int64_t>(1, (total + threads - 1) / threads);
+    std::vector<std::thread> th;
+    for (int t = 1; t < threads && t * block < total; ++t)
+      th.emplace_back([&, t] { auto s = Clock::now(); body(t * block, std::min(total, (t + 1) * block), t); busy[t] += Sec(s, Clock::now()); });
+    { auto s = Clock::now(); body(0, std::min(total, block), 0); busy[0] += Sec(s, Clock::now()); }
+    for (auto& t : th) t.join();
+    if (phase_i >= phase_t.size()) phase_t.resize(phase_i + 1);
+    phase_t[phase_i++] += Sec(t0, Clock::now());
+  });
+  double total_best = 0;
+  for (const char* pname : {"forward", "backprop_input", "backprop_filter"}) {
+    FftParams p;
+    p.dtype = DType::kFloat;
+    std::string ps = pname;
+    if (ps == "forward") { p.problem = ForwardProblem(g); p.input = x.data(); p.filter = w.data(); }
+    else if (ps == "backprop_input") { p.problem = BackpropInputProblem(g); p.input = y.data(); p.filter = w.data(); }
+    else { p.problem = BackpropFilterProblem(g); p.input = x.data(); p.filter = y.data(); }
+    p.output = out.data();
+    err = PlanFft(p.problem.g, DType::kFloat, int64_t(1) << 40, threads, &p.plan);
+    if (!err.empty()) { fprintf(stderr, "%s\n", err.c_str()); return 1; }
+    if (getenv("STAGE")) { p.plan.stage_planes = atoi(getenv("STAGE")); FillFftWorkspace(p.problem.g, DType::kFloat, &p.plan); }
+    std::vector<char> ws(p.plan.workspace_bytes + 128);
+    p.workspace = ws.data() + (64 - (reinterpret_cast<uintptr_t>(ws.data()) & 63)) % 64;
+    std::vector<double> ts;
+    phase_t.clear();
+    std::fill(busy.begin(), busy.end(), 0.0);
+    for (int r = 0; r < reps + 1; ++r) {
+      if (r == 1) { phase_t.assign(phase_t.size(), 0.0); std::fill(busy.begin(), busy.end(), 0.0); }
+      phase_i = 0;
+      auto t0 = Clock::now();
+      char* fresh = nullptr;
+      if (getenv("FRESH")) { fresh = static_cast<char*>(aligned_alloc(64, (p.plan.workspace_bytes + 63) / 64 * 64)); p.workspace = fresh; }
+      FftConv(p, pf);
+      if (fresh) free(fresh);
+      if (r > 0) ts.push_back(Sec(t0, Clock::now()));
+    }
+    std::sort(ts.begin(), ts.end());
+    { unsigned long long hsh = 1469598103934665603ull; for (size_t k = 0; k < out.size(); ++k) { unsigned u; memcpy(&u, &out[k], 4); hsh = (hsh ^ u) * 1099511628211ull; } printf("hash %016llx ", hsh); }
+    const FftPlan& q = p.plan;
+    printf("%-16s tile %ldx%ld fft %ldx%ld chunk %ld/%ld ci_block %ld fused %d ws %.1f MiB: median %.2f ms min %.2f ms\n",
+           pname, q.tile_h, q.tile_w, q.fft_h, q.fft_w, q.chunk, q.items, q.ci_block, int(q.fused_mix),
+           q.workspace_bytes / 1048576.0, ts[ts.size() / 2] * 1e3, ts[0] * 1e3);
+    total_best += ts[ts.size() / 2];
+    if (phases) {
+      printf("   phases (ms/call):");
+      for (double t : phase_t) printf(" %.2f", t / reps * 1e3);
+      printf("   busy per worker:");
+      for (double b : busy) printf(" %.2f", b / reps * 1e3);
+      printf("\n");
+    }
+  }
+  printf("total of medians: %.2f ms\n", total_best * 1e3);
+  return 0;
+}
