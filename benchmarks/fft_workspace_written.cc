@@ -3,16 +3,15 @@
 // filter 135x135x1x3, VALID). The workspace is a fresh anonymous mmap and
 // mincore() counts its resident (written) pages after FftConv. The
 // ParallelFor splits work as csrc/tf/kernels_cpu.cc's TfParallelFor does
-// (block = ceil(total / threads); the caller, worker 0, runs the first
-// shard); shards run one after another here, and the pool shards go to
-// worker 1 ("same") or rotate over workers 1..threads, one step per call that
-// has pool shards ("rotate"),
-// two schedules TensorFlow's pool can produce.
+// (block = ceil(total / threads), worker index = begin / block); shards run
+// one after another here. (Before TfParallelFor indexed workers by block, it
+// used TF's pool thread ids; this tool then took a third argument, same|rotate,
+// for two schedules of those ids: RESULTS.md's issue-13 review table.)
 //
 // Build (after pip install, which leaves the static core library) and run:
 //   g++ -std=c++17 -O1 -Icsrc/core benchmarks/fft_workspace_written.cc \
 //       build/temp.linux-x86_64-cpython-311/libtfbigconv_core.a -lpthread -o /tmp/fft_written
-//   /tmp/fft_written BATCH THREADS same|rotate
+//   /tmp/fft_written BATCH THREADS
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -41,12 +40,11 @@ static double WrittenMiB(const char* base, long begin, long end) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: %s BATCH THREADS same|rotate\n", argv[0]);
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s BATCH THREADS\n", argv[0]);
     return 2;
   }
   const int batch = atoi(argv[1]), threads = atoi(argv[2]);
-  const bool rotate = strcmp(argv[3], "rotate") == 0;
   ConvAttrs a;
   ParsePadding("VALID", &a.padding);
   ParseDataFormat("NHWC", &a.data_format);
@@ -76,19 +74,13 @@ int main(int argc, char** argv) {
   char* ws = static_cast<char*>(mmap(nullptr, q.workspace_bytes, PROT_READ | PROT_WRITE,
                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   p.workspace = ws;
-  int pool_calls = 0;
   const ParallelFor pf(workers, [&](int64_t total, const ParallelFor::Body& body) {
     const int64_t block = std::max<int64_t>(1, (total + threads - 1) / threads);
-    int shard = 0;
-    for (int64_t b = 0; b < total; b += block, ++shard) {
-      const int id = shard == 0 ? 0 : 1 + (rotate ? (pool_calls + shard - 1) % threads : 0);
-      body(b, std::min(total, b + block), id);
-    }
-    if (shard > 1) ++pool_calls;
+    for (int64_t b = 0; b < total; b += block) body(b, std::min(total, b + block), int(b / block));
   });
   FftConv(p, pf);
-  printf("batch %d, %d threads, %s: planned workspace %.3f MiB, written %.3f MiB\n", batch,
-         threads, argv[3], q.workspace_bytes / double(1 << 20),
+  printf("batch %d, %d threads: planned workspace %.3f MiB, written %.3f MiB\n", batch,
+         threads, q.workspace_bytes / double(1 << 20),
          WrittenMiB(ws, 0, q.workspace_bytes));
   long off = 0;
   auto region = [&](const std::string& name, long bytes) {
