@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "checked_math.h"
 #include "dtypes.h"
 
 namespace tfbigconv {
@@ -40,8 +41,6 @@ TFBIGCONV_HD int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t StorageBytes(DType t) {
   return t == DType::kDouble ? 8 : t == DType::kFloat ? 4 : 2;
 }
-
-inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Blocks for a grid-stride loop over `work` items of `threads` each: kernels
 // loop, so the grid only has to be large enough to fill the device.

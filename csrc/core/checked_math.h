@@ -31,6 +31,9 @@ inline int64_t SatMul(std::initializer_list<int64_t> xs) {
 }
 inline int64_t SatAdd(int64_t a, int64_t b) { return AddOverflows(a, b) ? kSizeMax : a + b; }
 
+// ceil(a / b) for a >= 0, b > 0 (a + b - 1 must not overflow).
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // The product of non-negative sizes, or false if it overflows int64.
 inline bool CheckedProduct(const std::vector<int64_t>& xs, int64_t* out) {
   int64_t p = 1;

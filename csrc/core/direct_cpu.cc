@@ -36,7 +36,6 @@ const KernelTable<double>& Table<double>(Isa isa) {
 }
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-int64_t CeilDiv(int64_t x, int64_t m) { return (x + m - 1) / m; }
 
 // Scratch targets: the panel and the filter block should sit in L2 together.
 constexpr int64_t kPanelBytes = 512 << 10;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "checked_math.h"
 #include "direct_cpu.h"
 #include "fft_backend_cpu.h"
 #include "isa.h"
@@ -19,8 +20,6 @@ namespace {
 // Frequency bins per channel-mixing work unit: the x, w and y blocks of one
 // (item, channel) pair stay in L1.
 constexpr int64_t kBinBlock = 256;
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // y = x * conj(w), or y += x * conj(w), over n complex values stored as
 // interleaved (re, im) pairs. Correlation is convolution with conj(W).

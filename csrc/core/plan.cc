@@ -15,8 +15,6 @@
 namespace tfbigconv {
 namespace {
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Choices that keep threads busy use these fixed counts, not the actual
 // thread count, so that the plan (and so the arithmetic) does not depend on
 // the number of threads unless the workspace limit binds.
