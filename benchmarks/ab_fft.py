@@ -19,6 +19,8 @@ import numpy as np
 import tensorflow as tf
 import tfbigconv
 
+import _harness
+
 CASES = {  # name: (input NHWC, filter HWIO, padding)
     "depthwise": ((8, 56, 56, 128), (31, 31, 1, 128), "SAME"),  # issue 11's acceptance case
     "seed_n2": ((2, 321, 481, 1), (135, 135, 1, 3), "VALID"),
@@ -35,20 +37,14 @@ def measure(x_shape, w_shape, padding, reps):
     w = tf.constant(rng.standard_normal(w_shape, dtype=np.float32))
     y_shape = tfbigconv.bigconv2d(x[:1], w, 1, padding, algorithm="fft").shape[1:]
     g = tf.constant(rng.standard_normal((x_shape[0],) + tuple(y_shape), dtype=np.float32))
-
-    @tf.function
-    def step(x, w):
-        with tf.GradientTape() as tape:
-            tape.watch([x, w])
-            loss = tf.reduce_sum(tfbigconv.bigconv2d(x, w, 1, padding, algorithm="fft") * g)
-        return tape.gradient(loss, [x, w])
-
-    [v.numpy() for v in step(x, w)]
+    step = _harness.build_step(
+        lambda x, w: tfbigconv.bigconv2d(x, w, 1, padding, algorithm="fft"), x, w, g)
+    step()
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        [v.numpy() for v in step(x, w)]
+        step()
         times.append(time.perf_counter() - start)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     return {"ms": round(float(np.median(times)) * 1e3, 1), "minor_faults": faults // reps}
