@@ -301,8 +301,8 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         # counts. Candidates whose warm-up took REPEAT_BELOW_S, or ABANDON_FACTOR x
         # the best, are not repeated. Rounds go on past MIN_ROUNDS while they are
         # cheap (short calls are the noisy ones), up to MAX_ROUNDS.
-        fastest = min(best.values())
-        again = [n for n in order if best[n] < REPEAT_BELOW_S and best[n] < ABANDON_FACTOR * fastest]
+        quickest = min(best.values())  # warm-up
+        again = [n for n in order if best[n] < REPEAT_BELOW_S and best[n] < ABANDON_FACTOR * quickest]
         spent = 0.0
         for r in range(MAX_ROUNDS if again else 0):
             if r >= MIN_ROUNDS and spent >= EXTRA_ROUNDS_BELOW_S:
