@@ -65,13 +65,18 @@ ATTRS = dict(padding="SAME", explicit_paddings=[], data_format="NHWC", dilations
 PLAN_TO_ALGO = {"tf": "cudnn", "direct": "direct", "fft": "fft"}
 
 
+def gpu_plans(geometry, dtype):
+    """{pass: the GPU planner's plan} for a grid geometry (estimates only)."""
+    x, f, strides = gpu_fit.shapes(geometry)
+    return {p: dispatch.plan(p, x, f, dict(ATTRS, strides=strides), dtype, "auto", 64 << 30, "GPU")
+            for p in PASSES}
+
+
 def autotuned_picks(geometry, dtype, times):
     """Per pass: autotuning's measured winner (autotune.fastest) of the
     candidates it would time (the estimate's pick where it would time none)."""
-    x, f, strides = gpu_fit.shapes(geometry)
     out = {}
-    for p in PASSES:
-        plan = dispatch.plan(p, x, f, dict(ATTRS, strides=strides), dtype, "auto", 64 << 30, "GPU")
+    for p, plan in gpu_plans(geometry, dtype).items():
         names = autotune.candidates_to_time(plan) or [plan["chosen"]]
         out[p] = PLAN_TO_ALGO[autotune.fastest(
             {n: times.get((p, PLAN_TO_ALGO[n]), math.inf) for n in names})]
@@ -81,10 +86,8 @@ def autotuned_picks(geometry, dtype, times):
 def margin_picks(geometry, dtype, margin):
     """Per pass: TF's kernel unless our best candidate is estimated `margin` x
     faster (margin 1 is the planner's own rule; a what-if, not shipped)."""
-    x, f, strides = gpu_fit.shapes(geometry)
     out = {}
-    for p in PASSES:
-        plan = dispatch.plan(p, x, f, dict(ATTRS, strides=strides), dtype, "auto", 64 << 30, "GPU")
+    for p, plan in gpu_plans(geometry, dtype).items():
         ours = min((n for n in ("direct", "fft") if plan[n]["fits"]),
                    key=lambda n: plan[n]["seconds"])
         tf_ok = plan["tf"]["available"] and plan["tf"]["fits"] and plan["tf_trusted"]
