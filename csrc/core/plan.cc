@@ -144,13 +144,16 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
                fits.end());
   // The cheapest plan, or a plan within kCostSlack of it that needs less
   // memory: memory is what users run out of, a few percent of time is not.
+  // The slack is measured from the cheapest plan, not from the last one
+  // taken, so that it cannot compound.
   for (const FftPlan& p : fits)
     if (!found || p.cost < best.cost) {
       best = p;
       found = true;
     }
+  const double cost_limit = best.cost * kCostSlack;
   for (const FftPlan& p : fits)
-    if (p.cost <= best.cost * kCostSlack && p.workspace_bytes < best.workspace_bytes) best = p;
+    if (p.cost <= cost_limit && p.workspace_bytes < best.workspace_bytes) best = p;
   if (!found) {
     std::ostringstream os;
     os << "the FFT algorithm needs a workspace of at least " << min_needed
