@@ -3,13 +3,12 @@
 // harness proves is what TensorFlow runs. No TF headers.
 #pragma once
 
-#include <string>
-
 #include <cuda_runtime_api.h>
 
 #include "dtypes.h"
 #include "geometry.h"
 #include "plan_gpu.h"
+#include "status.h"
 
 namespace tfbigconv {
 namespace gpu {
@@ -22,8 +21,9 @@ const char* GpuAlgorithmName(GpuAlgorithm a);
 // operands: (input, filter), (out_backprop, filter) or (input, out_backprop)
 // for forward, backprop_input, backprop_filter. `out` is fully overwritten;
 // `workspace` holds choice.workspace_bytes() (256-byte aligned; may be null
-// when that is 0). Returns "" or an error message. Does not synchronize.
-std::string RunConvGpu(const ConvProblem& problem, DType dtype, const GpuAlgorithmChoice& choice,
+// when that is 0). A missing workspace is InvalidArgument, a failed launch
+// Internal. Does not synchronize (the twin of RunConvCpu, csrc/core/run_cpu.h).
+Status RunConvGpu(const ConvProblem& problem, DType dtype, const GpuAlgorithmChoice& choice,
                        const void* a, const void* b, void* out, void* workspace,
                        cudaStream_t stream);
 

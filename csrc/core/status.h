@@ -13,6 +13,7 @@ enum class StatusCode {
   kInvalidArgument,    // a bad argument: InvalidArgumentError / ValueError
   kResourceExhausted,  // nothing fits the workspace limit: ResourceExhaustedError
   kUnavailable,        // a requested algorithm cannot run here (e.g. no cuFFT)
+  kInternal,           // a launch failed (e.g. a CUDA runtime error): InternalError
 };
 
 class Status {
@@ -25,6 +26,7 @@ class Status {
     return {StatusCode::kResourceExhausted, std::move(m)};
   }
   static Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+  static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

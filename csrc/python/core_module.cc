@@ -161,10 +161,12 @@ py::dict EstimateDict(const Estimate& e) {
 }
 
 // Bad arguments and unavailable algorithms raise ValueError; a workspace that
-// does not fit raises RuntimeError (Python maps them to TF's errors).
+// does not fit, or a failed launch, raises RuntimeError (Python maps them to
+// TF's errors).
 void ThrowIfError(const Status& s) {
   if (s.ok()) return;
-  if (s.code() == StatusCode::kResourceExhausted) throw std::runtime_error(s.message());
+  if (s.code() == StatusCode::kResourceExhausted || s.code() == StatusCode::kInternal)
+    throw std::runtime_error(s.message());
   throw py::value_error(s.message());
 }
 

@@ -48,6 +48,7 @@ inline absl::Status ToTfStatus(const Status& s) {
     case StatusCode::kInvalidArgument: return tensorflow::errors::InvalidArgument(s.message());
     case StatusCode::kResourceExhausted: return tensorflow::errors::ResourceExhausted(s.message());
     case StatusCode::kUnavailable: return tensorflow::errors::FailedPrecondition(s.message());
+    case StatusCode::kInternal: return tensorflow::errors::Internal(s.message());
   }
   return tensorflow::errors::Internal(s.message());
 }

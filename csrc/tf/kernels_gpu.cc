@@ -57,9 +57,8 @@ class BigConvGpuBase : public BigConvOpBase<T> {
                                              TensorShape({choice.workspace_bytes()}), &workspace));
       ws = this->Data(&workspace);
     }
-    const std::string run_err =
-        gpu::RunConvGpu(problem, kDType<T>, choice, in, filter, out, ws, stream);
-    OP_REQUIRES(ctx, run_err.empty(), tensorflow::errors::Internal(this->name(), ": ", run_err));
+    OP_REQUIRES_OK(ctx, ToTfStatus(gpu::RunConvGpu(problem, kDType<T>, choice, in, filter, out,
+                                                   ws, stream)));
   }
 };
 

@@ -108,8 +108,8 @@ struct Job {
     return std::string(gpu::GpuAlgorithmName(choice.algorithm)) + ": " + choice.reason;
   }
   void Launch(void* ws) const {
-    const std::string err = gpu::RunConvGpu(c.problem, dtype, choice, a, b, out, ws, stream);
-    if (!err.empty()) throw std::runtime_error(err);
+    const Status s = gpu::RunConvGpu(c.problem, dtype, choice, a, b, out, ws, stream);
+    if (!s.ok()) throw std::runtime_error(s.message());
   }
 };
 
