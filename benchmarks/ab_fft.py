@@ -28,6 +28,9 @@ CASES = {  # name: (input NHWC, filter HWIO, padding)
     "grouped": ((4, 64, 64, 64), (15, 15, 8, 64), "SAME"),
     "depthwise13": ((4, 56, 56, 64), (13, 13, 1, 64), "SAME"),
     "small_dense": ((16, 32, 32, 3), (9, 9, 3, 64), "SAME"),
+    # plans that the fft planner's compounding memory slack moved (fixed 2026-11-23)
+    "wide15": ((1, 321, 358, 128), (15, 15, 128, 64), "SAME"),
+    "wide31": ((8, 321, 358, 16), (31, 31, 16, 64), "SAME"),
 }
 
 
