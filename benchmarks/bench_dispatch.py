@@ -11,6 +11,9 @@ Grid: GRID below, 60 geometries (each label names its dtype and data_format):
   - half (9): float16 and bfloat16, dense, depthwise and grouped, NHWC;
   - NCHW (6): dense, depthwise and grouped, float32 and half.
 --quick runs 10 of them (one or two of each class) for 1 round: about 2 minutes.
+--random SEED,COUNT runs COUNT geometries drawn off the grid instead (random_grid: the
+classes, dtypes and layouts mixed as users have them), because a planner tuned on a grid
+says little beyond it.
 The old float32-only grid's slowest cases (seconds per call for every contender) were
 dropped. Run time of the default (--rounds 2) on the 2-core development machine:
 about 16 minutes when the machine is otherwise idle, up to about 25 with another job
@@ -66,7 +69,7 @@ workspace_limit = 256 MiB: its peak RSS increase (autotuning included) must stay
 input + output + 256 MiB + 10%.
 
 Usage:
-    python benchmarks/bench_dispatch.py [--quick] [--only SUBSTR] [--rounds 2]
+    python benchmarks/bench_dispatch.py [--quick | --random SEED,COUNT] [--only SUBSTR] [--rounds 2]
                                         [--out F.md] [--json F.json]
 """
 import argparse
@@ -189,6 +192,49 @@ QUICK_LABELS = (
     "16x64x64 64->64 K=3 s=1 SAME fp32 NCHW",
     "8x64x64 64->64 g4 K=7 s=2 SAME fp32 NCHW",
 )
+
+
+def random_grid(seed, count):
+    """`count` geometries drawn like user layers, off GRID, sized for the 2-core
+    machine: dense, depthwise (multiplier 1-2) and grouped; K 3-63; batch 1-16;
+    images 14-160 px; stride 1-2; 1 in 4 in half precision, 1 in 5 NCHW, 1 in 5
+    VALID. Draws
+    whose direct forward would exceed 30 GFLOP, or that are on GRID, are skipped."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    sides = [14, 19, 28, 32, 37, 56, 64, 80, 96, 112, 128, 160]
+    ks = [3, 5, 7, 9, 11, 13, 15, 17, 21, 25, 31, 41, 51, 63]
+    out = []
+    while len(out) < count:
+        n = int(rng.choice([1, 2, 4, 8, 16]))
+        h = int(rng.choice(sides))
+        w = int(rng.choice(sides)) if rng.random() < 0.3 else h
+        k = int(rng.choice(ks))
+        stride = int(rng.choice([1, 1, 1, 2]))
+        dtype = str(rng.choice(["float16", "bfloat16"])) if rng.random() < 0.25 else "float32"
+        data_format = "NCHW" if rng.random() < 0.2 else "NHWC"
+        padding = "VALID" if rng.random() < 0.2 and k <= min(h, w) else "SAME"
+        kind = rng.choice(["dense", "dense", "depthwise", "depthwise", "grouped"])
+        if kind == "dense":
+            g = G(n, h, w, int(rng.choice([1, 3, 8, 16, 32, 64])), k,
+                  int(rng.choice([1, 3, 8, 16, 32, 64])), stride, padding=padding, dtype=dtype,
+                  data_format=data_format)
+        elif kind == "depthwise":
+            g = DW(n, h, w, int(rng.choice([16, 32, 64, 128])), k,
+                   multiplier=int(rng.choice([1, 1, 1, 2])), stride=stride, padding=padding,
+                   dtype=dtype, data_format=data_format)
+        else:
+            groups = int(rng.choice([2, 4, 8]))
+            c = int(rng.choice([16, 32, 64]))
+            g = G(n, h, w, c, k, c, stride, groups=groups, padding=padding, dtype=dtype,
+                  data_format=data_format)
+        if k > 2 * max(h, w):
+            continue
+        flops = 2.0 * n * (h / stride) * (w / stride) * k * k * (g.cin // g.groups) * g.cout
+        if flops > 30e9 or g in GRID or g in out:
+            continue
+        out.append(g)
+    return out
 
 
 def label(g):
@@ -692,6 +738,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help=f"{len(QUICK_LABELS)} geometries, 1 round")
     p.add_argument("--only", help="run only the geometries whose label contains this")
+    p.add_argument("--random", metavar="SEED,COUNT",
+                   help="instead of GRID, COUNT geometries drawn off it (random_grid)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--skip-s", type=float, default=10.0,
                    help="skip a forced contender whose planner estimate exceeds this")
@@ -709,7 +757,11 @@ def main():
     if args.worker:
         return worker(json.loads(args.worker))
     import tensorflow as tf
-    grid = [g for g in GRID if label(g) in QUICK_LABELS] if args.quick else GRID
+    if args.random:
+        seed, count = (int(v) for v in args.random.split(","))
+        grid = random_grid(seed, count)
+    else:
+        grid = [g for g in GRID if label(g) in QUICK_LABELS] if args.quick else GRID
     if args.only:
         grid = [g for g in grid if args.only in label(g)]
     rounds = 1 if args.quick else args.rounds
@@ -737,7 +789,7 @@ def main():
     shutil.rmtree(progress_dir, ignore_errors=True)
     summary, breakdown, firsts, detail = summarize(points)
     seed_line, seed = "", None
-    if not args.no_seed and not args.quick and not args.only:
+    if not args.no_seed and not args.quick and not args.only and not args.random:
         seed_line, seed = seed_budget(args.timeout)
     _, _, header = _harness.run_header(tf.__version__)
     elapsed = f"Run time {(time.monotonic() - start) / 60:.1f} min, {len(grid)} geometries."
