@@ -204,7 +204,8 @@ def test_timing_runs_on_a_reduced_batch_and_scales(autotuning, monkeypatch):
 
 class FakeClock:
     """time.perf_counter for autotune.measure: each candidate's call takes its
-    given seconds, whatever the machine does."""
+    given seconds, whatever the machine does (a pair: the first call, then
+    every later one)."""
 
     def __init__(self, seconds):
         self.now, self.seconds, self.calls = 0.0, seconds, []
@@ -213,8 +214,10 @@ class FakeClock:
         return self.now
 
     def run_pass(self, pass_, chosen, x, w, dy, a, device=None):
+        first, later = (self.seconds[chosen] if isinstance(self.seconds[chosen], tuple)
+                        else (self.seconds[chosen],) * 2)
+        self.now += later if chosen in self.calls else first
         self.calls.append(chosen)
-        self.now += self.seconds[chosen]
         return tf.zeros([1])
 
 
@@ -241,17 +244,30 @@ def test_timing_interleaves_candidates_after_their_warm_ups(monkeypatch):
 
 
 def test_timing_rounds_stop_when_dear_and_skip_slow_candidates(monkeypatch):
-    # fft's warm-up is over ABANDON_FACTOR x direct's: never repeated; rounds of
-    # direct + tf cost over EXTRA_ROUNDS_BELOW_S, so MIN_ROUNDS of them.
+    # fft's calls take ABANDON_FACTOR x direct's: after its warm-up and one more
+    # call (the warm-up was cheap) it is not repeated; rounds of direct + tf cost
+    # over EXTRA_ROUNDS_BELOW_S, so MIN_ROUNDS of them.
     slow = autotune.ABANDON_FACTOR * 0.06
     calls, seconds = fake_measure(monkeypatch, {"direct": 0.06, "fft": slow, "tf": 0.07},
                                   ["direct", "fft", "tf"])
-    assert calls.count("fft") == 1
+    assert calls.count("fft") == 2
     assert calls.count("direct") == calls.count("tf") == 1 + autotune.MIN_ROUNDS
     # a warm-up over REPEAT_BELOW_S is never repeated either
     calls, _ = fake_measure(monkeypatch, {"direct": autotune.REPEAT_BELOW_S, "fft": 0.3},
                             ["direct", "fft"])
     assert calls == ["direct", "fft"]
+
+
+def test_a_slow_first_call_alone_does_not_abandon_a_candidate(monkeypatch):
+    # TF's first eager call carries its kernel setup (5x its later calls): judged
+    # on the warm-up alone it would be abandoned at 4x direct and lose; its
+    # second call shows it is the faster, and it joins the rounds.
+    calls, seconds = fake_measure(monkeypatch, {"direct": 0.010, "tf": (0.040, 0.008)},
+                                  ["direct", "tf"])
+    assert calls[:3] == ["direct", "tf", "tf"]
+    assert calls.count("tf") > 2
+    assert seconds == pytest.approx({"direct": 0.010, "tf": 0.008})
+    assert autotune.fastest(seconds) == "tf"
 
 
 def test_tf_kernel_is_kept_unless_ours_is_clearly_faster():
