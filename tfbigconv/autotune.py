@@ -12,7 +12,9 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
   across them estimates have been off by up to ~40x). A candidate estimated
   further off is never timed, and a TF kernel excluded for precision never
   is. Nothing is timed when fewer than two remain.
-- Cost: each candidate runs once to warm up and, unless that took over
+- Cost: each candidate is traced into its own graph (timed as it runs under
+  tf.function; eager calls favoured our ops on sub-millisecond passes), runs
+  once to warm up and, unless that took over
   REPEAT_BELOW_S, MIN_ROUNDS more times, interleaved with the other
   candidates (one call of each per round, so that a burst of load hits all
   alike; the fastest call counts), and up to MAX_ROUNDS while the rounds so
@@ -28,7 +30,8 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
   call of a pass so costs about (1 + MIN_ROUNDS) x (candidates) x
   max(MIN_TIMED_S, the time on TIMING_BATCH images) where the estimates
   hold, plus at most EXTRA_ROUNDS_BELOW_S and one round for the extra
-  rounds, once per geometry, dtype, device and thread count.
+  rounds, plus the candidates' tracing; once per geometry, dtype, device
+  and thread count.
 - Choice: the fastest call wins, but TF's kernel is kept unless ours is
   TF_MARGIN x faster.
 - Memory: remembered in this process and in a JSON cache file beside the
