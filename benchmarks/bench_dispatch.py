@@ -198,8 +198,8 @@ def random_grid(seed, count):
     """`count` geometries drawn like user layers, off GRID, sized for the 2-core
     machine: dense, depthwise (multiplier 1-2) and grouped; K 3-63; batch 1-16;
     images 14-160 px; stride 1-2; 1 in 4 in half precision, 1 in 5 NCHW, 1 in 5
-    VALID. Draws
-    whose direct forward would exceed 30 GFLOP, or that are on GRID, are skipped."""
+    VALID. Draws whose direct forward would exceed 30 GFLOP, or that are on GRID,
+    are skipped."""
     import numpy as np
     rng = np.random.default_rng(seed)
     sides = [14, 19, 28, 32, 37, 56, 64, 80, 96, 112, 128, 160]

@@ -10,8 +10,7 @@ const char* GpuAlgorithmName(GpuAlgorithm a) {
 }
 
 Status RunConvGpu(const ConvProblem& problem, DType dtype, const GpuAlgorithmChoice& choice,
-                       const void* a, const void* b, void* out, void* workspace,
-                       cudaStream_t stream) {
+                  const void* a, const void* b, void* out, void* workspace, cudaStream_t stream) {
   if (problem.g.output_elements() == 0) return Status::Ok();
   if (problem.g.empty_sums()) {  // zeros, as tf.nn.conv2d gives; every output is dense
     const cudaError_t e = cudaMemsetAsync(

@@ -24,8 +24,7 @@ const char* GpuAlgorithmName(GpuAlgorithm a);
 // when that is 0). A missing workspace is InvalidArgument, a failed launch
 // Internal. Does not synchronize (the twin of RunConvCpu, csrc/core/run_cpu.h).
 Status RunConvGpu(const ConvProblem& problem, DType dtype, const GpuAlgorithmChoice& choice,
-                       const void* a, const void* b, void* out, void* workspace,
-                       cudaStream_t stream);
+                  const void* a, const void* b, void* out, void* workspace, cudaStream_t stream);
 
 }  // namespace gpu
 }  // namespace tfbigconv

@@ -261,7 +261,7 @@ def test_timing_rounds_stop_when_dear_and_skip_slow_candidates(monkeypatch):
 
 
 def test_a_slow_first_call_alone_does_not_abandon_a_candidate(monkeypatch):
-    # TF's first eager call carries its kernel setup (5x its later calls): judged
+    # TF's first run carries its kernel setup (5x its later calls): judged
     # on the warm-up alone it would be abandoned at 4x direct and lose; its
     # second call shows it is the faster, and it joins the rounds.
     calls, seconds = fake_measure(monkeypatch, {"direct": 0.010, "tf": (0.040, 0.008)},

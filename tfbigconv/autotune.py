@@ -304,9 +304,9 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         best = {}  # name -> shortest call so far
         for name in order:  # warm-up, in the order of the estimates
             best[name] = timed(name)
-        # A first call can carry one-time costs (TF's eager kernel setup added
-        # ~18 ms to a 3 ms gradient), so a cheap candidate is not abandoned on
-        # its warm-up alone: it gets one more call first.
+        # A first run can carry one-time costs (TF's kernel setup added 8-20 ms
+        # to 7-14 ms gradients on 4 images), so a cheap candidate is not
+        # abandoned on its warm-up alone: it gets one more call first.
         quickest = min(best.values())
         for name in order:
             if ABANDON_FACTOR * quickest <= best[name] < REPEAT_BELOW_S:
