@@ -93,13 +93,20 @@ def check_gradients(program, shapes, in_shape, seed=0):
     for g, r in zip(got, ref):
         assert rel_l2(g.numpy(), r.numpy()) < TOLERANCE["float64"]
     w32 = {k: tf.cast(v, tf.float32) for k, v in w64.items()}
-    got_y, got = recompute_gradients(program, w32, tf.cast(x64, tf.float32),
-                                     tf.cast(cot, tf.float32))
+    x32, cot32 = tf.cast(x64, tf.float32), tf.cast(cot, tf.float32)
+    got_y, got = recompute_gradients(program, w32, x32, cot32)
+    # A weight's gradient is a sum over every pixel; where its terms cancel
+    # (seen: 0.016 from ~1300 terms of size ~1) TensorFlow's own float32
+    # gradient of the unfused program is off by more than GRAD_TOL (6.9e-5),
+    # so the bound is no tighter than what TensorFlow reaches, twice over.
+    _, tf32 = reference_gradients(program, w32, x32, cot32)
     assert rel_l2(got_y.numpy(), y64.numpy()) < TOLERANCE["float32"]
-    for name, g, r in zip(["x"] + sorted(shapes), got, ref):
+    for name, g, t, r in zip(["x"] + sorted(shapes), got, tf32, ref):
         assert g.dtype == tf.float32
         err = rel_l2(g.numpy(), r.numpy())
-        assert err < GRAD_TOL, (name, err)
+        tf_err = np.inf if t is None else rel_l2(t.numpy(), r.numpy())
+        bound = max(GRAD_TOL, 2 * tf_err) if np.isfinite(tf_err) else GRAD_TOL
+        assert err < bound, (name, err, bound)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -107,6 +114,17 @@ def test_recompute_gradients_match_float64_reference(case):
     program, shapes = CASES[case]
     channels = 8 if case.startswith("seed") else 6
     check_gradients(program, shapes, (2, 17, 15, channels))
+
+
+def test_recompute_gradient_of_a_cancelling_sum():
+    """A draw of the property test below: s1's gradient is 0.016, summed from ~1300
+    terms of size ~1, and float32 (ours and TensorFlow's alike) misses it by 6.9e-5."""
+    program = [{"op": "pad", "src": 0, "pads": [1, 2, 1, 0]},
+               {"op": "affine", "src": 1, "scale": "s1", "shift": "t1"},
+               {"op": "add", "srcs": [0, 0]},
+               {"op": "affine", "src": 2, "scale": "s3", "shift": "t3"}]
+    shapes = {"s1": (2,), "t1": (2,), "s3": (2,), "t3": (2,)}
+    check_gradients(program, shapes, (2, 37, 18, 2), seed=15146)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
