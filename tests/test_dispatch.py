@@ -258,6 +258,8 @@ def test_calibration_round_trip(tmp_path):
     profile = cache / "tfbigconv" / "cost_model.json"
     doc = json.loads(profile.read_text())
     assert doc["meta"]["quick"] and doc["meta"]["format"] == cost_model.FORMAT
+    assert doc["meta"]["cpu"] == cost_model.this_cpu()  # what machine_mismatch compares
+    assert doc["meta"]["gpu_grids"] == cost_model._meta(cost_model.SHIPPED_PATH)["gpu_grids"]
     fields = _core.cost_model_fields()
     assert set(doc["values"]) == set(fields)
     # A fresh process loads the user's profile into _core and the op library.
@@ -278,6 +280,35 @@ def test_calibration_round_trip(tmp_path):
     r = run(["-c", CHECK_MODEL], XDG_CACHE_HOME=str(cache))
     assert r.returncode == 0 and "ignoring cost model" in r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["source"] == "shipped"
+
+
+def test_machine_mismatch_names_what_differs():
+    here = cost_model.this_cpu()
+    assert here["cpus"] == os.cpu_count() and set(here["isa"]) <= set(cost_model.ISA_FLAGS)
+    meta = {"cpu": dict(here), "tensorflow": tf.__version__, "machine": "m"}
+    assert cost_model.machine_mismatch(meta) == ""
+    other = dict(here, isa=sorted(set(here["isa"]) ^ {"avx512f"}))
+    why = cost_model.machine_mismatch(dict(meta, cpu=other))
+    assert "avx512f" in why and here["name"] in why
+    assert "CPUs" in cost_model.machine_mismatch(dict(meta, cpu=dict(here, cpus=here["cpus"] + 1)))
+    assert "TensorFlow 1.0" in cost_model.machine_mismatch(dict(meta, tensorflow="1.0"))
+    assert "does not record its CPU" in cost_model.machine_mismatch({"machine": "m"})
+    assert "built-in" in cost_model.machine_mismatch({})
+    assert "machine is" in cost_model.machine_mismatch(dict(meta, cpu={"isa": 5}))  # no crash
+
+
+def test_explain_warns_when_the_profile_is_from_another_machine(monkeypatch):
+    here = {"cpu": cost_model.this_cpu(), "tensorflow": tf.__version__}
+    warn = "may be off several-fold"
+    monkeypatch.setattr(cost_model, "active_meta", here)
+    e = tfbigconv.explain((2, 20, 20, 3), (5, 5, 3, 4), padding="SAME")
+    assert e.cost_model_warning == "" and warn not in e.table()
+    monkeypatch.setattr(cost_model, "active_meta", dict(here, cpu=dict(here["cpu"], cpus=999)))
+    e = tfbigconv.explain((2, 20, 20, 3), (5, 5, 3, 4), padding="SAME")
+    assert "999 CPUs" in e.cost_model_warning and warn in e.table()
+    # The GPU's constants are the H100 grids' fit wherever explain runs.
+    e = tfbigconv.explain((2, 20, 20, 3), (5, 5, 3, 4), padding="SAME", device="GPU")
+    assert e.cost_model_warning == "" and warn not in e.table()
 
 
 # ---- depthwise: TF's DepthwiseConv2dNative, never grouped Conv2D -----------
@@ -463,7 +494,7 @@ def test_half_precision_rule_is_the_cpus():
 
 # ---- an unknown batch is planned at trace time -----------------------------
 
-def test_unknown_batch_is_planned_at_trace_time(monkeypatch):
+def test_unknown_batch_is_planned_at_trace_time(monkeypatch, model):
     planned = []
     real = dispatch.plan
 
@@ -472,11 +503,14 @@ def test_unknown_batch_is_planned_at_trace_time(monkeypatch):
         return real(pass_, input_shape, *args, **kwargs)
 
     monkeypatch.setattr(dispatch, "plan", spy)
-    # A 3x3 dense layer: TF's Conv2D, as with a known batch.
+    # A 3x3 dense layer where the model puts TF's Conv2D far ahead (whatever the
+    # active profile says of it): TF's Conv2D, as with a known batch.
+    model("im2col_flops_per_second", 100)
     w = rand((3, 3, 8, 8), 40)
     f = tf.function(lambda x: tfbigconv.bigconv2d(x, w, 1, "SAME"),
                     input_signature=[tf.TensorSpec([None, 28, 28, 8])])
     types = {op.type for op in f.get_concrete_function().graph.get_operations()}
+    model("im2col_flops_per_second", 0.01)
     assert "Conv2D" in types and "BigConv2D" not in types
     assert planned and all(s == [dispatch.ASSUMED_BATCH, 28, 28, 8] for _, s in planned)
     x = rand((3, 28, 28, 8), 41)

@@ -12,7 +12,6 @@ benchmarks/calibrate.py writes the one shipped in the package.
 import datetime
 import math
 import os
-import platform
 import time
 
 import numpy as np
@@ -171,17 +170,6 @@ def _model_terms(algorithm, pass_, x_shape, w_shape, padding):
     return p[algorithm]["terms"]
 
 
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def calibrate(output, quick=False, rounds=3, log=print):
     """Measures, fits and writes a profile to `output`; returns its values.
 
@@ -258,10 +246,13 @@ def _calibrate_cpu(output, quick, rounds, log):
                for name in _core.cost_model_fields()]
     missing = [n for n in _core.cost_model_fields() if n not in values and not n.startswith("gpu.")]
     assert not missing, missing
+    cpu = cost_model.this_cpu()
     meta = dict(created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                machine=f"{_cpu_name()}, {os.cpu_count()} CPUs",
+                machine=f"{cpu['name']}, {cpu['cpus']} CPUs", cpu=cpu,
                 tensorflow=tf.__version__, quick=bool(quick), rounds=rounds,
                 fits={"direct": fits["direct"], "fft": fits["fft"]})
+    if "gpu_grids" in cost_model.active_meta:  # the GPU section is kept, and where it came from
+        meta["gpu_grids"] = cost_model.active_meta["gpu_grids"]
     cost_model.write_profile(output, ordered, meta)
     log(f"wrote {output}")
     return ordered

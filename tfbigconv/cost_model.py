@@ -12,6 +12,7 @@ dispatcher and the ops' run-time "auto" use the same numbers.
 import ctypes
 import json
 import os
+import platform
 import warnings
 
 from tfbigconv import _core
@@ -19,9 +20,77 @@ from tfbigconv import _core
 SHIPPED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cost_model.json")
 FORMAT = 1
 
-# Where the active profile came from: "env", "user", "shipped" or "built-in".
+# Where the active profile came from: "env", "user", "shipped" or "built-in",
+# and its "meta" object ({} for the built-in constants).
 active_source = "built-in"
 active_path = None
+active_meta = {}
+
+# The CPU features that decide how fast the kernels run, ours and TensorFlow's:
+# a profile measured where they differ can be off several-fold (RESULTS.md, "the
+# shipped CPU profile and this machine": TF's Conv2D up to 50x).
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile")
+
+
+def this_cpu():
+    """This machine's CPU as a profile records it (meta "cpu"): {"name": model name
+    with family and model numbers, "isa": the ISA_FLAGS it has, "cpus": logical CPUs}."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family", "model", "flags") and key not in info:
+                    info[key] = value.strip()
+                if key == "flags":
+                    break  # the first processor's block has them all
+    except OSError:
+        pass
+    name = info.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in info and "model" in info:
+        name += f" (family {info['cpu family']}, model {info['model']})"
+    flags = set(info.get("flags", "").split())
+    return {"name": name, "isa": [f for f in ISA_FLAGS if f in flags], "cpus": os.cpu_count()}
+
+
+def _isa(cpu):
+    isa = cpu.get("isa")
+    return sorted(map(str, isa)) if isinstance(isa, list) else [str(isa)] if isa else []
+
+
+def _describe(cpu):
+    isa = ", ".join(_isa(cpu)) or "no AVX2, FMA, AVX-512 or AMX"
+    return f"{cpu.get('name')}, {cpu.get('cpus')} CPUs, {isa}"
+
+
+def machine_mismatch(meta=None, cpu=None, tensorflow=None):
+    """Why the active profile's CPU constants may not fit this machine, or "".
+
+    The profile (`meta`, default the active one's) records the CPU and the
+    TensorFlow it was measured with; a different CPU, ISA, CPU count or TF
+    version changes the kernels' speeds (TF's above all), not only by a factor.
+    Profiles that record no CPU (older ones) are reported as such."""
+    meta = active_meta if meta is None else meta
+    if not meta:
+        return "built-in constants, not measured on this machine"
+    cpu = this_cpu() if cpu is None else cpu
+    if tensorflow is None:
+        import tensorflow as tf
+        tensorflow = tf.__version__
+    reasons = []
+    theirs = meta.get("cpu")
+    if not isinstance(theirs, dict):
+        reasons.append(f"the profile does not record its CPU (it was measured on "
+                       f"{meta.get('machine', 'an unnamed machine')})")
+    elif (theirs.get("name"), _isa(theirs), theirs.get("cpus")) != (
+            cpu["name"], _isa(cpu), cpu["cpus"]):
+        reasons.append(f"the profile was measured on {_describe(theirs)}, this machine is "
+                       f"{_describe(cpu)}")
+    if meta.get("tensorflow") and meta["tensorflow"] != tensorflow:
+        reasons.append(f"the profile was measured with TensorFlow {meta['tensorflow']}, this "
+                       f"is {tensorflow}")
+    return "; ".join(reasons)
 
 
 def user_path():
@@ -112,9 +181,15 @@ def apply(values, op_library_path):
         raise RuntimeError("the op library rejected the cost model")
 
 
+def _meta(path):
+    """The "meta" object of a profile read_profile accepted."""
+    with open(path) as f:
+        return json.load(f)["meta"]
+
+
 def load_active(op_library_path):
     """Applies the first valid profile of: $TFBIGCONV_COST_MODEL, the user's, the shipped one."""
-    global active_source, active_path
+    global active_source, active_path, active_meta
     candidates = [("env", os.environ.get("TFBIGCONV_COST_MODEL")), ("user", user_path()),
                   ("shipped", SHIPPED_PATH)]
     try:
@@ -131,6 +206,6 @@ def load_active(op_library_path):
         except (ValueError, OSError) as e:
             warnings.warn(f"tfbigconv: ignoring cost model {path}: {e}")
             continue
-        active_source, active_path = source, path
+        active_source, active_path, active_meta = source, path, _meta(path)
         return
-    active_source, active_path = "built-in", None
+    active_source, active_path, active_meta = "built-in", None, {}

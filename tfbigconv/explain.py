@@ -38,7 +38,8 @@ class Explanation:
       chosen: {pass: algorithm}; how: {pass: "measured" or "estimated"};
       reasons: {pass: one line}; device: "CPU" or "GPU";
       budget: the workspace limit in bytes; geometry: the validated geometry;
-      cost_model: where the model's constants came from.
+      cost_model: where the model's constants came from; cost_model_warning: why
+        they may not fit this machine (cost_model.machine_mismatch), or "".
     """
 
     def __init__(self, plans, budget, cost_model_source, device):
@@ -59,6 +60,9 @@ class Explanation:
         self.device = device
         self.geometry = plans[0]["geometry"]
         self.cost_model = cost_model_source
+        # Why the CPU constants may not fit this machine ("" if they were measured
+        # on one like it); the GPU's come from the H100 grids' fit either way.
+        self.cost_model_warning = cost_model.machine_mismatch() if device == "CPU" else ""
 
     def table(self):
         head = ["pass", "algorithm", "est. time", "measured", "workspace", "peak", "fits",
@@ -81,6 +85,9 @@ class Explanation:
         out.append(f"output shape {g['output_shape']}, {2 * g['macs'] / 1e9:.3g} GFLOP per pass; "
                    f"device {self.device}; workspace budget {self._budget()}; "
                    f"cost model: {self.cost_model}")
+        if self.cost_model_warning:
+            out.append(f"cost model: {self.cost_model_warning}; its estimates may be off "
+                       "several-fold here (`python -m tfbigconv calibrate` measures this machine)")
         out += [f"{p}: {self.how[p]}; {why}" for p, why in self.reasons.items()]
         return "\n".join(out)
 
