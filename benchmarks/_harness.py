@@ -290,12 +290,26 @@ def build_step(conv, x, w, g_out):
 BOOKKEEPING_OPS = {"Const", "Identity", "IdentityN", "NoOp", "Placeholder"}
 
 
+def _kernel(op):
+    """An op's type, and for our ops the algorithm it runs ("BigConv2D[fft]"): the
+    trace-time plan where algorithm is "auto", else the algorithm requested."""
+    try:
+        algorithm = op.get_attr("algorithm").decode()
+    except ValueError:
+        return op.type  # not one of our ops
+    try:
+        planned = op.get_attr("planned_algorithm").decode()
+    except ValueError:
+        planned = ""
+    return f"{op.type}[{planned if algorithm == 'auto' and planned else algorithm}]"
+
+
 def op_types(function, *args):
-    """{op type: count} of a tf.function's graph for these arguments, bookkeeping ops
-    left out: two calls with equal counts run the same kernels."""
+    """{op type (with our ops' algorithm): count} of a tf.function's graph for these
+    arguments, bookkeeping ops left out: two calls with equal counts run the same kernels."""
     import collections
     graph = function.get_concrete_function(*args).graph
-    return dict(collections.Counter(op.type for op in graph.get_operations()
+    return dict(collections.Counter(_kernel(op) for op in graph.get_operations()
                                     if op.type not in BOOKKEEPING_OPS))
 
 
