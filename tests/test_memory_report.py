@@ -418,3 +418,23 @@ def test_planning_only_holds_for_the_reports_trace_alone():
     with dispatch.planning_only() as failures:  # the report's own mode, in this thread
         _trace_tight_bigconv()
     assert len(failures) == 1 and "limit" in failures[0]
+
+
+def test_custom_gradient_identity_n_shares_its_inputs_buffers():
+    """tf.custom_gradient wraps an op's outputs in IdentityN, which forwards its
+    inputs' buffers. Counted as new tensors, they put the subtracted-conv block's
+    converted step (bench_memory_report.py) at +28% of its measured peak."""
+    L = keras.layers
+    inp = keras.Input((128, 128, 8))
+    p = L.Conv2D(16, 1)(inp)
+    d = L.DepthwiseConv2D(15, padding="same")(p)
+    low = L.Conv2D(16, 15, padding="same")(inp)
+    out = L.Conv2D(8, 1)(L.Concatenate()([L.Subtract()([d, low]), inp]))
+    model = tfbigconv.convert_model(keras.Model(inp, out), min_kernel_size=1)
+    model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+    r = tfbigconv.memory_report(model, 2, advice=False, device="CPU")
+    # The first 1x1 conv runs TF's Conv2D forward and one of our kernels for a
+    # gradient: custom_gradient routes them, through an IdentityN.
+    identity_n = [row for row in r.rows if row.op == "IdentityN"]
+    assert identity_n
+    assert not [a for a in r.alive_at_peak if a.what.startswith("IdentityN output")]

@@ -285,7 +285,7 @@ class _Trace:
             op.layer = owner.get(tf_op.name)
             if op.layer is not None:
                 op.layer.ops.append(op)
-            for t in tf_op.outputs:
+            for index, t in enumerate(tf_op.outputs):
                 tensor = _Tensor()
                 tensor.name, tensor.op, tensor.dtype = t.name, op, t.dtype
                 tensor.dims = t.shape.as_list() if t.shape.rank is not None else None
@@ -300,6 +300,9 @@ class _Trace:
                     tensor.kind = "parameter"
                 elif op.type in _ALIASES and op.inputs:
                     tensor.base = self.tensors[op.inputs[0]].base
+                elif op.type == "IdentityN" and index < len(op.inputs):
+                    # tf.custom_gradient's IdentityN: output i is input i's buffer.
+                    tensor.base = self.tensors[op.inputs[index]].base
                 self.tensors[t.name] = tensor
             self.ops.append(op)
         self._gradient_flow()
