@@ -11,7 +11,6 @@ benchmarks/calibrate.py writes the one shipped in the package.
 """
 import datetime
 import math
-import os
 import time
 
 import numpy as np
