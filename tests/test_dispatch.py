@@ -259,7 +259,8 @@ def test_calibration_round_trip(tmp_path):
     doc = json.loads(profile.read_text())
     assert doc["meta"]["quick"] and doc["meta"]["format"] == cost_model.FORMAT
     assert doc["meta"]["cpu"] == cost_model.this_cpu()  # what machine_mismatch compares
-    assert doc["meta"]["gpu_grids"] == cost_model._meta(cost_model.SHIPPED_PATH)["gpu_grids"]
+    _, shipped_meta = cost_model.read_profile_and_meta(cost_model.SHIPPED_PATH)
+    assert doc["meta"]["gpu_grids"] == shipped_meta["gpu_grids"]
     fields = _core.cost_model_fields()
     assert set(doc["values"]) == set(fields)
     # A fresh process loads the user's profile into _core and the op library.

@@ -105,6 +105,11 @@ def read_profile(path, defaults=None):
     A profile may hold only the CPU or only the GPU section: the values it
     lacks come from `defaults` ({name: value}, e.g. the shipped profile's).
     """
+    return read_profile_and_meta(path, defaults)[0]
+
+
+def read_profile_and_meta(path, defaults=None):
+    """(read_profile's values, the profile's "meta" object); ValueError if invalid."""
     with open(path) as f:
         try:
             profile = json.load(f)
@@ -127,7 +132,7 @@ def read_profile(path, defaults=None):
     if bad:
         raise ValueError(f"{path}: cost model values must be numbers: {', '.join(bad[:3])}")
     try:
-        return [float(merged[name]) for name in fields]
+        return [float(merged[name]) for name in fields], meta
     except OverflowError as e:
         raise ValueError(f"{path}: {e}") from None
 
@@ -163,9 +168,8 @@ def update_profile(path, values, meta):
     old_meta = {}
     if os.path.exists(path):
         try:
-            current = dict(zip(fields, read_profile(path, current)))
-            with open(path) as f:
-                old_meta = json.load(f)["meta"]  # read_profile checked it is a dict
+            values_there, old_meta = read_profile_and_meta(path, current)
+            current = dict(zip(fields, values_there))
         except (ValueError, OSError) as e:
             warnings.warn(f"tfbigconv: replacing invalid profile {path}: {e}")
     current.update(values)
@@ -179,12 +183,6 @@ def apply(values, op_library_path):
     array = (ctypes.c_double * len(values))(*values)
     if lib.tfbigconv_set_cost_model(array, len(values)) != 0:
         raise RuntimeError("the op library rejected the cost model")
-
-
-def _meta(path):
-    """The "meta" object of a profile read_profile accepted."""
-    with open(path) as f:
-        return json.load(f)["meta"]
 
 
 def load_active(op_library_path):
@@ -202,10 +200,11 @@ def load_active(op_library_path):
                 warnings.warn(f"TFBIGCONV_COST_MODEL={path} does not exist; ignored")
             continue
         try:
-            apply(read_profile(path, defaults), op_library_path)
+            values, meta = read_profile_and_meta(path, defaults)
+            apply(values, op_library_path)
         except (ValueError, OSError) as e:
             warnings.warn(f"tfbigconv: ignoring cost model {path}: {e}")
             continue
-        active_source, active_path, active_meta = source, path, _meta(path)
+        active_source, active_path, active_meta = source, path, meta
         return
     active_source, active_path, active_meta = "built-in", None, {}
