@@ -392,6 +392,23 @@ def test_read_profile_fills_missing_fields_from_defaults(tmp_path):
     assert all(values[k] == v for k, v in gpu_only.items())
 
 
+def test_a_profile_from_before_the_load_bound_rate_keeps_its_model(tmp_path):
+    """Such a profile ran one-channel column tiles at 0.3 of its direct rate;
+    reading it restores that, whatever the defaults say."""
+    old = {k: v for k, v in shipped().items() if k != "direct_load_bound_flops_per_second"}
+    old["direct_flops_per_second"] = 4e11
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": old}))
+    for defaults in (None, shipped()):
+        values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), defaults)))
+        assert values["direct_load_bound_flops_per_second"] == pytest.approx(1.2e11, rel=1e-12)
+    # A profile that names the rate keeps it.
+    old["direct_load_bound_flops_per_second"] = 7e10
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": old}))
+    values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path))))
+    assert values["direct_load_bound_flops_per_second"] == 7e10
+
+
 def test_gpu_floor_bounds_estimates_and_a_tie_goes_to_tf():
     """A GPU estimate never goes below its group's floor (the shortest call
     measured); where all three sit at equal floors, TF's kernel is chosen."""

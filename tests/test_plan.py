@@ -68,6 +68,40 @@ def test_estimates_grow_with_the_filter():
         prev = cur
 
 
+def test_direct_estimate_has_a_compute_bound_and_a_load_bound_rate():
+    """Column tiles of one or two output channels are load-bound: their flops
+    go to the second term, per channel; wider tiles to the first."""
+    dense = plan((4, 64, 64, 16), (7, 7, 16, 16), algorithm="direct")["direct"]["terms"]
+    one = plan((4, 64, 64, 16), (7, 7, 16, 1), algorithm="direct")["direct"]["terms"]
+    two = plan((4, 64, 64, 16), (7, 7, 16, 2), algorithm="direct")["direct"]["terms"]
+    assert dense[0] > 0 and dense[1] == 0
+    assert one[0] == 0 and two[0] == 0
+    # Same lanes and tasks: two channels do twice the flops at twice the rate.
+    assert two[1] == pytest.approx(one[1], rel=1e-12)
+    saved = _core.get_cost_model()
+    seconds = lambda cout: plan((4, 64, 64, 16), (7, 7, 16, cout), algorithm="direct")["direct"]["seconds"]
+    before = {c: seconds(c) for c in (1, 16)}
+    try:
+        _core.set_cost_model(_scaled("direct_load_bound_flops_per_second", 0.5))
+        rate = dict(zip(_core.cost_model_fields(), saved))["direct_load_bound_flops_per_second"]
+        assert seconds(1) == pytest.approx(before[1] + one[1] / rate, rel=1e-9)
+        assert seconds(16) == before[16]
+    finally:
+        _core.set_cost_model(saved)
+
+
+def test_direct_estimate_counts_idle_workers_in_the_last_wave():
+    """A filter gradient with a 9x9 output is one task: with 4 workers, 3 idle."""
+    args = ((8, 160, 160, 1), (9, 9, 1, 3), "backprop_filter")
+    one = plan(*args, algorithm="direct", workers=1)["direct"]["terms"]
+    four = plan(*args, algorithm="direct", workers=4)["direct"]["terms"]
+    assert four[0] == pytest.approx(4 * one[0], rel=1e-12)
+    # The forward pass has 40 tasks: 10 waves of 4, none idle.
+    one = plan(*args[:2], algorithm="direct", workers=1)["direct"]["terms"]
+    four = plan(*args[:2], algorithm="direct", workers=4)["direct"]["terms"]
+    assert four[0] == pytest.approx(one[0], rel=1e-12)
+
+
 def test_fft_workspace_shrinks_with_the_limit_and_time_does_not_fall():
     x, w = (16, 321, 481, 1), (135, 135, 1, 3)
     last = None

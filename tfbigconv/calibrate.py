@@ -32,6 +32,7 @@ KERNEL_CASES = (
     ((1, 48, 48, 4), (5, 5, 4, 4), "SAME"),
     ((8, 160, 160, 1), (3, 3, 1, 3), "SAME"),
     ((8, 160, 160, 1), (9, 9, 1, 3), "SAME"),
+    ((8, 160, 160, 1), (9, 9, 1, 2), "SAME"),  # two-channel column tiles
     ((8, 256, 256, 1), (31, 31, 1, 3), "VALID"),
     ((8, 64, 64, 16), (3, 3, 16, 16), "SAME"),
     ((8, 64, 64, 16), (7, 7, 16, 16), "SAME"),
@@ -139,11 +140,12 @@ def _im2col_case(side, cin, cout, target_flops):
     return (2, hw, hw, cin), (side, side, cin, cout)
 
 
-def _fit(terms, seconds):
+def _fit(terms, seconds, positive=(0,)):
     """Non-negative least squares of seconds ~ terms . coefficients, in relative error.
 
     Solves every subset of the terms and keeps the best all-non-negative
-    solution (there are at most five terms).
+    solution (there are at most five terms) whose coefficients at `positive`
+    (the rates the model divides by) are not zero.
     """
     t = np.asarray(terms, float)
     s = np.asarray(seconds, float)
@@ -157,8 +159,10 @@ def _fit(terms, seconds):
         full = np.zeros(t.shape[1])
         full[cols] = x
         err = float(np.sum((A @ full - b) ** 2))
-        if full[0] > 0 and err < best_err:
+        if all(full[j] > 0 for j in positive) and err < best_err:
             best, best_err = full, err
+    if best is None:
+        raise RuntimeError("no fit of the timings has positive rates; calibrate again on an idle machine")
     return [float(v) for v in best]
 
 
@@ -195,16 +199,17 @@ def _calibrate_cpu(output, quick, rounds, log):
         seconds = [times[k] for k in keys]
         for (_, pass_, (x_shape, w_shape, padding)), t in zip(keys, seconds):
             log(f"{algorithm:6s} {pass_:15s} {x_shape} x {w_shape} {padding}: {t * 1e3:.2f} ms")
-        fits[algorithm] = _fit(terms, seconds)
+        fits[algorithm] = _fit(terms, seconds, positive=(0, 1) if algorithm == "direct" else (0,))
         predicted = np.asarray(terms) @ np.asarray(fits[algorithm])
         ratio = predicted / np.asarray(seconds)
         log(f"{algorithm} model / measured: median {np.median(ratio):.2f}, "
             f"range {ratio.min():.2f}-{ratio.max():.2f}")
     values = {
         "direct_flops_per_second": 1.0 / fits["direct"][0],
-        "direct_seconds_per_output": fits["direct"][1],
-        "direct_seconds_per_packed": fits["direct"][2],
-        "direct_seconds_per_call": fits["direct"][3],
+        "direct_load_bound_flops_per_second": 1.0 / fits["direct"][1],
+        "direct_seconds_per_output": fits["direct"][2],
+        "direct_seconds_per_packed": fits["direct"][3],
+        "direct_seconds_per_call": fits["direct"][4],
         "fft_seconds_per_transform_flop": fits["fft"][0],
         "fft_seconds_per_mix_flop": fits["fft"][1],
         "fft_seconds_per_byte": fits["fft"][2],

@@ -10,6 +10,7 @@ both compiled modules (the TF op library and _core), so the trace-time
 dispatcher and the ops' run-time "auto" use the same numbers.
 """
 import ctypes
+import functools
 import json
 import os
 import platform
@@ -35,6 +36,13 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile")
 def this_cpu():
     """This machine's CPU as a profile records it (meta "cpu"): {"name": model name
     with family and model numbers, "isa": the ISA_FLAGS it has, "cpus": logical CPUs}."""
+    name, isa, cpus = _read_cpu()
+    return {"name": name, "isa": list(isa), "cpus": cpus}
+
+
+@functools.lru_cache(maxsize=1)
+def _read_cpu():
+    """(name, isa, cpus) from /proc/cpuinfo, read once per process (explain asks each call)."""
     info = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -51,7 +59,7 @@ def this_cpu():
     if "cpu family" in info and "model" in info:
         name += f" (family {info['cpu family']}, model {info['model']})"
     flags = set(info.get("flags", "").split())
-    return {"name": name, "isa": [f for f in ISA_FLAGS if f in flags], "cpus": os.cpu_count()}
+    return name, tuple(f for f in ISA_FLAGS if f in flags), os.cpu_count()
 
 
 def _isa(cpu):
@@ -124,17 +132,25 @@ def read_profile_and_meta(path, defaults=None):
     fields = _core.cost_model_fields()
     merged = dict(defaults or {})
     merged.update(values)
-    missing = [name for name in fields if name not in merged]
+    # Profiles written before direct_load_bound_flops_per_second existed had
+    # one-channel column tiles at 0.3 of the direct rate (two at 0.6): the
+    # same model, which that share of their own direct rate restores.
+    legacy = "direct_load_bound_flops_per_second" not in values and "direct_flops_per_second" in values
+    given = [name for name in fields if not (legacy and name == "direct_load_bound_flops_per_second")]
+    missing = [name for name in given if name not in merged]
     if missing:
         raise ValueError(f"{path} lacks cost model values: {', '.join(missing[:3])}...")
-    bad = [name for name in fields
+    bad = [name for name in given
            if isinstance(merged[name], bool) or not isinstance(merged[name], (int, float))]
     if bad:
         raise ValueError(f"{path}: cost model values must be numbers: {', '.join(bad[:3])}")
     try:
-        return [float(merged[name]) for name in fields], meta
+        result = {name: float(merged[name]) for name in given}
     except OverflowError as e:
         raise ValueError(f"{path}: {e}") from None
+    if legacy:
+        result["direct_load_bound_flops_per_second"] = 0.3 * result["direct_flops_per_second"]
+    return [result[name] for name in fields], meta
 
 
 def shipped_values():

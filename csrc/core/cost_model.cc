@@ -56,7 +56,8 @@ std::string FormatSeconds(double s) {
 const char* DeviceName(Device d) { return d == Device::kCpu ? "CPU" : "GPU"; }
 
 std::vector<std::string> CostModelFields() {
-  std::vector<std::string> f = {"direct_flops_per_second", "direct_seconds_per_output",
+  std::vector<std::string> f = {"direct_flops_per_second", "direct_load_bound_flops_per_second",
+                                "direct_seconds_per_output",
                                 "direct_seconds_per_packed", "direct_seconds_per_call",
                                 "fft_seconds_per_transform_flop", "fft_seconds_per_mix_flop",
                                 "fft_seconds_per_byte",      "fft_seconds_per_element",
@@ -88,7 +89,8 @@ std::vector<std::string> CostModelFields() {
 }
 
 std::vector<double> CostModelValues(const CostModel& m) {
-  std::vector<double> v = {m.direct_flops_per_second, m.direct_seconds_per_output,
+  std::vector<double> v = {m.direct_flops_per_second, m.direct_load_bound_flops_per_second,
+                           m.direct_seconds_per_output,
                            m.direct_seconds_per_packed, m.direct_seconds_per_call,
                            m.fft_seconds_per_transform_flop, m.fft_seconds_per_mix_flop,
                            m.fft_seconds_per_byte,      m.fft_seconds_per_element,
@@ -117,6 +119,7 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
   for (size_t i = 0; i < v.size(); ++i) {
     // Each algorithm's main term must be positive, so that estimates grow with the work.
     const bool main = names[i] == "direct_flops_per_second" ||
+                      names[i] == "direct_load_bound_flops_per_second" ||
                       names[i] == "fft_seconds_per_transform_flop" ||
                       names[i].rfind("im2col", 0) == 0 || names[i].rfind("tf_depthwise", 0) == 0;
     const bool is_floor = names[i].size() > 14 &&
@@ -134,6 +137,7 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
   CostModel m;
   size_t i = 0;
   m.direct_flops_per_second = v[i++];
+  m.direct_load_bound_flops_per_second = v[i++];
   m.direct_seconds_per_output = v[i++];
   m.direct_seconds_per_packed = v[i++];
   m.direct_seconds_per_call = v[i++];

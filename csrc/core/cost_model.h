@@ -24,7 +24,10 @@ const char* DeviceName(Device d);
 // at import with the shipped calibration (tfbigconv/cost_model.json) or the
 // user's own (`python -m tfbigconv calibrate`), in both compiled modules.
 // CPU:
-//   direct  seconds = 2 macs / (direct_flops_per_second * efficiency)
+//   direct  seconds = compute-bound flops / direct_flops_per_second
+//                     + load-bound flops / direct_load_bound_flops_per_second
+//                     (flops over the lanes used and the last wave of tasks,
+//                     per channel where load-bound: plan.cc, DirectFlops)
 //                     + direct_seconds_per_output * output elements
 //                     + direct_seconds_per_packed * elements packed
 //                     + direct_seconds_per_call
@@ -47,6 +50,8 @@ constexpr int kGpuDTypeClasses = 2; // float32 and float64; float16 and bfloat16
 constexpr int kGpuFeatures = 6;     // GpuModelTerms::features
 struct CostModel {
   double direct_flops_per_second = 3.5e11;
+  // A column tile of one output channel; C channels run at C times this.
+  double direct_load_bound_flops_per_second = 1.05e11;
   double direct_seconds_per_output = 1e-9;
   double direct_seconds_per_packed = 0;
   double direct_seconds_per_call = 0;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <mutex>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "checked_math.h"
@@ -171,14 +172,23 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
 
 namespace {
 
-// The direct kernel with one or two output channels per column tile is
-// load-bound (one vector load per one or two FMAs): measured 100 and ~200
-// GFLOP/s against ~350. Lanes padding a row or the channels do no work, and
-// double-precision vectors hold half the lanes.
-double DirectEfficiency(const DirectBlocking& b, DType dtype) {
-  double e = b.lane_utilization;
-  if (!b.channel_vectors && b.channels_per_tile < 3) e *= b.channels_per_tile == 2 ? 0.6 : 0.3;
-  return dtype == DType::kDouble ? e * 0.5 : e;
+// The direct kernel's work in its two rate classes, {compute-bound flops,
+// load-bound flops} (cost_model.h). A column tile of one or two output
+// channels is load-bound (one vector load per one or two FMAs): its flops are
+// counted per channel at the load-bound rate. Lanes padding a row or the
+// channels do no work, double-precision vectors hold half the lanes, and the
+// ParallelFor's static split leaves workers idle in the last wave of tasks
+// (a filter gradient with one task runs on one thread).
+std::pair<double, double> DirectFlops(const DirectBlocking& b, const ConvGeometry& g, DType dtype,
+                                      int workers) {
+  const int64_t w = std::max(workers, 1);
+  const int64_t tasks = std::max<int64_t>(b.tasks, 1);
+  const double waves = double(CeilDiv(tasks, w) * w) / double(tasks);
+  double flops = 2.0 * double(g.macs()) * waves / b.lane_utilization;
+  if (dtype == DType::kDouble) flops *= 2;
+  const bool load_bound = !b.channel_vectors && b.channels_per_tile < 3;
+  if (load_bound) return {0, flops / std::max(b.channels_per_tile, 1)};
+  return {flops, 0};
 }
 
 int64_t OperandBytes(const ConvGeometry& g, DType dtype) {
@@ -229,7 +239,7 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& re
       e->peak_bytes = operands;
       e->note = "nothing to compute: empty tensors";
     }
-    c->direct.terms = {0, double(g.output_elements()), 0, 1};
+    c->direct.terms = {0, 0, double(g.output_elements()), 0, 1};
     c->direct.seconds = m.direct_seconds_per_output * double(g.output_elements()) +
                         m.direct_seconds_per_call;
     c->fft.terms = {0, 0, 0, double(g.output_elements()), 1};
@@ -244,10 +254,13 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& re
   const DirectBlocking blocking = DirectConvBlocking(g, dtype, ActiveIsa());
   d.workspace_bytes = SatMul(blocking.scratch_bytes_per_worker, std::max(workers, 1));
   d.fits = d.workspace_bytes <= limit;
-  d.terms = {2.0 * double(g.macs()) / DirectEfficiency(blocking, dtype),
-             double(g.output_elements()), double(blocking.packed_elements), 1};
-  d.seconds = d.terms[0] / m.direct_flops_per_second + m.direct_seconds_per_output * d.terms[1] +
-              m.direct_seconds_per_packed * d.terms[2] + m.direct_seconds_per_call;
+  const auto [compute_flops, load_bound_flops] = DirectFlops(blocking, g, dtype, workers);
+  d.terms = {compute_flops, load_bound_flops, double(g.output_elements()),
+             double(blocking.packed_elements), 1};
+  d.seconds = d.terms[0] / m.direct_flops_per_second +
+              d.terms[1] / m.direct_load_bound_flops_per_second +
+              m.direct_seconds_per_output * d.terms[2] + m.direct_seconds_per_packed * d.terms[3] +
+              m.direct_seconds_per_call;
   d.peak_bytes = SatAdd(operands, d.workspace_bytes);
   d.note = "scratch per thread";
   Estimate& f = c->fft;
