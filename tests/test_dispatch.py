@@ -259,6 +259,7 @@ def test_calibration_round_trip(tmp_path):
     doc = json.loads(profile.read_text())
     assert doc["meta"]["quick"] and doc["meta"]["format"] == cost_model.FORMAT
     assert doc["meta"]["cpu"] == cost_model.this_cpu()  # what machine_mismatch compares
+    assert doc["meta"]["tf_onednn"] == cost_model.tf_onednn() is not None
     _, shipped_meta = cost_model.read_profile_and_meta(cost_model.SHIPPED_PATH)
     assert doc["meta"]["gpu_grids"] == shipped_meta["gpu_grids"]
     fields = _core.cost_model_fields()
@@ -296,6 +297,13 @@ def test_machine_mismatch_names_what_differs():
     assert "does not record its CPU" in cost_model.machine_mismatch({"machine": "m"})
     assert "built-in" in cost_model.machine_mismatch({})
     assert "machine is" in cost_model.machine_mismatch(dict(meta, cpu={"isa": 5}))  # no crash
+    # TF's oneDNN kernels, on or off (TF_ENABLE_ONEDNN_OPTS), are other code.
+    here_dnn = cost_model.tf_onednn()
+    assert isinstance(here_dnn, bool)
+    assert cost_model.machine_mismatch(dict(meta, tf_onednn=here_dnn)) == ""
+    why = cost_model.machine_mismatch(dict(meta, tf_onednn=not here_dnn))
+    assert "oneDNN " + ("off" if here_dnn else "on") in why and "TF_ENABLE_ONEDNN_OPTS" in why
+    assert cost_model.machine_mismatch(dict(meta, tf_onednn="yes")) == ""  # malformed: ignored
 
 
 def test_explain_warns_when_the_profile_is_from_another_machine(monkeypatch):

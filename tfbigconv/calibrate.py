@@ -253,7 +253,8 @@ def _calibrate_cpu(output, quick, rounds, log):
     cpu = cost_model.this_cpu()
     meta = dict(created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 machine=f"{cpu['name']}, {cpu['cpus']} CPUs", cpu=cpu,
-                tensorflow=tf.__version__, quick=bool(quick), rounds=rounds,
+                tensorflow=tf.__version__, tf_onednn=cost_model.tf_onednn(),
+                quick=bool(quick), rounds=rounds,
                 fits={"direct": fits["direct"], "fft": fits["fft"]})
     if "gpu_grids" in cost_model.active_meta:  # the GPU section is kept, and where it came from
         meta["gpu_grids"] = cost_model.active_meta["gpu_grids"]

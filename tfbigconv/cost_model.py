@@ -72,13 +72,27 @@ def _describe(cpu):
     return f"{cpu.get('name')}, {cpu.get('cpus')} CPUs, {isa}"
 
 
-def machine_mismatch(meta=None, cpu=None, tensorflow=None):
+def tf_onednn():
+    """Whether TensorFlow's CPU kernels run oneDNN in this process, or None if unknown.
+
+    TF turns oneDNN on by default only on some CPUs (it was on on the AVX-512
+    development host, off on the AVX2 one), and TF_ENABLE_ONEDNN_OPTS overrides
+    that; TF's Conv2D and depthwise kernels are different code either way."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return None
+
+
+def machine_mismatch(meta=None, cpu=None, tensorflow=None, onednn=None):
     """Why the active profile's CPU constants may not fit this machine, or "".
 
-    The profile (`meta`, default the active one's) records the CPU and the
-    TensorFlow it was measured with; a different CPU, ISA, CPU count or TF
-    version changes the kernels' speeds (TF's above all), not only by a factor.
-    Profiles that record no CPU (older ones) are reported as such."""
+    The profile (`meta`, default the active one's) records the CPU, the
+    TensorFlow and whether TF ran oneDNN when it was measured; a different CPU,
+    ISA, CPU count, TF version or oneDNN setting changes the kernels' speeds
+    (TF's above all), not only by a factor. Profiles that record no CPU (older
+    ones) are reported as such."""
     meta = active_meta if meta is None else meta
     if not meta:
         return "built-in constants, not measured on this machine"
@@ -98,6 +112,12 @@ def machine_mismatch(meta=None, cpu=None, tensorflow=None):
     if meta.get("tensorflow") and meta["tensorflow"] != tensorflow:
         reasons.append(f"the profile was measured with TensorFlow {meta['tensorflow']}, this "
                        f"is {tensorflow}")
+    onednn = tf_onednn() if onednn is None else onednn
+    theirs = meta.get("tf_onednn")
+    if isinstance(theirs, bool) and onednn is not None and theirs != onednn:
+        state = lambda on: "on" if on else "off"  # noqa: E731
+        reasons.append(f"the profile timed TensorFlow's CPU kernels with oneDNN {state(theirs)}, "
+                       f"here it is {state(onednn)} (TF_ENABLE_ONEDNN_OPTS)")
     return "; ".join(reasons)
 
 
