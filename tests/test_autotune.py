@@ -280,6 +280,38 @@ def test_tf_kernel_is_kept_unless_ours_is_clearly_faster():
     assert autotune.fastest({"direct": 1.0, "fft": 0.99}) == "fft"  # no TF kernel: the fastest
 
 
+def test_a_narrow_win_over_tf_is_timed_again_and_must_hold():
+    again = []
+
+    def timed(results):
+        def f(names):
+            again.append(sorted(names))
+            return results.pop(0)
+        return f
+
+    m = autotune.TF_MARGIN
+    # Direct beat TF by 1.3x once, then not: TF's kernel stays.
+    first = {"tf": 1.3, "direct": 1.0, "fft": 5.0}
+    got = autotune.confirmed(dict(first), timed([{"tf": 1.0, "direct": 1.05}]))
+    assert again == [["direct", "tf"]] and autotune.fastest(got) == "tf"
+    assert got == {"tf": 1.0, "direct": 1.05, "fft": 5.0}
+    # It holds a second time: direct, with the second timing's numbers.
+    again.clear()
+    got = autotune.confirmed(dict(first), timed([{"tf": 1.2 * m, "direct": 1.0}]))
+    assert again == [["direct", "tf"]] and autotune.fastest(got) == "direct"
+    # A win by CONFIRM_BELOW x or more, a TF win, or no TF kernel: no second timing.
+    again.clear()
+    wide = {"tf": autotune.CONFIRM_BELOW, "direct": 1.0}
+    assert autotune.confirmed(dict(wide), timed([])) == wide
+    assert autotune.confirmed({"tf": 1.0, "direct": 1.0}, timed([])) == {"tf": 1.0, "direct": 1.0}
+    assert autotune.confirmed({"direct": 1.0, "fft": 0.5}, timed([])) == {"direct": 1.0, "fft": 0.5}
+    assert again == []
+    # When the first winner falls, the next of ours that beat TF must hold too.
+    got = autotune.confirmed({"tf": 1.5, "direct": 1.0, "fft": 1.2},
+                             timed([{"tf": 1.5, "direct": 1.6}, {"tf": 1.5, "fft": 1.45}]))
+    assert again == [["direct", "tf"], ["fft", "tf"]] and autotune.fastest(got) == "tf"
+
+
 def test_kept_tf_kernel_says_so(monkeypatch):
     p = {"reason": "estimates", "chosen": "direct"}
     autotune._apply(p, ["tf", "direct"], {"seconds": {"tf": 1.0, "direct": 0.95}})
