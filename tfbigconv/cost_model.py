@@ -113,11 +113,11 @@ def machine_mismatch(meta=None, cpu=None, tensorflow=None, onednn=None):
         reasons.append(f"the profile was measured with TensorFlow {meta['tensorflow']}, this "
                        f"is {tensorflow}")
     onednn = tf_onednn() if onednn is None else onednn
-    theirs = meta.get("tf_onednn")
-    if isinstance(theirs, bool) and onednn is not None and theirs != onednn:
-        state = lambda on: "on" if on else "off"  # noqa: E731
-        reasons.append(f"the profile timed TensorFlow's CPU kernels with oneDNN {state(theirs)}, "
-                       f"here it is {state(onednn)} (TF_ENABLE_ONEDNN_OPTS)")
+    their_onednn = meta.get("tf_onednn")
+    if isinstance(their_onednn, bool) and onednn is not None and their_onednn != onednn:
+        state = ("off", "on")
+        reasons.append(f"the profile timed TensorFlow's CPU kernels with oneDNN "
+                       f"{state[their_onednn]}, here it is {state[onednn]} (TF_ENABLE_ONEDNN_OPTS)")
     return "; ".join(reasons)
 
 
