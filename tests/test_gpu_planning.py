@@ -409,6 +409,52 @@ def test_a_profile_from_before_the_load_bound_rate_keeps_its_model(tmp_path):
     assert values["direct_load_bound_flops_per_second"] == 7e10
 
 
+def test_gpu_features_bend_with_the_filter_side():
+    """The last two features are log side squared and log side x log pixels
+    (cost_model.h GpuModelTerms), for every candidate."""
+    assert gpu_fit.FEATURES[-2:] == cost_model.LATER_GPU_FEATURES
+    x, f, strides = gpu_fit.shapes((2, 30, 40, 6, 10, 13, 2, 2))
+    for c in ("tf", "direct", "fft"):
+        _, t = _core.gpu_terms(x, f, strides, "SAME", [], "NHWC", [1, 1, 1, 1], "forward", c)
+        assert len(t) == len(gpu_fit.FEATURES)
+        assert t[1] == pytest.approx(math.log(13))
+        assert t[6] == pytest.approx(t[1] ** 2) and t[7] == pytest.approx(t[1] * t[5])
+    _, t = _core.gpu_terms(x, f, strides, "SAME", [], "NHWC", [1, 1, 1, 1], "forward", "tf")
+    assert t[5] == pytest.approx(math.log(2 * 15 * 20))
+
+
+def test_a_gpu_profile_from_before_the_side_features_keeps_its_model(tmp_path):
+    """A GPU section fitted without the later features reads them as 0 (its
+    own model), not as the defaults' coefficients; the planner then gives the
+    six-feature model's estimate."""
+    truth = shipped()
+    old = {k: v for k, v in truth.items()
+           if k.split(".")[-1] not in cost_model.LATER_GPU_FEATURES}
+    path = tmp_path / "old_gpu.json"
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": old}))
+    for defaults in (None, truth):
+        values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), defaults)))
+        later = [k for k in values if k.split(".")[-1] in cost_model.LATER_GPU_FEATURES]
+        assert len(later) == 3 * 3 * 2 * 2 and all(values[k] == 0.0 for k in later)
+        assert all(values[k] == v for k, v in old.items())
+    g = (4, 64, 64, 16, 16, 31, 1, 1)
+    x, f, strides = gpu_fit.shapes(g)
+    saved = _core.get_cost_model()
+    try:
+        _core.set_cost_model(cost_model.read_profile(str(path)))
+        for c in ("tf", "direct", "fft"):
+            work, t = _core.gpu_terms(x, f, strides, "SAME", [], "NHWC", [1, 1, 1, 1], "forward", c)
+            prefix = f"gpu.{c}.forward.float32."
+            six = work * math.exp(sum(old[prefix + n] * v for n, v in zip(gpu_fit.FEATURES[:6], t)))
+            assert gpu_explain_seconds(g, "forward", c, "float32") == pytest.approx(
+                max(six, old[prefix + "floor_seconds"]), rel=1e-9)
+    finally:
+        _core.set_cost_model(saved)
+    # A profile that names them keeps them.
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": truth}))
+    assert cost_model.read_profile(str(path)) == [truth[n] for n in _core.cost_model_fields()]
+
+
 def test_gpu_floor_bounds_estimates_and_a_tie_goes_to_tf():
     """A GPU estimate never goes below its group's floor (the shortest call
     measured); where all three sit at equal floors, TF's kernel is chosen."""

@@ -20,6 +20,9 @@ from tfbigconv import _core
 
 SHIPPED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cost_model.json")
 FORMAT = 1
+# GPU model features added after the first GPU profiles (cost_model.h
+# GpuModelTerms): a profile with GPU values but without these has them at 0.
+LATER_GPU_FEATURES = ("log_side_squared", "log_side_x_log_pixels")
 
 # Where the active profile came from: "env", "user", "shipped" or "built-in",
 # and its "meta" object ({} for the built-in constants).
@@ -157,6 +160,13 @@ def read_profile_and_meta(path, defaults=None):
     # same model, which that share of their own direct rate restores.
     legacy = "direct_load_bound_flops_per_second" not in values and "direct_flops_per_second" in values
     given = [name for name in fields if not (legacy and name == "direct_load_bound_flops_per_second")]
+    # GPU coefficients of features added later: a profile fitted without them
+    # has them at 0 (its own model), not the defaults' values.
+    for name in fields:
+        if name.startswith("gpu.") and name.rsplit(".", 1)[1] in LATER_GPU_FEATURES:
+            intercept = name.rsplit(".", 1)[0] + ".intercept"
+            if intercept in values and name not in values:
+                merged[name] = 0.0
     missing = [name for name in given if name not in merged]
     if missing:
         raise ValueError(f"{path} lacks cost model values: {', '.join(missing[:3])}...")

@@ -25,7 +25,8 @@ CANDIDATES = {"cudnn": "tf", "direct": "direct", "fft": "fft"}
 PASSES = ("forward", "backprop_input", "backprop_filter")
 DTYPE_CLASSES = {"float32": "float32", "float64": "float32", "float16": "half",
                  "bfloat16": "half"}
-FEATURES = ("intercept", "log_side", "log_channels", "depthwise", "log_elements", "log_pixels")
+FEATURES = ("intercept", "log_side", "log_channels", "depthwise", "log_elements", "log_pixels",
+            "log_side_squared", "log_side_x_log_pixels")
 # Ridge weight on every coefficient but the intercept: large enough that no
 # feature's coefficient swings on a few geometries (chosen by leave-one-out
 # on the H100 grids), small against the data's spread.

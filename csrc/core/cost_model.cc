@@ -30,9 +30,9 @@ CostModel g_cost_model = [] {
 
 const char* const kSlowdownDTypes[3] = {"float16", "bfloat16", "float64"};
 const char* const kGpuDTypeClassNames[kGpuDTypeClasses] = {"float32", "half"};
-const char* const kGpuFeatureNames[kGpuFeatures] = {"intercept",    "log_side",
-                                                    "log_channels", "depthwise",
-                                                    "log_elements", "log_pixels"};
+const char* const kGpuFeatureNames[kGpuFeatures] = {
+    "intercept",  "log_side",         "log_channels",         "depthwise",
+    "log_elements", "log_pixels", "log_side_squared", "log_side_x_log_pixels"};
 
 }  // namespace
 
@@ -218,6 +218,8 @@ GpuModelTerms GpuTerms(const ConvGeometry& g, GpuCandidate c) {
   t.features[3] = g.groups > 1 && g.in_c_per_group() == 1 ? 1 : 0;
   t.features[4] = log1(elements);
   t.features[5] = log1(pixels);
+  t.features[6] = t.features[1] * t.features[1];
+  t.features[7] = t.features[1] * t.features[5];
   return t;
 }
 

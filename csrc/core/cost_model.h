@@ -47,7 +47,7 @@ constexpr int kIm2colChannels = 4;  // channels in x out per group: 1, 16, 256, 
 constexpr int kPasses = 3;
 constexpr int kGpuCandidates = 3;   // GpuCandidate
 constexpr int kGpuDTypeClasses = 2; // float32 and float64; float16 and bfloat16
-constexpr int kGpuFeatures = 6;     // GpuModelTerms::features
+constexpr int kGpuFeatures = 8;     // GpuModelTerms::features
 struct CostModel {
   double direct_flops_per_second = 3.5e11;
   // A column tile of one output channel; C channels run at C times this.
@@ -101,7 +101,10 @@ const char* GpuCandidateName(GpuCandidate c);
 // The GPU model's inputs for one candidate: `work` (2 macs for tf and direct;
 // transform and mixing work for fft) and features {1, log filter side,
 // log(in x out channels per group), depthwise, log(input + output elements),
-// log(batch x output pixels)}. `g` is the user's geometry for tf (cuDNN sees
+// log(batch x output pixels), log side squared, log side x log pixels}. The
+// last two let the rate bend with the filter side (cuDNN changes algorithm
+// with it); on the H100 grids they halve the cases where a pick is over 1.1x
+// cuDNN, leaving each geometry out (benchmarks/RESULTS.md). `g` is the user's geometry for tf (cuDNN sees
 // the convolution as the user wrote it) and the pass's ConvProblem geometry
 // for direct and fft (what our kernels run), so the GPU kernels' run-time
 // choice needs nothing but its ConvProblem.
