@@ -33,6 +33,9 @@ WIDE = ((1, 64, 64, 1), (31, 31, 1, 2))
 # Grouped (not depthwise): TF's grouped Conv2D is untrusted on the CPU; its
 # forward pass measured 6 ms against 0.4 ms for direct.
 GROUPED = ((2, 32, 32, 16), (9, 9, 2, 16))
+# A dense 5x5 layer: TF's Conv2D and ours are within reach of each other in
+# every pass, so every pass times TF's kernel against ours.
+DENSE = ((4, 16, 16, 8), (5, 5, 8, 8))
 # A 3x3 layer: TF's Conv2D is estimated 10x faster than ours: nothing to time.
 SMALL = ((4, 28, 28, 8), (3, 3, 8, 8))
 
@@ -310,6 +313,112 @@ def test_a_narrow_win_over_tf_is_timed_again_and_must_hold():
     got = autotune.confirmed({"tf": 1.5, "direct": 1.0, "fft": 1.2},
                              timed([{"tf": 1.5, "direct": 1.6}, {"tf": 1.5, "fft": 1.45}]))
     assert again == [["direct", "tf"], ["fft", "tf"]] and autotune.fastest(got) == "tf"
+
+
+def test_pairs_to_time():
+    """The gradient passes are timed together when their choices are a pair
+    other than TF's two kernels, each measured against TF's, winning by under
+    CONFIRM_BELOW x in sum."""
+    def plan(chosen, measured):
+        return {"chosen": chosen, "measured": measured}
+    c = autotune.CONFIRM_BELOW
+    assert autotune.pairs_to_time(plan("direct", {"tf": 1.3, "direct": 1.0}),
+                                  plan("tf", {"tf": 1.0, "fft": 2.0})) == ["tf+tf", "direct+tf"]
+    assert autotune.pairs_to_time(plan("fft", {"tf": 1.0, "fft": 0.8}),
+                                  plan("direct", {"tf": 1.0, "direct": 0.9})) == ["tf+tf", "fft+direct"]
+    # TF's pair, a pass not measured against TF, or a wide win: nothing.
+    assert autotune.pairs_to_time(plan("tf", {"tf": 1.0, "direct": 1.2}),
+                                  plan("tf", {"tf": 1.0, "fft": 2.0})) == []
+    assert autotune.pairs_to_time(plan("direct", {"direct": 1.0, "fft": 2.0}),
+                                  plan("tf", {"tf": 1.0, "fft": 2.0})) == []
+    assert autotune.pairs_to_time(plan("direct", None), plan("tf", {"tf": 1.0})) == []
+    assert autotune.pairs_to_time(plan("direct", {"tf": c * 2.0 - 1.0, "direct": 1.0}),
+                                  plan("tf", {"tf": 1.0})) == []
+
+
+@pytest.mark.parametrize("forward", ["direct", "tf"])
+@pytest.mark.parametrize("together, want_bpi", [((2.0, 2.1), "tf"), ((2.3, 2.0), "direct")])
+def test_gradient_pair_must_win_timed_together(autotuning, monkeypatch, forward, together, want_bpi):
+    """Pass by pass, direct beats TF's dL/dinput kernel by 1.3x. Timed together
+    with dL/dfilter (TF's kernel in both pairs), the pair must still be
+    TF_MARGIN x faster than TF's two kernels, else both gradients are TF's.
+    Both the forward op's gradient and TF's forward (routed) decide alike, the
+    results are right, and the decision is cached."""
+    tf_pair, mixed = together
+    times = {"forward": {forward: 0.1},
+             "backprop_input": {"tf": 1.3, "direct": 1.0},
+             "backprop_filter": {"tf": 1.0},
+             "gradients": {"tf+tf": tf_pair, "direct+tf": mixed}}
+    calls = []
+
+    def fake_measure(pass_, names, *args, **kwargs):
+        calls.append((pass_, sorted(names)))
+        return {n: times[pass_].get(n, 5.0) for n in names}
+
+    monkeypatch.setattr(autotune, "measure", fake_measure)
+    x_shape, w_shape = DENSE
+    x, w = random_case(x_shape, 2, np.float64), random_case(w_shape, 3, np.float64)
+    dy = random_case(conv.output_shape(x_shape, w_shape, ATTRS), 4, np.float64)
+
+    @tf.function
+    def step(x, w):
+        with tf.device("/CPU:0"), tf.GradientTape() as t:
+            t.watch([x, w])
+            y = tfbigconv.bigconv2d(x, w, 1, "SAME")
+        return [y] + t.gradient(y, [x, w], output_gradients=tf.constant(dy))
+
+    y, dx, dw = step(tf.constant(x), tf.constant(w))
+    assert ("gradients", ["direct+tf", "tf+tf"]) in calls
+    graph = step.get_concrete_function(tf.constant(x), tf.constant(w)).graph
+    assert len(big_ops(graph, "BigConv2D")) == (forward != "tf")
+    bpi_ops = big_ops(graph, "BigConv2DBackpropInput")
+    if want_bpi == "direct":
+        assert len(bpi_ops) == 1 and bpi_ops[0].get_attr("planned_algorithm") == b"direct"
+    else:
+        assert bpi_ops == [] and big_ops(graph, "Conv2DBackpropInput")
+    assert big_ops(graph, "BigConv2DBackpropFilter") == []
+    args = ((1, 1), "SAME")
+    assert rel_l2(y.numpy(), conv2d_reference(x, w, *args)) < 1e-10
+    assert rel_l2(dx.numpy(), conv2d_reference_backprop_input(dy, w, x_shape, *args)) < 1e-10
+    assert rel_l2(dw.numpy(), conv2d_reference_backprop_filter(x, dy, w_shape, *args)) < 1e-10
+    # Cached, in the file too: explain() shows the pair's decision, and times nothing.
+    keys = json.loads(autotuning.read_text())["entries"]
+    assert sum(json.loads(k)[0] == "gradients" for k in keys) == 1
+    autotune.clear_memory()
+    forbid_timing(monkeypatch)
+    e = tfbigconv.explain(*DENSE, padding="SAME", dtype="float64")
+    assert internal(e.chosen["backprop_input"]) == want_bpi
+    assert internal(e.chosen["backprop_filter"]) == "tf"
+    assert "timed together" in e.reasons["backprop_input"]
+
+
+def test_gradient_pairs_are_timed_as_one_graph_of_both_passes(monkeypatch):
+    """measure() on GRADIENTS runs each pair's two passes in one graph."""
+    traced = []
+    real = conv.run_pass
+    monkeypatch.setattr(conv, "run_pass", lambda pass_, name, *a: traced.append((pass_, name))
+                        or real(pass_, name, *a))
+    x_shape, w_shape = DENSE
+    got = autotune.measure(autotune.GRADIENTS, ["tf+tf", "direct+fft"], x_shape, w_shape, ATTRS,
+                           "float32", "CPU")
+    assert sorted(got) == ["direct+fft", "tf+tf"]
+    assert all(np.isfinite(t) and t > 0 for t in got.values())
+    assert sorted(traced) == [("backprop_filter", "fft"), ("backprop_filter", "tf"),
+                              ("backprop_input", "direct"), ("backprop_input", "tf")]
+
+
+def test_cache_entries_of_gradient_pairs_are_checked(tmp_path):
+    assert autotune._valid_name("tf+tf") and autotune._valid_name("fft")
+    for bad in ("direct+tf+fft", "winograd+tf", "", "+tf", 3):
+        assert not autotune._valid_name(bad), bad
+    v = autotune._version()
+    entries = {"good": {"chosen": "tf+tf", "seconds": {"tf+tf": 1.0, "direct+tf": 1.2}, "version": v},
+               "bad name": {"chosen": "tf", "seconds": {"tf": 1.0, "im2col+tf": 1.2}, "version": v},
+               "chosen not timed": {"chosen": "fft+tf", "seconds": {"tf+tf": 1.0}, "version": v}}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"format": autotune.FORMAT, "entries": entries}))
+    with pytest.warns(UserWarning, match="ignoring 2 stale or invalid entries"):
+        assert list(autotune._load(str(path))) == ["good"]
 
 
 def test_kept_tf_kernel_says_so(monkeypatch):

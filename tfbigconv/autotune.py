@@ -37,6 +37,13 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
   timed once more, the two alone, and stands only if it holds again (a near
   tie once went to ours on one timing and ran 1.39x slower than TF's kernel;
   a second timing costs those two candidates' calls once more).
+- Gradients together: the two gradient passes run in one step, where TF's
+  two kernels overlap (a direct dL/dinput measured 1.25x faster than TF's
+  alone gave no gain in the step). So where the per-pass choices are a pair
+  other than TF's two kernels, both measured against TF's, and the pair's
+  measured sum beats TF's by under CONFIRM_BELOW x, the two pairs are timed
+  again together, each as one graph of both passes, and the chosen pair
+  stands only if it is TF_MARGIN x faster there (refine_gradients).
 - Memory: remembered in this process and in a JSON cache file beside the
   cost-model profile ($XDG_CACHE_HOME/tfbigconv/autotune.json, or the file
   TFBIGCONV_AUTOTUNE_CACHE names). Entries of another format or package
@@ -78,6 +85,11 @@ EXTRA_ROUNDS_BELOW_S = 0.1
 TF_MARGIN = 1.1
 # A measured win over TF's kernel by less than this is timed a second time.
 CONFIRM_BELOW = 2.0
+CANDIDATES = ("tf", "direct", "fft")
+# The pass name of the two gradient passes timed together; a candidate there
+# is a pair "dL/dinput's+dL/dfilter's", and TF_PAIR is TF's two kernels.
+GRADIENTS = "gradients"
+TF_PAIR = "tf+tf"
 
 _lock = threading.Lock()
 _memory = {}          # key -> {"chosen": ..., "seconds": {...}}
@@ -127,9 +139,10 @@ def _load(path, warn=True):
     good, stale = {}, 0
     for key, e in entries.items():
         ok = (isinstance(e, dict) and e.get("version") == _version()
-              and e.get("chosen") in ("tf", "direct", "fft")
               and isinstance(e.get("seconds"), dict)
-              and all(isinstance(v, (int, float)) for v in e["seconds"].values()))
+              and all(_valid_name(n) and isinstance(v, (int, float))
+                      for n, v in e["seconds"].items())
+              and e.get("chosen") in e["seconds"])
         if ok:
             good[key] = e
         else:
@@ -137,6 +150,12 @@ def _load(path, warn=True):
     if stale and warn:
         warnings.warn(f"tfbigconv: ignoring {stale} stale or invalid entries of autotune cache {path}")
     return good
+
+
+def _valid_name(name):
+    """A candidate ("tf", "direct", "fft") or a gradient pair of two ("direct+tf")."""
+    parts = name.split("+") if isinstance(name, str) else []
+    return len(parts) in (1, 2) and all(n in CANDIDATES for n in parts)
 
 
 def _lookup(key):
@@ -264,12 +283,13 @@ def _apply(p, names, entry):
                    + f"); estimates: {p['reason']}")
 
 
-def fastest(seconds):
+def fastest(seconds, baseline="tf"):
     """The measured winner of {candidate: seconds}: the fastest, except that TF's
-    kernel ("tf") stays unless another is TF_MARGIN x faster."""
+    kernel (`baseline`: "tf", or TF_PAIR for gradient pairs) stays unless
+    another is TF_MARGIN x faster."""
     best = min(seconds, key=seconds.get)
-    if "tf" in seconds and seconds["tf"] <= TF_MARGIN * seconds[best]:
-        return "tf"
+    if baseline in seconds and seconds[baseline] <= TF_MARGIN * seconds[best]:
+        return baseline
     return best
 
 
@@ -288,6 +308,68 @@ def confirmed(seconds, timed):
             return seconds
         seconds = dict(seconds, **timed(["tf", winner]))
         done.add(winner)
+
+
+def pairs_to_time(bpi, bpf):
+    """[TF_PAIR, the chosen pair] when the gradient passes' choices (planned
+    passes, after refine) are to be timed together (see the module
+    docstring), else []."""
+    chosen = (bpi["chosen"], bpf["chosen"])
+    measured = (bpi.get("measured") or {}, bpf.get("measured") or {})
+    if chosen == ("tf", "tf") or not all("tf" in m and c in m for m, c in zip(measured, chosen)):
+        return []
+    theirs = sum(m["tf"] for m in measured)
+    ours = sum(m[c] for m, c in zip(measured, chosen))
+    return [TF_PAIR, "+".join(chosen)] if theirs < CONFIRM_BELOW * ours else []
+
+
+@tf.autograph.experimental.do_not_convert
+def refine_gradients(bpi, bpf, input_shape, filter_shape, attrs, dtype, device, workspace_limit,
+                     enabled=None):
+    """After refine() on both gradient passes: the chosen pair stands only if
+    it beats TF's two kernels timed together (pairs_to_time), else both passes
+    go to TF's kernels."""
+    if not globals()["enabled"](enabled) or not can_measure(device):
+        return
+    names = pairs_to_time(bpi, bpf)
+    if not names:
+        return
+    key = _key(GRADIENTS, input_shape, filter_shape, attrs, dtype, device, workspace_limit)
+    entry = _lookup(key)
+    if entry is None or not set(names) <= set(entry["seconds"]):
+        ours = sum(p["measured"][p["chosen"]] for p in (bpi, bpf))
+        seconds = measure(GRADIENTS, names, input_shape, filter_shape, attrs, dtype, device,
+                          workspace_limit=workspace_limit,
+                          batch=timing_batch(input_shape[0], ours))
+        entry = {"chosen": fastest(seconds, TF_PAIR), "seconds": seconds, "version": _version()}
+        _store(key, entry)
+    _apply_gradients(bpi, bpf, names, entry)
+
+
+def cached_gradients(bpi, bpf, input_shape, filter_shape, attrs, dtype, device, workspace_limit):
+    """Like refine_gradients(), from the cache alone: never times anything."""
+    names = pairs_to_time(bpi, bpf)
+    if not names:
+        return
+    entry = _lookup(_key(GRADIENTS, input_shape, filter_shape, attrs, dtype, device,
+                         workspace_limit))
+    if entry is not None and set(names) <= set(entry["seconds"]):
+        _apply_gradients(bpi, bpf, names, entry)
+
+
+def _apply_gradients(bpi, bpf, names, entry):
+    seconds = {n: entry["seconds"][n] for n in names}
+    winner = fastest(seconds, TF_PAIR)
+    together = "timed together: " + ", ".join(f"{n} {t * 1e3:.3g} ms" for n, t in seconds.items())
+    for p, name in zip((bpi, bpf), winner.split("+")):
+        if p["chosen"] == name:
+            p["reason"] += f"; the gradient pair {winner} held when {together}"
+        else:
+            p["reason"] = (f"auto: {name}: the gradient pair {names[1]} won pass by pass but was "
+                           f"not {TF_MARGIN:g}x faster than TF's kernels when {together}; "
+                           f"pass alone: {p['reason']}")
+        p["chosen"] = name
+        p["measured_together"] = seconds
 
 
 def timing_batch(batch, best_estimate_s):
@@ -357,14 +439,22 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
 
 def _pass_fn(pass_, name, x, w, dy, a, device):
     """One candidate's pass as a traced graph, as it runs under tf.function or
-    Keras. Timed eagerly instead, TF's kernels paid ~0.2 ms more Python per call
+    Keras (for GRADIENTS, both gradient passes of the pair `name` in one graph).
+    Timed eagerly instead, TF's kernels paid ~0.2 ms more Python per call
     than ours, which decided sub-millisecond passes (a 14x14 depthwise forward:
     fft won eagerly, ran at 1.7x TF's time in the user's graph)."""
     from tfbigconv import conv
-    fn = tf.function(lambda: conv.run_pass(pass_, name, x, w, dy, a, device), autograph=False)
+    if pass_ == GRADIENTS:
+        bpi, bpf = name.split("+")
+        body = lambda: (conv.run_pass("backprop_input", bpi, x, w, dy, a, device),  # noqa: E731
+                        conv.run_pass("backprop_filter", bpf, x, w, dy, a, device))
+    else:
+        body = lambda: conv.run_pass(pass_, name, x, w, dy, a, device)  # noqa: E731
+    fn = tf.function(body, autograph=False)
     fn.get_concrete_function()  # trace now: tracing is not timed
     return fn
 
 
 def _sync(t):
-    t.numpy()  # waits for the device
+    for v in tf.nest.flatten(t):
+        v.numpy()  # waits for the device

@@ -277,8 +277,7 @@ def _tf_backprop_filter(x, f_shape, dy, a):
 
 def _tf_forward_routed(x, w, in_shape, f_shape, a, device):
     """TensorFlow's forward kernel, with each gradient pass planned on its own."""
-    bpi, bpf = (_plan(p, in_shape, f_shape, a, x.dtype, device)["chosen"]
-                for p in dispatch.PASSES[1:])
+    bpi, bpf = _choose_gradients(in_shape, f_shape, a, x.dtype, device)
     if bpi == bpf == "tf":
         return _tf_forward(x, w, a)  # TF's own gradients
 
@@ -311,12 +310,17 @@ def run_pass(pass_, chosen, x, w, dy, a, device=None):
     return _backprop_filter(x, w.shape, dy, a, chosen)
 
 
-def _choose(pass_, in_shape, f_shape, a, dtype, device):
-    """The algorithm of a gradient pass: planned when shapes are static, else the op's."""
+def _choose_gradients(in_shape, f_shape, a, dtype, device):
+    """The algorithms of the two gradient passes (dL/dinput, dL/dfilter):
+    planned together (dispatch.decide_gradients) when shapes are static, else the op's."""
     in_shape, f_shape = _planning_shape(in_shape), _static(f_shape)
     if a["algorithm"] != "auto" or in_shape is None or f_shape is None:
-        return a["algorithm"]
-    return _plan(pass_, in_shape, f_shape, a, dtype, device)["chosen"]
+        return a["algorithm"], a["algorithm"]
+    plans = dispatch.decide_gradients(in_shape, f_shape, _op_attrs(a), dtype.name, a["algorithm"],
+                                      a["workspace_limit_bytes"], device)
+    for p in plans:
+        dispatch.log_choice("bigconv2d", p)
+    return tuple(p["chosen"] for p in plans)
 
 
 def _static(shape):
@@ -358,11 +362,10 @@ def _big_conv2d_grad(op, grad):
     x, w = op.inputs
     a = _attrs(op)
     device = _device_of(op) if a["algorithm"] == "auto" else None  # only planning needs it
-    return (_backprop_input(tf.shape(x), w, grad, a,
-                            _choose("backprop_input", x.shape, w.shape, a, x.dtype, device),
-                            x.shape),
+    bpi, bpf = _choose_gradients(x.shape, w.shape, a, x.dtype, device)
+    return (_backprop_input(tf.shape(x), w, grad, a, bpi, x.shape),
             _backprop_filter(x, w.shape if w.shape.is_fully_defined() else tf.shape(w), grad, a,
-                             _choose("backprop_filter", x.shape, w.shape, a, x.dtype, device)))
+                             bpf))
 
 
 @tf.RegisterGradient("BigConv2DBackpropInput")

@@ -275,6 +275,20 @@ def decide(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_
     return p
 
 
+def decide_gradients(input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
+                     device="CPU", autotune=None):
+    """decide() for both gradient passes (dL/dinput, dL/dfilter), which run in
+    one step; then, for "auto", autotune.refine_gradients: a pair other than
+    TF's two kernels that won pass by pass must win again timed together."""
+    plans = [decide(p, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
+                    device, autotune) for p in PASSES[1:]]
+    if algorithm == "auto" and _planning_only.get() is None:
+        from tfbigconv import autotune as tuner
+        tuner.refine_gradients(*plans, input_shape, filter_shape, attrs, dtype, device,
+                               workspace_limit, enabled=autotune)
+    return plans
+
+
 def log_choice(op_name, p):
     how = "measured" if p.get("measured") else "estimated"
     logging.vlog(1, "%s %s on %s: %s, %s (%s)", op_name, p["pass"], p["device"], p["chosen"],

@@ -157,4 +157,11 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
             else:
                 tuner.refine(p, input_shape, filter_shape, attrs, dtype, device, limit,
                              enabled=autotune)
+        # The gradient passes as bigconv2d's gradient decides them (dispatch.decide_gradients).
+        if autotune is False:
+            tuner.cached_gradients(*plans[1:], input_shape, filter_shape, attrs, dtype, device,
+                                   limit)
+        else:
+            tuner.refine_gradients(*plans[1:], input_shape, filter_shape, attrs, dtype, device,
+                                   limit, enabled=autotune)
     return Explanation(plans, plans[0]["limit"], cost_model.active_source, device)

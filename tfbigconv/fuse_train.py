@@ -153,11 +153,10 @@ def _conv_attrs(step, algorithm, workspace_limit):
 
 def _conv_gradients(src, kernel, dy, step, algorithm, workspace_limit):
     """(dL/dsrc, dL/dkernel) of bigconv2d(src, kernel) without running it: the same
-    passes (each planned on its own) as bigconv2d's registered gradient."""
+    passes, planned the same way, as bigconv2d's registered gradient."""
     a = _conv_attrs(step, algorithm, workspace_limit)
     device = dispatch.resolve_device(src) if a["algorithm"] == "auto" else None
-    bpi = _conv._choose("backprop_input", src.shape, kernel.shape, a, src.dtype, device)
-    bpf = _conv._choose("backprop_filter", src.shape, kernel.shape, a, src.dtype, device)
+    bpi, bpf = _conv._choose_gradients(src.shape, kernel.shape, a, src.dtype, device)
     return (_conv._backprop_input(tf.shape(src), kernel, dy, a, bpi, src.shape),
             _conv._backprop_filter(src, kernel.shape, dy, a, bpf))
 
