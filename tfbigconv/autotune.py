@@ -43,7 +43,8 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
   other than TF's two kernels, both measured against TF's, and the pair's
   measured sum beats TF's by under CONFIRM_BELOW x, the two pairs are timed
   again together, each as one graph of both passes, and the chosen pair
-  stands only if it is TF_MARGIN x faster there (refine_gradients).
+  stands only if it is TF_MARGIN x faster there (refine_gradients). That
+  costs two timings of both gradients more, once per key.
 - Memory: remembered in this process and in a JSON cache file beside the
   cost-model profile ($XDG_CACHE_HOME/tfbigconv/autotune.json, or the file
   TFBIGCONV_AUTOTUNE_CACHE names). Entries of another format or package

@@ -276,7 +276,8 @@ def _tf_backprop_filter(x, f_shape, dy, a):
 
 
 def _tf_forward_routed(x, w, in_shape, f_shape, a, device):
-    """TensorFlow's forward kernel, with each gradient pass planned on its own."""
+    """TensorFlow's forward kernel, with its gradient passes planned as
+    bigconv2d's gradient plans them (_choose_gradients)."""
     bpi, bpf = _choose_gradients(in_shape, f_shape, a, x.dtype, device)
     if bpi == bpf == "tf":
         return _tf_forward(x, w, a)  # TF's own gradients
