@@ -20,6 +20,10 @@ geometry out), which says how the model does on geometries it has not seen.
 estimated M x faster (the shipped planner is M = 1), to show what a safety
 margin in favour of cuDNN buys and costs.
 
+--errors also prints the model's rms error (natural log of estimate over
+measured time) per candidate, pass and dtype class, in sample: how far apart
+two candidates' estimates must be before the order can be trusted.
+
 --autotune also judges auto with measured autotuning as it runs under TF on
 a GPU: per pass, the candidates autotune.candidates_to_time() would time
 (the same rule as on the CPU), of which the measured fastest wins (TF's
@@ -124,6 +128,23 @@ def judge(table, refit_without=None, rows=None, autotuned=False, margin=None):
     return results
 
 
+def model_errors(rows):
+    """Markdown rows: rms log(estimate / measured) per (candidate, pass, dtype class)."""
+    values = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))
+    errors = collections.defaultdict(list)
+    for r in rows:
+        c = gpu_fit.CANDIDATES[r["algo"]]
+        est = gpu_fit.predict(values, r["geometry"], r["pass_"], c, r["dtype"])
+        errors[(r["algo"], r["pass_"], gpu_fit.DTYPE_CLASSES[r["dtype"]])].append(
+            math.log(est / r["seconds"]))
+    out = ["| candidate | pass | dtype class | timings | rms log error | as a factor |",
+           "|---|---|---|---|---|---|"]
+    for (algo, p, cls), e in sorted(errors.items()):
+        rms = math.sqrt(np.mean(np.square(e)))
+        out.append(f"| {algo} | {p} | {cls} | {len(e)} | {rms:.2f} | {math.exp(rms):.2f}x |")
+    return out
+
+
 def summary(results, label):
     r = np.array([x["regret"] for x in results])
     v = np.array([x["vs_cudnn"] for x in results])
@@ -157,6 +178,8 @@ def main():
                     help="what-if: also judge picking TF's kernel unless ours is estimated "
                          "M x faster, for each M given (in-sample, leave one out with --loo, "
                          "and held out)")
+    ap.add_argument("--errors", action="store_true",
+                    help="also print the model's rms error per candidate, pass and dtype class")
     ap.add_argument("--out", help="write a markdown report here")
     args = ap.parse_args()
     rows = gpu_fit.read_grid(args.grids)
@@ -188,6 +211,8 @@ def main():
             sections.append(("autotuned, held out", judge(held, autotuned=True)))
     for label, res in sections:
         lines += [""] + summary(res, label)
+    if args.errors:
+        lines += ["", "The model's errors, in sample:", ""] + model_errors(rows)
     lines += ["", "In-sample, per case:", ""] + table_md(results)
     for label, res in sections:
         lines += ["", f"{label[0].upper()}{label[1:]}, per case:", ""] + table_md(res)
