@@ -141,6 +141,31 @@ def test_untrusted_tf_kernel_made_free_by_the_model_is_timed_and_loses(model, au
     assert e.chosen["forward"] != "tf.Conv2D", measured
 
 
+def train_step(x_shape, w_shape):
+    """(step, x, w): bigconv2d's forward and both gradients on the CPU under
+    tf.function, on random float64 data; step(x, w) returns [y, dx, dw] and
+    checks them against the float64 reference."""
+    x, w = random_case(x_shape, 2, np.float64), random_case(w_shape, 3, np.float64)
+    dy = random_case(conv.output_shape(x_shape, w_shape, ATTRS), 4, np.float64)
+
+    @tf.function
+    def step(x, w):
+        with tf.device("/CPU:0"), tf.GradientTape() as t:
+            t.watch([x, w])
+            y = tfbigconv.bigconv2d(x, w, 1, "SAME")
+        return [y] + t.gradient(y, [x, w], output_gradients=tf.constant(dy))
+
+    def checked(xt, wt):
+        y, dx, dw = step(xt, wt)
+        args = ((1, 1), "SAME")
+        assert rel_l2(y.numpy(), conv2d_reference(x, w, *args)) < 1e-10
+        assert rel_l2(dx.numpy(), conv2d_reference_backprop_input(dy, w, x_shape, *args)) < 1e-10
+        assert rel_l2(dw.numpy(), conv2d_reference_backprop_filter(x, dy, w_shape, *args)) < 1e-10
+        return step.get_concrete_function(xt, wt).graph
+
+    return checked, tf.constant(x), tf.constant(w)
+
+
 def test_measured_choice_reaches_every_pass_of_the_graph(autotuning, monkeypatch):
     """With timings that contradict the estimates (here: fft fastest in every
     pass), bigconv2d's forward op and both gradient ops run what was measured
@@ -154,32 +179,16 @@ def test_measured_choice_reaches_every_pass_of_the_graph(autotuning, monkeypatch
 
     monkeypatch.setattr(autotune, "measure", fake_measure)
     x_shape, w_shape = GROUPED
-    x, w = random_case(x_shape, 2, np.float64), random_case(w_shape, 3, np.float64)
-    y_shape = conv.output_shape(x_shape, w_shape, ATTRS)
-    dy = random_case(y_shape, 4, np.float64)
-
-    @tf.function
-    def step(x, w):
-        with tf.device("/CPU:0"), tf.GradientTape() as t:
-            t.watch([x, w])
-            y = tfbigconv.bigconv2d(x, w, 1, "SAME")
-        return [y] + t.gradient(y, [x, w], output_gradients=tf.constant(dy))
-
-    y, dx, dw = step(tf.constant(x), tf.constant(w))
+    step, x, w = train_step(x_shape, w_shape)
+    graph = step(x, w)  # results checked against float64
     assert sorted(c[0] for c in calls) == sorted(PASSES)
     assert all("fft" in c[1] and len(c[1]) >= 2 and c[2] == x_shape for c in calls)
-    graph = step.get_concrete_function(tf.constant(x), tf.constant(w)).graph
     for op_type in ("BigConv2D", "BigConv2DBackpropInput", "BigConv2DBackpropFilter"):
         ops = big_ops(graph, op_type)
         assert len(ops) == 1 and ops[0].get_attr("planned_algorithm") == b"fft", op_type
-    args = ((1, 1), "SAME")
-    assert rel_l2(y.numpy(), conv2d_reference(x, w, *args)) < 1e-10
-    assert rel_l2(dx.numpy(), conv2d_reference_backprop_input(dy, w, x_shape, *args)) < 1e-10
-    assert rel_l2(dw.numpy(), conv2d_reference_backprop_filter(x, dy, w_shape, *args)) < 1e-10
     # Remembered: tracing again times nothing.
     calls.clear()
-    tf.function(lambda x: cpu_bigconv2d(x, tf.constant(w), 1, "SAME")).get_concrete_function(
-        tf.constant(x))
+    tf.function(lambda x: cpu_bigconv2d(x, w, 1, "SAME")).get_concrete_function(x)
     assert calls == []
 
 
@@ -356,20 +365,9 @@ def test_gradient_pair_must_win_timed_together(autotuning, monkeypatch, forward,
         return {n: times[pass_].get(n, 5.0) for n in names}
 
     monkeypatch.setattr(autotune, "measure", fake_measure)
-    x_shape, w_shape = DENSE
-    x, w = random_case(x_shape, 2, np.float64), random_case(w_shape, 3, np.float64)
-    dy = random_case(conv.output_shape(x_shape, w_shape, ATTRS), 4, np.float64)
-
-    @tf.function
-    def step(x, w):
-        with tf.device("/CPU:0"), tf.GradientTape() as t:
-            t.watch([x, w])
-            y = tfbigconv.bigconv2d(x, w, 1, "SAME")
-        return [y] + t.gradient(y, [x, w], output_gradients=tf.constant(dy))
-
-    y, dx, dw = step(tf.constant(x), tf.constant(w))
+    step, x, w = train_step(*DENSE)
+    graph = step(x, w)  # results checked against float64
     assert ("gradients", ["direct+tf", "tf+tf"]) in calls
-    graph = step.get_concrete_function(tf.constant(x), tf.constant(w)).graph
     assert len(big_ops(graph, "BigConv2D")) == (forward != "tf")
     bpi_ops = big_ops(graph, "BigConv2DBackpropInput")
     if want_bpi == "direct":
@@ -377,10 +375,6 @@ def test_gradient_pair_must_win_timed_together(autotuning, monkeypatch, forward,
     else:
         assert bpi_ops == [] and big_ops(graph, "Conv2DBackpropInput")
     assert big_ops(graph, "BigConv2DBackpropFilter") == []
-    args = ((1, 1), "SAME")
-    assert rel_l2(y.numpy(), conv2d_reference(x, w, *args)) < 1e-10
-    assert rel_l2(dx.numpy(), conv2d_reference_backprop_input(dy, w, x_shape, *args)) < 1e-10
-    assert rel_l2(dw.numpy(), conv2d_reference_backprop_filter(x, dy, w_shape, *args)) < 1e-10
     # Cached, in the file too: explain() shows the pair's decision, and times nothing.
     keys = json.loads(autotuning.read_text())["entries"]
     assert sum(json.loads(k)[0] == "gradients" for k in keys) == 1
