@@ -245,7 +245,7 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
         return
     key = _key(p["pass"], input_shape, filter_shape, attrs, dtype, device, workspace_limit)
     entry = _lookup(key)
-    if entry is None or not set(names) <= set(entry["seconds"]):
+    if not _covers(entry, names):
         best_estimate = min(p[n]["seconds"] for n in names if n != "tf" or p["tf_trusted"])
         batch = timing_batch(input_shape[0], best_estimate)
 
@@ -268,8 +268,13 @@ def cached(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit):
         return
     entry = _lookup(_key(p["pass"], input_shape, filter_shape, attrs, dtype, device,
                          workspace_limit))
-    if entry is not None and set(names) <= set(entry["seconds"]):
+    if _covers(entry, names):
         _apply(p, names, entry)
+
+
+def _covers(entry, names):
+    """Whether a cache entry (or None) timed every one of `names`."""
+    return entry is not None and set(names) <= set(entry["seconds"])
 
 
 def _apply(p, names, entry):
@@ -337,7 +342,7 @@ def refine_gradients(bpi, bpf, input_shape, filter_shape, attrs, dtype, device, 
         return
     key = _key(GRADIENTS, input_shape, filter_shape, attrs, dtype, device, workspace_limit)
     entry = _lookup(key)
-    if entry is None or not set(names) <= set(entry["seconds"]):
+    if not _covers(entry, names):
         ours = sum(p["measured"][p["chosen"]] for p in (bpi, bpf))
         seconds = measure(GRADIENTS, names, input_shape, filter_shape, attrs, dtype, device,
                           workspace_limit=workspace_limit,
@@ -354,7 +359,7 @@ def cached_gradients(bpi, bpf, input_shape, filter_shape, attrs, dtype, device, 
         return
     entry = _lookup(_key(GRADIENTS, input_shape, filter_shape, attrs, dtype, device,
                          workspace_limit))
-    if entry is not None and set(names) <= set(entry["seconds"]):
+    if _covers(entry, names):
         _apply_gradients(bpi, bpf, names, entry)
 
 
