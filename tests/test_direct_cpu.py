@@ -6,8 +6,9 @@ import pytest
 from tfbigconv import _core
 
 from conftest import (DILATIONS, LARGE_FILTERS, PADDINGS, STRIDES, TOLERANCE, check_core,
-                      random_case, run_core)
-from reference import conv2d_reference, rel_l2
+                      random_case, run_core, run_core_pass)
+from reference import (conv2d_reference, conv2d_reference_backprop_filter,
+                       conv2d_reference_backprop_input, rel_l2)
 
 ISAS = _core.supported_isas()
 
@@ -81,6 +82,51 @@ def test_groups_and_layouts(isa, fmt, cin, fin, cout):
     shape = (2, 19, 22, cin) if fmt == "NHWC" else (2, cin, 19, 22)
     check(random_case(shape, cin), random_case((5, 6, fin, cout), cout), 2, "SAME", 1, fmt,
           isa=isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("groups", [4, 5, 8, 9, 15, 16, 17, 24, 31, 32, 33, 48])
+def test_group_vector_tiles(isa, groups):
+    """Depthwise in NHWC runs the groups kernel once there is a vector of
+    groups (4, 8 or 16 lanes): group counts around one and two vectors, with
+    strides, dilation and every pass."""
+    shape, fshape = (2, 13, 17, groups), (5, 4, 1, groups)
+    x, w = random_case(shape, groups), random_case(fshape, groups + 1)
+    lanes = {"baseline": 4, "avx2": 8, "avx512": 16}[isa]
+    b = _core.direct_blocking(list(shape), list(fshape), [1, 2, 2, 1], "SAME", [], "NHWC",
+                              [1] * 4, isa=isa)
+    assert b["group_vectors"] == (groups >= lanes), b
+    for strides, dil in ((1, 1), (2, 1), (1, 2), ((2, 1), (1, 3))):
+        check(x, w, strides, "SAME", dil, isa=isa)
+    y = check(x, w, (2, 1), "VALID", isa=isa)
+    dy = random_case(y.shape, 3)
+    got = run_core_pass("direct", "backprop_input", dy, w, shape, (2, 1), "VALID", isa=isa)
+    ref = conv2d_reference_backprop_input(dy, w, shape, (2, 1), "VALID")
+    assert rel_l2(got, ref) <= TOLERANCE["float32"]
+    got = run_core_pass("direct", "backprop_filter", x, dy, fshape, (2, 1), "VALID", isa=isa)
+    ref = conv2d_reference_backprop_filter(x, dy, fshape, (2, 1), "VALID")
+    assert rel_l2(got, ref) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16", "bfloat16"])
+def test_group_vector_tiles_other_dtypes(dtype):
+    """The groups kernel in double lanes, and in float for the half types."""
+    import ml_dtypes
+    shape, fshape = (2, 11, 14, 20), (7, 7, 1, 20)
+    x64, w64 = random_case(shape, 0, np.float64), random_case(fshape, 1, np.float64)
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    x, w = x64.astype(np_dtype), w64.astype(np_dtype)
+    assert _core.direct_blocking(list(shape), list(fshape), [1] * 4, "SAME", [], "NHWC",
+                                 [1] * 4, dtype=dtype)["group_vectors"]
+    ref = conv2d_reference(x.astype(np.float64), w.astype(np.float64), (1, 1), "SAME")
+    if dtype == "bfloat16":
+        out = np.full(ref.shape, 0xFFFF, dtype=np.uint16)  # NaN pattern
+        _core.run_pass("direct", "forward", x.view(np.uint16), w.view(np.uint16), [], [1] * 4,
+                       "SAME", [], "NHWC", [1] * 4, out=out, dtype="bfloat16")
+        got = out.view(ml_dtypes.bfloat16)
+    else:
+        got = run(x, w, 1, "SAME")
+    assert rel_l2(got, ref) <= TOLERANCE[dtype]
 
 
 def test_blocking_over_filter_rows_and_channels():

@@ -70,11 +70,27 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   Layout l;
   const int64_t L = kt.lanes, cog = g.out_c_per_group(), cig = g.in_c_per_group();
   l.lanes = L;
+  // One output channel per group, channels last, and a vector's worth of
+  // groups (depthwise filters in NHWC, in all three passes): vectors run
+  // along the groups, whose channels sit side by side. The other kernels
+  // pack one group at a time, a value per cache line there, and ran a 3x3
+  // depthwise forward at a fifth of their model's rate.
+  l.b.group_vectors = cog == 1 && g.groups >= L && g.data_format == DataFormat::kNHWC;
   // Two channel vectors per tile keep loads under FMAs; below that the
   // column kernel (C=4: 6 loads per 24 FMAs) does better than one vector.
-  l.b.channel_vectors = cog >= 2 * L;
+  l.b.channel_vectors = !l.b.group_vectors && cog >= 2 * L;
   int64_t row_bytes, row_multiple;
-  if (l.b.channel_vectors) {
+  if (l.b.group_vectors) {
+    // Blocks of two group vectors; a task whose block holds at most `lanes`
+    // groups (the last one) runs one vector.
+    l.b.channels_per_tile = g.groups >= 2 * L ? 2 : 1;
+    l.b.group_block = l.b.channels_per_tile * L;
+    l.unit = kt.chans_pixels;
+    l.co_pad = 1;
+    l.wo_pad = RoundUp(std::max<int64_t>(g.out_w, 1), l.unit);
+    row_bytes = SatMul({l.wo_pad, l.b.group_block, int64_t(sizeof(T))});
+    row_multiple = 1;
+  } else if (l.b.channel_vectors) {
     // Tiles of two channel vectors, and one of a single vector for a tail
     // of at most `lanes` channels (both kernels use the same pixel groups).
     l.b.channels_per_tile = 2;
@@ -94,19 +110,39 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   }
   // Enough pixels per task to amortise packing the filter block, within the
   // accumulator budget and short of starving the threads.
-  const int64_t images = std::max<int64_t>(1, g.batch * g.groups);
+  const int64_t group_tasks = l.b.group_vectors ? CeilDiv(g.groups, l.b.group_block) : g.groups;
+  const int64_t images = std::max<int64_t>(1, g.batch * group_tasks);
+  l.qlen = l.wo_pad + (g.filter_w - 1) * g.dilation_w / g.stride_w;
   int64_t rows = std::min({CeilDiv(kTaskPixels, l.wo_pad), kAccBytes / row_bytes,
                            CeilDiv(g.out_h * images, kMinTasks)});
+  if (l.b.group_vectors) {
+    // A group block's panel rows are wide (a vector or two per column), so
+    // fit the task's rows to the panel budget with the whole filter height
+    // (else each filter-row block packs the rows again: 7 times for a 7x7
+    // stride-2 forward)...
+    const int64_t eff_kh = g.effective_filter_h();
+    const int64_t panel_rows =
+        kPanelBytes / std::max<int64_t>(1, SatMul({g.stride_w, l.qlen, l.b.group_block,
+                                                   int64_t(sizeof(T))}));
+    if (panel_rows >= eff_kh) rows = std::min(rows, (panel_rows - eff_kh) / g.stride_h + 1);
+    // ...but not below the filter's height in output rows, where panels of
+    // neighbouring tasks would overlap more than they hold (a filter
+    // gradient, whose "filter" is the whole image, packed it once per row).
+    rows = std::max(rows, std::min(CeilDiv(eff_kh, g.stride_h), kAccBytes / row_bytes));
+  }
   rows = std::min(std::max<int64_t>(rows, 1), std::max<int64_t>(g.out_h, 1));
   l.b.task_rows = RoundUp(rows, row_multiple);
   l.acc_elems = SatMul(l.b.task_rows, row_bytes / int64_t(sizeof(T)));
-  l.qlen = l.wo_pad + (g.filter_w - 1) * g.dilation_w / g.stride_w;
   // Shrink the (in-channel, filter-row) block until the panel and the filter
   // block of one channel tile (what a micro-kernel streams) fit.
-  const int64_t tile_c = l.b.channel_vectors ? std::min(l.co_pad, 2 * L) : std::min<int64_t>(cog, 4);
+  const int64_t tile_c = l.b.group_vectors     ? l.b.group_block
+                         : l.b.channel_vectors ? std::min(l.co_pad, 2 * L)
+                                               : std::min<int64_t>(cog, 4);
+  const int64_t entry = l.b.group_block;  // values per panel entry
   int64_t cib = cig, khb = g.filter_h;
   for (;;) {
-    const int64_t panel = SatMul({cib, l.PanelRows(khb, g), g.stride_w, l.qlen, int64_t(sizeof(T))});
+    const int64_t panel =
+        SatMul({cib, l.PanelRows(khb, g), g.stride_w, l.qlen, entry, int64_t(sizeof(T))});
     const int64_t filt = SatMul({cib, khb, g.filter_w, tile_c, int64_t(sizeof(T))});
     if (panel <= kPanelBytes && filt <= kFilterBytes) break;
     if (khb >= cib && khb > 1) khb = CeilDiv(khb, 2);
@@ -116,17 +152,19 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   l.b.ci_block = cib;
   l.b.kh_block = khb;
   l.panel_rows_max = l.PanelRows(khb, g);
-  l.panel_elems = SatMul({cib, l.panel_rows_max, g.stride_w, l.qlen});
+  l.panel_elems = SatMul({cib, l.panel_rows_max, g.stride_w, l.qlen, entry});
   l.filter_elems = SatMul({cib, khb, g.filter_w, tile_c});
   l.row_blocks = CeilDiv(g.out_h, l.b.task_rows);
-  l.b.tasks = g.batch * g.groups * l.row_blocks;
+  l.b.tasks = g.batch * group_tasks * l.row_blocks;
   l.b.lane_utilization = double(std::max<int64_t>(g.out_w, 1)) / double(l.wo_pad) *
                          double(std::max<int64_t>(cog, 1)) / double(std::max<int64_t>(l.co_pad, 1));
+  if (l.b.group_vectors)
+    l.b.lane_utilization *= double(g.groups) / double(group_tasks * l.b.group_block);
   // Saturating: a layout too large to allocate has a scratch that fits no limit.
   l.b.packed_elements =
-      SatMul(l.b.tasks, SatAdd(SatMul({g.filter_h, g.filter_w, cig, l.co_pad}),
+      SatMul(l.b.tasks, SatAdd(SatMul({g.filter_h, g.filter_w, cig, l.co_pad, entry}),
                                SatMul({CeilDiv(g.filter_h, khb), cig, l.panel_rows_max,
-                                       g.stride_w, l.qlen})));
+                                       g.stride_w, l.qlen, entry})));
   l.b.scratch_bytes_per_worker =
       SatAdd(SatMul(SatAdd(SatAdd(l.panel_elems, l.filter_elems), l.acc_elems), int64_t(sizeof(T))),
              g.filter_w * int64_t(sizeof(int64_t)));
@@ -144,17 +182,33 @@ T* ConvertN(const S* src, int64_t stride, int64_t n, T* dst) {
   return dst + n;
 }
 
+// What one panel entry holds: a single value (cols and chans kernels), or a
+// block of `width` values for the groups kernel, `n` groups `stride` apart in
+// the input and zeros after them.
+struct PanelEntry {
+  int64_t width = 1, n = 1, stride = 0;
+};
+
 // Copies input rows [ih0, ih0 + rows) x channels [0, nci) into the panel,
 // converting to T and writing zeros wherever the window leaves the input.
 // Panel entry (ci, row, phase, q) holds input column q*stride_w + phase + iw0.
 // Rows and columns are "virtual" ones: with in_dilation u, input sample i
 // sits at virtual position i*u and the positions between are zero.
-template <typename S, typename T>
+template <typename S, typename T, bool kBlock>
 void PackPanel(const S* in, const TensorView& v, const ConvGeometry& g, int64_t ih0,
                int64_t rows, int64_t iw0, int64_t nci, int64_t qlen, int64_t ci_stride,
-               int64_t row_stride, int64_t phase_stride, int64_t q_stride, T* dst) {
+               int64_t row_stride, int64_t phase_stride, int64_t q_stride, PanelEntry e,
+               T* dst) {
   const int64_t sw = g.stride_w, uh = g.in_dilation_h, uw = g.in_dilation_w;
   const int64_t vh = g.virtual_in_h(), vw = g.virtual_in_w();
+  auto zero = [&](T* d) {
+    if (kBlock) std::fill_n(d, e.width, T(0));
+    else *d = T(0);
+  };
+  auto copy = [&](T* d, const S* s) {
+    if (kBlock) std::fill_n(ConvertN(s, e.stride, e.n, d), e.width - e.n, T(0));
+    else *d = Load<T>(*s);
+  };
   for (int64_t ci = 0; ci < nci; ++ci) {
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t ih = ih0 + row;
@@ -168,23 +222,24 @@ void PackPanel(const S* in, const TensorView& v, const ConvGeometry& g, int64_t 
         q_lo = std::min(q_lo, qlen);
         q_hi = std::clamp(q_hi, q_lo, qlen);
         if (!row_ok) q_lo = q_hi = 0;
-        for (int64_t q = 0; q < q_lo; ++q) d[q * q_stride] = T(0);
+        for (int64_t q = 0; q < q_lo; ++q) zero(d + q * q_stride);
         const S* s = in + (ih / uh) * v.h + ci * v.c;
         if (uw == 1) {
           const S* s0 = s + (first + q_lo * sw) * v.w;
           const int64_t step = sw * v.w;
-          if (q_stride == 1 && step == 1) {
+          if (!kBlock && q_stride == 1 && step == 1) {
             for (int64_t q = q_lo; q < q_hi; ++q) d[q] = Load<T>(s0[q - q_lo]);
           } else {
-            for (int64_t q = q_lo; q < q_hi; ++q) d[q * q_stride] = Load<T>(s0[(q - q_lo) * step]);
+            for (int64_t q = q_lo; q < q_hi; ++q) copy(d + q * q_stride, s0 + (q - q_lo) * step);
           }
         } else {
           for (int64_t q = q_lo; q < q_hi; ++q) {
             const int64_t iw = first + q * sw;
-            d[q * q_stride] = iw % uw == 0 ? Load<T>(s[(iw / uw) * v.w]) : T(0);
+            if (iw % uw == 0) copy(d + q * q_stride, s + (iw / uw) * v.w);
+            else zero(d + q * q_stride);
           }
         }
-        for (int64_t q = q_hi; q < qlen; ++q) d[q * q_stride] = T(0);
+        for (int64_t q = q_hi; q < qlen; ++q) zero(d + q * q_stride);
       }
     }
   }
@@ -215,12 +270,18 @@ class DirectRunner {
 
  private:
   void RunTask(int64_t task, T* panel, T* filt, T* acc, int64_t* kw_offset) const {
+    // Tasks run (image, group or block of groups, block of output rows).
+    const int64_t group_tasks = l_.b.group_vectors ? CeilDiv(g_.groups, l_.b.group_block) : g_.groups;
     const int64_t rb = task % l_.row_blocks;
-    const int64_t grp = (task / l_.row_blocks) % g_.groups;
-    const int64_t n = task / (l_.row_blocks * g_.groups);
+    const int64_t grp = (task / l_.row_blocks) % group_tasks * l_.b.group_block;
+    const int64_t n = task / (l_.row_blocks * group_tasks);
     const int64_t oh0 = rb * l_.b.task_rows;
     const int64_t rows_valid = std::min(l_.b.task_rows, g_.out_h - oh0);
     const int64_t cig = g_.in_c_per_group(), cog = g_.out_c_per_group();
+    // The groups kernel's block: its real groups, and one vector where that
+    // holds them all.
+    const int64_t ng = std::min(l_.b.group_block, g_.groups - grp);
+    const int gv = ng > l_.lanes ? 2 : 1;
     std::fill(acc, acc + l_.acc_elems, T(0));
     const S* in_n = in_ + n * iv_.n + grp * iv_.g;
     for (int64_t ci0 = 0; ci0 < cig; ci0 += l_.b.ci_block) {
@@ -229,7 +290,10 @@ class DirectRunner {
         const int64_t nkh = std::min(l_.b.kh_block, g_.filter_h - kh0);
         const int64_t rows = l_.PanelRows(nkh, g_);
         const int64_t ih0 = oh0 * g_.stride_h - g_.pad_top + kh0 * g_.dilation_h;
-        if (l_.b.channel_vectors)
+        if (l_.b.group_vectors)
+          GroupsBlock(in_n + ci0 * iv_.c, ih0, rows, grp, ng, gv, ci0, nci, kh0, nkh, rows_valid,
+                      panel, filt, acc, kw_offset);
+        else if (l_.b.channel_vectors)
           ChansBlock(in_n + ci0 * iv_.c, ih0, rows, grp, ci0, nci, kh0, nkh, rows_valid, panel,
                      filt, acc, kw_offset);
         else
@@ -239,6 +303,16 @@ class DirectRunner {
     }
     // Write the accumulators out, converting to S.
     S* out_n = out_ + n * ov_.n + oh0 * ov_.h + grp * ov_.g;
+    if (l_.b.group_vectors) {
+      const int64_t gb = gv * l_.lanes;
+      for (int64_t r = 0; r < rows_valid; ++r)
+        for (int64_t ow = 0; ow < g_.out_w; ++ow) {
+          const T* a = acc + (r * l_.wo_pad + ow) * gb;
+          S* o = out_n + r * ov_.h + ow * ov_.w;
+          for (int64_t i = 0; i < ng; ++i) o[i * ov_.g] = Store<S, T>(a[i]);
+        }
+      return;
+    }
     for (int64_t r = 0; r < rows_valid; ++r)
       for (int64_t ow = 0; ow < g_.out_w; ++ow)
         for (int64_t c = 0; c < cog; ++c) {
@@ -258,8 +332,8 @@ class DirectRunner {
                  int64_t* kw_offset) const {
     const int64_t sw = g_.stride_w, qlen = l_.qlen;
     const int64_t row_stride = sw * qlen, ci_stride = rows * row_stride;
-    PackPanel<S, T>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, ci_stride, row_stride, qlen,
-                    1, panel);
+    PackPanel<S, T, false>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, ci_stride, row_stride,
+                           qlen, 1, PanelEntry(), panel);
     for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
       const int64_t off = kw * g_.dilation_w;
       kw_offset[kw] = (off % sw) * qlen + off / sw;
@@ -299,8 +373,8 @@ class DirectRunner {
                   int64_t* kw_offset) const {
     const int64_t sw = g_.stride_w, qlen = l_.qlen;
     const int64_t q_stride = nci, phase_stride = qlen * q_stride, row_stride = sw * phase_stride;
-    PackPanel<S, T>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, 1, row_stride, phase_stride,
-                    q_stride, panel);
+    PackPanel<S, T, false>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, 1, row_stride,
+                           phase_stride, q_stride, PanelEntry(), panel);
     for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
       const int64_t off = kw * g_.dilation_w;
       kw_offset[kw] = (off % sw) * phase_stride + (off / sw) * q_stride;
@@ -335,6 +409,50 @@ class DirectRunner {
         kt_.chans[CV](t);
       }
       c0 += block;
+    }
+  }
+
+  // Groups [grp, grp + ng) of one output channel each, in vectors of
+  // gb = gv * lanes groups: panel [ci][row][phase][q][gb], filter
+  // [ci][kh][kw][gb], accumulators [row][col][gb].
+  void GroupsBlock(const S* in, int64_t ih0, int64_t rows, int64_t grp, int64_t ng, int gv,
+                   int64_t ci0, int64_t nci, int64_t kh0, int64_t nkh, int64_t rows_valid,
+                   T* panel, T* filt, T* acc, int64_t* kw_offset) const {
+    const int64_t sw = g_.stride_w, qlen = l_.qlen, gb = gv * l_.lanes;
+    const int64_t q_stride = gb, phase_stride = qlen * q_stride, row_stride = sw * phase_stride;
+    const int64_t ci_stride = rows * row_stride;
+    PanelEntry entry;
+    entry.width = gb;
+    entry.n = ng;
+    entry.stride = iv_.g;
+    PackPanel<S, T, true>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, ci_stride, row_stride,
+                          phase_stride, q_stride, entry, panel);
+    for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
+      const int64_t off = kw * g_.dilation_w;
+      kw_offset[kw] = (off % sw) * phase_stride + (off / sw) * q_stride;
+    }
+    const int64_t KW = g_.filter_w;
+    T* f = filt;
+    for (int64_t ci = 0; ci < nci; ++ci)
+      for (int64_t kh = 0; kh < nkh; ++kh)
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          f = ConvertN(FilterAt(kh0 + kh, kw, ci0 + ci, grp, 0), fv_.g, ng, f);
+          f = std::fill_n(f, gb - ng, T(0));
+        }
+    direct::GroupsTile<T> t;
+    t.panel_ci_stride = ci_stride;
+    t.tap_row_step = g_.dilation_h * row_stride;
+    t.q_stride = q_stride;
+    t.kw_offset = kw_offset;
+    t.filter = filt;
+    t.n_ci = nci;
+    t.n_kh = nkh;
+    t.n_kw = KW;
+    t.n_pixgroups = l_.wo_pad / l_.unit;
+    for (int64_t r = 0; r < rows_valid; ++r) {
+      t.panel = panel + r * g_.stride_h * row_stride;
+      t.acc = acc + r * l_.wo_pad * gb;
+      kt_.groups[gv](t);
     }
   }
 

@@ -24,11 +24,13 @@ struct DirectParams {
   void* output = nullptr;  // fully overwritten
 };
 
-// How the direct forward pass tiles a geometry; exposed for tests and the
-// planner (scratch bytes).
+// How the direct convolution tiles a problem's geometry (which kernel, task
+// and block sizes); exposed for tests and the planner (scratch bytes).
 struct DirectBlocking {
   bool channel_vectors = false;  // "chans" kernel (vectors over out channels)
-  int channels_per_tile = 0;     // C (cols kernel) or CV (chans kernel)
+  bool group_vectors = false;    // "groups" kernel (vectors over groups)
+  int channels_per_tile = 0;     // C (cols), CV (chans) or GV (groups) vectors
+  int64_t group_block = 1;       // groups per task (groups kernel: GV x lanes)
   int64_t task_rows = 0;         // output rows per task
   int64_t ci_block = 0, kh_block = 0;
   int64_t tasks = 0;

@@ -44,13 +44,32 @@ struct ChansTile {
   int64_t n_pixgroups;       // groups of P pixels to compute
 };
 
+// Kernel "groups": vectors run along groups of one output channel each
+// (depthwise filters in channels-last layouts); P output pixels of one row x
+// GV group vectors of accumulators, each lane its own group's filter.
+// Panel layout [ci][row][phase][q][group] with the block's groups contiguous,
+// so packing copies runs of channels instead of one per cache line.
+template <typename T>
+struct GroupsTile {
+  const T* panel;            // ci 0, panel row of this output row, phase 0, q 0
+  int64_t panel_ci_stride;
+  int64_t tap_row_step;
+  int64_t q_stride;          // the group block: GV * lanes
+  const int64_t* kw_offset;
+  const T* filter;           // packed [ci][kh][kw][GV * lanes]
+  int64_t n_ci, n_kh, n_kw;
+  T* acc;                    // [col][group]
+  int64_t n_pixgroups;       // groups of P pixels to compute
+};
+
 template <typename T>
 struct KernelTable {
   int lanes;                  // vector lanes of T
   int cols_rows[5];           // R for C = 1..4
   void (*cols[5])(const ColsTile<T>&);
-  int chans_pixels;           // P, the same for CV = 1 and 2
+  int chans_pixels;           // P, the same for CV = 1 and 2 and for groups
   void (*chans[3])(const ChansTile<T>&);
+  void (*groups[3])(const GroupsTile<T>&);  // GV = 1, 2
 };
 
 #define TFBIGCONV_DECLARE_TABLES(ns)            \

@@ -284,6 +284,8 @@ PYBIND11_MODULE(_core, m) {
             DirectConvBlocking(g, DTypeFromName(dtype), PickIsa(isa));
         py::dict d;
         d["channel_vectors"] = b.channel_vectors;
+        d["group_vectors"] = b.group_vectors;
+        d["group_block"] = b.group_block;
         d["channels_per_tile"] = b.channels_per_tile;
         d["task_rows"] = b.task_rows;
         d["ci_block"] = b.ci_block;
