@@ -33,6 +33,10 @@ constexpr int64_t kRedMinSteps = 64;
 constexpr int64_t kRedMaxOutW = 16, kRedMaxOutPixels = 1024, kRedMinReduction = 256;
 // Uncalibrated throughput guesses for the auto choice (multiply-adds/s).
 constexpr double kTiledMacsPerSecond = 8e12, kUntiledMacsPerSecond = 1e12;
+// The depthwise kernel: output columns per thread, threads per block, and the
+// fewest groups (channels) for which lanes along channels fill a warp's loads.
+constexpr int kDepthwiseCols = 4, kDepthwiseThreads = 256;
+constexpr int64_t kDepthwiseMinGroups = 8;
 
 // Everything the kernels read, precomputed on the host (device code cannot
 // call ConvGeometry's host member functions).
@@ -52,6 +56,9 @@ struct DirectArgs {
   // The reduction kernel: columns (n, group, channel block), column pieces of
   // out_w, reduction rows (ci, kh) and their split.
   int64_t red_cols, red_pieces, red_rows, red_rows_per;
+  // The depthwise kernel: channels per thread (its vector width; 0 where the
+  // views do not allow it), channel vectors per pixel and column pieces.
+  int64_t dw_vec, dw_vectors, dw_pieces;
 };
 
 // Virtual input sample (vr, vc) of channel ci as T: zero in the padding and
@@ -208,6 +215,88 @@ __global__ void DirectUntiledKernel(DirectArgs a) {
     DirectUntiledItem<S, T>(a, i);
 }
 
+// VC neighbouring storage elements, loaded or stored as one vector.
+template <typename S, int VC>
+struct alignas(sizeof(S) * VC) StorageVec {
+  S v[VC];
+};
+
+// The depthwise kernel. Thread -> (split, n, oh, column piece, channel
+// vector), the channel vector fastest, so that a warp's lanes load
+// neighbouring vectors. Each thread sums its split's reduction rows (ci, kh)
+// x all kw for VC channels x kDepthwiseCols output columns. Partial sums go
+// to partial[split][oh][ow][n, group] (the reduction kernel's layout);
+// without splits the thread writes the output. The caller checked that the
+// groups are innermost with unit stride in every view and that every vector
+// is aligned.
+template <typename S, typename T, int VC>
+TFBIGCONV_HD void DirectDepthwiseItem(const DirectArgs& a, int64_t t) {
+  constexpr int TW = kDepthwiseCols;
+  const int64_t grp0 = (t % a.dw_vectors) * VC;
+  int64_t rest = t / a.dw_vectors;
+  const int64_t ow0 = (rest % a.dw_pieces) * TW;
+  rest /= a.dw_pieces;
+  const int64_t oh = rest % a.out_h;
+  rest /= a.out_h;
+  const int64_t n = rest % a.batch, split = rest / a.batch;
+  T acc[TW][VC];
+#pragma unroll
+  for (int q = 0; q < TW; ++q)
+#pragma unroll
+    for (int c = 0; c < VC; ++c) acc[q][c] = T(0);
+  const S* in_n = static_cast<const S*>(a.in) + n * a.iv.n + grp0;
+  const S* f_g = static_cast<const S*>(a.filt) + a.fv.offset + grp0;
+  const int64_t row_end = Min64(a.red_rows, (split + 1) * a.red_rows_per);
+  for (int64_t row = split * a.red_rows_per; row < row_end; ++row) {
+    const int64_t ci = row / a.filter_h, kh = row % a.filter_h;
+    const int64_t vr = oh * a.sh - a.pt + kh * a.dh;
+    if (vr < 0 || vr >= a.vh || vr % a.uh != 0) continue;
+    const S* x_row = in_n + ci * a.iv.c + (vr / a.uh) * a.iv.h;
+    const S* f_row = f_g + ci * a.fv.i + kh * a.fv.h;
+    for (int64_t kw = 0; kw < a.filter_w; ++kw) {
+      const StorageVec<S, VC> fs = *reinterpret_cast<const StorageVec<S, VC>*>(f_row + kw * a.fv.w);
+      T f[VC];
+#pragma unroll
+      for (int c = 0; c < VC; ++c) f[c] = ToCompute(fs.v[c]);
+      const int64_t vc0 = ow0 * a.sw - a.pl + kw * a.dw;
+#pragma unroll
+      for (int q = 0; q < TW; ++q) {
+        const int64_t vc = vc0 + q * a.sw;
+        if (vc < 0 || vc >= a.vw || vc % a.uw != 0) continue;
+        const StorageVec<S, VC> xs =
+            *reinterpret_cast<const StorageVec<S, VC>*>(x_row + (vc / a.uw) * a.iv.w);
+#pragma unroll
+        for (int c = 0; c < VC; ++c) acc[q][c] += ToCompute(xs.v[c]) * f[c];
+      }
+    }
+  }
+  const int64_t col_elems = a.batch * a.groups;  // (n, group) per pixel; cog is 1
+#pragma unroll
+  for (int q = 0; q < TW; ++q) {
+    const int64_t ow = ow0 + q;
+    if (ow >= a.out_w) continue;
+    if (a.partial) {
+      T* part = static_cast<T*>(a.partial) + ((split * a.out_h + oh) * a.out_w + ow) * col_elems +
+                n * a.groups + grp0;
+#pragma unroll
+      for (int c = 0; c < VC; ++c) part[c] = acc[q][c];
+    } else {
+      StorageVec<S, VC> ys;
+#pragma unroll
+      for (int c = 0; c < VC; ++c) ys.v[c] = FromCompute<S, T>(acc[q][c]);
+      *reinterpret_cast<StorageVec<S, VC>*>(static_cast<S*>(a.out) + n * a.ov.n + oh * a.ov.h +
+                                            ow * a.ov.w + grp0) = ys;
+    }
+  }
+}
+
+template <typename S, typename T, int VC>
+__global__ void __launch_bounds__(kDepthwiseThreads) DirectDepthwiseKernel(DirectArgs a) {
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < a.total;
+       t += int64_t(gridDim.x) * blockDim.x)
+    DirectDepthwiseItem<S, T, VC>(a, t);
+}
+
 // out = sum of the splits' partial sums, in split order.
 template <typename S, typename T>
 TFBIGCONV_HD void ReduceSplitsItem(const DirectArgs& a, int64_t splits, int64_t i) {
@@ -348,6 +437,17 @@ void LaunchReduction(const DirectArgs& a, const DirectGpuPlan& plan, cudaStream_
 template <typename S>
 std::string Launch(const DirectArgs& a, const DirectGpuPlan& plan, cudaStream_t stream) {
   using T = typename ComputeOf<S>::type;
+  if (a.dw_vec > 0) {
+    const unsigned grid = GridFor(a.total, kDepthwiseThreads);
+    if (a.dw_vec == 8) DirectDepthwiseKernel<S, T, 8><<<grid, kDepthwiseThreads, 0, stream>>>(a);
+    else if (a.dw_vec == 4) DirectDepthwiseKernel<S, T, 4><<<grid, kDepthwiseThreads, 0, stream>>>(a);
+    else if (a.dw_vec == 2) DirectDepthwiseKernel<S, T, 2><<<grid, kDepthwiseThreads, 0, stream>>>(a);
+    else DirectDepthwiseKernel<S, T, 1><<<grid, kDepthwiseThreads, 0, stream>>>(a);
+    std::string err = LaunchError("direct convolution depthwise kernel");
+    if (!err.empty() || !a.partial) return err;
+    ReduceRowSplitsKernel<S, T><<<GridFor(a.out_elems, 256), 256, 0, stream>>>(a, plan.splits());
+    return LaunchError("direct convolution split reduction");
+  }
   if (plan.reduction) {
     if (plan.red_channels == 8) LaunchReduction<S, T, 8>(a, plan, stream);
     else if (plan.red_channels == 4) LaunchReduction<S, T, 4>(a, plan, stream);
@@ -398,9 +498,32 @@ void PlanReduction(const ConvGeometry& g, DType dtype, int64_t limit, DirectGpuP
   }
 }
 
+// The depthwise kernel (see DirectGpuPlan), its reduction rows split like
+// the reduction kernel's where there are few outputs (backprop_filter).
+void PlanDepthwise(const ConvGeometry& g, DType dtype, int64_t limit, DirectGpuPlan* p) {
+  p->depthwise = true;
+  p->reduction = p->tiled = false;
+  p->ci_splits = p->kh_splits = 1;
+  // Channel vectors of 4 assumed here (the launch picks the width): the split,
+  // and with it the rounding, depends on the geometry alone.
+  const int64_t threads = std::max<int64_t>(
+      1, g.batch * g.out_h * CeilDiv(g.out_w, int64_t(kDepthwiseCols)) * CeilDiv(g.groups, 4));
+  const int64_t rows = std::max<int64_t>(1, g.in_c_per_group() * g.filter_h);
+  const int64_t min_rows = CeilDiv(kRedMinSteps, std::max<int64_t>(1, g.filter_w));
+  int64_t want = std::min(CeilDiv(kRedTargetThreads, threads), CeilDiv(rows, min_rows));
+  const int64_t out_bytes = g.output_elements() * ComputeBytes(dtype);
+  for (want = std::max<int64_t>(1, want);; want = CeilDiv(want, 2)) {
+    p->rows_per_split = CeilDiv(rows, want);
+    p->row_splits = CeilDiv(rows, p->rows_per_split);
+    p->workspace_bytes = p->row_splits > 1 ? p->row_splits * out_bytes : 0;
+    if (p->workspace_bytes <= limit || want == 1) break;
+  }
+}
+
 }  // namespace
 
-DirectGpuPlan PlanDirectGpu(const ConvGeometry& g, DType dtype, int64_t limit) {
+DirectGpuPlan PlanDirectGpu(const ConvProblem& problem, DType dtype, int64_t limit) {
+  const ConvGeometry& g = problem.g;
   DirectGpuPlan p;
   const int64_t tb = ComputeBytes(dtype), cog = g.out_c_per_group();
   p.channels_per_thread = cog >= 3 ? 4 : 1;
@@ -441,12 +564,37 @@ DirectGpuPlan PlanDirectGpu(const ConvGeometry& g, DType dtype, int64_t limit) {
   }
   if (p.splits() == 1) p.workspace_bytes = 0;
   PlanReduction(g, dtype, limit, &p);
+  // Groups innermost with unit stride (NHWC, one input or one image per
+  // group): a depthwise forward pass, its backprop_input and backprop_filter.
+  if (problem.in.g == 1 && problem.out.g == 1 && problem.filter.g == 1 && cog == 1 &&
+      g.groups >= kDepthwiseMinGroups)
+    PlanDepthwise(g, dtype, limit, &p);
   p.seconds = double(g.macs()) / (p.tiled ? kTiledMacsPerSecond : kUntiledMacsPerSecond) *
               (dtype == DType::kDouble ? 2.0 : 1.0);
   return p;
 }
 
 namespace {
+
+// The depthwise kernel's channel vector for these operands (the plan checked
+// that groups are innermost with unit stride): the widest, at most 16 bytes,
+// that divides the groups and every stride and offset and to which the
+// pointers are aligned.
+int64_t DepthwiseVector(const DirectGpuParams& p) {
+  const ConvProblem& pr = p.problem;
+  const int64_t item = StorageBytes(p.dtype);
+  const int64_t steps[] = {pr.g.groups, pr.in.n, pr.in.h, pr.in.w, pr.out.n, pr.out.h,
+                           pr.out.w, pr.filter.offset, pr.filter.h, pr.filter.w};
+  for (int64_t vec = std::min<int64_t>(8, 16 / item); vec > 1; vec /= 2) {
+    const uint64_t align = uint64_t(vec * item);
+    bool ok = reinterpret_cast<uintptr_t>(p.input) % align == 0 &&
+              reinterpret_cast<uintptr_t>(p.filter) % align == 0 &&
+              reinterpret_cast<uintptr_t>(p.output) % align == 0;
+    for (int64_t st : steps) ok = ok && st % vec == 0;
+    if (ok) return vec;
+  }
+  return 1;
+}
 
 // The kernels' arguments for a call (host side of every launch).
 DirectArgs MakeArgs(const DirectGpuParams& p) {
@@ -499,6 +647,14 @@ DirectArgs MakeArgs(const DirectGpuParams& p) {
     a.red_rows_per = plan.rows_per_split;
     a.total = plan.row_splits * g.out_h * a.red_pieces * a.red_cols;
   }
+  a.dw_vec = plan.depthwise ? DepthwiseVector(p) : 0;
+  if (plan.depthwise) {
+    a.dw_vectors = g.groups / a.dw_vec;
+    a.dw_pieces = CeilDiv(g.out_w, int64_t(kDepthwiseCols));
+    a.red_rows = g.in_c_per_group() * g.filter_h;
+    a.red_rows_per = plan.rows_per_split;
+    a.total = plan.row_splits * g.batch * g.out_h * a.dw_pieces * a.dw_vectors;
+  }
   return a;
 }
 
@@ -506,6 +662,17 @@ DirectArgs MakeArgs(const DirectGpuParams& p) {
 template <typename S>
 std::string RunOnHost(const DirectArgs& a, const DirectGpuPlan& plan) {
   using T = typename ComputeOf<S>::type;
+  if (a.dw_vec > 0) {
+    for (int64_t t = 0; t < a.total; ++t) {
+      if (a.dw_vec == 8) DirectDepthwiseItem<S, T, 8>(a, t);
+      else if (a.dw_vec == 4) DirectDepthwiseItem<S, T, 4>(a, t);
+      else if (a.dw_vec == 2) DirectDepthwiseItem<S, T, 2>(a, t);
+      else DirectDepthwiseItem<S, T, 1>(a, t);
+    }
+    if (a.partial)
+      for (int64_t i = 0; i < a.out_elems; ++i) ReduceRowSplitsItem<S, T>(a, plan.splits(), i);
+    return "";
+  }
   if (plan.reduction) {
     for (int64_t t = 0; t < a.total; ++t) {
       if (plan.red_channels == 8 && plan.red_width == 8) DirectReductionItem<S, T, 8, 8>(a, t);

@@ -30,7 +30,17 @@ namespace gpu {
 // output columns of one output row, and sums over one range of the
 // reduction's (input channel, filter row) rows; `row_splits` ranges run in
 // parallel into partial sums, added in split order by a second kernel.
+//
+// Problems whose groups are innermost with unit stride in every view and
+// have one output channel each, with many groups (NHWC depthwise: the forward
+// pass, backprop_input and backprop_filter) use the depthwise kernel: each
+// thread holds a vector of neighbouring groups x 4 output columns of one row
+// and sums its reduction rows (ci, kh) x all kw, so a warp's loads are
+// contiguous vectors. The vector width depends on the operands' alignment
+// and is chosen at launch. Rows are split like the reduction kernel's where
+// outputs are few (backprop_filter): row_splits, rows_per_split.
 struct DirectGpuPlan {
+  bool depthwise = false;  // the depthwise kernel where the views allow it
   bool reduction = false;  // the reduction kernel (fields below); else tiled/untiled
   int red_channels = 1;    // output channels per thread: 1, 4 or 8
   int red_width = 4;       // output columns per thread: 4 or 8
@@ -43,15 +53,15 @@ struct DirectGpuPlan {
   int64_t kh_splits = 1, kh_per_split = 1;
   int64_t workspace_bytes = 0;  // partial sums; 0 without splits
   double seconds = 0;           // estimate (uncalibrated model)
-  int64_t splits() const { return reduction ? row_splits : ci_splits * kh_splits; }
+  int64_t splits() const { return reduction || depthwise ? row_splits : ci_splits * kh_splits; }
 };
 
 // Always succeeds: splits shrink to fit workspace_limit (none needs 0 bytes).
-DirectGpuPlan PlanDirectGpu(const ConvGeometry& g, DType dtype, int64_t workspace_limit);
+DirectGpuPlan PlanDirectGpu(const ConvProblem& problem, DType dtype, int64_t workspace_limit);
 
 // workspace: plan.workspace_bytes, 16-byte aligned.
 struct DirectGpuParams : GpuOperands {
-  DirectGpuPlan plan;  // from PlanDirectGpu(problem.g, dtype, ...)
+  DirectGpuPlan plan;  // from PlanDirectGpu(problem, dtype, ...)
 };
 
 // Enqueues the convolution on `stream`; "" or an error message.

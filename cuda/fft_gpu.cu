@@ -544,7 +544,7 @@ std::string Run(const FftGpuParams& p, Steps steps) {
   unsigned int unsafe = 0;
   if (!(err = steps.Read(&unsafe, &check->unsafe, sizeof(unsafe))).empty()) return err;
   if (!unsafe) return "";
-  DirectGpuParams d{p, PlanDirectGpu(g, p.dtype, 0)};
+  DirectGpuParams d{p, PlanDirectGpu(p.problem, p.dtype, 0)};
   d.workspace = nullptr;
   if (steps.on_host()) {
     d.plan.tiled = false;  // the emulated kernel; the same sums

@@ -9,7 +9,7 @@ Status ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, const std::st
   if (requested != "auto" && requested != "direct" && requested != "fft")
     return Status::InvalidArgument("algorithm must be one of 'auto', 'direct' or 'fft', got '" +
                                    requested + "'");
-  c->direct = PlanDirectGpu(g, dtype, limit);
+  c->direct = PlanDirectGpu(problem, dtype, limit);
   c->algorithm = GpuAlgorithm::kDirect;
   if (requested == "direct") {
     c->reason = "requested";

@@ -130,6 +130,16 @@ def cases():
                     ((2, 33, 29, 40), (7, 7, 1, 40), 1), ((2, 41, 37, 36), (15, 15, 1, 36), 2),
                     ((3, 20, 22, 35), (3, 3, 1, 35), 2)]:
         yield (x, w, (s, s), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC")
+    # the depthwise kernel (forward, backprop_input): channel vectors of 8, 4,
+    # 2 and 1 (groups 24, 12, 10, 9), a column tail, strides, dilations,
+    # cropping and padding; NCHW and fewer than 8 groups take the other kernels
+    dw = [((2, 23, 19, 24), (5, 3, 1, 24), (2, 1), (1, 2), "EXPLICIT", ((3, 0), (1, 4)), "NHWC"),
+          ((1, 17, 22, 12), (4, 6, 1, 12), (1, 3), (2, 1), "EXPLICIT", ((0, 2), (2, 0)), "NHWC"),
+          ((3, 9, 13, 10), (3, 3, 1, 10), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC"),
+          ((2, 15, 11, 9), (7, 5, 1, 9), (2, 2), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC"),
+          ((2, 21, 17, 16), (3, 3, 1, 16), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), "NCHW"),
+          ((2, 12, 14, 6), (3, 3, 1, 6), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC")]
+    yield from dw
 
 
 def flat_pads(pairs, fmt, padding):
@@ -606,7 +616,7 @@ def calibrate(be, out_dir, dtypes, k_max, passes, algos, grid=GRID, prefix="gpu_
                 o = Ours(torch, (n, h, w, cin), (k, k, cin // groups, cout), (stride, stride),
                          "SAME", dtype)
                 cudnn = dict(zip(PASSES, cudnn_pass_ms(torch, (n, h, w, cin), cout, k, groups,
-                                                       stride, dtype)))
+                                                       stride, dtype))) if "cudnn" in algos else {}
                 for pass_ in passes:
                     times = {}
                     for algo in algos:
@@ -663,6 +673,8 @@ def main():
     ap.add_argument("--random-grid", metavar="SEED,COUNT",
                     help="calibrate on COUNT geometries drawn by random_grid(SEED) instead "
                          "of GRID (files gpu_random_SEED_*.csv): a check off the grid")
+    ap.add_argument("--depthwise-only", action="store_true",
+                    help="calibrate only the depthwise geometries (groups = Cin = Cout)")
     ap.add_argument("--host", action="store_true",
                     help="only the direct kernels' bodies on the CPU (no GPU needed)")
     args = ap.parse_args()
@@ -679,6 +691,8 @@ def main():
         if args.random_grid:
             seed, count = (int(v) for v in args.random_grid.split(","))
             grid, prefix = random_grid(seed, count), f"gpu_random_{seed}"
+        if args.depthwise_only:
+            grid = [g for g in grid if g[6] > 1 and g[3] == g[4] == g[6]]
         paths = calibrate(be, args.calibrate, args.dtypes.split(","), args.k_max,
                           args.passes.split(","), args.algos.split(","), grid, prefix)
         print("calibration grid:", " ".join(paths))

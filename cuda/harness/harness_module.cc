@@ -185,7 +185,7 @@ std::string RunDirectOnHost(const std::string& pass, py::array a, py::array b, p
   gpu::DirectGpuParams p;
   p.problem = c.problem;
   p.dtype = ParseDTypeOrThrow(dtype_name);
-  p.plan = gpu::PlanDirectGpu(c.problem.g, p.dtype, workspace_limit);
+  p.plan = gpu::PlanDirectGpu(c.problem, p.dtype, workspace_limit);
   const int64_t item = DTypeBytes(p.dtype), g_out = c.problem.g.output_elements();
   if (out.nbytes() != g_out * item) throw py::value_error("out has the wrong size");
   // NaN bytes, as on the GPU, so that a partial sum never written shows.
@@ -197,7 +197,8 @@ std::string RunDirectOnHost(const std::string& pass, py::array a, py::array b, p
   const std::string err = gpu::DirectConvOnHost(p);
   if (!err.empty()) throw std::runtime_error(err);
   const gpu::DirectGpuPlan& pl = p.plan;
-  return pl.reduction ? "reduction " + std::to_string(pl.red_channels) + "x" +
+  return pl.depthwise ? "depthwise splits " + std::to_string(pl.row_splits)
+         : pl.reduction ? "reduction " + std::to_string(pl.red_channels) + "x" +
                             std::to_string(pl.red_width) + " splits " +
                             std::to_string(pl.row_splits)
                       : pl.tiled ? "tiled" : "untiled splits " + std::to_string(pl.splits());
