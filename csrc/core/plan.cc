@@ -186,8 +186,9 @@ std::pair<double, double> DirectFlops(const DirectBlocking& b, const ConvGeometr
   const double waves = double(CeilDiv(tasks, w) * w) / double(tasks);
   double flops = 2.0 * double(g.macs()) * waves / b.lane_utilization;
   if (dtype == DType::kDouble) flops *= 2;
-  // The groups kernel loads a panel vector per FMA, as the column kernel does
-  // with one channel; the column kernel with C channels reuses each load C times.
+  // The groups kernel loads a panel vector and a filter vector per FMA (no
+  // reuse across channels), so it runs at the load-bound rate; the column
+  // kernel with C channels reuses each panel load C times.
   if (b.group_vectors) return {0, flops};
   const bool load_bound = !b.channel_vectors && b.channels_per_tile < 3;
   if (load_bound) return {0, flops / std::max(b.channels_per_tile, 1)};
