@@ -473,6 +473,24 @@ std::string Launch(const DirectArgs& a, const DirectGpuPlan& plan, cudaStream_t 
   return LaunchError("direct convolution split reduction");
 }
 
+// Splits the reduction rows (ci, kh) of the reduction and depthwise kernels
+// into ranges for partial sums: enough for kRedTargetThreads with `threads`
+// per split, no fewer than kRedMinSteps multiply-adds per thread and split,
+// halved until the partial sums fit `limit` (one split needs none).
+void SplitRows(const ConvGeometry& g, DType dtype, int64_t limit, int64_t threads,
+               DirectGpuPlan* p) {
+  const int64_t rows = std::max<int64_t>(1, g.in_c_per_group() * g.filter_h);
+  const int64_t min_rows = CeilDiv(kRedMinSteps, std::max<int64_t>(1, g.filter_w));
+  int64_t want = std::min(CeilDiv(kRedTargetThreads, threads), CeilDiv(rows, min_rows));
+  const int64_t out_bytes = g.output_elements() * ComputeBytes(dtype);
+  for (want = std::max<int64_t>(1, want);; want = CeilDiv(want, 2)) {
+    p->rows_per_split = CeilDiv(rows, want);
+    p->row_splits = CeilDiv(rows, p->rows_per_split);
+    p->workspace_bytes = p->row_splits > 1 ? p->row_splits * out_bytes : 0;
+    if (p->workspace_bytes <= limit || want == 1) break;
+  }
+}
+
 // The reduction kernel where it suits (see DirectGpuPlan): small output rows,
 // no input dilation (its row loop skips only padding), a long reduction.
 void PlanReduction(const ConvGeometry& g, DType dtype, int64_t limit, DirectGpuPlan* p) {
@@ -486,16 +504,7 @@ void PlanReduction(const ConvGeometry& g, DType dtype, int64_t limit, DirectGpuP
   p->red_width = g.out_w <= 4 ? 4 : 8;
   const int64_t cols = g.batch * g.groups * CeilDiv(cog, p->red_channels);
   const int64_t threads = std::max<int64_t>(1, cols * g.out_h * CeilDiv(g.out_w, p->red_width));
-  const int64_t rows = std::max<int64_t>(1, g.in_c_per_group() * g.filter_h);
-  const int64_t min_rows = CeilDiv(kRedMinSteps, std::max<int64_t>(1, g.filter_w));
-  int64_t want = std::min(CeilDiv(kRedTargetThreads, threads), CeilDiv(rows, min_rows));
-  const int64_t out_bytes = g.output_elements() * ComputeBytes(dtype);
-  for (want = std::max<int64_t>(1, want);; want = CeilDiv(want, 2)) {
-    p->rows_per_split = CeilDiv(rows, want);
-    p->row_splits = CeilDiv(rows, p->rows_per_split);
-    p->workspace_bytes = p->row_splits > 1 ? p->row_splits * out_bytes : 0;
-    if (p->workspace_bytes <= limit || want == 1) break;
-  }
+  SplitRows(g, dtype, limit, threads, p);
 }
 
 // The depthwise kernel (see DirectGpuPlan), its reduction rows split like
@@ -508,16 +517,7 @@ void PlanDepthwise(const ConvGeometry& g, DType dtype, int64_t limit, DirectGpuP
   // and with it the rounding, depends on the geometry alone.
   const int64_t threads = std::max<int64_t>(
       1, g.batch * g.out_h * CeilDiv(g.out_w, int64_t(kDepthwiseCols)) * CeilDiv(g.groups, 4));
-  const int64_t rows = std::max<int64_t>(1, g.in_c_per_group() * g.filter_h);
-  const int64_t min_rows = CeilDiv(kRedMinSteps, std::max<int64_t>(1, g.filter_w));
-  int64_t want = std::min(CeilDiv(kRedTargetThreads, threads), CeilDiv(rows, min_rows));
-  const int64_t out_bytes = g.output_elements() * ComputeBytes(dtype);
-  for (want = std::max<int64_t>(1, want);; want = CeilDiv(want, 2)) {
-    p->rows_per_split = CeilDiv(rows, want);
-    p->row_splits = CeilDiv(rows, p->rows_per_split);
-    p->workspace_bytes = p->row_splits > 1 ? p->row_splits * out_bytes : 0;
-    if (p->workspace_bytes <= limit || want == 1) break;
-  }
+  SplitRows(g, dtype, limit, threads, p);
 }
 
 }  // namespace

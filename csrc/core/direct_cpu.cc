@@ -56,6 +56,7 @@ struct Layout {
   int64_t wo_pad = 0;    // output columns rounded up to `unit`
   int64_t co_pad = 0;    // chans: out channels per group rounded up to CV*lanes
   int64_t qlen = 0;      // panel entries per phase row
+  int64_t group_tasks = 0;  // tasks per image along groups (a block of groups each)
   int64_t row_blocks = 0;
   int64_t panel_rows_max = 0;
   int64_t panel_elems = 0, filter_elems = 0, acc_elems = 0;
@@ -110,8 +111,8 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   }
   // Enough pixels per task to amortise packing the filter block, within the
   // accumulator budget and short of starving the threads.
-  const int64_t group_tasks = l.b.group_vectors ? CeilDiv(g.groups, l.b.group_block) : g.groups;
-  const int64_t images = std::max<int64_t>(1, g.batch * group_tasks);
+  l.group_tasks = CeilDiv(g.groups, l.b.group_block);
+  const int64_t images = std::max<int64_t>(1, g.batch * l.group_tasks);
   l.qlen = l.wo_pad + (g.filter_w - 1) * g.dilation_w / g.stride_w;
   int64_t rows = std::min({CeilDiv(kTaskPixels, l.wo_pad), kAccBytes / row_bytes,
                            CeilDiv(g.out_h * images, kMinTasks)});
@@ -155,11 +156,11 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   l.panel_elems = SatMul({cib, l.panel_rows_max, g.stride_w, l.qlen, entry});
   l.filter_elems = SatMul({cib, khb, g.filter_w, tile_c});
   l.row_blocks = CeilDiv(g.out_h, l.b.task_rows);
-  l.b.tasks = g.batch * group_tasks * l.row_blocks;
+  l.b.tasks = g.batch * l.group_tasks * l.row_blocks;
   l.b.lane_utilization = double(std::max<int64_t>(g.out_w, 1)) / double(l.wo_pad) *
                          double(std::max<int64_t>(cog, 1)) / double(std::max<int64_t>(l.co_pad, 1));
   if (l.b.group_vectors)
-    l.b.lane_utilization *= double(g.groups) / double(group_tasks * l.b.group_block);
+    l.b.lane_utilization *= double(g.groups) / double(l.group_tasks * l.b.group_block);
   // Saturating: a layout too large to allocate has a scratch that fits no limit.
   l.b.packed_elements =
       SatMul(l.b.tasks, SatAdd(SatMul({g.filter_h, g.filter_w, cig, l.co_pad, entry}),
@@ -271,10 +272,9 @@ class DirectRunner {
  private:
   void RunTask(int64_t task, T* panel, T* filt, T* acc, int64_t* kw_offset) const {
     // Tasks run (image, group or block of groups, block of output rows).
-    const int64_t group_tasks = l_.b.group_vectors ? CeilDiv(g_.groups, l_.b.group_block) : g_.groups;
     const int64_t rb = task % l_.row_blocks;
-    const int64_t grp = (task / l_.row_blocks) % group_tasks * l_.b.group_block;
-    const int64_t n = task / (l_.row_blocks * group_tasks);
+    const int64_t grp = (task / l_.row_blocks) % l_.group_tasks * l_.b.group_block;
+    const int64_t n = task / (l_.row_blocks * l_.group_tasks);
     const int64_t oh0 = rb * l_.b.task_rows;
     const int64_t rows_valid = std::min(l_.b.task_rows, g_.out_h - oh0);
     const int64_t cig = g_.in_c_per_group(), cog = g_.out_c_per_group();
@@ -334,10 +334,7 @@ class DirectRunner {
     const int64_t row_stride = sw * qlen, ci_stride = rows * row_stride;
     PackPanel<S, T, false>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, ci_stride, row_stride,
                            qlen, 1, PanelEntry(), panel);
-    for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
-      const int64_t off = kw * g_.dilation_w;
-      kw_offset[kw] = (off % sw) * qlen + off / sw;
-    }
+    TapOffsets(qlen, 1, kw_offset);
     const int64_t cog = g_.out_c_per_group(), KW = g_.filter_w;
     for (int64_t c0 = 0; c0 < cog; c0 += 4) {
       const int C = int(std::min<int64_t>(4, cog - c0));
@@ -375,10 +372,7 @@ class DirectRunner {
     const int64_t q_stride = nci, phase_stride = qlen * q_stride, row_stride = sw * phase_stride;
     PackPanel<S, T, false>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, 1, row_stride,
                            phase_stride, q_stride, PanelEntry(), panel);
-    for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
-      const int64_t off = kw * g_.dilation_w;
-      kw_offset[kw] = (off % sw) * phase_stride + (off / sw) * q_stride;
-    }
+    TapOffsets(phase_stride, q_stride, kw_offset);
     const int64_t cog = g_.out_c_per_group(), KW = g_.filter_w;
     const int64_t L = l_.lanes;
     ChansTile<T> t;
@@ -412,6 +406,15 @@ class DirectRunner {
     }
   }
 
+  // kw_offset[kw]: where filter column kw's inputs start in a panel row, whose
+  // entries are ordered (phase, q) for input column q * stride_w + phase.
+  void TapOffsets(int64_t phase_stride, int64_t q_stride, int64_t* kw_offset) const {
+    for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
+      const int64_t off = kw * g_.dilation_w;
+      kw_offset[kw] = (off % g_.stride_w) * phase_stride + (off / g_.stride_w) * q_stride;
+    }
+  }
+
   // Groups [grp, grp + ng) of one output channel each, in vectors of
   // gb = gv * lanes groups: panel [ci][row][phase][q][gb], filter
   // [ci][kh][kw][gb], accumulators [row][col][gb].
@@ -427,10 +430,7 @@ class DirectRunner {
     entry.stride = iv_.g;
     PackPanel<S, T, true>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, ci_stride, row_stride,
                           phase_stride, q_stride, entry, panel);
-    for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
-      const int64_t off = kw * g_.dilation_w;
-      kw_offset[kw] = (off % sw) * phase_stride + (off / sw) * q_stride;
-    }
+    TapOffsets(phase_stride, q_stride, kw_offset);
     const int64_t KW = g_.filter_w;
     T* f = filt;
     for (int64_t ci = 0; ci < nci; ++ci)
