@@ -476,3 +476,38 @@ def test_gpu_floor_bounds_estimates_and_a_tie_goes_to_tf():
             _core.set_cost_model([values[n] for n in _core.cost_model_fields()])
     finally:
         _core.set_cost_model(saved)
+
+
+def test_gpu_replace_rows_swaps_only_the_remeasured_rows(tmp_path):
+    """benchmarks/gpu_replace_rows.py: a re-measured row takes its old row's
+    place, every other byte of the grid stays, and a row the grid lacks is
+    refused without writing anything."""
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_replace_rows.py")
+    g1, g2 = GRID[0], GRID[1]
+    # write_grid adds auto, fft and cudnn rows beside each direct one: 24 rows.
+    times = {(g, "float32", p, "direct"): 1e-3 * (i + 1)
+             for i, (g, p) in enumerate((g, p) for g in (g1, g2) for p in PASSES)}
+    into = tmp_path / "into"
+    into.mkdir()
+    write_grid(into / "grid.csv", times)
+    before = (into / "grid.csv").read_bytes()
+    new = tmp_path / "grid.csv"
+    write_grid(new, {(g1, "float32", "forward", "direct"): 0.5})
+    r = run([script, str(new), "--into", str(into)])
+    assert r.returncode == 0, r.stderr
+    assert "4 of 24 rows replaced" in r.stdout
+    rows = {(r_["geometry"], r_["pass_"], r_["algo"]): r_["seconds"]
+            for r_ in gpu_fit.read_grid([str(into / "grid.csv")])}
+    assert len(rows) == 6 and rows[(g1, "forward", "direct")] == pytest.approx(0.5)
+    assert rows[(g2, "forward", "direct")] == pytest.approx(times[(g2, "float32", "forward",
+                                                                   "direct")])
+    # Putting the old row back restores the file byte for byte.
+    write_grid(new, {(g1, "float32", "forward", "direct"):
+                     times[(g1, "float32", "forward", "direct")]})
+    assert run([script, str(new), "--into", str(into)]).returncode == 0
+    assert (into / "grid.csv").read_bytes() == before
+    # A geometry the grid does not hold: refused, nothing written.
+    write_grid(new, {(GRID[2], "float32", "forward", "direct"): 0.5})
+    r = run([script, str(new), "--into", str(into)])
+    assert r.returncode == 2 and "no row in" in r.stderr
+    assert (into / "grid.csv").read_bytes() == before
