@@ -183,6 +183,16 @@ T* ConvertN(const S* src, int64_t stride, int64_t n, T* dst) {
   return dst + n;
 }
 
+// dst[0, stride, ...) = src[0 .. n) converted to S.
+template <typename S, typename T>
+void StoreN(const T* src, int64_t n, S* dst, int64_t stride) {
+  if (stride == 1) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = Store<S, T>(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i * stride] = Store<S, T>(src[i]);
+  }
+}
+
 // What one panel entry holds: a single value (cols and chans kernels), or a
 // block of `width` values for the groups kernel, `n` groups `stride` apart in
 // the input and zeros after them.
@@ -303,23 +313,21 @@ class DirectRunner {
     }
     // Write the accumulators out, converting to S.
     S* out_n = out_ + n * ov_.n + oh0 * ov_.h + grp * ov_.g;
-    if (l_.b.group_vectors) {
-      const int64_t gb = gv * l_.lanes;
-      for (int64_t r = 0; r < rows_valid; ++r)
-        for (int64_t ow = 0; ow < g_.out_w; ++ow) {
-          const T* a = acc + (r * l_.wo_pad + ow) * gb;
-          S* o = out_n + r * ov_.h + ow * ov_.w;
-          for (int64_t i = 0; i < ng; ++i) o[i * ov_.g] = Store<S, T>(a[i]);
-        }
-      return;
+    // Accumulators [row][col][gb] (groups), [row][col][co_pad] (chans) or
+    // [co][row][wo_pad] (cols).
+    for (int64_t r = 0; r < rows_valid; ++r) {
+      S* out_r = out_n + r * ov_.h;
+      if (l_.b.group_vectors || l_.b.channel_vectors) {
+        const int64_t entry = l_.b.group_vectors ? gv * l_.lanes : l_.co_pad;
+        const int64_t n = l_.b.group_vectors ? ng : cog;
+        const int64_t stride = l_.b.group_vectors ? ov_.g : ov_.c;
+        for (int64_t ow = 0; ow < g_.out_w; ++ow)
+          StoreN(acc + (r * l_.wo_pad + ow) * entry, n, out_r + ow * ov_.w, stride);
+      } else {
+        for (int64_t c = 0; c < cog; ++c)
+          StoreN(acc + (c * l_.b.task_rows + r) * l_.wo_pad, g_.out_w, out_r + c * ov_.c, ov_.w);
+      }
     }
-    for (int64_t r = 0; r < rows_valid; ++r)
-      for (int64_t ow = 0; ow < g_.out_w; ++ow)
-        for (int64_t c = 0; c < cog; ++c) {
-          const T v = l_.b.channel_vectors ? acc[(r * l_.wo_pad + ow) * l_.co_pad + c]
-                                           : acc[(c * l_.b.task_rows + r) * l_.wo_pad + ow];
-          out_n[r * ov_.h + ow * ov_.w + c * ov_.c] = Store<S, T>(v);
-        }
   }
 
   // Filter tap (kh, kw, ci, co) of group grp; output channels are fv_.o apart.
@@ -370,8 +378,13 @@ class DirectRunner {
                   int64_t* kw_offset) const {
     const int64_t sw = g_.stride_w, qlen = l_.qlen;
     const int64_t q_stride = nci, phase_stride = qlen * q_stride, row_stride = sw * phase_stride;
-    PackPanel<S, T, false>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, 1, row_stride,
-                           phase_stride, q_stride, PanelEntry(), panel);
+    // A panel entry is a pixel's nci channels: one block entry, so that NHWC
+    // inputs are copied a pixel's channels at a time, not a channel at a time.
+    PanelEntry entry;
+    entry.width = entry.n = nci;
+    entry.stride = iv_.c;
+    PackPanel<S, T, true>(in, iv_, g_, ih0, rows, -g_.pad_left, 1, qlen, 0, row_stride,
+                          phase_stride, q_stride, entry, panel);
     TapOffsets(phase_stride, q_stride, kw_offset);
     const int64_t cog = g_.out_c_per_group(), KW = g_.filter_w;
     const int64_t L = l_.lanes;
