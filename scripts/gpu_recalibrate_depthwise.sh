@@ -15,6 +15,9 @@
 # holds (gpu_grid_*.csv, gpu_random_7_*.csv: every algorithm's rows, timed
 # together so that they compare on whichever GPU this is).
 # Exit status: non-zero when a kernel check fails or memcheck reports errors.
+# Where one call has a time limit (10 minutes on the lent machines), run the
+# matrix alone first (scripts/gpu_check.sh --no-timings), then this with
+# --skip-matrix (which still builds the harness).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/gpu_recalibrate_depthwise.sh OUT_DIR [--skip-matrix]}

@@ -193,9 +193,9 @@ void StoreN(const T* src, int64_t n, S* dst, int64_t stride) {
   }
 }
 
-// What one panel entry holds: a single value (cols and chans kernels), or a
-// block of `width` values for the groups kernel, `n` groups `stride` apart in
-// the input and zeros after them.
+// What one panel entry holds: a single value (cols kernel), or a block of
+// `width` values, a pixel's `n` groups (groups kernel) or input channels
+// (chans kernel) `stride` apart in the input, and zeros after them.
 struct PanelEntry {
   int64_t width = 1, n = 1, stride = 0;
 };
