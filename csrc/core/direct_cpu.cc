@@ -139,7 +139,9 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   const int64_t tile_c = l.b.group_vectors     ? l.b.group_block
                          : l.b.channel_vectors ? std::min(l.co_pad, 2 * L)
                                                : std::min<int64_t>(cog, 4);
-  const int64_t entry = l.b.group_block;  // values per panel entry
+  // Values per panel entry and input channel: a block of groups (groups
+  // kernel), else one (the chans kernel's entries hold ci_block channels).
+  const int64_t entry = l.b.group_block;
   int64_t cib = cig, khb = g.filter_h;
   for (;;) {
     const int64_t panel =
@@ -347,11 +349,7 @@ class DirectRunner {
     for (int64_t c0 = 0; c0 < cog; c0 += 4) {
       const int C = int(std::min<int64_t>(4, cog - c0));
       // Filter block [ci][kh][kw][C] for channels c0 .. c0+C.
-      T* f = filt;
-      for (int64_t ci = 0; ci < nci; ++ci)
-        for (int64_t kh = 0; kh < nkh; ++kh)
-          for (int64_t kw = 0; kw < KW; ++kw)
-            f = ConvertN(FilterAt(kh0 + kh, kw, ci0 + ci, grp, c0), fv_.o, C, f);
+      PackFilterByChannel(ci0, nci, kh0, nkh, grp, c0, fv_.o, C, C, filt);
       const int R = kt_.cols_rows[C];
       ColsTile<T> t;
       t.panel_ci_stride = ci_stride;
@@ -419,6 +417,18 @@ class DirectRunner {
     }
   }
 
+  // Filter block [ci][kh][kw][width] of taps (kh0 + kh, kw, ci0 + ci): each
+  // tap's n values from (grp, c0) on, `stride` apart, then zeros to `width`
+  // (the cols kernel's output channels, the groups kernel's groups).
+  void PackFilterByChannel(int64_t ci0, int64_t nci, int64_t kh0, int64_t nkh, int64_t grp,
+                           int64_t c0, int64_t stride, int64_t n, int64_t width, T* f) const {
+    for (int64_t ci = 0; ci < nci; ++ci)
+      for (int64_t kh = 0; kh < nkh; ++kh)
+        for (int64_t kw = 0; kw < g_.filter_w; ++kw)
+          f = std::fill_n(ConvertN(FilterAt(kh0 + kh, kw, ci0 + ci, grp, c0), stride, n, f),
+                          width - n, T(0));
+  }
+
   // kw_offset[kw]: where filter column kw's inputs start in a panel row, whose
   // entries are ordered (phase, q) for input column q * stride_w + phase.
   void TapOffsets(int64_t phase_stride, int64_t q_stride, int64_t* kw_offset) const {
@@ -445,13 +455,7 @@ class DirectRunner {
                           phase_stride, q_stride, entry, panel);
     TapOffsets(phase_stride, q_stride, kw_offset);
     const int64_t KW = g_.filter_w;
-    T* f = filt;
-    for (int64_t ci = 0; ci < nci; ++ci)
-      for (int64_t kh = 0; kh < nkh; ++kh)
-        for (int64_t kw = 0; kw < KW; ++kw) {
-          f = ConvertN(FilterAt(kh0 + kh, kw, ci0 + ci, grp, 0), fv_.g, ng, f);
-          f = std::fill_n(f, gb - ng, T(0));
-        }
+    PackFilterByChannel(ci0, nci, kh0, nkh, grp, 0, fv_.g, ng, gb, filt);
     direct::GroupsTile<T> t;
     t.panel_ci_stride = ci_stride;
     t.tap_row_step = g_.dilation_h * row_stride;
