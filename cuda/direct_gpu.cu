@@ -511,7 +511,7 @@ void PlanReduction(const ConvGeometry& g, DType dtype, int64_t limit, DirectGpuP
 // the reduction kernel's where there are few outputs (backprop_filter).
 void PlanDepthwise(const ConvGeometry& g, DType dtype, int64_t limit, DirectGpuPlan* p) {
   p->depthwise = true;
-  p->reduction = p->tiled = false;
+  p->tiled = false;
   p->ci_splits = p->kh_splits = 1;
   // Channel vectors of 4 assumed here (the launch picks the width): the split,
   // and with it the rounding, depends on the geometry alone.
@@ -563,12 +563,13 @@ DirectGpuPlan PlanDirectGpu(const ConvProblem& problem, DType dtype, int64_t lim
     if (p.workspace_bytes <= limit || p.splits() == 1) break;
   }
   if (p.splits() == 1) p.workspace_bytes = 0;
-  PlanReduction(g, dtype, limit, &p);
   // Groups innermost with unit stride (NHWC, one input or one image per
   // group): a depthwise forward pass, its backprop_input and backprop_filter.
   if (problem.in.g == 1 && problem.out.g == 1 && problem.filter.g == 1 && cog == 1 &&
       g.groups >= kDepthwiseMinGroups)
     PlanDepthwise(g, dtype, limit, &p);
+  else
+    PlanReduction(g, dtype, limit, &p);
   p.seconds = double(g.macs()) / (p.tiled ? kTiledMacsPerSecond : kUntiledMacsPerSecond) *
               (dtype == DType::kDouble ? 2.0 : 1.0);
   return p;
