@@ -27,8 +27,8 @@ ATTRS = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[], data_fo
              dilations=[1, 1, 1, 1])
 # TF's Conv2D on one input channel and a 31x31 filter is far slower than
 # direct and fft on the CPU (measured 19 ms against 0.4 ms on the development
-# machine), while the shipped model puts all three within 1.5x: every pass
-# of it is timed.
+# machine; 1.1 ms against 0.46 ms on an AVX-512 host where TF runs oneDNN),
+# while the shipped model puts all three within 1.5x: every pass of it is timed.
 WIDE = ((1, 64, 64, 1), (31, 31, 1, 2))
 # Grouped (not depthwise): TF's grouped Conv2D is untrusted on the CPU; its
 # forward pass measured 6 ms against 0.4 ms for direct.
@@ -111,7 +111,7 @@ def test_wrong_estimate_is_corrected_by_timing(model, autotuning, monkeypatch):
     assert all(s is not None and s > 0 for s in measured.values()), measured
     assert e.chosen["forward"] == min(measured, key=measured.get)
     assert e.chosen["forward"] in ("direct", "fft"), measured
-    assert measured["tf.Conv2D"] > 3 * measured[e.chosen["forward"]], measured
+    assert measured["tf.Conv2D"] > autotune.TF_MARGIN * measured[e.chosen["forward"]], measured
     assert "measured fastest" in e.reasons["forward"]
 
     # bigconv2d makes the same choice, from the cache: nothing is timed again.
