@@ -4,7 +4,8 @@ Sets (--set; NHWC float32, SAME):
   depthwise  filters (K, K, 1, C), as in MobileNet/ConvNeXt/RepLKNet layers (the groups
              kernel); until 2026-11-23 this script was bench_direct_depthwise.py
   dense      small and large dense filters: 1x1, 3x3, 7x7 (the chans kernel), 15x15,
-             and a 31x31 one-to-three-channel image filter (the cols kernel)
+             a 31x31 one-to-three-channel image filter (the cols kernel), and a 3x3
+             layer on 7x7 maps (narrow outputs)
 
 For each pass the direct kernel runs through `_core.run_pass` (TF's ops are not
 involved: this times the kernel and its threading, 2 workers here) on inputs from
@@ -40,7 +41,7 @@ SETS = {
     "dense": [((8, 112, 112, 32), (1, 1, 32, 32), 1), ((8, 56, 56, 64), (3, 3, 64, 64), 1),
               ((16, 28, 28, 128), (3, 3, 128, 128), 1), ((8, 56, 56, 64), (3, 3, 64, 64), 2),
               ((4, 128, 128, 16), (7, 7, 16, 16), 1), ((4, 64, 64, 32), (15, 15, 32, 32), 1),
-              ((4, 321, 321, 1), (31, 31, 1, 3), 1)],
+              ((4, 321, 321, 1), (31, 31, 1, 3), 1), ((32, 7, 7, 256), (3, 3, 256, 256), 1)],
 }
 QUICK = {"depthwise": [0, 1, 5], "dense": [0, 1, 5]}
 PASSES = ("forward", "backprop_input", "backprop_filter")

@@ -157,6 +157,55 @@ def test_zero_input_channels_padding_only_window():
     assert np.all(out[:, 0] == 0)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", ["chans", "groups"])
+@pytest.mark.parametrize("width", [1, 2, 3, 4, 5, 7, 8, 9, 13])
+def test_narrow_pixel_groups(isa, kind, width):
+    """Outputs a few pixels wide run the 4-pixel chans and groups kernels:
+    widths around the pixel groups, one vector of channels (or groups) and
+    two with a tail."""
+    lanes = {"baseline": 4, "avx2": 8, "avx512": 16}[isa]
+    for c in (lanes, 2 * lanes + 3):
+        shape = (2, 6, width + 2, c)
+        fshape = (3, 3, 1, c) if kind == "groups" else (3, 3, c, c)
+        b = _core.direct_blocking(list(shape), list(fshape), [1] * 4, "VALID", [], "NHWC",
+                                  [1] * 4, isa=isa)
+        if kind == "groups":
+            assert b["group_vectors"], b
+        elif c > lanes or 2 * width <= lanes:
+            assert b["channel_vectors"], b  # one vector of channels: only where narrow
+        # The narrow groups kernel needs 2x less work: only against 12 pixels.
+        if width <= 4 and (b["channel_vectors"] or (b["group_vectors"] and isa == "avx512")):
+            assert b["narrow_pixels"], b
+        check(random_case(shape, width), random_case(fshape, c), isa=isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("pass_,shape,fshape", [
+    ("backprop_filter", (5, 9, 11, 37), (3, 3, 37, 40)),  # chans kernel, 37 images
+    ("backprop_filter", (5, 40, 45, 37), (3, 3, 37, 5)),  # cols kernel
+    ("backprop_filter", (3, 40, 45, 74), (2, 3, 37, 8)),  # two groups of 37 images
+    ("forward", (67, 2, 3, 40), (1, 1, 40, 48)),          # chans kernel, tiny images
+])
+def test_images_share_packed_filters(isa, pass_, shape, fshape):
+    """Tasks of several images (few output pixels each: filter gradients, tiny
+    images), with a last block of fewer images. (The groups kernel's panels
+    hold as much as its filter, and so do the cols kernel's in a forward pass
+    but for huge filters on tiny images: they run an image per task.)"""
+    b = _core.direct_blocking(list(shape), list(fshape), [1] * 4, "SAME", [], "NHWC", [1] * 4,
+                              isa=isa, pass_=pass_)
+    images = shape[0] if pass_ == "forward" else fshape[2]
+    assert 1 < b["image_block"] < images and images % b["image_block"] != 0, b
+    x, w = random_case(shape, 0), random_case(fshape, 1)
+    if pass_ == "forward":
+        check(x, w, 1, "SAME", isa=isa)
+    else:
+        dy = random_case(conv2d_reference(x, w, (1, 1), "SAME").shape, 2)
+        got = run_core_pass("direct", pass_, x, dy, fshape, 1, "SAME", isa=isa)
+        ref = conv2d_reference_backprop_filter(x, dy, fshape, (1, 1), "SAME")
+        assert rel_l2(got, ref) <= TOLERANCE["float32"]
+
+
 @pytest.mark.parametrize("cout", [3, 64])
 def test_results_independent_of_thread_count(cout):
     x, w = random_case((3, 30, 33, 4), 0), random_case((7, 7, 4, cout), 1)

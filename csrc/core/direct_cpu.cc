@@ -47,6 +47,8 @@ constexpr int64_t kMinTasks = 16;
 // Output pixels per task: each packed filter element then serves this many
 // multiply-adds, so packing costs a few percent at most.
 constexpr int64_t kTaskPixels = 4096;
+// The panels of a task's images together (each image has its own).
+constexpr int64_t kImagePanelsBytes = 4 << 20;
 
 // Everything derived from the geometry that the task loop needs.
 struct Layout {
@@ -58,6 +60,7 @@ struct Layout {
   int64_t qlen = 0;      // panel entries per phase row
   int64_t group_tasks = 0;  // tasks per image along groups (a block of groups each)
   int64_t row_blocks = 0;
+  int64_t image_tasks = 0;  // tasks along the batch (b.image_block images each)
   int64_t panel_rows_max = 0;
   int64_t panel_elems = 0, filter_elems = 0, acc_elems = 0;
 
@@ -78,33 +81,45 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   // depthwise forward at a fifth of their model's rate.
   l.b.group_vectors = cog == 1 && g.groups >= L && g.data_format == DataFormat::kNHWC;
   // Two channel vectors per tile keep loads under FMAs; below that the
-  // column kernel (C=4: 6 loads per 24 FMAs) does better than one vector.
-  l.b.channel_vectors = !l.b.group_vectors && cog >= 2 * L;
+  // column kernel (C=4: 6 loads per 24 FMAs) does better than one vector,
+  // except on outputs at most half a vector wide (filter gradients of small
+  // filters), where its column vectors would hold mostly padding.
+  const int64_t ow = std::max<int64_t>(g.out_w, 1);
+  l.b.channel_vectors = !l.b.group_vectors && (cog >= 2 * L || (cog >= L && 2 * ow <= L));
+  // Narrow pixel groups where the wide ones would compute far more padded
+  // pixels (a 3x3 filter gradient's 3-pixel rows filled 3 of 12). Per lane,
+  // the narrow kernels ran at about 0.7 (chans) and 0.5 (groups: a load per
+  // FMA) of the wide ones' speed, so they need at least 1.5x and 2x less work.
+  const int64_t narrow_work = RoundUp(ow, kt.chans_pixels[1]);
+  const int64_t wide_work = RoundUp(ow, kt.chans_pixels[0]);
+  l.b.narrow_pixels = l.b.group_vectors     ? narrow_work * 2 <= wide_work
+                      : l.b.channel_vectors ? narrow_work * 3 <= wide_work * 2
+                                            : false;
   int64_t row_bytes, row_multiple;
   if (l.b.group_vectors) {
     // Blocks of two group vectors; a task whose block holds at most `lanes`
     // groups (the last one) runs one vector.
     l.b.channels_per_tile = g.groups >= 2 * L ? 2 : 1;
     l.b.group_block = l.b.channels_per_tile * L;
-    l.unit = kt.chans_pixels;
+    l.unit = kt.chans_pixels[l.b.narrow_pixels];
     l.co_pad = 1;
-    l.wo_pad = RoundUp(std::max<int64_t>(g.out_w, 1), l.unit);
+    l.wo_pad = RoundUp(ow, l.unit);
     row_bytes = SatMul({l.wo_pad, l.b.group_block, int64_t(sizeof(T))});
     row_multiple = 1;
   } else if (l.b.channel_vectors) {
     // Tiles of two channel vectors, and one of a single vector for a tail
     // of at most `lanes` channels (both kernels use the same pixel groups).
     l.b.channels_per_tile = 2;
-    l.unit = kt.chans_pixels;
+    l.unit = kt.chans_pixels[l.b.narrow_pixels];
     l.co_pad = RoundUp(cog, L);
-    l.wo_pad = RoundUp(std::max<int64_t>(g.out_w, 1), l.unit);
+    l.wo_pad = RoundUp(ow, l.unit);
     row_bytes = SatMul({l.wo_pad, l.co_pad, int64_t(sizeof(T))});
     row_multiple = 1;
   } else {
     l.b.channels_per_tile = int(std::min<int64_t>(cog, 4));
     l.unit = L;
     l.co_pad = cog;
-    l.wo_pad = RoundUp(std::max<int64_t>(g.out_w, 1), L);
+    l.wo_pad = RoundUp(ow, L);
     // No output channels: no work (the kernel returns early), but a sane layout.
     row_bytes = SatMul({std::max<int64_t>(cog, 1), l.wo_pad, int64_t(sizeof(T))});
     row_multiple = direct::kTaskRows;  // every micro-kernel row count divides it
@@ -158,18 +173,37 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   l.panel_elems = SatMul({cib, l.panel_rows_max, g.stride_w, l.qlen, entry});
   l.filter_elems = SatMul({cib, khb, g.filter_w, tile_c});
   l.row_blocks = CeilDiv(g.out_h, l.b.task_rows);
-  l.b.tasks = g.batch * l.group_tasks * l.row_blocks;
+  // What a task packs: its group's whole filter, and each image's panels.
+  const int64_t filter_per_task = SatMul({g.filter_h, g.filter_w, cig, l.co_pad, entry});
+  const int64_t panels_per_image = SatMul(
+      {CeilDiv(g.filter_h, khb), cig, l.panel_rows_max, g.stride_w, l.qlen, entry});
+  // Images per task. Where the output rows are few (a filter gradient's
+  // output is the filter), each packed filter element serves few
+  // multiply-adds: 9 in a 3x3 filter gradient, which spent most of its time
+  // packing. The images of a task then share each packed filter block, up to
+  // as many panels as the filter holds (past that, packing at most halves),
+  // within the accumulator and panel budgets and short of starving the threads.
+  const int64_t image_tasks_min =
+      CeilDiv(kMinTasks, std::max<int64_t>(1, l.group_tasks * l.row_blocks));
+  l.b.image_block = std::min(
+      {CeilDiv(kTaskPixels, l.b.task_rows * l.wo_pad),
+       filter_per_task / std::max<int64_t>(1, panels_per_image),
+       kAccBytes / std::max<int64_t>(1, SatMul(l.acc_elems, int64_t(sizeof(T)))),
+       kImagePanelsBytes / std::max<int64_t>(1, SatMul(l.panel_elems, int64_t(sizeof(T)))),
+       g.batch / image_tasks_min});
+  l.b.image_block = std::max<int64_t>(l.b.image_block, 1);
+  l.image_tasks = CeilDiv(g.batch, l.b.image_block);
+  l.b.tasks = l.image_tasks * l.group_tasks * l.row_blocks;
   l.b.lane_utilization = double(std::max<int64_t>(g.out_w, 1)) / double(l.wo_pad) *
                          double(std::max<int64_t>(cog, 1)) / double(std::max<int64_t>(l.co_pad, 1));
   if (l.b.group_vectors)
     l.b.lane_utilization *= double(g.groups) / double(l.group_tasks * l.b.group_block);
   // Saturating: a layout too large to allocate has a scratch that fits no limit.
-  l.b.packed_elements =
-      SatMul(l.b.tasks, SatAdd(SatMul({g.filter_h, g.filter_w, cig, l.co_pad, entry}),
-                               SatMul({CeilDiv(g.filter_h, khb), cig, l.panel_rows_max,
-                                       g.stride_w, l.qlen, entry})));
+  l.b.packed_elements = SatAdd(SatMul(l.b.tasks, filter_per_task),
+                               SatMul({g.batch, l.group_tasks, l.row_blocks, panels_per_image}));
+  const int64_t per_image = SatAdd(l.panel_elems, l.acc_elems);
   l.b.scratch_bytes_per_worker =
-      SatAdd(SatMul(SatAdd(SatAdd(l.panel_elems, l.filter_elems), l.acc_elems), int64_t(sizeof(T))),
+      SatAdd(SatMul(SatAdd(SatMul(l.b.image_block, per_image), l.filter_elems), int64_t(sizeof(T))),
              g.filter_w * int64_t(sizeof(int64_t)));
   return l;
 }
@@ -274,7 +308,8 @@ class DirectRunner {
 
   void Run(const ParallelFor& parallel_for) {
     parallel_for(l_.b.tasks, [this](int64_t begin, int64_t end, int /*worker*/) {
-      std::vector<T> panel(l_.panel_elems), filt(l_.filter_elems), acc(l_.acc_elems);
+      const int64_t ib = l_.b.image_block;
+      std::vector<T> panel(ib * l_.panel_elems), filt(l_.filter_elems), acc(ib * l_.acc_elems);
       std::vector<int64_t> kw_offset(g_.filter_w);
       for (int64_t t = begin; t < end; ++t)
         RunTask(t, panel.data(), filt.data(), acc.data(), kw_offset.data());
@@ -282,11 +317,13 @@ class DirectRunner {
   }
 
  private:
-  void RunTask(int64_t task, T* panel, T* filt, T* acc, int64_t* kw_offset) const {
-    // Tasks run (image, group or block of groups, block of output rows).
+  void RunTask(int64_t task, T* panels, T* filt, T* accs, int64_t* kw_offset) const {
+    // Tasks run (block of images, group or block of groups, block of output
+    // rows). Each image has its own panel and accumulators in the scratch.
     const int64_t rb = task % l_.row_blocks;
     const int64_t grp = (task / l_.row_blocks) % l_.group_tasks * l_.b.group_block;
-    const int64_t n = task / (l_.row_blocks * l_.group_tasks);
+    const int64_t n0 = task / (l_.row_blocks * l_.group_tasks) * l_.b.image_block;
+    const int64_t images = std::min(l_.b.image_block, g_.batch - n0);
     const int64_t oh0 = rb * l_.b.task_rows;
     const int64_t rows_valid = std::min(l_.b.task_rows, g_.out_h - oh0);
     const int64_t cig = g_.in_c_per_group(), cog = g_.out_c_per_group();
@@ -294,104 +331,125 @@ class DirectRunner {
     // holds them all.
     const int64_t ng = std::min(l_.b.group_block, g_.groups - grp);
     const int gv = ng > l_.lanes ? 2 : 1;
-    std::fill(acc, acc + l_.acc_elems, T(0));
-    const S* in_n = in_ + n * iv_.n + grp * iv_.g;
-    for (int64_t ci0 = 0; ci0 < cig; ci0 += l_.b.ci_block) {
-      const int64_t nci = std::min(l_.b.ci_block, cig - ci0);
-      for (int64_t kh0 = 0; kh0 < g_.filter_h; kh0 += l_.b.kh_block) {
-        const int64_t nkh = std::min(l_.b.kh_block, g_.filter_h - kh0);
-        const int64_t rows = l_.PanelRows(nkh, g_);
-        const int64_t ih0 = oh0 * g_.stride_h - g_.pad_top + kh0 * g_.dilation_h;
-        if (l_.b.group_vectors)
-          GroupsBlock(in_n + ci0 * iv_.c, ih0, rows, grp, ng, gv, ci0, nci, kh0, nkh, rows_valid,
-                      panel, filt, acc, kw_offset);
-        else if (l_.b.channel_vectors)
-          ChansBlock(in_n + ci0 * iv_.c, ih0, rows, grp, ci0, nci, kh0, nkh, rows_valid, panel,
-                     filt, acc, kw_offset);
-        else
-          ColsBlock(in_n + ci0 * iv_.c, ih0, rows, grp, ci0, nci, kh0, nkh, rows_valid, panel,
-                    filt, acc, kw_offset);
+    std::fill(accs, accs + images * l_.acc_elems, T(0));
+    Block blk;
+    blk.in = in_ + n0 * iv_.n + grp * iv_.g;
+    blk.images = images;
+    blk.grp = grp;
+    blk.rows_valid = rows_valid;
+    blk.panels = panels;
+    blk.filt = filt;
+    blk.accs = accs;
+    blk.kw_offset = kw_offset;
+    for (blk.ci0 = 0; blk.ci0 < cig; blk.ci0 += l_.b.ci_block) {
+      blk.nci = std::min(l_.b.ci_block, cig - blk.ci0);
+      for (blk.kh0 = 0; blk.kh0 < g_.filter_h; blk.kh0 += l_.b.kh_block) {
+        blk.nkh = std::min(l_.b.kh_block, g_.filter_h - blk.kh0);
+        blk.rows = l_.PanelRows(blk.nkh, g_);
+        blk.ih0 = oh0 * g_.stride_h - g_.pad_top + blk.kh0 * g_.dilation_h;
+        if (l_.b.group_vectors) GroupsBlock(blk, ng, gv);
+        else if (l_.b.channel_vectors) ChansBlock(blk);
+        else ColsBlock(blk);
       }
     }
     // Write the accumulators out, converting to S.
-    S* out_n = out_ + n * ov_.n + oh0 * ov_.h + grp * ov_.g;
     // Accumulators [row][col][gb] (groups), [row][col][co_pad] (chans) or
     // [co][row][wo_pad] (cols).
-    for (int64_t r = 0; r < rows_valid; ++r) {
-      S* out_r = out_n + r * ov_.h;
-      if (l_.b.group_vectors || l_.b.channel_vectors) {
-        const int64_t entry = l_.b.group_vectors ? gv * l_.lanes : l_.co_pad;
-        const int64_t n = l_.b.group_vectors ? ng : cog;
-        const int64_t stride = l_.b.group_vectors ? ov_.g : ov_.c;
-        for (int64_t ow = 0; ow < g_.out_w; ++ow)
-          StoreN(acc + (r * l_.wo_pad + ow) * entry, n, out_r + ow * ov_.w, stride);
-      } else {
-        for (int64_t c = 0; c < cog; ++c)
-          StoreN(acc + (c * l_.b.task_rows + r) * l_.wo_pad, g_.out_w, out_r + c * ov_.c, ov_.w);
+    for (int64_t m = 0; m < images; ++m) {
+      const T* acc = accs + m * l_.acc_elems;
+      S* out_n = out_ + (n0 + m) * ov_.n + oh0 * ov_.h + grp * ov_.g;
+      for (int64_t r = 0; r < rows_valid; ++r) {
+        S* out_r = out_n + r * ov_.h;
+        if (l_.b.group_vectors || l_.b.channel_vectors) {
+          const int64_t entry = l_.b.group_vectors ? gv * l_.lanes : l_.co_pad;
+          const int64_t n = l_.b.group_vectors ? ng : cog;
+          const int64_t stride = l_.b.group_vectors ? ov_.g : ov_.c;
+          for (int64_t ow = 0; ow < g_.out_w; ++ow)
+            StoreN(acc + (r * l_.wo_pad + ow) * entry, n, out_r + ow * ov_.w, stride);
+        } else {
+          for (int64_t c = 0; c < cog; ++c)
+            StoreN(acc + (c * l_.b.task_rows + r) * l_.wo_pad, g_.out_w, out_r + c * ov_.c,
+                   ov_.w);
+        }
       }
     }
   }
+
+  // One (input-channel, filter-row) block of a task: what the block kernels
+  // pack and run, for each of the task's images.
+  struct Block {
+    const S* in;  // image 0 of the task, at its group (or block of groups)
+    int64_t images, grp, rows_valid;
+    int64_t ci0, nci, kh0, nkh;
+    int64_t ih0, rows;  // the panel's first input row and its row count
+    T* panels;          // an image's panel every panel_elems
+    T* filt;
+    T* accs;            // an image's accumulators every acc_elems
+    int64_t* kw_offset;
+  };
+  const S* ImageIn(const Block& b, int64_t m) const { return b.in + m * iv_.n + b.ci0 * iv_.c; }
+  T* Panel(const Block& b, int64_t m) const { return b.panels + m * l_.panel_elems; }
+  T* Acc(const Block& b, int64_t m) const { return b.accs + m * l_.acc_elems; }
 
   // Filter tap (kh, kw, ci, co) of group grp; output channels are fv_.o apart.
   const S* FilterAt(int64_t kh, int64_t kw, int64_t ci, int64_t grp, int64_t co) const {
     return filt_ + fv_.offset + kh * fv_.h + kw * fv_.w + ci * fv_.i + grp * fv_.g + co * fv_.o;
   }
 
-  void ColsBlock(const S* in, int64_t ih0, int64_t rows, int64_t grp, int64_t ci0, int64_t nci,
-                 int64_t kh0, int64_t nkh, int64_t rows_valid, T* panel, T* filt, T* acc,
-                 int64_t* kw_offset) const {
+  void ColsBlock(const Block& b) const {
     const int64_t sw = g_.stride_w, qlen = l_.qlen;
-    const int64_t row_stride = sw * qlen, ci_stride = rows * row_stride;
-    PackPanel<S, T, false>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, ci_stride, row_stride,
-                           qlen, 1, PanelEntry(), panel);
-    TapOffsets(qlen, 1, kw_offset);
-    const int64_t cog = g_.out_c_per_group(), KW = g_.filter_w;
+    const int64_t row_stride = sw * qlen, ci_stride = b.rows * row_stride;
+    for (int64_t m = 0; m < b.images; ++m)
+      PackPanel<S, T, false>(ImageIn(b, m), iv_, g_, b.ih0, b.rows, -g_.pad_left, b.nci, qlen,
+                             ci_stride, row_stride, qlen, 1, PanelEntry(), Panel(b, m));
+    TapOffsets(qlen, 1, b.kw_offset);
+    const int64_t cog = g_.out_c_per_group();
     for (int64_t c0 = 0; c0 < cog; c0 += 4) {
       const int C = int(std::min<int64_t>(4, cog - c0));
       // Filter block [ci][kh][kw][C] for channels c0 .. c0+C.
-      PackFilterByChannel(ci0, nci, kh0, nkh, grp, c0, fv_.o, C, C, filt);
+      PackFilterByChannel(b.ci0, b.nci, b.kh0, b.nkh, b.grp, c0, fv_.o, C, C, b.filt);
       const int R = kt_.cols_rows[C];
       ColsTile<T> t;
       t.panel_ci_stride = ci_stride;
       t.out_row_step = g_.stride_h * row_stride;
       t.tap_row_step = g_.dilation_h * row_stride;
-      t.kw_offset = kw_offset;
-      t.filter = filt;
-      t.n_ci = nci;
-      t.n_kh = nkh;
-      t.n_kw = KW;
+      t.kw_offset = b.kw_offset;
+      t.filter = b.filt;
+      t.n_ci = b.nci;
+      t.n_kh = b.nkh;
+      t.n_kw = g_.filter_w;
       t.acc_c_stride = l_.b.task_rows * l_.wo_pad;
       t.acc_r_stride = l_.wo_pad;
       t.n_colvec = l_.wo_pad / l_.lanes;
-      for (int64_t r0 = 0; r0 < rows_valid; r0 += R) {
-        t.panel = panel + r0 * t.out_row_step;
-        t.acc = acc + c0 * t.acc_c_stride + r0 * t.acc_r_stride;
-        kt_.cols[C](t);
-      }
+      for (int64_t m = 0; m < b.images; ++m)
+        for (int64_t r0 = 0; r0 < b.rows_valid; r0 += R) {
+          t.panel = Panel(b, m) + r0 * t.out_row_step;
+          t.acc = Acc(b, m) + c0 * t.acc_c_stride + r0 * t.acc_r_stride;
+          kt_.cols[C](t);
+        }
     }
   }
 
-  void ChansBlock(const S* in, int64_t ih0, int64_t rows, int64_t grp, int64_t ci0, int64_t nci,
-                  int64_t kh0, int64_t nkh, int64_t rows_valid, T* panel, T* filt, T* acc,
-                  int64_t* kw_offset) const {
+  void ChansBlock(const Block& b) const {
     const int64_t sw = g_.stride_w, qlen = l_.qlen;
-    const int64_t q_stride = nci, phase_stride = qlen * q_stride, row_stride = sw * phase_stride;
+    const int64_t q_stride = b.nci, phase_stride = qlen * q_stride, row_stride = sw * phase_stride;
     // A panel entry is a pixel's nci channels: one block entry, so that NHWC
     // inputs are copied a pixel's channels at a time, not a channel at a time.
     PanelEntry entry;
-    entry.width = entry.n = nci;
+    entry.width = entry.n = b.nci;
     entry.stride = iv_.c;
-    PackPanel<S, T, true>(in, iv_, g_, ih0, rows, -g_.pad_left, 1, qlen, 0, row_stride,
-                          phase_stride, q_stride, entry, panel);
-    TapOffsets(phase_stride, q_stride, kw_offset);
+    for (int64_t m = 0; m < b.images; ++m)
+      PackPanel<S, T, true>(ImageIn(b, m), iv_, g_, b.ih0, b.rows, -g_.pad_left, 1, qlen, 0,
+                            row_stride, phase_stride, q_stride, entry, Panel(b, m));
+    TapOffsets(phase_stride, q_stride, b.kw_offset);
     const int64_t cog = g_.out_c_per_group(), KW = g_.filter_w;
     const int64_t L = l_.lanes;
     ChansTile<T> t;
     t.tap_row_step = g_.dilation_h * row_stride;
     t.q_stride = q_stride;
-    t.kw_offset = kw_offset;
-    t.n_ci = nci;
-    t.n_kh = nkh;
+    t.kw_offset = b.kw_offset;
+    t.n_ci = b.nci;
+    t.n_kh = b.nkh;
     t.n_kw = KW;
     t.acc_col_stride = l_.co_pad;
     t.n_pixgroups = l_.wo_pad / l_.unit;
@@ -400,19 +458,20 @@ class DirectRunner {
       const int CV = l_.co_pad - c0 >= 2 * L ? 2 : 1;
       const int64_t block = CV * L;
       const int64_t n = std::min(block, cog - c0);  // real channels; zero the rest
-      T* f = filt;  // [kh][kw][ci][block]
-      for (int64_t kh = 0; kh < nkh; ++kh)
+      T* f = b.filt;  // [kh][kw][ci][block]
+      for (int64_t kh = 0; kh < b.nkh; ++kh)
         for (int64_t kw = 0; kw < KW; ++kw)
-          for (int64_t ci = 0; ci < nci; ++ci) {
-            f = ConvertN(FilterAt(kh0 + kh, kw, ci0 + ci, grp, c0), fv_.o, n, f);
+          for (int64_t ci = 0; ci < b.nci; ++ci) {
+            f = ConvertN(FilterAt(b.kh0 + kh, kw, b.ci0 + ci, b.grp, c0), fv_.o, n, f);
             f = std::fill_n(f, block - n, T(0));
           }
-      t.filter = filt;
-      for (int64_t r = 0; r < rows_valid; ++r) {
-        t.panel = panel + r * g_.stride_h * row_stride;
-        t.acc = acc + r * l_.wo_pad * l_.co_pad + c0;
-        kt_.chans[CV](t);
-      }
+      t.filter = b.filt;
+      for (int64_t m = 0; m < b.images; ++m)
+        for (int64_t r = 0; r < b.rows_valid; ++r) {
+          t.panel = Panel(b, m) + r * g_.stride_h * row_stride;
+          t.acc = Acc(b, m) + r * l_.wo_pad * l_.co_pad + c0;
+          kt_.chans[l_.b.narrow_pixels][CV](t);
+        }
       c0 += block;
     }
   }
@@ -441,36 +500,35 @@ class DirectRunner {
   // Groups [grp, grp + ng) of one output channel each, in vectors of
   // gb = gv * lanes groups: panel [ci][row][phase][q][gb], filter
   // [ci][kh][kw][gb], accumulators [row][col][gb].
-  void GroupsBlock(const S* in, int64_t ih0, int64_t rows, int64_t grp, int64_t ng, int gv,
-                   int64_t ci0, int64_t nci, int64_t kh0, int64_t nkh, int64_t rows_valid,
-                   T* panel, T* filt, T* acc, int64_t* kw_offset) const {
+  void GroupsBlock(const Block& b, int64_t ng, int gv) const {
     const int64_t sw = g_.stride_w, qlen = l_.qlen, gb = gv * l_.lanes;
     const int64_t q_stride = gb, phase_stride = qlen * q_stride, row_stride = sw * phase_stride;
-    const int64_t ci_stride = rows * row_stride;
+    const int64_t ci_stride = b.rows * row_stride;
     PanelEntry entry;
     entry.width = gb;
     entry.n = ng;
     entry.stride = iv_.g;
-    PackPanel<S, T, true>(in, iv_, g_, ih0, rows, -g_.pad_left, nci, qlen, ci_stride, row_stride,
-                          phase_stride, q_stride, entry, panel);
-    TapOffsets(phase_stride, q_stride, kw_offset);
-    const int64_t KW = g_.filter_w;
-    PackFilterByChannel(ci0, nci, kh0, nkh, grp, 0, fv_.g, ng, gb, filt);
+    for (int64_t m = 0; m < b.images; ++m)
+      PackPanel<S, T, true>(ImageIn(b, m), iv_, g_, b.ih0, b.rows, -g_.pad_left, b.nci, qlen,
+                            ci_stride, row_stride, phase_stride, q_stride, entry, Panel(b, m));
+    TapOffsets(phase_stride, q_stride, b.kw_offset);
+    PackFilterByChannel(b.ci0, b.nci, b.kh0, b.nkh, b.grp, 0, fv_.g, ng, gb, b.filt);
     direct::GroupsTile<T> t;
     t.panel_ci_stride = ci_stride;
     t.tap_row_step = g_.dilation_h * row_stride;
     t.q_stride = q_stride;
-    t.kw_offset = kw_offset;
-    t.filter = filt;
-    t.n_ci = nci;
-    t.n_kh = nkh;
-    t.n_kw = KW;
+    t.kw_offset = b.kw_offset;
+    t.filter = b.filt;
+    t.n_ci = b.nci;
+    t.n_kh = b.nkh;
+    t.n_kw = g_.filter_w;
     t.n_pixgroups = l_.wo_pad / l_.unit;
-    for (int64_t r = 0; r < rows_valid; ++r) {
-      t.panel = panel + r * g_.stride_h * row_stride;
-      t.acc = acc + r * l_.wo_pad * gb;
-      kt_.groups[gv](t);
-    }
+    for (int64_t m = 0; m < b.images; ++m)
+      for (int64_t r = 0; r < b.rows_valid; ++r) {
+        t.panel = Panel(b, m) + r * g_.stride_h * row_stride;
+        t.acc = Acc(b, m) + r * l_.wo_pad * gb;
+        kt_.groups[l_.b.narrow_pixels][gv](t);
+      }
   }
 
   const ConvGeometry g_;

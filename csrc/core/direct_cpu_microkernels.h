@@ -62,14 +62,17 @@ struct GroupsTile {
   int64_t n_pixgroups;       // groups of P pixels to compute
 };
 
+// The chans and groups kernels come in two widths: [0] the wide one (P as
+// large as the registers allow) and [1] a narrow one (P = 4) for outputs a
+// few pixels wide, where the wide one would compute mostly padding.
 template <typename T>
 struct KernelTable {
   int lanes;                  // vector lanes of T
   int cols_rows[5];           // R for C = 1..4
   void (*cols[5])(const ColsTile<T>&);
-  int chans_pixels;           // P, the same for CV = 1 and 2 and for groups
-  void (*chans[3])(const ChansTile<T>&);
-  void (*groups[3])(const GroupsTile<T>&);  // GV = 1, 2
+  int chans_pixels[2];        // P, the same for CV = 1 and 2 and for groups
+  void (*chans[2][3])(const ChansTile<T>&);
+  void (*groups[2][3])(const GroupsTile<T>&);  // GV = 1, 2
 };
 
 #define TFBIGCONV_DECLARE_TABLES(ns)            \

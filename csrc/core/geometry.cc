@@ -127,6 +127,15 @@ ConvProblem BackpropFilterProblem(const ConvGeometry& f) {
   return p;
 }
 
+ConvProblem PassProblem(const ConvGeometry& g, Pass pass) {
+  switch (pass) {
+    case Pass::kForward: return ForwardProblem(g);
+    case Pass::kBackpropInput: return BackpropInputProblem(g);
+    case Pass::kBackpropFilter: return BackpropFilterProblem(g);
+  }
+  return ForwardProblem(g);
+}
+
 std::string ParsePadding(const std::string& s, Padding* out) {
   if (s == "SAME") *out = Padding::kSame;
   else if (s == "VALID") *out = Padding::kValid;

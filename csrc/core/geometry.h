@@ -104,6 +104,8 @@ ConvProblem BackpropInputProblem(const ConvGeometry& g);
 // dL/doutput (dilated by the forward strides, strided by the forward
 // dilations), output = dL/dfilter (HWIO).
 ConvProblem BackpropFilterProblem(const ConvGeometry& g);
+// The problem that computes `pass` of the forward geometry g (one of the three above).
+ConvProblem PassProblem(const ConvGeometry& g, Pass pass);
 
 std::string ParsePadding(const std::string& s, Padding* out);
 std::string ParseDataFormat(const std::string& s, DataFormat* out);

@@ -440,9 +440,7 @@ Status PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
   PassPlan p;
   p.pass = pass;
   p.device = device;
-  const ConvProblem problem = pass == Pass::kForward          ? ForwardProblem(ug)
-                              : pass == Pass::kBackpropInput ? BackpropInputProblem(ug)
-                                                             : BackpropFilterProblem(ug);
+  const ConvProblem problem = PassProblem(ug, pass);
   Status err;
   Algorithm ours = Algorithm::kDirect;
   if (device == Device::kCpu) {

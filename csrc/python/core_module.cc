@@ -276,18 +276,22 @@ PYBIND11_MODULE(_core, m) {
       [](const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
          const std::vector<int64_t>& strides, const std::string& padding,
          const std::vector<int64_t>& explicit_paddings, const std::string& data_format,
-         const std::vector<int64_t>& dilations, const std::string& dtype, const std::string& isa) {
+         const std::vector<int64_t>& dilations, const std::string& dtype, const std::string& isa,
+         const std::string& pass) {
         const ConvGeometry g = Geometry(
             input_shape, filter_shape,
             MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
         const DirectBlocking b =
-            DirectConvBlocking(g, DTypeFromName(dtype), PickIsa(isa));
+            DirectConvBlocking(PassProblem(g, PassFromName(pass)).g, DTypeFromName(dtype),
+                               PickIsa(isa));
         py::dict d;
         d["channel_vectors"] = b.channel_vectors;
         d["group_vectors"] = b.group_vectors;
+        d["narrow_pixels"] = b.narrow_pixels;
         d["group_block"] = b.group_block;
         d["channels_per_tile"] = b.channels_per_tile;
         d["task_rows"] = b.task_rows;
+        d["image_block"] = b.image_block;
         d["ci_block"] = b.ci_block;
         d["kh_block"] = b.kh_block;
         d["tasks"] = b.tasks;
@@ -296,7 +300,8 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
       py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
-      py::arg("dtype") = "float32", py::arg("isa") = "");
+      py::arg("dtype") = "float32", py::arg("isa") = "", py::arg("pass_") = "forward",
+      "The direct kernel's blocking of one pass of the (forward) convolution.");
   m.def("run_pass", &RunPass, py::arg("algorithm"), py::arg("pass_"), py::arg("a"),
         py::arg("b"), py::arg("sizes"), py::arg("strides"), py::arg("padding"),
         py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
@@ -385,10 +390,7 @@ PYBIND11_MODULE(_core, m) {
         else if (candidate == "fft") c = GpuCandidate::kFft;
         else throw py::value_error("candidate must be tf, direct or fft");
         const Pass ps = PassFromName(pass);
-        const ConvGeometry g = c == GpuCandidate::kTf            ? ug
-                               : ps == Pass::kForward          ? ForwardProblem(ug).g
-                               : ps == Pass::kBackpropInput    ? BackpropInputProblem(ug).g
-                                                               : BackpropFilterProblem(ug).g;
+        const ConvGeometry g = c == GpuCandidate::kTf ? ug : PassProblem(ug, ps).g;
         const GpuModelTerms t = GpuTerms(g, c);
         return py::make_tuple(t.work, std::vector<double>(t.features, t.features + kGpuFeatures));
       },
