@@ -60,7 +60,6 @@ struct Layout {
   int64_t qlen = 0;      // panel entries per phase row
   int64_t group_tasks = 0;  // tasks per image along groups (a block of groups each)
   int64_t row_blocks = 0;
-  int64_t image_tasks = 0;  // tasks along the batch (b.image_block images each)
   int64_t panel_rows_max = 0;
   int64_t panel_elems = 0, filter_elems = 0, acc_elems = 0;
 
@@ -192,8 +191,7 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
        kImagePanelsBytes / std::max<int64_t>(1, SatMul(l.panel_elems, int64_t(sizeof(T)))),
        g.batch / image_tasks_min});
   l.b.image_block = std::max<int64_t>(l.b.image_block, 1);
-  l.image_tasks = CeilDiv(g.batch, l.b.image_block);
-  l.b.tasks = l.image_tasks * l.group_tasks * l.row_blocks;
+  l.b.tasks = CeilDiv(g.batch, l.b.image_block) * l.group_tasks * l.row_blocks;
   l.b.lane_utilization = double(std::max<int64_t>(g.out_w, 1)) / double(l.wo_pad) *
                          double(std::max<int64_t>(cog, 1)) / double(std::max<int64_t>(l.co_pad, 1));
   if (l.b.group_vectors)
