@@ -193,23 +193,50 @@ def test_images_share_packed_filters(isa, pass_, shape, fshape):
     hold as much as its filter, and so do the cols kernel's in a forward pass
     but for huge filters on tiny images: they run an image per task.)"""
     b = _core.direct_blocking(list(shape), list(fshape), [1] * 4, "SAME", [], "NHWC", [1] * 4,
-                              isa=isa, pass_=pass_)
+                              isa=isa, pass_=pass_, workers=3)
     images = shape[0] if pass_ == "forward" else fshape[2]
     assert 1 < b["image_block"] < images and images % b["image_block"] != 0, b
     x, w = random_case(shape, 0), random_case(fshape, 1)
     if pass_ == "forward":
-        check(x, w, 1, "SAME", isa=isa)
+        y = run_core("direct", x, w, 1, "SAME", isa=isa, num_threads=3)
+        assert rel_l2(y, conv2d_reference(x, w, (1, 1), "SAME")) <= TOLERANCE["float32"]
     else:
         dy = random_case(conv2d_reference(x, w, (1, 1), "SAME").shape, 2)
-        got = run_core_pass("direct", pass_, x, dy, fshape, 1, "SAME", isa=isa)
+        got = run_core_pass("direct", pass_, x, dy, fshape, 1, "SAME", isa=isa, num_threads=3)
         ref = conv2d_reference_backprop_filter(x, dy, fshape, (1, 1), "SAME")
         assert rel_l2(got, ref) <= TOLERANCE["float32"]
 
 
-@pytest.mark.parametrize("cout", [3, 64])
-def test_results_independent_of_thread_count(cout):
-    x, w = random_case((3, 30, 33, 4), 0), random_case((7, 7, 4, cout), 1)
-    outs = [run(x, w, 1, "SAME", threads=t) for t in (1, 2, 3, 7)]
+def test_image_blocks_follow_the_workers():
+    """Tasks are split statically, a block per worker: a filter gradient gets
+    just enough image blocks for the workers (a multiple of them while few),
+    and more with more workers."""
+    shape, fshape = (4, 20, 20, 16), (7, 7, 16, 16)  # 16 images of the filter gradient
+    blocking = {w: _core.direct_blocking(list(shape), list(fshape), [1] * 4, "SAME", [], "NHWC",
+                                         [1] * 4, pass_="backprop_filter", workers=w)
+                for w in (1, 2, 3, 16, 64)}
+    for w, b in blocking.items():
+        blocks = -(-16 // b["image_block"])
+        assert b["tasks"] >= min(w, 16) and (blocks % w == 0 or blocks == 16), (w, b)
+    assert blocking[1]["image_block"] >= blocking[2]["image_block"] > blocking[16]["image_block"]
+    assert blocking[64]["image_block"] == 1
+
+
+@pytest.mark.parametrize("pass_,cout", [("forward", 3), ("forward", 64),
+                                        ("backprop_filter", 64)])
+def test_results_independent_of_thread_count(pass_, cout):
+    """Bit-identical for any thread count, though image blocks follow it."""
+    x, w = random_case((3, 30, 33, 20), 0), random_case((7, 7, 20, cout), 1)
+    if pass_ == "forward":
+        outs = [run(x, w, 1, "SAME", threads=t) for t in (1, 2, 3, 7)]
+    else:
+        dy = random_case(conv2d_reference(x, w, (1, 1), "SAME").shape, 2)
+        blocks = {_core.direct_blocking(list(x.shape), list(w.shape), [1] * 4, "SAME", [], "NHWC",
+                                        [1] * 4, pass_=pass_, workers=t)["image_block"]
+                  for t in (1, 2, 3, 7)}
+        assert len(blocks) > 1, blocks
+        outs = [run_core_pass("direct", pass_, x, dy, w.shape, 1, "SAME", num_threads=t)
+                for t in (1, 2, 3, 7)]
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
 

@@ -69,7 +69,7 @@ struct Layout {
 };
 
 template <typename T>
-Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
+Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt, int workers) {
   Layout l;
   const int64_t L = kt.lanes, cog = g.out_c_per_group(), cig = g.in_c_per_group();
   l.lanes = L;
@@ -181,15 +181,24 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt) {
   // multiply-adds: 9 in a 3x3 filter gradient, which spent most of its time
   // packing. The images of a task then share each packed filter block, up to
   // as many panels as the filter holds (past that, packing at most halves),
-  // within the accumulator and panel budgets and short of starving the threads.
-  const int64_t image_tasks_min =
-      CeilDiv(kMinTasks, std::max<int64_t>(1, l.group_tasks * l.row_blocks));
-  l.b.image_block = std::min(
-      {CeilDiv(kTaskPixels, l.b.task_rows * l.wo_pad),
-       filter_per_task / std::max<int64_t>(1, panels_per_image),
-       kAccBytes / std::max<int64_t>(1, SatMul(l.acc_elems, int64_t(sizeof(T)))),
-       kImagePanelsBytes / std::max<int64_t>(1, SatMul(l.panel_elems, int64_t(sizeof(T)))),
-       g.batch / image_tasks_min});
+  // within the accumulator and panel budgets.
+  const int64_t image_cap = std::max<int64_t>(
+      1, std::min({CeilDiv(kTaskPixels, l.b.task_rows * l.wo_pad),
+                   filter_per_task / std::max<int64_t>(1, panels_per_image),
+                   kAccBytes / std::max<int64_t>(1, SatMul(l.acc_elems, int64_t(sizeof(T)))),
+                   kImagePanelsBytes /
+                       std::max<int64_t>(1, SatMul(l.panel_elems, int64_t(sizeof(T))))}));
+  // The ParallelFor splits tasks statically, a block per worker, so tasks
+  // past one per worker balance nothing and each packs the filter again:
+  // image blocks just enough for every worker, their count rounded up to a
+  // multiple of the workers while that is few (17 blocks on 2 workers run
+  // as 9 and 8).
+  const int64_t w = std::max(workers, 1);
+  const int64_t tasks_per_block = std::max<int64_t>(1, l.group_tasks * l.row_blocks);
+  int64_t blocks = std::max(CeilDiv(g.batch, image_cap), CeilDiv(w, tasks_per_block));
+  if (blocks * tasks_per_block < 4 * w)
+    blocks = CeilDiv(RoundUp(blocks * tasks_per_block, w), tasks_per_block);
+  l.b.image_block = CeilDiv(g.batch, std::min(std::max<int64_t>(blocks, 1), std::max<int64_t>(g.batch, 1)));
   l.b.image_block = std::max<int64_t>(l.b.image_block, 1);
   l.b.tasks = CeilDiv(g.batch, l.b.image_block) * l.group_tasks * l.row_blocks;
   l.b.lane_utilization = double(std::max<int64_t>(g.out_w, 1)) / double(l.wo_pad) *
@@ -293,10 +302,10 @@ void PackPanel(const S* in, const TensorView& v, const ConvGeometry& g, int64_t 
 template <typename S, typename T>
 class DirectRunner {
  public:
-  DirectRunner(const DirectParams& p, Isa isa)
+  DirectRunner(const DirectParams& p, Isa isa, int workers)
       : g_(p.problem.g),
         kt_(Table<T>(isa)),
-        l_(MakeLayout(g_, kt_)),
+        l_(MakeLayout(g_, kt_, workers)),
         in_(static_cast<const S*>(p.input)),
         filt_(static_cast<const S*>(p.filter)),
         out_(static_cast<S*>(p.output)),
@@ -554,7 +563,7 @@ void ZeroView(const ConvProblem& p, S* out) {
 
 template <typename S, typename T>
 void RunDirect(const DirectParams& p, const ParallelFor& pf, Isa isa) {
-  DirectRunner<S, T>(p, isa).Run(pf);
+  DirectRunner<S, T>(p, isa, pf.num_workers()).Run(pf);
 }
 
 }  // namespace
@@ -568,9 +577,9 @@ void ZeroConvOutput(const ConvProblem& p, DType dtype, void* output) {
   }
 }
 
-DirectBlocking DirectConvBlocking(const ConvGeometry& g, DType dtype, Isa isa) {
-  return dtype == DType::kDouble ? MakeLayout(g, Table<double>(isa)).b
-                                 : MakeLayout(g, Table<float>(isa)).b;
+DirectBlocking DirectConvBlocking(const ConvGeometry& g, DType dtype, Isa isa, int workers) {
+  return dtype == DType::kDouble ? MakeLayout(g, Table<double>(isa), workers).b
+                                 : MakeLayout(g, Table<float>(isa), workers).b;
 }
 
 void DirectConv(const DirectParams& p, const ParallelFor& pf, Isa isa) {

@@ -44,7 +44,9 @@ struct DirectBlocking {
   int64_t packed_elements = 0;
 };
 
-DirectBlocking DirectConvBlocking(const ConvGeometry& g, DType dtype, Isa isa);
+// workers: the ParallelFor's num_workers() (image blocks are sized for them;
+// the results do not depend on it).
+DirectBlocking DirectConvBlocking(const ConvGeometry& g, DType dtype, Isa isa, int workers);
 
 // Writes zeros to every output element of the problem (empty reductions).
 void ZeroConvOutput(const ConvProblem& p, DType dtype, void* output);

@@ -255,7 +255,7 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& re
   }
   Estimate& d = c->direct;
   d.available = true;
-  const DirectBlocking blocking = DirectConvBlocking(g, dtype, ActiveIsa());
+  const DirectBlocking blocking = DirectConvBlocking(g, dtype, ActiveIsa(), workers);
   d.workspace_bytes = SatMul(blocking.scratch_bytes_per_worker, std::max(workers, 1));
   d.fits = d.workspace_bytes <= limit;
   const auto [compute_flops, load_bound_flops] = DirectFlops(blocking, g, dtype, workers);

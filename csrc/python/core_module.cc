@@ -277,13 +277,13 @@ PYBIND11_MODULE(_core, m) {
          const std::vector<int64_t>& strides, const std::string& padding,
          const std::vector<int64_t>& explicit_paddings, const std::string& data_format,
          const std::vector<int64_t>& dilations, const std::string& dtype, const std::string& isa,
-         const std::string& pass) {
+         const std::string& pass, int workers) {
         const ConvGeometry g = Geometry(
             input_shape, filter_shape,
             MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
         const DirectBlocking b =
             DirectConvBlocking(PassProblem(g, PassFromName(pass)).g, DTypeFromName(dtype),
-                               PickIsa(isa));
+                               PickIsa(isa), StdThreadParallelFor(workers).num_workers());
         py::dict d;
         d["channel_vectors"] = b.channel_vectors;
         d["group_vectors"] = b.group_vectors;
@@ -301,7 +301,9 @@ PYBIND11_MODULE(_core, m) {
       py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
       py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
       py::arg("dtype") = "float32", py::arg("isa") = "", py::arg("pass_") = "forward",
-      "The direct kernel's blocking of one pass of the (forward) convolution.");
+      py::arg("workers") = 0,
+      "The direct kernel's blocking of one pass of the (forward) convolution, for workers "
+      "threads (0: as run_pass's num_threads=0, the hardware's).");
   m.def("run_pass", &RunPass, py::arg("algorithm"), py::arg("pass_"), py::arg("a"),
         py::arg("b"), py::arg("sizes"), py::arg("strides"), py::arg("padding"),
         py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
