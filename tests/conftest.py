@@ -136,6 +136,15 @@ def model():
 
 
 @pytest.fixture
+def eigen_tf(monkeypatch):
+    """TF's CPU kernels as without oneDNN (its own Eigen kernels: NHWC only, no
+    grouped or dilated gradients, half types accumulated in half), whatever
+    this host runs: the dispatcher's oneDNN check answers no."""
+    from tfbigconv import dispatch
+    monkeypatch.setattr(dispatch, "tf_cpu_onednn", lambda *args: False)
+
+
+@pytest.fixture
 def autotuning(tmp_path, monkeypatch):
     """Autotuning on (as by default outside the tests), with a fresh cache file
     (its path is returned) and nothing remembered in this process."""

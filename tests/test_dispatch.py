@@ -112,7 +112,7 @@ def test_registered_gradient_uses_tf_where_it_wins(model):
         assert rel_l2(got.numpy(), ref.numpy()) < 1e-5
 
 
-def test_tf_is_never_chosen_where_tf_cannot_run_it():
+def test_tf_is_never_chosen_where_tf_cannot_run_it(eigen_tf):
     # NCHW: TF's CPU Conv2D runs only NHWC (without oneDNN).
     e = tfbigconv.explain((2, 16, 32, 32), (3, 3, 16, 16), padding="SAME", data_format="NCHW")
     assert not any(a.startswith("tf") for a in e.chosen.values())
@@ -422,9 +422,10 @@ def test_forced_tf_depthwise_is_tf_nn_depthwise_conv2d(strides):
 
 @pytest.mark.parametrize("kwargs", [dict(data_format="NCHW"), dict(dilations=2),
                                     dict(strides=(1, 2))])
-def test_depthwise_that_tf_depthwise_cannot_run(kwargs):
+def test_depthwise_that_tf_depthwise_cannot_run(kwargs, eigen_tf):
     """TF's depthwise kernels need NHWC, equal strides and no dilations; such
-    cases are grouped Conv2D for TF, which on the CPU runs only NHWC forward."""
+    cases are grouped Conv2D for TF, which on the CPU (without oneDNN) runs
+    only NHWC forward."""
     kwargs = dict(kwargs)
     strides = kwargs.pop("strides", 1)
     fmt = kwargs.get("data_format", "NHWC")
@@ -463,10 +464,11 @@ HALF_CASES = {
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", sorted(HALF_CASES))
 @pytest.mark.parametrize("tuned", [False, True], ids=["estimated", "autotuned"])
-def test_half_precision_gradients_from_auto_meet_tolerances(dtype, case, tuned, request):
-    """TF's CPU gradients (and depthwise kernels) accumulate in half
-    precision, 5-20x our error, over the tolerances: auto never picks them,
-    whether it decides by estimates or by timing, and explain() says why."""
+def test_half_precision_gradients_from_auto_meet_tolerances(dtype, case, tuned, request,
+                                                          eigen_tf):
+    """TF's CPU gradients (and depthwise kernels) without oneDNN accumulate in
+    half precision, 5-20x our error, over the tolerances: auto never picks
+    them, whether it decides by estimates or by timing, and explain() says why."""
     if tuned:
         request.getfixturevalue("autotuning")
     x_shape, w_shape, strides, padding = HALF_CASES[case]
@@ -499,6 +501,126 @@ def test_half_precision_rule_is_the_cpus():
         assert all(r.available for r in e.rows if r.algorithm.startswith("tf"))
         e = tfbigconv.explain((2, 17, 19, 16), (7, 7, 16, 16), padding="SAME", dtype="float32")
         assert all(r.available for r in e.rows if r.algorithm.startswith("tf"))
+
+
+# ---- TF's CPU kernels through oneDNN ----------------------------------------
+
+ONEDNN_CASES = {  # what TF's CPU kernels run only through oneDNN
+    "nchw": ((2, 8, 15, 17), (3, 3, 8, 6), {"data_format": "NCHW"}),
+    "grouped": ((2, 15, 17, 8), (3, 3, 2, 8), {}),
+    "dilated": ((2, 15, 17, 8), (3, 3, 8, 6), {"dilations": 2}),
+    "grouped_dilated_nchw": ((2, 8, 15, 17), (5, 3, 4, 6),
+                             {"data_format": "NCHW", "dilations": (2, 1)}),
+}
+
+
+def test_where_tf_runs_onednn_auto_may_pick_its_kernels(monkeypatch):
+    """With oneDNN, TF's CPU Conv2D runs NCHW, grouped and dilated gradients
+    and accumulates bfloat16 in float32: auto may pick it there (grouped
+    Conv2D still only when measured), and explain() says why. The check is
+    asked about explicit padding apart (oneDNN did not run it)."""
+    asked = []
+    monkeypatch.setattr(dispatch, "tf_cpu_onednn", lambda *a: asked.append(a) or True)
+    for name, (x_shape, w_shape, kwargs) in ONEDNN_CASES.items():
+        e = tfbigconv.explain(x_shape, w_shape, padding="SAME", **kwargs)
+        for p in dispatch.PASSES:
+            row = next(r for r in e.rows if r.pass_ == p and r.algorithm == "tf.Conv2D")
+            assert row.available, (name, row)
+            if p != "forward" or name == "nchw":
+                assert "oneDNN" in row.note, (name, row.note)
+            if name.startswith("grouped"):
+                assert "measured fastest" in row.note, row.note
+    assert {a[0] for a in asked} == {"Conv2D"} and not any(a[2] for a in asked)
+    e = tfbigconv.explain((2, 17, 19, 16), (7, 7, 16, 16), padding="SAME", dtype="bfloat16")
+    assert all(r.available and "half precision" not in r.note
+               for r in e.rows if r.algorithm.startswith("tf"))
+    asked.clear()
+    tfbigconv.explain((2, 15, 17, 8), (3, 3, 8, 6), padding=[[0, 0], [1, 2], [0, 3], [0, 0]],
+                      dilations=2)
+    assert asked and all(a == ("Conv2D", "float32", True) for a in asked)
+
+
+def test_tf_kernels_that_onednn_runs_here_are_correct(autotuning):
+    """On this host, as it is: where the oneDNN check says yes, TF's kernel
+    (forced) and auto meet the tolerances on the cases only oneDNN runs;
+    where it says no, auto never picks TF's kernel for them."""
+    for dtype in ("float32", "bfloat16", "float16"):
+        onednn = dispatch.tf_cpu_onednn("Conv2D", dtype, False)
+        for name, (x_shape, w_shape, kwargs) in ONEDNN_CASES.items():
+            if dtype != "float32" and name != "grouped_dilated_nchw":
+                continue
+            fmt = kwargs.get("data_format", "NHWC")
+            x = tf.cast(random_case(x_shape, 50, np.float64), dtype)
+            w = tf.cast(random_case(w_shape, 51, np.float64), dtype)
+            algorithms = ("auto", "tf") if onednn else ("auto",)
+            for algorithm in algorithms:
+                errors = grads_vs_reference(
+                    lambda x, w: cpu_bigconv2d(x, w, 1, "SAME", algorithm=algorithm, **kwargs),
+                    x, w, fmt=fmt, dil=kwargs.get("dilations", 1))
+                assert max(errors) <= TOLERANCE[dtype], (dtype, name, algorithm, errors)
+            if not onednn:
+                e = tfbigconv.explain(x_shape, w_shape, padding="SAME", dtype=dtype, **kwargs)
+                assert not any(e.chosen[p].startswith("tf") for p in dispatch.PASSES[1:]), e.chosen
+
+
+def exact_tf_kernels(monkeypatch, dtype, error=0.0, fail=False):
+    """Replaces TF's three kernels as conv.py emits them by float64 results
+    (our direct kernel) rounded to dtype, after a relative error of `error`
+    (NaN: NaN results); fail: they raise as TF's Eigen kernels do on NCHW."""
+    def pass_fn(pass_, a, b, sizes):
+        def run(a, b):
+            if fail:
+                raise tf.errors.InvalidArgumentError(None, None, "no NCHW here")
+            out = _core.run_pass("direct", pass_, a.numpy().astype(np.float64),
+                                 b.numpy().astype(np.float64), list(sizes), *attrs)
+            noise = np.random.default_rng(0).standard_normal(out.shape)
+            return out + error * np.linalg.norm(out) / np.sqrt(out.size) * noise
+        result = tf.py_function(run, [a, b], tf.float64)
+        return tf.cast(result, dtype)
+
+    attrs = None
+
+    def with_attrs(a):
+        nonlocal attrs
+        attrs = (a["strides"], a["padding"], a["explicit_paddings"], a["data_format"],
+                 a["dilations"])
+
+    def forward(x, w, a):
+        with_attrs(a)
+        return pass_fn("forward", x, w, [])
+
+    def backprop_input(sizes, w, dy, a, in_depth):
+        with_attrs(a)
+        return pass_fn("backprop_input", dy, w, tf.get_static_value(sizes).tolist())
+
+    def backprop_filter(x, f_shape, dy, a):
+        with_attrs(a)
+        return pass_fn("backprop_filter", x, dy, list(f_shape))
+
+    monkeypatch.setattr(conv, "_tf_forward", forward)
+    monkeypatch.setattr(conv, "_tf_backprop_input", backprop_input)
+    monkeypatch.setattr(conv, "_tf_backprop_filter", backprop_filter)
+
+
+@pytest.mark.parametrize("kernel", ["Conv2D", "DepthwiseConv2dNative"])
+def test_onednn_check_accepts_only_kernels_that_run_and_are_precise(monkeypatch, kernel):
+    """The check itself, on stand-ins for TF's kernels: exact results pass;
+    an error of 5x bfloat16's rounding (as TF's Eigen kernels accumulate),
+    NaN, or a kernel that raises does not; and without oneDNN nothing is run."""
+    monkeypatch.setattr(cost_model, "tf_onednn", lambda: True)
+    cases = [(0.0, False, True), (5 * 2.0 ** -9, False, False), (np.nan, False, False),
+             (0.0, True, False)]
+    try:
+        for error, fail, want in cases:
+            dispatch._onednn_probe.cache_clear()
+            exact_tf_kernels(monkeypatch, tf.bfloat16, error, fail)
+            assert dispatch.tf_cpu_onednn(kernel, "bfloat16", False) is want, (error, fail)
+        dispatch._onednn_probe.cache_clear()
+        monkeypatch.setattr(cost_model, "tf_onednn", lambda: False)
+        exact_tf_kernels(monkeypatch, tf.bfloat16, fail=True)
+        assert dispatch.tf_cpu_onednn(kernel, "bfloat16", False) is False
+    finally:
+        dispatch._onednn_probe.cache_clear()
 
 
 # ---- an unknown batch is planned at trace time -----------------------------

@@ -60,9 +60,9 @@ def test_resolve_device_follows_explicit_scopes():
     assert dispatch.device_kind("") == ""
 
 
-def test_trace_time_plan_follows_the_device_scope():
-    """NCHW 3x3, 32 channels: TF's CPU Conv2D cannot run it, so the CPU plan
-    is ours; on the GPU, cuDNN is the plan for every pass (TF's own
+def test_trace_time_plan_follows_the_device_scope(eigen_tf):
+    """NCHW 3x3, 32 channels: TF's CPU Conv2D without oneDNN cannot run it, so
+    the CPU plan is ours; on the GPU, cuDNN is the plan for every pass (TF's own
     gradients; on the H100 grids cuDNN is 10-30x faster than ours there).
     Tiny layers would not do: all candidates are then near their launch
     floors, where ours measured faster."""
@@ -92,9 +92,10 @@ def test_trace_time_plan_follows_the_device_scope():
     assert {"BigConv2D", "BigConv2DBackpropInput"} <= types and "Conv2D" not in types
 
 
-def test_an_eager_scope_around_a_traced_call_is_planned_for():
+def test_an_eager_scope_around_a_traced_call_is_planned_for(eigen_tf):
     """with tf.device(...) around the call that traces a tf.function: the
-    trace plans for that device (NCHW 3x3: cuDNN on the GPU, ours on the CPU)."""
+    trace plans for that device (NCHW 3x3: cuDNN on the GPU, ours on a CPU
+    where TF runs no oneDNN)."""
     x_shape, w_shape = (8, 32, 64, 64), (3, 3, 32, 32)
     w = rand(w_shape, 0)
     for device, want in (("GPU", "Conv2D"), ("CPU", "BigConv2D")):

@@ -30,8 +30,8 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
   call of a pass so costs about (1 + MIN_ROUNDS) x (candidates) x
   max(MIN_TIMED_S, the time on TIMING_BATCH images) where the estimates
   hold, plus at most EXTRA_ROUNDS_BELOW_S and one round for the extra
-  rounds, plus the candidates' tracing; once per geometry, dtype, device
-  and thread count.
+  rounds, plus the candidates' tracing; once per geometry, dtype, device,
+  thread count and oneDNN setting (TF's CPU kernels are other code with it).
 - Choice: the fastest call wins, but TF's kernel is kept unless ours is
   TF_MARGIN x faster. A win over TF's kernel by less than CONFIRM_BELOW x is
   timed once more, the two alone, and stands only if it holds again (a near
@@ -197,10 +197,12 @@ def clear_memory():
 
 def _key(pass_, input_shape, filter_shape, attrs, dtype, device, workspace_limit):
     from tfbigconv import dispatch
+    # TF's CPU kernels are other code with oneDNN on or off (TF_ENABLE_ONEDNN_OPTS).
+    onednn = bool(cost_model.tf_onednn()) if device != "GPU" else None
     return json.dumps([pass_, list(input_shape), list(filter_shape), attrs["strides"],
                        attrs["padding"], attrs["explicit_paddings"], attrs["data_format"],
                        attrs["dilations"], dtype, _device_name(device), dispatch.workers(),
-                       int(workspace_limit)])
+                       int(workspace_limit), onednn])
 
 
 def _device_name(device):

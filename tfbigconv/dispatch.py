@@ -10,12 +10,13 @@ TFBIGCONV_ALGORITHM override, TF's thread count, and measured choices
 import contextlib
 import contextvars
 import ctypes
+import functools
 import os
 
 import tensorflow as tf
 from absl import logging
 
-from tfbigconv import _core
+from tfbigconv import _core, cost_model
 
 # "im2col" is the earlier name of "tf" (TensorFlow's own kernel), still accepted.
 ALGORITHMS = ("auto", "tf", "direct", "fft", "im2col")
@@ -65,15 +66,17 @@ def uses_depthwise_kernel(geometry, data_format):
             and data_format == "NHWC")
 
 
-def tf_kernel(pass_, geometry, data_format, dtype, device):
+def tf_kernel(pass_, geometry, attrs, dtype, device):
     """TensorFlow's kernel for one pass on `device`: (name, auto may pick it, note).
 
     name is "Conv2D" or "DepthwiseConv2dNative", or "" where TensorFlow cannot
     run the case (then note says why); a forced algorithm="tf" runs any named
     kernel. "auto may pick it" is "trusted" (its estimate decides), "measured"
     (chosen only when autotuning timed it fastest: its estimate has been wrong
-    by 100x) or "never" (runs, but less precisely than ours). Conservative:
-    what TF 2.21 runs correctly with oneDNN on (the default) and off.
+    by 100x) or "never" (runs, but less precisely than ours). On the CPU, TF's
+    own (Eigen) kernels run NHWC only, no grouped or dilated gradients, and
+    accumulate half types in half precision; where TF runs the case through
+    oneDNN (tf_cpu_onednn: measured, per kernel and dtype), none of that holds.
     """
     sizes = ("batch", "in_h", "in_w", "in_c", "filter_h", "filter_w", "out_c", "out_h", "out_w")
     if any(geometry[k] == 0 for k in sizes):
@@ -81,9 +84,13 @@ def tf_kernel(pass_, geometry, data_format, dtype, device):
         # its gradients leave empty sums uninitialised, and its graph shape function
         # rejects the empty outputs its kernel gives (filter one larger than the input).
         return "", "never", "TensorFlow's kernels mishandle empty tensors"
+    data_format = attrs["data_format"]
+    explicit = attrs["padding"] == "EXPLICIT"
     half = dtype in HALF_TYPES and device == "CPU"
     if uses_depthwise_kernel(geometry, data_format):
         if half:
+            if tf_cpu_onednn("DepthwiseConv2dNative", dtype, explicit):
+                return "DepthwiseConv2dNative", "trusted", ONEDNN_NOTE
             # Measured rel. L2 vs float64 (bfloat16, 7x7): 8.5e-3 forward,
             # 3.0e-2 filter gradient, against 3e-3 for ours.
             return ("DepthwiseConv2dNative", "never",
@@ -93,21 +100,98 @@ def tf_kernel(pass_, geometry, data_format, dtype, device):
     if device == "GPU":
         return "Conv2D", "trusted", ""
     dilated = geometry["dilation_h"] > 1 or geometry["dilation_w"] > 1
-    if data_format != "NHWC":
-        return "", "never", "TensorFlow's CPU Conv2D runs only NHWC"
-    if pass_ != "forward" and geometry["groups"] > 1:
-        return "", "never", "TensorFlow's CPU gradients reject grouped convolution"
-    if pass_ != "forward" and dilated:
-        return "", "never", "TensorFlow's CPU gradients reject dilations"
-    if pass_ != "forward" and half:
-        # Measured rel. L2 vs float64 (bfloat16, 15x15x8): 1.4e-2 input and
-        # 1.9e-2 filter gradient, against 2.4e-3 for ours.
-        return ("Conv2D", "never", "TensorFlow's CPU gradients accumulate in half precision "
-                "(5-20x the error of ours): not for auto")
-    if geometry["groups"] > 1:
+    grouped = geometry["groups"] > 1
+    gradient = pass_ != "forward"
+    note = ""
+    if data_format != "NHWC" or (gradient and (grouped or dilated or half)):
+        if not tf_cpu_onednn("Conv2D", dtype, explicit):
+            if data_format != "NHWC":
+                return "", "never", "TensorFlow's CPU Conv2D runs only NHWC"
+            if grouped:
+                return "", "never", "TensorFlow's CPU gradients reject grouped convolution"
+            if dilated:
+                return "", "never", "TensorFlow's CPU gradients reject dilations"
+            # Measured rel. L2 vs float64 (bfloat16, 15x15x8): 1.4e-2 input and
+            # 1.9e-2 filter gradient, against 2.4e-3 for ours.
+            return ("Conv2D", "never", "TensorFlow's CPU gradients accumulate in half precision "
+                    "(5-20x the error of ours): not for auto")
+        note = ONEDNN_NOTE
+    if grouped:
         # Measured 10-300x slower than its estimate (depthwise-like shapes).
-        return "Conv2D", "measured", "grouped Conv2D on the CPU: picked only when measured fastest"
-    return "Conv2D", "trusted", ""
+        return "Conv2D", "measured", ("grouped Conv2D on the CPU: picked only when measured "
+                                      "fastest" + ("; " + note if note else ""))
+    return "Conv2D", "trusted", note
+
+
+ONEDNN_NOTE = "TensorFlow runs this case through oneDNN here (checked on a small case)"
+
+
+def tf_cpu_onednn(kernel, dtype, explicit_padding):
+    """Whether TF's CPU `kernel` ("Conv2D" or "DepthwiseConv2dNative") runs
+    `dtype` through oneDNN in this process, with explicit padding or not.
+
+    TF turns oneDNN on by default on some CPUs only (TF_ENABLE_ONEDNN_OPTS
+    overrides it), and even then not for every case: it fell back to its Eigen
+    kernels for float16 on an AVX-512 CPU without AVX512-FP16, and for
+    EXPLICIT padding. So this is measured, once per process and arguments, on
+    a small case of what only oneDNN runs correctly: for Conv2D a grouped,
+    dilated NCHW convolution; for depthwise, half-type accuracy (NHWC). Every
+    pass must run and be within 2x the error of rounding the exact result to
+    `dtype` (oneDNN: 1.1x in bfloat16; Eigen's half-type gradients: 3-18x).
+    """
+    if not cost_model.tf_onednn():
+        return False
+    return _onednn_probe(kernel, dtype, bool(explicit_padding))
+
+
+@functools.lru_cache(maxsize=None)
+@tf.autograph.experimental.do_not_convert
+def _onednn_probe(kernel, dtype, explicit_padding):
+    import numpy as np
+    from tfbigconv import conv
+    if kernel == "Conv2D":
+        x_shape, f_shape, fmt, dil = (2, 8, 21, 23), (3, 3, 4, 6), "NCHW", [1, 1, 2, 1]
+    else:  # as conv.py emits DepthwiseConv2dNative: NHWC, no dilations
+        x_shape, f_shape, fmt, dil = (2, 17, 19, 8), (7, 7, 1, 8), "NHWC", [1, 1, 1, 1]
+    pads = ([0, 0, 1, 2, 2, 1, 0, 0] if fmt == "NHWC" else [0, 0, 0, 0, 1, 2, 2, 1]) \
+        if explicit_padding else []
+    a = dict(strides=[1, 1, 1, 1], padding="EXPLICIT" if explicit_padding else "SAME",
+             explicit_paddings=pads, data_format=fmt, dilations=dil)
+    core_args = (a["strides"], a["padding"], pads, fmt, dil)
+    rng = np.random.default_rng(0)
+    tf_dtype = tf.as_dtype(dtype)
+
+    def rounded(v):  # to dtype and back to float64
+        return np.asarray(v).astype(tf_dtype.as_numpy_dtype).astype(np.float64)
+
+    def exact(shape):  # float64 values that dtype holds exactly
+        return rounded(rng.standard_normal(shape))
+
+    x, w = exact(x_shape), exact(f_shape)
+    y_ref = _core.run_pass("direct", "forward", x, w, [], *core_args)
+    dy = exact(y_ref.shape)
+    refs = [y_ref, _core.run_pass("direct", "backprop_input", dy, w, list(x_shape), *core_args),
+            _core.run_pass("direct", "backprop_filter", x, dy, list(f_shape), *core_args)]
+    try:
+        with tf.init_scope(), tf.device("/CPU:0"):
+            xt, wt, dyt = (tf.constant(v, tf_dtype) for v in (x, w, dy))
+            in_depth = x_shape[3 if fmt == "NHWC" else 1]
+            got = tf.function(lambda: (
+                conv._tf_forward(xt, wt, a),
+                conv._tf_backprop_input(tf.constant(x_shape), wt, dyt, a, in_depth),
+                conv._tf_backprop_filter(xt, f_shape, dyt, a)), autograph=False)()
+            got = [tf.cast(g, tf.float64).numpy() for g in got]
+    except (tf.errors.OpError, ValueError) as e:
+        logging.vlog(1, "TF's CPU %s does not run %s through oneDNN: %s", kernel, dtype,
+                     str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return False
+    for g, ref in zip(got, refs):
+        norm = np.linalg.norm(ref)
+        rounding = np.linalg.norm(rounded(ref) - ref) / norm
+        err = np.linalg.norm(g - ref) / norm
+        if not err <= max(2 * rounding, 1e-5):  # NaN fails
+            return False
+    return True
 
 
 def gpu_available():
@@ -221,7 +305,7 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
         geometry = _core.conv_geometry(*args)
     except ValueError as e:
         raise invalid_argument(str(e)) from None
-    kernel, for_auto, note = tf_kernel(pass_, geometry, attrs["data_format"], dtype, device)
+    kernel, for_auto, note = tf_kernel(pass_, geometry, attrs, dtype, device)
     try:
         p = _core.plan_pass(*args, pass_, dtype, device, algorithm, workspace_limit, workers(),
                             kernel, for_auto == "trusted", note)
