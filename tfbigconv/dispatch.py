@@ -66,6 +66,9 @@ def uses_depthwise_kernel(geometry, data_format):
             and data_format == "NHWC")
 
 
+ONEDNN_NOTE = "TensorFlow runs this case through oneDNN here (checked on a small case)"
+
+
 def tf_kernel(pass_, geometry, attrs, dtype, device):
     """TensorFlow's kernel for one pass on `device`: (name, auto may pick it, note).
 
@@ -121,9 +124,6 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
         return "Conv2D", "measured", ("grouped Conv2D on the CPU: picked only when measured "
                                       "fastest" + ("; " + note if note else ""))
     return "Conv2D", "trusted", note
-
-
-ONEDNN_NOTE = "TensorFlow runs this case through oneDNN here (checked on a small case)"
 
 
 def tf_cpu_onednn(kernel, dtype, explicit_padding):
