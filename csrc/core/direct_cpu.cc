@@ -42,7 +42,8 @@ constexpr int64_t kPanelBytes = 512 << 10;
 constexpr int64_t kFilterBytes = 256 << 10;
 // The accumulator tile is touched once per kernel call, so it may be large.
 constexpr int64_t kAccBytes = 1 << 20;
-// Enough tasks to balance the threads.
+// Output rows per task are cut to make at least this many tasks (image
+// blocks follow the ParallelFor's workers instead, see MakeLayout).
 constexpr int64_t kMinTasks = 16;
 // Output pixels per task: each packed filter element then serves this many
 // multiply-adds, so packing costs a few percent at most.
@@ -198,8 +199,8 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt, int workers) 
   int64_t blocks = std::max(CeilDiv(g.batch, image_cap), CeilDiv(w, tasks_per_block));
   if (blocks * tasks_per_block < 4 * w)
     blocks = CeilDiv(RoundUp(blocks * tasks_per_block, w), tasks_per_block);
-  l.b.image_block = CeilDiv(g.batch, std::min(std::max<int64_t>(blocks, 1), std::max<int64_t>(g.batch, 1)));
-  l.b.image_block = std::max<int64_t>(l.b.image_block, 1);
+  blocks = std::clamp<int64_t>(blocks, 1, std::max<int64_t>(g.batch, 1));
+  l.b.image_block = std::max<int64_t>(1, CeilDiv(g.batch, blocks));
   l.b.tasks = CeilDiv(g.batch, l.b.image_block) * l.group_tasks * l.row_blocks;
   l.b.lane_utilization = double(std::max<int64_t>(g.out_w, 1)) / double(l.wo_pad) *
                          double(std::max<int64_t>(cog, 1)) / double(std::max<int64_t>(l.co_pad, 1));
