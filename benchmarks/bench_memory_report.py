@@ -11,6 +11,10 @@ weights, the optimizer slots and the batch, so the comparison is with the
 report's step_peak_bytes (peak_bytes less weights, slots and batch).
 MALLOC_MMAP_THRESHOLD_=65536 makes glibc return every freed block of 64 KiB or
 more to the system at once, so that RSS follows the live tensors.
+TF_ENABLE_ONEDNN_OPTS=0, for the same reason: with oneDNN, TF keeps freed CPU
+memory pooled, so the measured step reused the first step's memory (resnet tf,
+batch 4: 0.7 MiB measured with oneDNN, 16.3 MiB without; the baseline was 17 MiB
+higher with it). The report models TF's own kernels' workspace either way.
 
   .venv/bin/python benchmarks/bench_memory_report.py            # all models
   .venv/bin/python benchmarks/bench_memory_report.py unet conv135
@@ -23,6 +27,7 @@ import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"  # RSS must follow the live tensors (above)
 
 
 # --- the models ----------------------------------------------------------
