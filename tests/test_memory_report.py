@@ -438,3 +438,34 @@ def test_custom_gradient_identity_n_shares_its_inputs_buffers():
     identity_n = [row for row in r.rows if row.op == "IdentityN"]
     assert identity_n
     assert not [a for a in r.alive_at_peak if a.what.startswith("IdentityN output")]
+
+
+def test_routed_gradients_are_counted_as_the_planner_runs_them(monkeypatch, model):
+    """bigconv2d may run TF's forward kernel with its own gradient plan (routed
+    by tf.custom_gradient). The report used to charge TF's gradient
+    workspaces for them: unet's converted step at +94% of its measured peak
+    (bench_memory_report.py). Here TF's forward is made the planner's choice
+    and TF's gradients unavailable to auto."""
+    model("im2col_flops_per_second", 100)
+    real = dispatch.tf_kernel
+
+    def no_tf_gradients(pass_, *args):
+        kernel, for_auto, note = real(pass_, *args)
+        return (kernel, for_auto, note) if pass_ == "forward" else (kernel, "never", "test")
+
+    monkeypatch.setattr(dispatch, "tf_kernel", no_tf_gradients)
+    inp = keras.Input((64, 64, 96))
+    out = keras.layers.Conv2D(32, 3, padding="same", name="c")(inp)
+    converted = tfbigconv.convert_model(keras.Model(inp, out), min_kernel_size=1)
+    r = tfbigconv.memory_report(converted, 2, advice=False, device="CPU")
+    ops = {row.op for row in r.rows if row.layer == "c"}
+    assert {"Conv2D", "IdentityN"} <= ops, ops  # TF's forward, routed gradients
+    # Charged TF's gradient workspaces (13.5 + 27 MiB), the step would peak in
+    # the backward pass above TF's filter-gradient col_buffer alone; with the
+    # planner's kernels (about 1 MiB) it peaks at TF's forward patch matrix.
+    attrs = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[],
+                 data_format="NHWC", dilations=[1, 1, 1, 1])
+    tf_bpf = dispatch.plan("backprop_filter", [2, 64, 64, 96], [3, 3, 96, 32], attrs,
+                           "float32", "tf", 0)["tf"]["workspace_bytes"]
+    assert r.step_peak_bytes < tf_bpf, (r.step_peak_bytes, tf_bpf, r.peak_step)
+    assert not any("gradient" in a.what and "tf.Conv2D" in a.what for a in r.alive_at_peak)

@@ -483,7 +483,19 @@ class _ConvPlans:
             return self.bigconv(op, batch)
         ws = self.tf_workspace(op, batch)
         name = "cuDNN (est.)" if self.device == "GPU" else self._tf_name(op)
-        return {p: (name, ws[p], "") for p in dispatch.PASSES}
+        runs = {p: (name, ws[p], "") for p in dispatch.PASSES}
+        if _gradients_routed(op):
+            ours = self.bigconv(op, batch)
+            runs.update({p: ours[p] for p in dispatch.PASSES[1:]})
+        return runs
+
+
+def _gradients_routed(op):
+    """Whether a TF convolution's gradients are tfbigconv's: bigconv2d runs TF's
+    forward kernel with its own gradient plan through tf.custom_gradient
+    (conv.py's _tf_forward_routed), whose IdentityN takes the forward's output."""
+    return op.type in ("Conv2D", "DepthwiseConv2dNative") and any(
+        c.type == "IdentityN" for c in op.tf_op.outputs[0].consumers())
 
 
 # ---------------------------------------------------------------------------
