@@ -284,6 +284,20 @@ def test_a_slow_first_call_alone_does_not_abandon_a_candidate(monkeypatch):
     assert autotune.fastest(seconds) == "tf"
 
 
+def test_a_second_call_that_lowers_the_quickest_does_not_abandon_the_others(monkeypatch):
+    # A process's first calls (measured, WIDE forward with oneDNN: TF 14 ms then
+    # 1.2 ms; direct 5.5 then 0.6; fft 3.8 then 0.5): TF's second call made the
+    # quickest 1.2 ms, and direct and fft, judged on their warm-ups alone, were
+    # abandoned; TF won at twice their time.
+    calls, seconds = fake_measure(
+        monkeypatch, {"tf": (0.014, 0.0012), "direct": (0.0055, 0.0006),
+                      "fft": (0.0038, 0.0005)}, ["tf", "direct", "fft"])
+    assert calls[:4] == ["tf", "direct", "fft", "tf"]
+    assert calls.count("direct") > 2 and calls.count("fft") > 2
+    assert seconds == pytest.approx({"tf": 0.0012, "direct": 0.0006, "fft": 0.0005})
+    assert autotune.fastest(seconds) == "fft"
+
+
 def test_tf_kernel_is_kept_unless_ours_is_clearly_faster():
     m = autotune.TF_MARGIN
     assert autotune.fastest({"tf": 1.0, "direct": 1.0 / (0.99 * m), "fft": 3.0}) == "tf"
