@@ -540,6 +540,35 @@ def test_where_tf_runs_onednn_auto_may_pick_its_kernels(monkeypatch):
     assert asked and all(a == ("Conv2D", "float32", True) for a in asked)
 
 
+NCHW_DEPTHWISE = ((2, 8, 15, 17), (5, 5, 1, 8))
+
+
+def test_nchw_depthwise_runs_tf_depthwise_where_onednn_runs_it(monkeypatch):
+    """TF's CPU depthwise kernels run NCHW only through oneDNN: there the
+    planner's row and the graph (forced "tf") are DepthwiseConv2dNative, with
+    the check asked about NCHW; elsewhere on the CPU neither kernel runs it
+    (TF's own kernels are NHWC only), and on the GPU it is grouped Conv2D."""
+    forced = lambda x, w: cpu_bigconv2d(x, w, 1, "SAME", data_format="NCHW",  # noqa: E731
+                                        algorithm="tf")
+    for onednn, kernel in ((False, ""), (True, "DepthwiseConv2dNative")):
+        asked = []
+        monkeypatch.setattr(dispatch, "tf_cpu_onednn",
+                            lambda *a, answer=onednn: asked.append(a) or answer)
+        e = tfbigconv.explain(*NCHW_DEPTHWISE, padding="SAME", data_format="NCHW")
+        tf_rows = [r for r in e.rows if r.algorithm.startswith("tf")]
+        if onednn:
+            assert {r.algorithm for r in tf_rows} == {"tf." + kernel} and all(
+                r.available and "oneDNN" in r.note for r in tf_rows), tf_rows
+        else:  # neither TF kernel runs NCHW
+            assert not any(r.available for r in tf_rows) and "NHWC" in tf_rows[0].note
+        assert ("DepthwiseConv2dNative", "float32", False, "NCHW") in asked
+        e = tfbigconv.explain(*NCHW_DEPTHWISE, padding="SAME", data_format="NCHW", device="GPU")
+        assert {r.algorithm for r in e.rows if r.algorithm.startswith("tf")} == {"tf.Conv2D"}
+    types = tape_types(forced, *NCHW_DEPTHWISE)  # with oneDNN (the last answer)
+    assert {kernel, kernel + "BackpropInput", kernel + "BackpropFilter"} <= types, types
+    assert not types & {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"}, types
+
+
 def test_tf_kernels_that_onednn_runs_here_are_correct(autotuning):
     """On this host, as it is: where the oneDNN check says yes, TF's kernel
     (forced) and auto meet the tolerances on the cases only oneDNN runs;
@@ -561,6 +590,18 @@ def test_tf_kernels_that_onednn_runs_here_are_correct(autotuning):
             if not onednn:
                 e = tfbigconv.explain(x_shape, w_shape, padding="SAME", dtype=dtype, **kwargs)
                 assert not any(e.chosen[p].startswith("tf") for p in dispatch.PASSES[1:]), e.chosen
+        # NCHW depthwise: TF's depthwise kernels where the check says oneDNN runs them
+        onednn = dispatch.tf_cpu_onednn("DepthwiseConv2dNative", dtype, False, "NCHW")
+        x = tf.cast(random_case(NCHW_DEPTHWISE[0], 52, np.float64), dtype)
+        w = tf.cast(random_case(NCHW_DEPTHWISE[1], 53, np.float64), dtype)
+        for algorithm in ("auto", "tf") if onednn else ("auto",):
+            errors = grads_vs_reference(
+                lambda x, w: cpu_bigconv2d(x, w, 1, "SAME", algorithm=algorithm,
+                                           data_format="NCHW"), x, w, fmt="NCHW")
+            assert max(errors) <= TOLERANCE[dtype], (dtype, "nchw depthwise", algorithm, errors)
+        e = tfbigconv.explain(*NCHW_DEPTHWISE, padding="SAME", dtype=dtype, data_format="NCHW")
+        kernels = {r.algorithm for r in e.rows if r.algorithm.startswith("tf") and r.available}
+        assert kernels == ({"tf.DepthwiseConv2dNative"} if onednn else set()), (dtype, kernels)
 
 
 def exact_tf_kernels(monkeypatch, dtype, error=0.0, fail=False):
@@ -585,15 +626,15 @@ def exact_tf_kernels(monkeypatch, dtype, error=0.0, fail=False):
         attrs = (a["strides"], a["padding"], a["explicit_paddings"], a["data_format"],
                  a["dilations"])
 
-    def forward(x, w, a):
+    def forward(x, w, a, depthwise=None):
         with_attrs(a)
         return pass_fn("forward", x, w, [])
 
-    def backprop_input(sizes, w, dy, a, in_depth):
+    def backprop_input(sizes, w, dy, a, in_depth, depthwise=None):
         with_attrs(a)
         return pass_fn("backprop_input", dy, w, tf.get_static_value(sizes).tolist())
 
-    def backprop_filter(x, f_shape, dy, a):
+    def backprop_filter(x, f_shape, dy, a, depthwise=None):
         with_attrs(a)
         return pass_fn("backprop_filter", x, dy, list(f_shape))
 
@@ -602,8 +643,9 @@ def exact_tf_kernels(monkeypatch, dtype, error=0.0, fail=False):
     monkeypatch.setattr(conv, "_tf_backprop_filter", backprop_filter)
 
 
-@pytest.mark.parametrize("kernel", ["Conv2D", "DepthwiseConv2dNative"])
-def test_onednn_check_accepts_only_kernels_that_run_and_are_precise(monkeypatch, kernel):
+@pytest.mark.parametrize("kernel,fmt", [("Conv2D", "NHWC"), ("DepthwiseConv2dNative", "NHWC"),
+                                        ("DepthwiseConv2dNative", "NCHW")])
+def test_onednn_check_accepts_only_kernels_that_run_and_are_precise(monkeypatch, kernel, fmt):
     """The check itself, on stand-ins for TF's kernels: exact results pass;
     an error of 5x bfloat16's rounding (as TF's Eigen kernels accumulate),
     NaN, or a kernel that raises does not; and without oneDNN nothing is run."""
@@ -614,11 +656,11 @@ def test_onednn_check_accepts_only_kernels_that_run_and_are_precise(monkeypatch,
         for error, fail, want in cases:
             dispatch._onednn_probe.cache_clear()
             exact_tf_kernels(monkeypatch, tf.bfloat16, error, fail)
-            assert dispatch.tf_cpu_onednn(kernel, "bfloat16", False) is want, (error, fail)
+            assert dispatch.tf_cpu_onednn(kernel, "bfloat16", False, fmt) is want, (error, fail)
         dispatch._onednn_probe.cache_clear()
         monkeypatch.setattr(cost_model, "tf_onednn", lambda: False)
         exact_tf_kernels(monkeypatch, tf.bfloat16, fail=True)
-        assert dispatch.tf_cpu_onednn(kernel, "bfloat16", False) is False
+        assert dispatch.tf_cpu_onednn(kernel, "bfloat16", False, fmt) is False
     finally:
         dispatch._onednn_probe.cache_clear()
 

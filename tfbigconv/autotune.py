@@ -26,7 +26,7 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
   Candidates warm up in the order of their estimates, and one that takes
   ABANDON_FACTOR x the fastest is not repeated (judged on a second call
   where the warm-up took under REPEAT_BELOW_S: a first call can carry
-  one-time costs). The first
+  one-time costs; again after any second call that lowers the fastest). The first
   call of a pass so costs about (1 + MIN_ROUNDS) x (candidates) x
   max(MIN_TIMED_S, the time on TIMING_BATCH images) where the estimates
   hold, plus at most EXTRA_ROUNDS_BELOW_S and one round for the extra

@@ -232,14 +232,15 @@ def _in_depth(shape, data_format):
     return shape[3 if data_format == "NHWC" else 1]
 
 
-def _depthwise(in_depth, f_shape, a):
-    """Whether TF's kernel is DepthwiseConv2dNative (dispatch.uses_depthwise_kernel's rule)."""
+def _depthwise(in_depth, f_shape, a, dtype, given=None):
+    """Whether TF's kernel is DepthwiseConv2dNative on the device ops built here
+    run on (dispatch.uses_depthwise_kernel), unless `given` says."""
+    if given is not None:
+        return given
     f_shape = tf.TensorShape(f_shape).as_list()
-    if in_depth is None or in_depth <= 1 or f_shape[2] != 1:
-        return False
-    nhwc = a["data_format"] == "NHWC"
-    s = a["strides"][1:3] if nhwc else a["strides"][2:4]
-    return nhwc and s[0] == s[1] and all(d == 1 for d in a["dilations"])
+    # Only an NCHW depthwise filter's kernel depends on the device: resolve it then.
+    device = dispatch.resolve_device() if a["data_format"] == "NCHW" and f_shape[2] == 1 else None
+    return dispatch.uses_depthwise_kernel(in_depth, f_shape, a, tf.as_dtype(dtype).name, device)
 
 
 def _depthwise_filter_shape(in_depth, f_shape):
@@ -247,16 +248,16 @@ def _depthwise_filter_shape(in_depth, f_shape):
     return [kh, kw, in_depth, out // in_depth]
 
 
-def _tf_forward(x, w, a):
+def _tf_forward(x, w, a, depthwise=None):
     c = _in_depth(x.shape, a["data_format"])
-    if _depthwise(c, w.shape, a):
+    if _depthwise(c, w.shape, a, x.dtype, depthwise):
         return tf.raw_ops.DepthwiseConv2dNative(
             input=x, filter=tf.reshape(w, _depthwise_filter_shape(c, w.shape)), **_op_attrs(a))
     return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
 
 
-def _tf_backprop_input(input_sizes, w, dy, a, in_depth):
-    if _depthwise(in_depth, w.shape, a):
+def _tf_backprop_input(input_sizes, w, dy, a, in_depth, depthwise=None):
+    if _depthwise(in_depth, w.shape, a, w.dtype, depthwise):
         return tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
             input_sizes=input_sizes, filter=tf.reshape(w, _depthwise_filter_shape(in_depth, w.shape)),
             out_backprop=dy, **_op_attrs(a))
@@ -264,9 +265,9 @@ def _tf_backprop_input(input_sizes, w, dy, a, in_depth):
                                           **_op_attrs(a))
 
 
-def _tf_backprop_filter(x, f_shape, dy, a):
+def _tf_backprop_filter(x, f_shape, dy, a, depthwise=None):
     c = _in_depth(x.shape, a["data_format"])
-    if _depthwise(c, f_shape, a):
+    if _depthwise(c, f_shape, a, x.dtype, depthwise):
         dw = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
             input=x, filter_sizes=_depthwise_filter_shape(c, f_shape), out_backprop=dy,
             **_op_attrs(a))

@@ -52,18 +52,24 @@ def requested_algorithm(algorithm):
     return "tf" if algorithm == "im2col" else algorithm
 
 
-def is_depthwise(geometry):
-    """One input channel per group and several groups: tf.nn.depthwise_conv2d's case."""
-    return geometry["filter_in_c"] == 1 and geometry["groups"] > 1
-
-
-def uses_depthwise_kernel(geometry, data_format):
+def uses_depthwise_kernel(in_depth, filter_shape, attrs, dtype, device):
     """Whether TensorFlow's kernel for the case is DepthwiseConv2dNative: a depthwise
-    filter that its kernels accept (equal strides, no dilations, NHWC); other
-    grouped cases are grouped Conv2D. conv.py emits by the same rule."""
-    return (is_depthwise(geometry) and geometry["stride_h"] == geometry["stride_w"]
-            and geometry["dilation_h"] == 1 and geometry["dilation_w"] == 1
-            and data_format == "NHWC")
+    filter (one input channel, several groups) that its kernels accept: equal
+    strides, no dilations, and NHWC, or NCHW on a CPU where TF runs it through
+    oneDNN (tf_cpu_onednn). Other grouped cases are grouped Conv2D. The planner
+    and conv.py's emitters both ask this."""
+    if in_depth is None or in_depth <= 1 or filter_shape[2] != 1:
+        return False
+    nhwc = attrs["data_format"] == "NHWC"
+    strides = attrs["strides"][1:3] if nhwc else attrs["strides"][2:4]
+    if strides[0] != strides[1] or any(d != 1 for d in attrs["dilations"]):
+        return False
+    if nhwc:
+        return True
+    # TF's own CPU depthwise kernels reject NCHW; oneDNN's ran it at 0.93-1.12x
+    # the time of grouped Conv2D, with the same results.
+    return device == "CPU" and tf_cpu_onednn("DepthwiseConv2dNative", dtype,
+                                             attrs["padding"] == "EXPLICIT", "NCHW")
 
 
 ONEDNN_NOTE = "TensorFlow runs this case through oneDNN here (checked on a small case)"
@@ -90,7 +96,10 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
     data_format = attrs["data_format"]
     explicit = attrs["padding"] == "EXPLICIT"
     half = dtype in HALF_TYPES and device == "CPU"
-    if uses_depthwise_kernel(geometry, data_format):
+    filter_shape = [geometry[k] for k in ("filter_h", "filter_w", "filter_in_c", "out_c")]
+    if uses_depthwise_kernel(geometry["in_c"], filter_shape, attrs, dtype, device):
+        if data_format == "NCHW":  # the check ran it NCHW in this dtype
+            return "DepthwiseConv2dNative", "trusted", ONEDNN_NOTE
         if half:
             if tf_cpu_onednn("DepthwiseConv2dNative", dtype, explicit):
                 return "DepthwiseConv2dNative", "trusted", ONEDNN_NOTE
@@ -126,33 +135,38 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
     return "Conv2D", "trusted", note
 
 
-def tf_cpu_onednn(kernel, dtype, explicit_padding):
+def tf_cpu_onednn(kernel, dtype, explicit_padding, data_format="NHWC"):
     """Whether TF's CPU `kernel` ("Conv2D" or "DepthwiseConv2dNative") runs
-    `dtype` through oneDNN in this process, with explicit padding or not.
+    `dtype` through oneDNN in this process, with explicit padding or not (and,
+    for depthwise, in `data_format`).
 
     TF turns oneDNN on by default on some CPUs only (TF_ENABLE_ONEDNN_OPTS
     overrides it), and even then not for every case: it fell back to its Eigen
     kernels for float16 on an AVX-512 CPU without AVX512-FP16, and for
     EXPLICIT padding. So this is measured, once per process and arguments, on
     a small case of what only oneDNN runs correctly: for Conv2D a grouped,
-    dilated NCHW convolution; for depthwise, half-type accuracy (NHWC). Every
+    dilated NCHW convolution; for depthwise, NCHW or half-type accuracy. Every
     pass must run and be within 2x the error of rounding the exact result to
     `dtype` (oneDNN: 1.1x in bfloat16; Eigen's half-type gradients: 3-18x).
     """
     if not cost_model.tf_onednn():
         return False
-    return _onednn_probe(kernel, dtype, bool(explicit_padding))
+    fmt = "NCHW" if kernel == "Conv2D" else data_format
+    return _onednn_probe(kernel, dtype, bool(explicit_padding), fmt)
 
 
 @functools.lru_cache(maxsize=None)
 @tf.autograph.experimental.do_not_convert
-def _onednn_probe(kernel, dtype, explicit_padding):
+def _onednn_probe(kernel, dtype, explicit_padding, fmt):
     import numpy as np
     from tfbigconv import conv
-    if kernel == "Conv2D":
-        x_shape, f_shape, fmt, dil = (2, 8, 21, 23), (3, 3, 4, 6), "NCHW", [1, 1, 2, 1]
-    else:  # as conv.py emits DepthwiseConv2dNative: NHWC, no dilations
-        x_shape, f_shape, fmt, dil = (2, 17, 19, 8), (7, 7, 1, 8), "NHWC", [1, 1, 1, 1]
+    depthwise = kernel != "Conv2D"
+    if not depthwise:  # grouped and dilated, in fmt (NCHW)
+        x_shape, f_shape, dil = (2, 8, 21, 23), (3, 3, 4, 6), [1, 1, 2, 1]
+    else:  # as conv.py emits DepthwiseConv2dNative: no dilations
+        x_shape, f_shape, dil = (2, 17, 19, 8), (7, 7, 1, 8), [1, 1, 1, 1]
+        if fmt == "NCHW":
+            x_shape = (2, 8, 17, 19)
     pads = ([0, 0, 1, 2, 2, 1, 0, 0] if fmt == "NHWC" else [0, 0, 0, 0, 1, 2, 2, 1]) \
         if explicit_padding else []
     a = dict(strides=[1, 1, 1, 1], padding="EXPLICIT" if explicit_padding else "SAME",
@@ -177,9 +191,9 @@ def _onednn_probe(kernel, dtype, explicit_padding):
             xt, wt, dyt = (tf.constant(v, tf_dtype) for v in (x, w, dy))
             in_depth = x_shape[3 if fmt == "NHWC" else 1]
             got = tf.function(lambda: (
-                conv._tf_forward(xt, wt, a),
-                conv._tf_backprop_input(tf.constant(x_shape), wt, dyt, a, in_depth),
-                conv._tf_backprop_filter(xt, f_shape, dyt, a)), autograph=False)()
+                conv._tf_forward(xt, wt, a, depthwise),
+                conv._tf_backprop_input(tf.constant(x_shape), wt, dyt, a, in_depth, depthwise),
+                conv._tf_backprop_filter(xt, f_shape, dyt, a, depthwise)), autograph=False)()
             got = [tf.cast(g, tf.float64).numpy() for g in got]
     except (tf.errors.OpError, ValueError) as e:
         logging.vlog(1, "TF's CPU %s does not run %s through oneDNN: %s", kernel, dtype,
