@@ -4,6 +4,12 @@ with the package (tfbigconv/cost_model.json in the source tree).
     python benchmarks/calibrate.py            # then reinstall the package
     python benchmarks/calibrate.py --output /tmp/profile.json
 
+A host of another kind (another oneDNN setting or ISA) gets a CPU-only profile
+beside the main one, which cost_model.shipped_for() picks where it suits:
+
+    python benchmarks/calibrate.py --cpu-only \
+        --output tfbigconv/cost_model_cpu_<isa>_<onednn>.json
+
 Users calibrate their own machine with `python -m tfbigconv calibrate`.
 """
 import argparse
@@ -18,11 +24,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", default=os.path.normpath(SHIPPED))
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="leave out the GPU values (they stay the main profile's)")
     args = parser.parse_args()
+    args.output = os.path.abspath(args.output)
     os.chdir(HERE)  # import the installed package, not the source tree
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(HERE)]
     from tfbigconv import calibrate
     calibrate.calibrate(args.output, quick=args.quick)
+    if args.cpu_only:
+        import json
+        with open(args.output) as f:
+            doc = json.load(f)
+        doc["values"] = {k: v for k, v in doc["values"].items() if not k.startswith("gpu.")}
+        doc["meta"].pop("gpu_grids", None)
+        with open(args.output, "w") as f:
+            json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -306,6 +306,50 @@ def test_machine_mismatch_names_what_differs():
     assert cost_model.machine_mismatch(dict(meta, tf_onednn="yes")) == ""  # malformed: ignored
 
 
+def test_the_shipped_profile_for_a_machine(tmp_path):
+    """shipped_for: the same oneDNN setting first, then the same ISA; the main
+    profile on a tie; an unreadable profile is passed over."""
+    def profile(name, isa, onednn):
+        path = tmp_path / name
+        path.write_text(json.dumps({"meta": {"format": 1, "tf_onednn": onednn,
+                                             "cpu": {"name": name, "isa": isa, "cpus": 2}},
+                                    "values": {}}))
+        return str(path)
+    main = profile("main", ["avx2", "fma"], False)
+    avx512 = profile("avx512", ["avx2", "avx512f", "fma"], True)
+    broken = tmp_path / "broken"
+    broken.write_text("{")
+    paths = (main, avx512, str(broken))
+    zen3, zen4 = {"isa": ["fma", "avx2"]}, {"isa": ["avx2", "fma", "avx512f"]}
+    assert cost_model.shipped_for(zen3, False, paths) == main
+    assert cost_model.shipped_for(zen4, True, paths) == avx512
+    assert cost_model.shipped_for(zen3, True, paths) == avx512  # TF's kernels decide more
+    assert cost_model.shipped_for(zen4, False, paths) == main
+    assert cost_model.shipped_for({"isa": ["avx512f"]}, None, paths) == main  # a tie
+    assert cost_model.shipped_for(zen4, True, (main, str(broken))) == main
+
+
+def test_shipped_cpu_profiles_hold_cpu_values_of_another_kind_of_host():
+    """Each CPU-only profile is valid with the main one's GPU values, holds no
+    GPU values of its own (one GPU fit), and is picked on the host it was
+    measured on, not on the main profile's."""
+    main_meta = cost_model.read_profile_and_meta(cost_model.SHIPPED_PATH)[1]
+    assert cost_model.SHIPPED_CPU_PATHS, "no CPU-only profile shipped"
+    for path in cost_model.SHIPPED_CPU_PATHS:
+        with open(path) as f:
+            doc = json.load(f)
+        assert not any(k.startswith("gpu.") for k in doc["values"]), path
+        values, meta = cost_model.read_profile_and_meta(path, cost_model.shipped_values())
+        gpu = [i for i, n in enumerate(_core.cost_model_fields()) if n.startswith("gpu.")]
+        assert [values[i] for i in gpu] == [cost_model.shipped_values()[n] for n in
+                                            np.array(_core.cost_model_fields())[gpu]]
+        assert (meta["tf_onednn"], sorted(meta["cpu"]["isa"])) != (
+            main_meta["tf_onednn"], sorted(main_meta["cpu"]["isa"]))
+        assert cost_model.shipped_for(meta["cpu"], meta["tf_onednn"]) == path
+    assert cost_model.shipped_for(main_meta["cpu"], main_meta["tf_onednn"]) == \
+        cost_model.SHIPPED_PATH
+
+
 def test_explain_warns_when_the_profile_is_from_another_machine(monkeypatch):
     here = {"cpu": cost_model.this_cpu(), "tensorflow": tf.__version__}
     warn = "may be off several-fold"

@@ -11,6 +11,7 @@ dispatcher and the ops' run-time "auto" use the same numbers.
 """
 import ctypes
 import functools
+import glob
 import json
 import os
 import platform
@@ -19,6 +20,11 @@ import warnings
 from tfbigconv import _core
 
 SHIPPED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cost_model.json")
+# CPU-only profiles shipped beside it, measured on other kinds of host
+# (benchmarks/calibrate.py --cpu-only): shipped_for() picks the one that suits
+# this machine; the GPU values are always SHIPPED_PATH's.
+SHIPPED_CPU_PATHS = tuple(sorted(glob.glob(os.path.join(os.path.dirname(SHIPPED_PATH),
+                                                        "cost_model_cpu_*.json"))))
 FORMAT = 1
 # GPU model features added after the first GPU profiles (cost_model.h
 # GpuModelTerms): a profile with GPU values but without these has them at 0.
@@ -183,6 +189,28 @@ def read_profile_and_meta(path, defaults=None):
     return [result[name] for name in fields], meta
 
 
+def shipped_for(cpu, onednn, paths=None):
+    """The shipped profile whose CPU values suit a machine (this_cpu()'s dict,
+    tf_onednn()'s answer) best: one measured with the same oneDNN setting
+    first, since TF's CPU kernels are other code with it (their rates moved
+    2-20x between hosts, RESULTS.md "The shipped CPU profile and this
+    machine"), then one with the same ISA flags. The main profile wins ties,
+    and any profile whose meta cannot be read is passed over."""
+    paths = (SHIPPED_PATH,) + SHIPPED_CPU_PATHS if paths is None else tuple(paths)
+
+    def fit(path):
+        try:
+            with open(path) as f:
+                meta = json.load(f)["meta"]
+            theirs = meta.get("cpu") if isinstance(meta.get("cpu"), dict) else {}
+            return (onednn is not None and meta.get("tf_onednn") is onednn,
+                    bool(theirs) and _isa(theirs) == _isa(cpu))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return (False, False)
+
+    return max(paths, key=fit)  # the first of the best: the main profile on a tie
+
+
 def shipped_values():
     """{name: value} of the profile shipped in the package."""
     return dict(zip(_core.cost_model_fields(), read_profile(SHIPPED_PATH)))
@@ -232,14 +260,17 @@ def apply(values, op_library_path):
 
 
 def load_active(op_library_path):
-    """Applies the first valid profile of: $TFBIGCONV_COST_MODEL, the user's, the shipped one."""
+    """Applies the first valid profile of: $TFBIGCONV_COST_MODEL, the user's, the
+    shipped one for this machine (shipped_for), the main shipped one."""
     global active_source, active_path, active_meta
-    candidates = [("env", os.environ.get("TFBIGCONV_COST_MODEL")), ("user", user_path()),
-                  ("shipped", SHIPPED_PATH)]
+    shipped = dict.fromkeys([shipped_for(this_cpu(), tf_onednn()), SHIPPED_PATH])
+    candidates = [("env", os.environ.get("TFBIGCONV_COST_MODEL")), ("user", user_path())] + [
+        ("shipped", path) for path in shipped]
     try:
-        defaults = shipped_values()
+        defaults, main_meta = read_profile_and_meta(SHIPPED_PATH)
+        defaults = dict(zip(_core.cost_model_fields(), defaults))
     except (ValueError, OSError):
-        defaults = None
+        defaults, main_meta = None, {}
     for source, path in candidates:
         if not path or not os.path.exists(path):
             if source == "env" and path:
@@ -251,6 +282,9 @@ def load_active(op_library_path):
         except (ValueError, OSError) as e:
             warnings.warn(f"tfbigconv: ignoring cost model {path}: {e}")
             continue
+        if "gpu_grids" not in meta and "gpu_grids" in main_meta:
+            # A CPU-only profile: its GPU values are the main profile's fit.
+            meta = dict(meta, gpu_grids=main_meta["gpu_grids"])
         active_source, active_path, active_meta = source, path, meta
         return
     active_source, active_path, active_meta = "built-in", None, {}
