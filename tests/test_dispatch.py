@@ -348,6 +348,10 @@ def test_shipped_cpu_profiles_hold_cpu_values_of_another_kind_of_host():
         assert cost_model.shipped_for(meta["cpu"], meta["tf_onednn"]) == path
     assert cost_model.shipped_for(main_meta["cpu"], main_meta["tf_onednn"]) == \
         cost_model.SHIPPED_PATH
+    # explain() names the file the constants came from.
+    e = tfbigconv.explain((2, 20, 20, 3), (5, 5, 3, 4), padding="SAME")
+    assert f"cost model: {cost_model.active_source} ({os.path.basename(cost_model.active_path)})" \
+        in e.table()
 
 
 def test_explain_warns_when_the_profile_is_from_another_machine(monkeypatch):
@@ -585,6 +589,31 @@ def test_where_tf_runs_onednn_auto_may_pick_its_kernels(monkeypatch):
 
 
 NCHW_DEPTHWISE = ((2, 8, 15, 17), (5, 5, 1, 8))
+
+
+def test_half_types_in_nchw_run_tf_only_where_measured_fastest(monkeypatch, model):
+    """oneDNN's bfloat16 kernels ran 3-30x slower in NCHW than in NHWC, where
+    the model's rates are from: in half types and NCHW, TF's CPU kernels
+    (dense and depthwise) are picked only when measured fastest, so never on
+    estimates alone, even where the model makes them 1000x faster than ours;
+    in float32 and in NHWC they are trusted as before."""
+    monkeypatch.setattr(dispatch, "tf_cpu_onednn", lambda *a: True)
+    model("im2col_flops_per_second", 1000)
+    model("tf_depthwise_flops_per_second", 1000)
+    dense = ((2, 8, 15, 17), (3, 3, 8, 6))
+    for (x_shape, w_shape), kernel in ((dense, "tf.Conv2D"),
+                                       (NCHW_DEPTHWISE, "tf.DepthwiseConv2dNative")):
+        for dtype, fmt, trusted in (("bfloat16", "NCHW", False), ("float16", "NCHW", False),
+                                    ("float32", "NCHW", True)):
+            e = tfbigconv.explain(x_shape, w_shape, padding="SAME", dtype=dtype, data_format=fmt)
+            rows = [r for r in e.rows if r.algorithm == kernel]
+            assert len(rows) == 3 and all(r.available for r in rows), (kernel, dtype, rows)
+            assert all(("measured fastest" in r.note) is not trusted for r in rows), rows
+            picked = {p for p, name in e.chosen.items() if name == kernel}
+            assert picked == (set(dispatch.PASSES) if trusted else set()), (kernel, dtype, e.chosen)
+    e = tfbigconv.explain((2, 15, 17, 8), (3, 3, 8, 6), padding="SAME", dtype="bfloat16")
+    assert not any("measured fastest" in r.note for r in e.rows)
+    assert set(e.chosen.values()) == {"tf.Conv2D"}
 
 
 def test_nchw_depthwise_runs_tf_depthwise_where_onednn_runs_it(monkeypatch):

@@ -73,6 +73,12 @@ def uses_depthwise_kernel(in_depth, filter_shape, attrs, dtype, device):
 
 
 ONEDNN_NOTE = "TensorFlow runs this case through oneDNN here (checked on a small case)"
+# oneDNN's bfloat16 kernels in NCHW measured 3-5x (Conv2D) and 10-30x (depthwise)
+# slower than in NHWC, where the cost model's rates come from (RESULTS.md, "A
+# shipped profile for oneDNN hosts").
+HALF_NCHW_NOTE = ("TensorFlow's CPU kernels in half precision and NCHW (oneDNN) ran 3-30x "
+                  "slower than NHWC, which its estimate is from: picked only when measured "
+                  "fastest")
 
 
 def tf_kernel(pass_, geometry, attrs, dtype, device):
@@ -82,7 +88,8 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
     run the case (then note says why); a forced algorithm="tf" runs any named
     kernel. "auto may pick it" is "trusted" (its estimate decides), "measured"
     (chosen only when autotuning timed it fastest: its estimate has been wrong
-    by 100x) or "never" (runs, but less precisely than ours). On the CPU, TF's
+    by 10-300x: grouped Conv2D, half types in NCHW) or "never" (runs, but less
+    precisely than ours). On the CPU, TF's
     own (Eigen) kernels run NHWC only, no grouped or dilated gradients, and
     accumulate half types in half precision; where TF runs the case through
     oneDNN (tf_cpu_onednn: measured, per kernel and dtype), none of that holds.
@@ -99,6 +106,8 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
     filter_shape = [geometry[k] for k in ("filter_h", "filter_w", "filter_in_c", "out_c")]
     if uses_depthwise_kernel(geometry["in_c"], filter_shape, attrs, dtype, device):
         if data_format == "NCHW":  # the check ran it NCHW in this dtype
+            if half:
+                return "DepthwiseConv2dNative", "measured", HALF_NCHW_NOTE + "; " + ONEDNN_NOTE
             return "DepthwiseConv2dNative", "trusted", ONEDNN_NOTE
         if half:
             if tf_cpu_onednn("DepthwiseConv2dNative", dtype, explicit):
@@ -132,6 +141,8 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
         # Measured 10-300x slower than its estimate (depthwise-like shapes).
         return "Conv2D", "measured", ("grouped Conv2D on the CPU: picked only when measured "
                                       "fastest" + ("; " + note if note else ""))
+    if half and data_format == "NCHW":
+        return "Conv2D", "measured", HALF_NCHW_NOTE + "; " + note
     return "Conv2D", "trusted", note
 
 

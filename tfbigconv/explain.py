@@ -1,5 +1,6 @@
 """explain(): the planner's table for a convolution, and why each pass gets its algorithm."""
 import collections
+import os
 
 import tensorflow as tf
 
@@ -38,7 +39,8 @@ class Explanation:
       chosen: {pass: algorithm}; how: {pass: "measured" or "estimated"};
       reasons: {pass: one line}; device: "CPU" or "GPU";
       budget: the workspace limit in bytes; geometry: the validated geometry;
-      cost_model: where the model's constants came from; cost_model_warning: why
+      cost_model: where the model's constants came from ("env", "user",
+        "shipped" or "built-in"), cost_model_file: its file name; cost_model_warning: why
         they may not fit this machine (cost_model.machine_mismatch), or "".
     """
 
@@ -60,6 +62,7 @@ class Explanation:
         self.device = device
         self.geometry = plans[0]["geometry"]
         self.cost_model = cost_model_source
+        self.cost_model_file = os.path.basename(cost_model.active_path or "")
         # Why the CPU constants may not fit this machine ("" if they were measured
         # on one like it); the GPU's come from the H100 grids' fit either way.
         self.cost_model_warning = cost_model.machine_mismatch() if device == "CPU" else ""
@@ -84,7 +87,8 @@ class Explanation:
         g = self.geometry
         out.append(f"output shape {g['output_shape']}, {2 * g['macs'] / 1e9:.3g} GFLOP per pass; "
                    f"device {self.device}; workspace budget {self._budget()}; "
-                   f"cost model: {self.cost_model}")
+                   f"cost model: {self.cost_model}"
+                   + (f" ({self.cost_model_file})" if self.cost_model_file else ""))
         if self.cost_model_warning:
             out.append(f"cost model: {self.cost_model_warning}; its estimates may be off "
                        "several-fold here (`python -m tfbigconv calibrate` measures this machine)")
