@@ -213,7 +213,13 @@ def shipped_for(cpu, onednn, paths=None):
 
 def shipped_values():
     """{name: value} of the profile shipped in the package."""
-    return dict(zip(_core.cost_model_fields(), read_profile(SHIPPED_PATH)))
+    return _main_profile()[0]
+
+
+def _main_profile():
+    """({name: value}, meta) of the main shipped profile."""
+    values, meta = read_profile_and_meta(SHIPPED_PATH)
+    return dict(zip(_core.cost_model_fields(), values)), meta
 
 
 def write_profile(path, values, meta):
@@ -267,8 +273,7 @@ def load_active(op_library_path):
     candidates = [("env", os.environ.get("TFBIGCONV_COST_MODEL")), ("user", user_path())] + [
         ("shipped", path) for path in shipped]
     try:
-        defaults, main_meta = read_profile_and_meta(SHIPPED_PATH)
-        defaults = dict(zip(_core.cost_model_fields(), defaults))
+        defaults, main_meta = _main_profile()
     except (ValueError, OSError):
         defaults, main_meta = None, {}
     for source, path in candidates:
