@@ -430,8 +430,8 @@ def test_cache_entries_of_gradient_pairs_are_checked(tmp_path):
 
 
 def test_kept_tf_kernel_says_so(monkeypatch):
-    p = {"reason": "estimates", "chosen": "direct"}
-    autotune._apply(p, ["tf", "direct"], {"seconds": {"tf": 1.0, "direct": 0.95}})
+    p = dict(planned(1, 1, 2), reason="estimates", chosen="direct")
+    autotune._apply(p, {"seconds": {"tf": 1.0, "direct": 0.95}})
     assert p["chosen"] == "tf"
     assert p["reason"].startswith(f"auto: tf kept: direct measured less than {autotune.TF_MARGIN:g}x faster")
 
@@ -447,12 +447,14 @@ def test_timing_batch_is_bounded():
     assert t <= n < 64 and n * floor * 4 / 64 >= floor > (n - 1) * floor * 4 / 64
 
 
-def test_candidates_to_time():
-    def p(tf_s, direct_s, fft_s, trusted=True, tf_ok=True):
-        e = lambda s, ok=True: {"available": ok, "fits": True, "seconds": s}  # noqa: E731
-        return {"tf": e(tf_s, tf_ok), "direct": e(direct_s), "fft": e(fft_s),
-                "tf_trusted": trusted}
+def planned(tf_s, direct_s, fft_s, trusted=True, tf_ok=True):
+    """A planned pass as autotune sees it: estimated seconds per candidate."""
+    e = lambda s, ok=True: {"available": ok, "fits": True, "seconds": s}  # noqa: E731
+    return {"tf": e(tf_s, tf_ok), "direct": e(direct_s), "fft": e(fft_s), "tf_trusted": trusted}
 
+
+def test_candidates_to_time():
+    p = planned
     near, cross = autotune.NEAR_FACTOR, autotune.CROSS_FACTOR
     assert autotune.candidates_to_time(p(1, 1.5, 100)) == ["tf", "direct"]
     # TF's kernel against our fastest: timed across models up to CROSS_FACTOR apart.
@@ -466,6 +468,48 @@ def test_candidates_to_time():
     # An untrusted TF estimate is timed however far off it is, but is not the yardstick.
     assert autotune.candidates_to_time(p(1e-9, 1, 100, trusted=False)) == ["tf", "direct"]
     assert autotune.candidates_to_time(p(1e9, 1, 1.2, trusted=False)) == ["tf", "direct", "fft"]
+
+
+def test_candidates_left_out_are_timed_when_the_best_was_underestimated():
+    near = autotune.NEAR_FACTOR
+    p = planned(1, near * 1.01, near * 1.005)  # direct left out: tf and fft timed
+    assert autotune.candidates_to_time(p) == ["tf", "fft"]
+    assert autotune.widened(p, {"tf": 1.0, "fft": 2.9}) == []  # the estimates held
+    assert autotune.widened(p, {"tf": 6.0, "fft": 6.1}) == ["direct"]
+    # Not a TF kernel excluded for precision, nor one that does not fit.
+    never = dict(planned(near * 2, 1, near * 1.5), tf_for_auto="never")
+    assert autotune.widened(never, {"direct": 5.0, "fft": 6.0}) == []
+    big = planned(1, near * 1.01, near * 1.005)
+    big["direct"]["fits"] = False
+    assert autotune.widened(big, {"tf": 6.0, "fft": 6.1}) == []
+
+
+def test_refine_times_a_left_out_candidate_beside_the_winner(autotuning, monkeypatch):
+    """As measured on (4, 14, 32, 1) x (13, 13, 1, 32): TF's dL/dinput took 6x
+    its estimate, and direct, left out at 3.04x that estimate, was fastest."""
+    near = autotune.NEAR_FACTOR
+    true = {"tf": 6.0, "direct": 4.0, "fft": 6.1}
+    calls = []
+
+    def fake_measure(pass_, names, *args, **kwargs):
+        calls.append(sorted(names))
+        return {n: true[n] for n in names}
+
+    monkeypatch.setattr(autotune, "measure", fake_measure)
+    p = dict(planned(1, near * 1.01, near * 1.005), chosen="tf", reason="estimates",
+             **{"pass": "backprop_input"})
+    shapes = ((4, 14, 32, 1), (13, 13, 1, 32))
+    autotune.refine(p, *shapes, ATTRS, "float32", "CPU", 0)
+    # fft and tf; direct beside the winner, tf; direct's win by 1.5x, confirmed.
+    assert calls == [["fft", "tf"], ["direct", "tf"], ["direct", "tf"]]
+    assert p["chosen"] == "direct" and set(p["measured"]) == {"tf", "direct", "fft"}
+    assert "direct 4e+03 ms" in p["reason"]
+    # The cache holds all three: the same plan again times nothing.
+    again = dict(planned(1, near * 1.01, near * 1.005), chosen="tf", reason="estimates",
+                 **{"pass": "backprop_input"})
+    forbid_timing(monkeypatch)
+    autotune.refine(again, *shapes, ATTRS, "float32", "CPU", 0)
+    assert again["chosen"] == "direct"
 
 
 # ---- (b) the cache round-trips across processes ----------------------------
