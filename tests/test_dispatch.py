@@ -427,12 +427,12 @@ def test_depthwise_gradient_passes_mix_tf_and_ours(model):
     other passes stay on DepthwiseConv2dNative*, reshaping the filter."""
     x, w = rand(DEPTHWISE[0], 22), rand(DEPTHWISE[1], 23)
     ours = lambda x, w: cpu_bigconv2d(x, w, 1, "SAME")  # noqa: E731
-    model("tf_depthwise_flops_per_second.backprop_filter", 1e-6)
+    model("tf_depthwise_multiplier_flops_per_second.backprop_filter", 1e-6)  # DEPTHWISE: multiplier 2
     types = tape_types(ours, *DEPTHWISE)
     assert {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
             "BigConv2DBackpropFilter"} <= types
     assert max(grads_vs_reference(ours, x, w)) < TOLERANCE["float32"]
-    model("tf_depthwise_flops_per_second.forward", 1e-6)  # the registered gradient's turn
+    model("tf_depthwise_multiplier_flops_per_second.forward", 1e-6)  # the registered gradient's turn
     types = tape_types(ours, *DEPTHWISE)
     assert {"BigConv2D", "DepthwiseConv2dNativeBackpropInput", "BigConv2DBackpropFilter"} <= types
     assert "DepthwiseConv2dNative" not in types

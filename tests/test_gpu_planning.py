@@ -410,6 +410,28 @@ def test_a_profile_from_before_the_load_bound_rate_keeps_its_model(tmp_path):
     assert values["direct_load_bound_flops_per_second"] == 7e10
 
 
+def test_a_profile_from_before_the_depthwise_multiplier_table_keeps_its_model(tmp_path):
+    """Such a profile estimated multipliers over 1 with its multiplier-1 rates:
+    reading it copies them, whatever the defaults say."""
+    old = {k: v for k, v in shipped().items()
+           if not k.startswith(cost_model.MULTIPLIER_TABLE)}
+    old["tf_depthwise_flops_per_second.forward.side7"] = 3.5e10
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": old}))
+    defaults = dict(shipped(), **{cost_model.MULTIPLIER_TABLE + "forward.side7": 1e9})
+    for d in (None, defaults):
+        values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), d)))
+        for name in _core.cost_model_fields():
+            if name.startswith(cost_model.MULTIPLIER_TABLE):
+                one = cost_model.DEPTHWISE_TABLE + name[len(cost_model.MULTIPLIER_TABLE):]
+                assert values[name] == old[one], name
+    # A profile that has the table keeps it.
+    old[cost_model.MULTIPLIER_TABLE + "forward.side7"] = 2e9
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": old}))
+    values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), shipped())))
+    assert values[cost_model.MULTIPLIER_TABLE + "forward.side7"] == 2e9
+
+
 def test_gpu_features_bend_with_the_filter_side():
     """The last two features are log side squared and log side x log pixels
     (cost_model.h GpuModelTerms), for every candidate."""

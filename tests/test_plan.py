@@ -248,6 +248,27 @@ def test_bad_device_and_tf_kernel_are_value_errors():
         plan((1, 8, 8, 1), (3, 3, 1, 1), tf_kernel="Conv3D")
 
 
+def test_depthwise_with_a_channel_multiplier_has_its_own_rates():
+    """TF's depthwise kernels with a multiplier over 1 are estimated from their
+    own table (oneDNN runs multiplier 1 only), in every pass; multiplier 1
+    keeps its rates."""
+    one = ((4, 32, 32, 16), (15, 15, 1, 16))
+    two = ((4, 32, 32, 16), (15, 15, 1, 32))
+    saved = _core.get_cost_model()
+    try:
+        for pass_ in PASSES:
+            before = [plan(*c, pass_=pass_, tf_kernel="DepthwiseConv2dNative")["tf"]["seconds"]
+                      for c in (one, two)]
+            _core.set_cost_model(_scaled("tf_depthwise_multiplier_flops_per_second", 0.01))
+            after = [plan(*c, pass_=pass_, tf_kernel="DepthwiseConv2dNative")["tf"]["seconds"]
+                     for c in (one, two)]
+            assert after[0] == before[0], pass_
+            assert after[1] == pytest.approx(100 * before[1]), pass_
+            _core.set_cost_model(saved)
+    finally:
+        _core.set_cost_model(saved)
+
+
 def _scaled(prefix, factor):
     """The active model with every field starting with `prefix` scaled."""
     fields, values = _core.cost_model_fields(), list(_core.get_cost_model())

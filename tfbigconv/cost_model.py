@@ -29,6 +29,8 @@ FORMAT = 1
 # GPU model features added after the first GPU profiles (cost_model.h
 # GpuModelTerms): a profile with GPU values but without these has them at 0.
 LATER_GPU_FEATURES = ("log_side_squared", "log_side_x_log_pixels")
+DEPTHWISE_TABLE = "tf_depthwise_flops_per_second."
+MULTIPLIER_TABLE = "tf_depthwise_multiplier_flops_per_second."
 
 # Where the active profile came from: "env", "user", "shipped" or "built-in",
 # and its "meta" object ({} for the built-in constants).
@@ -166,6 +168,14 @@ def read_profile_and_meta(path, defaults=None):
     # same model, which that share of their own direct rate restores.
     legacy = "direct_load_bound_flops_per_second" not in values and "direct_flops_per_second" in values
     given = [name for name in fields if not (legacy and name == "direct_load_bound_flops_per_second")]
+    # Profiles written before TF's depthwise rates had a table for channel
+    # multipliers over 1 used the multiplier-1 rates for them: copied, the
+    # same model.
+    for name in fields:
+        if name.startswith(MULTIPLIER_TABLE) and name not in values:
+            one = DEPTHWISE_TABLE + name[len(MULTIPLIER_TABLE):]
+            if one in values:
+                merged[name] = values[one]
     # GPU coefficients of features added later: a profile fitted without them
     # has them at 0 (its own model), not the defaults' values.
     for name in fields:

@@ -20,6 +20,8 @@ CostModel g_cost_model = [] {
       for (int c = 0; c < kIm2colChannels; ++c) side[c] = by_channels[c];
   for (auto& pass : m.tf_depthwise_flops_per_second)
     for (double& r : pass) r = 1e10;
+  for (auto& pass : m.tf_depthwise_multiplier_flops_per_second)
+    for (double& r : pass) r = 1e10;
   // GPU: work at a fixed rate per candidate (tf 50, direct 5, fft 1 TFLOP/s).
   const double log_rate[kGpuCandidates] = {std::log(5e13), std::log(5e12), std::log(1e12)};
   for (int c = 0; c < kGpuCandidates; ++c)
@@ -69,10 +71,12 @@ std::vector<std::string> CostModelFields() {
                     std::to_string(int(kIm2colSideAxis[s])) + ".channels" +
                     std::to_string(int(kIm2colChannelAxis[c])));
   for (const char* t : kSlowdownDTypes) f.push_back(std::string("im2col_dtype_slowdown.") + t);
-  for (int p = 0; p < kPasses; ++p)
-    for (int s = 0; s < kIm2colSides; ++s)
-      f.push_back(std::string("tf_depthwise_flops_per_second.") + PassName(Pass(p)) + ".side" +
-                  std::to_string(int(kIm2colSideAxis[s])));
+  for (const char* table : {"tf_depthwise_flops_per_second.",
+                            "tf_depthwise_multiplier_flops_per_second."})
+    for (int p = 0; p < kPasses; ++p)
+      for (int s = 0; s < kIm2colSides; ++s)
+        f.push_back(std::string(table) + PassName(Pass(p)) + ".side" +
+                    std::to_string(int(kIm2colSideAxis[s])));
   for (int c = 0; c < kGpuCandidates; ++c)
     for (int p = 0; p < kPasses; ++p)
       for (int d = 0; d < kGpuDTypeClasses; ++d)
@@ -99,8 +103,10 @@ std::vector<double> CostModelValues(const CostModel& m) {
     for (const auto& side : pass)
       for (double r : side) v.push_back(r);
   for (double x : m.im2col_dtype_slowdown) v.push_back(x);
-  for (const auto& pass : m.tf_depthwise_flops_per_second)
-    for (double r : pass) v.push_back(r);
+  for (const auto* table : {&m.tf_depthwise_flops_per_second,
+                            &m.tf_depthwise_multiplier_flops_per_second})
+    for (const auto& pass : *table)
+      for (double r : pass) v.push_back(r);
   for (const auto& c : m.gpu)
     for (const auto& pass : c)
       for (const auto& cls : pass)
@@ -150,8 +156,10 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
     for (auto& side : pass)
       for (double& r : side) r = v[i++];
   for (double& x : m.im2col_dtype_slowdown) x = v[i++];
-  for (auto& pass : m.tf_depthwise_flops_per_second)
-    for (double& r : pass) r = v[i++];
+  for (auto* table : {&m.tf_depthwise_flops_per_second,
+                      &m.tf_depthwise_multiplier_flops_per_second})
+    for (auto& pass : *table)
+      for (double& r : pass) r = v[i++];
   for (auto& c : m.gpu)
     for (auto& pass : c)
       for (auto& cls : pass)

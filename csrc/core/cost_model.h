@@ -39,7 +39,8 @@ const char* DeviceName(Device d);
 //   tf.Conv2D (im2col)  seconds = 2 macs / rate, rate interpolated (log-log)
 //                     in a table over filter side and channel product, per pass.
 //   tf.DepthwiseConv2dNative  seconds = 2 macs / rate, rate interpolated
-//                     (log-log) over filter side, per pass.
+//                     (log-log) over filter side, per pass and for a channel
+//                     multiplier of 1 or over 1.
 // GPU (fitted to measured kernel times, see GpuModelTerms):
 //   log(seconds) = log(work) + sum_i gpu[candidate][pass][dtype class][i] * feature_i
 constexpr int kIm2colSides = 4;     // filter sides (sqrt of taps): 3, 7, 15, 31
@@ -66,6 +67,9 @@ struct CostModel {
   double im2col_dtype_slowdown[3] = {1, 1, 1};
   // FLOP/s of TF's DepthwiseConv2dNative ops (float32) per pass and filter side.
   double tf_depthwise_flops_per_second[kPasses][kIm2colSides] = {};
+  // The same with a channel multiplier over 1 (measured at 2): other code in
+  // oneDNN builds, which run multiplier 1 only (3-17x slower per FLOP at 2).
+  double tf_depthwise_multiplier_flops_per_second[kPasses][kIm2colSides] = {};
   // The GPU model's coefficients (any sign).
   double gpu[kGpuCandidates][kPasses][kGpuDTypeClasses][kGpuFeatures] = {};
   // The shortest call measured per candidate, pass and dtype class: no GPU

@@ -374,7 +374,9 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
     int si;
     double st;
     LogInterp(kIm2colSideAxis, kIm2colSides, side, &si, &st);
-    const double* r = m.tf_depthwise_flops_per_second[int(pass)];
+    const double* r = ug.out_c_per_group() > 1
+                          ? m.tf_depthwise_multiplier_flops_per_second[int(pass)]
+                          : m.tf_depthwise_flops_per_second[int(pass)];
     const double rate = std::exp(std::log(r[si]) * (1 - st) + std::log(r[si + 1]) * st);
     e.terms = {2.0 * double(ug.macs()) * DTypeSlowdown(m, dtype), side, 1};
     e.seconds = e.terms[0] / rate;
