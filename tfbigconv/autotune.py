@@ -219,19 +219,22 @@ def _device_name(device):
     return "GPU:" + str(details.get("device_name", "unknown"))
 
 
+def _tf_for_auto(p):
+    """"trusted", "measured" (picked only when timed fastest) or "never"."""
+    return p.get("tf_for_auto", "trusted" if p["tf_trusted"] else "measured")
+
+
 def _eligible(p):
     """The candidates of a planned pass that may run for auto: available, fitting,
     and TF's kernel unless it is excluded for precision."""
-    for_auto = p.get("tf_for_auto", "trusted" if p["tf_trusted"] else "measured")
     return [n for n in CANDIDATES if p[n]["available"] and p[n]["fits"]
-            and (n != "tf" or for_auto != "never")]
+            and (n != "tf" or _tf_for_auto(p) != "never")]
 
 
 def candidates_to_time(p):
     """The candidates worth timing for a planned pass (see the module docstring)."""
-    for_auto = p.get("tf_for_auto", "trusted" if p["tf_trusted"] else "measured")
     ok = _eligible(p)
-    trusted = [n for n in ok if n != "tf" or for_auto == "trusted"]
+    trusted = [n for n in ok if n != "tf" or _tf_for_auto(p) == "trusted"]
     if not trusted:
         return []
     est = {n: p[n]["seconds"] for n in ok}
