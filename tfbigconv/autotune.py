@@ -16,7 +16,7 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
   candidate left out whose estimate is within NEAR_FACTOR of the measured
   best is timed too, once, beside the winner so far (TF's Conv2D dL/dinput
   on one input channel measured 6x its estimate; direct, left out at 3.04x
-  the estimate, ran 1.5x faster than the winner; widened()).
+  the estimate, ran 2x faster than it; widened()).
 - Cost: each candidate is traced into its own graph (timed as it runs under
   tf.function; eager calls favoured our ops on sub-millisecond passes), runs
   once to warm up and, unless that took over
