@@ -7,9 +7,10 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
 
 - Which candidates: every one that runs and fits whose estimate is within
   NEAR_FACTOR of the best estimate, plus TF's kernel when its estimate is not
-  trusted and under CROSS_FACTOR x the best, plus TF's kernel and our fastest when their estimates are within
-  CROSS_FACTOR of each other (the two come from different models, and
-  across them estimates have been off by up to ~40x). A candidate estimated
+  trusted and under CROSS_FACTOR x the best, plus TF's kernel and our fastest
+  when their estimates are within CROSS_FACTOR of each other (the two come
+  from different models, and across them estimates have been off by up to
+  ~40x). A candidate estimated
   further off is never timed, and a TF kernel excluded for precision never
   is. Nothing is timed when fewer than two remain. When the timings show the
   estimates were off (the measured best is slower than estimated), a

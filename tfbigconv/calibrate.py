@@ -228,14 +228,13 @@ def _calibrate_cpu(output, quick, rounds, log):
                 fns[key] = _im2col_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
                 macs[key] = _core.conv_geometry(list(x_shape), list(w_shape), padding="SAME",
                                                 **ATTRS)["macs"]
-    for table, multiplier in (("tf_depthwise_flops_per_second", 1),
-                              ("tf_depthwise_multiplier_flops_per_second", 2)):
+    for table, multiplier in ((cost_model.DEPTHWISE_TABLE, 1), (cost_model.MULTIPLIER_TABLE, 2)):
         for pass_ in dispatch.PASSES:
             for side in IM2COL_SIDES:
                 # TF's depthwise kernels run at ~10 GFLOP/s: a tenth of the work.
                 x_shape, w_shape = _im2col_case(side, 32, 1, target / 10)
                 w_shape = w_shape[:2] + (32, multiplier)
-                key = f"{table}.{pass_}.side{side}"
+                key = f"{table}{pass_}.side{side}"
                 fns[key] = _depthwise_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
                 macs[key] = _core.conv_geometry(list(x_shape), [side, side, 1, 32 * multiplier],
                                                 padding="SAME", **ATTRS)["macs"]

@@ -29,6 +29,7 @@ FORMAT = 1
 # GPU model features added after the first GPU profiles (cost_model.h
 # GpuModelTerms): a profile with GPU values but without these has them at 0.
 LATER_GPU_FEATURES = ("log_side_squared", "log_side_x_log_pixels")
+# The name prefixes of TF's depthwise rates: multiplier 1, and over 1.
 DEPTHWISE_TABLE = "tf_depthwise_flops_per_second."
 MULTIPLIER_TABLE = "tf_depthwise_multiplier_flops_per_second."
 
