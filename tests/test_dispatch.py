@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
-from tfbigconv import _core, conv, cost_model, dispatch
+from tfbigconv import _core, autotune, conv, cost_model, dispatch
 from conftest import TOLERANCE, random_case, rel_l2
 from reference import (conv2d_reference, conv2d_reference_backprop_filter,
                        conv2d_reference_backprop_input)
@@ -614,6 +614,33 @@ def test_half_types_in_nchw_run_tf_only_where_measured_fastest(monkeypatch, mode
     e = tfbigconv.explain((2, 15, 17, 8), (3, 3, 8, 6), padding="SAME", dtype="bfloat16")
     assert not any("measured fastest" in r.note for r in e.rows)
     assert set(e.chosen.values()) == {"tf.Conv2D"}
+
+
+def test_onednn_bfloat16_depthwise_forward_that_compiles_for_minutes_is_not_for_auto(
+        monkeypatch, model):
+    """oneDNN's bfloat16 depthwise forward with at most 16 channels and a 15x15
+    or larger filter took over 10 minutes to compile on its first call: auto
+    never picks it (nor times it), even where the model makes it 1000x faster;
+    its gradients, and the cases next to the region, stay TF's."""
+    monkeypatch.setattr(dispatch, "tf_cpu_onednn", lambda *a: True)
+    model("tf_depthwise", 1000)  # both tables: multiplier 1 and over 1
+    tf_dw = "tf.DepthwiseConv2dNative"
+    e = tfbigconv.explain((2, 32, 32, 16), (15, 15, 1, 16), padding="SAME", dtype="bfloat16")
+    forward = [r for r in e.rows if r.pass_ == "forward" and r.algorithm == tf_dw]
+    assert len(forward) == 1 and "compile" in forward[0].note, forward
+    assert e.chosen["forward"] != tf_dw
+    assert e.chosen["backprop_input"] == e.chosen["backprop_filter"] == tf_dw
+    plan = dispatch.plan("forward", (2, 32, 32, 16), (15, 15, 1, 16), dict(
+        strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[], data_format="NHWC",
+        dilations=[1, 1, 1, 1]), "bfloat16", "auto", 0, "CPU")
+    assert "tf" not in autotune.candidates_to_time(plan)
+    for x_shape, w_shape, stride, dtype in (((2, 32, 32, 24), (15, 15, 1, 24), 1, "bfloat16"),
+                                            ((2, 32, 32, 16), (13, 13, 1, 16), 1, "bfloat16"),
+                                            ((2, 32, 32, 16), (15, 15, 1, 16), 2, "bfloat16"),
+                                            ((2, 32, 32, 16), (15, 15, 1, 32), 1, "bfloat16"),
+                                            ((2, 32, 32, 16), (15, 15, 1, 16), 1, "float32")):
+        e = tfbigconv.explain(x_shape, w_shape, stride, padding="SAME", dtype=dtype)
+        assert e.chosen["forward"] == tf_dw, (x_shape, w_shape, stride, dtype, e.reasons)
 
 
 def test_nchw_depthwise_runs_tf_depthwise_where_onednn_runs_it(monkeypatch):

@@ -81,6 +81,27 @@ HALF_NCHW_NOTE = ("TensorFlow's CPU kernels in half precision and NCHW (oneDNN) 
                   "fastest")
 
 
+# oneDNN compiles its bfloat16 depthwise forward kernel (brdgmm, JIT) on the
+# first call, and for few channels and a large filter that took over 10 minutes
+# here (2x32x32x16 by 15x15; in a Keras model too). Measured where it did:
+# stride 1, multiplier 1, 1-16 channels, filter side 15-31, input 32x32 and
+# up. Where it did not (under 1 s): 24 channels or more, side 14 or less,
+# stride 2, multiplier 2, 24x24 inputs, float32, the two gradients.
+ONEDNN_SLOW_COMPILE_NOTE = ("oneDNN's bfloat16 depthwise forward with at most 16 channels and "
+                            "a filter side of 15 or more took over 10 minutes to compile its "
+                            "kernel on the first call: not for auto")
+
+
+def onednn_compiles_slowly(pass_, geometry, dtype):
+    """Whether TF's oneDNN depthwise kernel for the pass is in the region
+    where its first call compiled for minutes (ONEDNN_SLOW_COMPILE_NOTE):
+    auto must not run it, not even to time it."""
+    return (pass_ == "forward" and dtype == "bfloat16" and geometry["in_c"] <= 16
+            and geometry["out_c"] == geometry["in_c"] and geometry["stride_h"] == 1
+            and geometry["stride_w"] == 1
+            and max(geometry["filter_h"], geometry["filter_w"]) >= 15)
+
+
 def tf_kernel(pass_, geometry, attrs, dtype, device):
     """TensorFlow's kernel for one pass on `device`: (name, auto may pick it, note).
 
@@ -105,6 +126,9 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
     half = dtype in HALF_TYPES and device == "CPU"
     filter_shape = [geometry[k] for k in ("filter_h", "filter_w", "filter_in_c", "out_c")]
     if uses_depthwise_kernel(geometry["in_c"], filter_shape, attrs, dtype, device):
+        if (half and onednn_compiles_slowly(pass_, geometry, dtype)
+                and tf_cpu_onednn("DepthwiseConv2dNative", dtype, explicit)):
+            return "DepthwiseConv2dNative", "never", ONEDNN_SLOW_COMPILE_NOTE
         if data_format == "NCHW":  # the check ran it NCHW in this dtype
             if half:
                 return "DepthwiseConv2dNative", "measured", HALF_NCHW_NOTE + "; " + ONEDNN_NOTE
