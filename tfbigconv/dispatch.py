@@ -83,7 +83,8 @@ HALF_NCHW_NOTE = ("TensorFlow's CPU kernels in half precision and NCHW (oneDNN) 
 
 # oneDNN compiles its bfloat16 depthwise forward kernel (brdgmm, JIT) on the
 # first call, and for few channels and a large filter that took over 10 minutes
-# here (2x32x32x16 by 15x15; in a Keras model too). Measured where it did:
+# here (16x64x64x16 by 15x15, in a Keras model; smaller inputs were stopped
+# after 12-25 s). Measured where it did:
 # stride 1, multiplier 1, 1-16 channels, filter side 15-31, input 32x32 and
 # up. Where it did not (under 1 s): 24 channels or more, side 14 or less,
 # stride 2, multiplier 2, 24x24 inputs, float32, the two gradients.
@@ -110,7 +111,7 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
     kernel. "auto may pick it" is "trusted" (its estimate decides), "measured"
     (chosen only when autotuning timed it fastest: its estimate has been wrong
     by 10-300x: grouped Conv2D, half types in NCHW) or "never" (runs, but less
-    precisely than ours). On the CPU, TF's
+    precisely than ours, or compiles for minutes: onednn_compiles_slowly). On the CPU, TF's
     own (Eigen) kernels run NHWC only, no grouped or dilated gradients, and
     accumulate half types in half precision; where TF runs the case through
     oneDNN (tf_cpu_onednn: measured, per kernel and dtype), none of that holds.
