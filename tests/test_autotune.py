@@ -516,6 +516,71 @@ def test_refine_times_a_left_out_candidate_beside_the_winner(autotuning, monkeyp
     assert again["chosen"] == "direct"
 
 
+
+def test_candidates_estimated_far_slower_are_screened_on_fewer_images():
+    p = planned(40, 1, 2.5)  # tf is timed across models only; fft is near
+    assert autotune.screening_images(p, ["tf", "direct", "fft"], 4, 1) == {"tf": 1}
+    # as many images as keep tf's estimated call at NEAR_FACTOR x the best's
+    assert autotune.screening_images(p, ["tf", "direct", "fft"], 64, 1) == {
+        "tf": int(64 * autotune.NEAR_FACTOR / 40)}
+    assert autotune.screening_images(planned(1, 1.5, 2.9), ["tf", "direct", "fft"], 8, 1) == {}
+    # not those within SCREEN_FACTOR: too few images would be saved
+    near_enough = planned(autotune.SCREEN_FACTOR * 0.99, 1, 2)
+    assert autotune.screening_images(near_enough, ["tf", "direct", "fft"], 64, 1) == {}
+    # untrusted TF estimates too (timed up to CROSS_FACTOR x our best)
+    assert autotune.screening_images(planned(20, 1, 100, trusted=False),
+                                     ["tf", "direct"], 16, 1) == {"tf": 2}
+
+
+def test_screened_candidates_run_on_fewer_images_and_scale(monkeypatch):
+    clock = FakeClock({"direct": 0.01, "tf": 0.02})
+    seen = {}
+
+    def pass_fn(pass_, name, x, w, dy, a, device):
+        seen[name] = (int(x.shape[0]), int(dy.shape[0]))
+        return lambda: clock.run_pass(pass_, name, x, w, dy, a, device)
+
+    monkeypatch.setattr(autotune.time, "perf_counter", clock.perf_counter)
+    monkeypatch.setattr(autotune, "_pass_fn", pass_fn)
+    x_shape = (8,) + SMALL[0][1:]
+    got = autotune.measure("forward", ["direct", "tf"], x_shape, SMALL[1], ATTRS, "float32",
+                           "CPU", batch=4, images={"tf": 1})
+    assert seen == {"direct": (4, 4), "tf": (1, 1)}
+    assert got == pytest.approx({"direct": 0.01 * 8 / 4, "tf": 0.02 * 8 / 1})
+
+
+@pytest.mark.parametrize("tf_on_the_batch, want", [(2.5, "direct"), (0.8, "tf")])
+def test_a_screened_candidate_that_comes_close_is_timed_again_on_the_batch(
+        autotuning, monkeypatch, tf_on_the_batch, want):
+    """TF's kernel, estimated 40x direct's, looks fastest on one image (0.9); the
+    decision is made on the whole timing batch, where it takes tf_on_the_batch."""
+    calls = []
+
+    def fake_measure(pass_, names, *args, images=None, **kwargs):
+        calls.append((sorted(names), images or None))
+        on_the_batch = {"tf": tf_on_the_batch, "direct": 1.0, "fft": 3.0}
+        return {n: 0.9 if (images or {}).get(n) else on_the_batch[n] for n in names}
+
+    monkeypatch.setattr(autotune, "measure", fake_measure)
+    p = dict(planned(40, 1, 2.5), chosen="direct", reason="estimates", **{"pass": "forward"})
+    autotune.refine(p, (4, 32, 32, 8), (15, 15, 8, 8), ATTRS, "float32", "CPU", 0)
+    assert calls[:2] == [(["direct", "fft", "tf"], {"tf": 1}), (["direct", "tf"], None)]
+    assert p["chosen"] == want
+
+
+def test_a_screened_candidate_that_stays_slow_is_not_timed_again(autotuning, monkeypatch):
+    calls = []
+
+    def fake_measure(pass_, names, *args, images=None, **kwargs):
+        calls.append((sorted(names), images or None))
+        return {n: {"tf": 30.0, "direct": 1.0, "fft": 2.0}[n] for n in names}
+
+    monkeypatch.setattr(autotune, "measure", fake_measure)
+    p = dict(planned(40, 1, 2.5), chosen="direct", reason="estimates", **{"pass": "forward"})
+    autotune.refine(p, (4, 32, 32, 8), (15, 15, 8, 8), ATTRS, "float32", "CPU", 0)
+    assert calls == [(["direct", "fft", "tf"], {"tf": 1})]
+    assert p["chosen"] == "direct"
+
 # ---- (b) the cache round-trips across processes ----------------------------
 
 CROSS = """

@@ -28,14 +28,19 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
   fewest images (at least TIMING_BATCH) on which the best estimate is
   MIN_TIMED_S or more, so that per-call overheads do not decide (a batch of 4
   scaled to 64 once picked a kernel 3x slower at full batch); the whole
-  batch when it is cheaper than that. Times are scaled to the real batch.
-  Candidates warm up in the order of their estimates, and one that takes
+  batch when it is cheaper than that. A candidate estimated over
+  SCREEN_FACTOR x the best, timed only as a check across models, runs on fewer
+  images: as many as keep its estimated call at NEAR_FACTOR x the best's, at
+  least one; if it then comes within CONFIRM_BELOW x of the fastest, it is
+  timed again on the whole timing batch beside the fastest of the others
+  (screening_images). Times are scaled to the real batch. Candidates warm up in the order of their estimates, and one that takes
   ABANDON_FACTOR x the fastest is not repeated (judged on a second call
   where the warm-up took under REPEAT_BELOW_S: a first call can carry
   one-time costs; again after any second call that lowers the fastest). The first
-  call of a pass so costs about (1 + MIN_ROUNDS) x (candidates) x
-  max(MIN_TIMED_S, the time on TIMING_BATCH images) where the estimates
-  hold, plus at most EXTRA_ROUNDS_BELOW_S and one round for the extra
+  call of a pass so costs about (1 + MIN_ROUNDS) x (candidates) x NEAR_FACTOR x
+  max(MIN_TIMED_S, the best estimate on TIMING_BATCH images) where the
+  estimates hold (more where one image of a screened candidate costs more),
+  plus at most EXTRA_ROUNDS_BELOW_S and one round for the extra
   rounds, plus the candidates' tracing; once per geometry, dtype, device,
   thread count and oneDNN setting (TF's CPU kernels are other code with it).
 - Choice: the fastest call wins, but TF's kernel is kept unless ours is
@@ -78,6 +83,9 @@ FORMAT = 1
 # within 3x of each other can be in either order.
 NEAR_FACTOR = 3.0
 CROSS_FACTOR = 50.0
+# Candidates estimated over this x the best are timed on fewer images
+# (screening_images): at least 3x fewer, which a re-timing may then cost.
+SCREEN_FACTOR = 10.0
 TIMING_BATCH = 4
 MIN_TIMED_S = 0.03
 REPEAT_BELOW_S = 0.25
@@ -279,12 +287,18 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
         best_estimate = min(p[n]["seconds"] for n in names if n != "tf" or p["tf_trusted"])
         batch = timing_batch(input_shape[0], best_estimate)
 
-        def timed(these):
+        def timed(these, images=None):
             return measure(p["pass"], these, input_shape, filter_shape, attrs, dtype, device,
                            order=sorted(these, key=lambda n: p[n]["seconds"]),
-                           workspace_limit=workspace_limit, batch=batch)
+                           workspace_limit=workspace_limit, batch=batch, images=images)
 
-        seconds = confirmed(timed(names), timed)
+        screened = screening_images(p, names, batch, best_estimate)
+        seconds = timed(names, screened)
+        close = [n for n in screened if seconds[n] < CONFIRM_BELOW * min(seconds.values())]
+        if close:  # in the race after all: timed again on the batch, beside the best of the rest
+            lead = min((n for n in seconds if n not in screened), key=seconds.get)
+            seconds = dict(seconds, **timed([lead] + close))
+        seconds = confirmed(seconds, timed)
         more = widened(p, seconds)
         if more:  # timed beside the winner so far, in one session
             seconds = confirmed(dict(seconds, **timed([fastest(seconds)] + more)), timed)
@@ -412,6 +426,20 @@ def _apply_gradients(bpi, bpf, names, entry):
         p["measured_together"] = seconds
 
 
+def screening_images(p, names, batch, best_estimate_s):
+    """{candidate: images} for the candidates of `names` estimated over
+    SCREEN_FACTOR x the best estimate, which are timed only as a check across
+    models: on as many of the `batch` images as keep their estimated call at
+    NEAR_FACTOR x the best's, at least one (TF's multiplier-2 depthwise, 40x
+    our fft's estimate and 140x its time, took 4.2 s to time on 4 images)."""
+    out = {}
+    for n in names:
+        ratio = p[n]["seconds"] / max(best_estimate_s, 1e-12)
+        if ratio > SCREEN_FACTOR:
+            out[n] = max(1, int(batch * NEAR_FACTOR / ratio))
+    return out
+
+
 def timing_batch(batch, best_estimate_s):
     """The images to time on (see the module docstring)."""
     if batch <= TIMING_BATCH:
@@ -422,9 +450,10 @@ def timing_batch(batch, best_estimate_s):
 
 @tf.autograph.experimental.do_not_convert
 def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order=None,
-            workspace_limit=0, batch=None):
+            workspace_limit=0, batch=None, images=None):
     """{candidate: seconds} for one pass, timed on random data of `batch` images
-    (default TIMING_BATCH) and scaled to the real batch.
+    (default TIMING_BATCH; `images`: {candidate: fewer images} for some) and
+    scaled to the real batch.
 
     Each candidate runs as its own traced graph (_pass_fn) on `device`, outside
     any tf.function being traced.
@@ -442,7 +471,11 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         dy = tf.cast(tf.constant(rng.standard_normal(y_shape, dtype=np.float32)), dtype)
 
         order = list(order or names)
-        calls = {n: _pass_fn(pass_, n, x, w, dy, a, device) for n in order}
+        # dimension 0 is the batch in NHWC and NCHW
+        count = {n: max(1, min(small, (images or {}).get(n, small))) for n in order}
+        data = {k: (x[:k], dy[:k]) if k < small else (x, dy) for k in set(count.values())}
+        calls = {n: _pass_fn(pass_, n, data[count[n]][0], w, data[count[n]][1], a, device)
+                 for n in order}
 
         def timed(name):
             start = time.perf_counter()
@@ -482,7 +515,7 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
                 t = timed(name)
                 spent += t
                 best[name] = min(best[name], t)
-    return {name: t * full / small for name, t in best.items()}
+    return {name: t * full / count[name] for name, t in best.items()}
 
 
 def _pass_fn(pass_, name, x, w, dy, a, device):
