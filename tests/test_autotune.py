@@ -516,7 +516,6 @@ def test_refine_times_a_left_out_candidate_beside_the_winner(autotuning, monkeyp
     assert again["chosen"] == "direct"
 
 
-
 def test_candidates_estimated_far_slower_are_screened_on_fewer_images():
     p = planned(40, 1, 2.5)  # tf is timed across models only; fft is near
     assert autotune.screening_images(p, ["tf", "direct", "fft"], 4, 1) == {"tf": 1}
@@ -547,6 +546,20 @@ def test_screened_candidates_run_on_fewer_images_and_scale(monkeypatch):
                            "CPU", batch=4, images={"tf": 1})
     assert seen == {"direct": (4, 4), "tf": (1, 1)}
     assert got == pytest.approx({"direct": 0.01 * 8 / 4, "tf": 0.02 * 8 / 1})
+
+
+def test_speeds_compare_per_image_when_a_candidate_is_screened(monkeypatch):
+    # tf runs 1 of the 8 images: its call (10 ms) is shorter than direct's (40 ms
+    # on 8) though it is twice as slow per image; direct must not be abandoned.
+    clock = FakeClock({"direct": 0.04, "tf": 0.01})
+    monkeypatch.setattr(autotune.time, "perf_counter", clock.perf_counter)
+    monkeypatch.setattr(autotune, "_pass_fn",
+                        lambda pass_, name, *args: lambda: clock.run_pass(pass_, name, *args))
+    x_shape = (8,) + SMALL[0][1:]
+    got = autotune.measure("forward", ["direct", "tf"], x_shape, SMALL[1], ATTRS, "float32",
+                           "CPU", batch=8, images={"tf": 1})
+    assert clock.calls.count("direct") == clock.calls.count("tf") > 2
+    assert got == pytest.approx({"direct": 0.04, "tf": 0.08})
 
 
 @pytest.mark.parametrize("tf_on_the_batch, want", [(2.5, "direct"), (0.8, "tf")])
@@ -580,6 +593,7 @@ def test_a_screened_candidate_that_stays_slow_is_not_timed_again(autotuning, mon
     autotune.refine(p, (4, 32, 32, 8), (15, 15, 8, 8), ATTRS, "float32", "CPU", 0)
     assert calls == [(["direct", "fft", "tf"], {"tf": 1})]
     assert p["chosen"] == "direct"
+
 
 # ---- (b) the cache round-trips across processes ----------------------------
 

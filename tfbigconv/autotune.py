@@ -33,8 +33,9 @@ whose TensorFlow kernel's estimate is not trusted, is decided by timing:
   images: as many as keep its estimated call at NEAR_FACTOR x the best's, at
   least one; if it then comes within CONFIRM_BELOW x of the fastest, it is
   timed again on the whole timing batch beside the fastest of the others
-  (screening_images). Times are scaled to the real batch. Candidates warm up in the order of their estimates, and one that takes
-  ABANDON_FACTOR x the fastest is not repeated (judged on a second call
+  (screening_images). Times are scaled to the real batch. Candidates warm up
+  in the order of their estimates, and one that takes ABANDON_FACTOR x the
+  fastest (per image) is not repeated (judged on a second call
   where the warm-up took under REPEAT_BELOW_S: a first call can carry
   one-time costs; again after any second call that lowers the fastest). The first
   call of a pass so costs about (1 + MIN_ROUNDS) x (candidates) x NEAR_FACTOR x
@@ -485,6 +486,9 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         best = {}  # name -> shortest call so far
         for name in order:  # warm-up, in the order of the estimates
             best[name] = timed(name)
+        # Speeds compare per image: a screened candidate runs fewer; costs
+        # (REPEAT_BELOW_S, EXTRA_ROUNDS_BELOW_S) are the calls' own.
+        per_batch = lambda n: best[n] * small / count[n]  # noqa: E731
         # A first run can carry one-time costs (TF's kernel setup added 8-20 ms
         # to 7-14 ms gradients on 4 images; a process's first calls of ours
         # 4-6 ms to 0.5 ms), so a cheap candidate is not abandoned on its
@@ -492,9 +496,9 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         # second call that lowers the quickest can make others look slow.
         called_twice = set()
         while True:
-            quickest = min(best.values())
+            quickest = min(map(per_batch, order))
             again = [n for n in order if n not in called_twice
-                     and ABANDON_FACTOR * quickest <= best[n] < REPEAT_BELOW_S]
+                     and ABANDON_FACTOR * quickest <= per_batch(n) and best[n] < REPEAT_BELOW_S]
             if not again:
                 break
             for name in again:
@@ -505,8 +509,9 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         # counts. Candidates whose calls took REPEAT_BELOW_S, or ABANDON_FACTOR x
         # the best, are not repeated. Rounds go on past MIN_ROUNDS while they are
         # cheap (short calls are the noisy ones), up to MAX_ROUNDS.
-        quickest = min(best.values())
-        again = [n for n in order if best[n] < REPEAT_BELOW_S and best[n] < ABANDON_FACTOR * quickest]
+        quickest = min(map(per_batch, order))
+        again = [n for n in order
+                 if best[n] < REPEAT_BELOW_S and per_batch(n) < ABANDON_FACTOR * quickest]
         spent = 0.0
         for r in range(MAX_ROUNDS if again else 0):
             if r >= MIN_ROUNDS and spent >= EXTRA_ROUNDS_BELOW_S:
@@ -515,7 +520,7 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
                 t = timed(name)
                 spent += t
                 best[name] = min(best[name], t)
-    return {name: t * full / count[name] for name, t in best.items()}
+    return {name: per_batch(name) * full / small for name in best}
 
 
 def _pass_fn(pass_, name, x, w, dy, a, device):
