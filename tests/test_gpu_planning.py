@@ -432,6 +432,30 @@ def test_a_profile_from_before_the_depthwise_multiplier_table_keeps_its_model(tm
     assert values[cost_model.MULTIPLIER_TABLE + "forward.side7"] == 2e9
 
 
+def test_a_profile_from_before_side_14_keeps_its_model(tmp_path):
+    """Such a profile interpolated TF's rates from side 7 to side 15; reading it
+    puts its side-14 values on that line (log rate over log side), whatever the
+    defaults say, so its estimates at sides 7-15 are the ones it gave."""
+    old = {k: v for k, v in shipped().items() if ".side14" not in k}
+    bpf = "im2col_flops_per_second.backprop_filter.side{}.channels16"
+    old[bpf.format(15)] = old[bpf.format(7)] / 100  # a cliff, as oneDNN has
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": old}))
+    t = math.log(14 / 7) / math.log(15 / 7)
+    for d in (None, dict(shipped(), **{bpf.format(14): 1.0})):
+        values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), d)))
+        for name in _core.cost_model_fields():
+            if ".side14" in name:
+                lo, hi = (old[name.replace(".side14", f".side{s}")] for s in (7, 15))
+                assert values[name] == pytest.approx(
+                    math.exp(math.log(lo) * (1 - t) + math.log(hi) * t), rel=1e-12), name
+    # A profile that has side 14 keeps it.
+    old[bpf.format(14)] = 3e10
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": old}))
+    values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), shipped())))
+    assert values[bpf.format(14)] == 3e10
+
+
 def test_gpu_features_bend_with_the_filter_side():
     """The last two features are log side squared and log side x log pixels
     (cost_model.h GpuModelTerms), for every candidate."""

@@ -269,6 +269,30 @@ def test_depthwise_with_a_channel_multiplier_has_its_own_rates():
         _core.set_cost_model(saved)
 
 
+def test_tf_rates_at_side_14_and_15_are_apart():
+    """oneDNN's Conv2D filter gradient runs 100x slower from K = 15 than at 14:
+    the table holds both sides, so a 15x15 filter's rate does not pull down a
+    13x13 or 14x14 one (interpolated from 7 to 15, it did by 10-100x)."""
+    fields, values = _core.cost_model_fields(), list(_core.get_cost_model())
+    for i, name in enumerate(fields):
+        if name.startswith("im2col_flops_per_second.backprop_filter.side15"):
+            values[i] = values[fields.index(name.replace("side15", "side14"))] / 100
+    saved = _core.get_cost_model()
+    try:
+        x = (4, 48, 48, 4)  # 4 x 4 channels: the table's channel16 column
+
+        def rate(k):
+            p = plan(x, (k, k, 4, 4), pass_="backprop_filter")
+            return p["tf"]["terms"][0] / p["tf"]["seconds"]
+        before = {k: rate(k) for k in (13, 14, 15)}
+        _core.set_cost_model(values)
+        after = {k: rate(k) for k in (13, 14, 15)}
+        assert after[13] == pytest.approx(before[13]) and after[14] == pytest.approx(before[14])
+        assert after[15] == pytest.approx(before[14] / 100)
+    finally:
+        _core.set_cost_model(saved)
+
+
 def _scaled(prefix, factor):
     """The active model with every field starting with `prefix` scaled."""
     fields, values = _core.cost_model_fields(), list(_core.get_cost_model())

@@ -19,9 +19,12 @@ import tensorflow as tf
 from tfbigconv import _core, cost_model, dispatch
 from tfbigconv._ops import ops as _ops
 
-# The im2col table's axes (plan.h: kIm2colSideAxis, kIm2colChannelAxis) and
-# the (in, out) channels measured for each channel product.
-IM2COL_SIDES = (3, 7, 15, 31)
+# The im2col table's filter sides (cost_model.h: kIm2colSideAxis, read from
+# the field names) and the (in, out) channels measured for each channel
+# product of kIm2colChannelAxis.
+IM2COL_SIDES = tuple(sorted({int(name.split(".side")[1].split(".")[0])
+                             for name in _core.cost_model_fields()
+                             if name.startswith("im2col_flops_per_second.forward.side")}))
 IM2COL_CHANNELS = ((1, 1), (4, 4), (16, 16), (32, 64))
 SLOWDOWN_DTYPES = ("float16", "bfloat16", "float64")
 

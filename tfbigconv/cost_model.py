@@ -13,6 +13,7 @@ import ctypes
 import functools
 import glob
 import json
+import math
 import os
 import platform
 import warnings
@@ -32,6 +33,8 @@ LATER_GPU_FEATURES = ("log_side_squared", "log_side_x_log_pixels")
 # The name prefixes of TF's depthwise rates: multiplier 1, and over 1.
 DEPTHWISE_TABLE = "tf_depthwise_flops_per_second."
 MULTIPLIER_TABLE = "tf_depthwise_multiplier_flops_per_second."
+# Filter sides added to TF's rate tables later, with the sides they lie between.
+LATER_SIDES = {14: (7, 15)}
 
 # Where the active profile came from: "env", "user", "shipped" or "built-in",
 # and its "meta" object ({} for the built-in constants).
@@ -169,6 +172,18 @@ def read_profile_and_meta(path, defaults=None):
     # same model, which that share of their own direct rate restores.
     legacy = "direct_load_bound_flops_per_second" not in values and "direct_flops_per_second" in values
     given = [name for name in fields if not (legacy and name == "direct_load_bound_flops_per_second")]
+    # Profiles written before a side of TF's rate tables existed interpolated
+    # there between the sides around it: interpolated the same way (log rate
+    # over log side, as plan.cc's LogInterp), the same model.
+    values = dict(values)
+    for name in fields:
+        for side, (lo, hi) in LATER_SIDES.items():
+            at = f".side{side}"
+            if at in name and name not in values:
+                a, b = (values.get(name.replace(at, f".side{s}")) for s in (lo, hi))
+                if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and b > 0:
+                    t = math.log(side / lo) / math.log(hi / lo)
+                    merged[name] = values[name] = math.exp(math.log(a) * (1 - t) + math.log(b) * t)
     # Profiles written before TF's depthwise rates had a table for channel
     # multipliers over 1 used the multiplier-1 rates for them: copied, the
     # same model.

@@ -43,7 +43,7 @@ const char* DeviceName(Device d);
 //                     multiplier of 1 or over 1.
 // GPU (fitted to measured kernel times, see GpuModelTerms):
 //   log(seconds) = log(work) + sum_i gpu[candidate][pass][dtype class][i] * feature_i
-constexpr int kIm2colSides = 4;     // filter sides (sqrt of taps): 3, 7, 15, 31
+constexpr int kIm2colSides = 5;     // filter sides (sqrt of taps): 3, 7, 14, 15, 31
 constexpr int kIm2colChannels = 4;  // channels in x out per group: 1, 16, 256, 2048
 constexpr int kPasses = 3;
 constexpr int kGpuCandidates = 3;   // GpuCandidate
@@ -77,8 +77,10 @@ struct CostModel {
   // extrapolate tiny problems to microseconds no kernel reaches).
   double gpu_floor_seconds[kGpuCandidates][kPasses][kGpuDTypeClasses] = {};
 };
-// The table's axes.
-constexpr double kIm2colSideAxis[kIm2colSides] = {3, 7, 15, 31};
+// The table's axes. 14 and 15 both: oneDNN's Conv2D filter gradient runs at
+// 30-100 GFLOP/s up to K = 14 and at 0.3-0.6 from K = 15 (RESULTS.md), a step
+// that interpolating from 7 to 15 spread over sides 8-14.
+constexpr double kIm2colSideAxis[kIm2colSides] = {3, 7, 14, 15, 31};
 constexpr double kIm2colChannelAxis[kIm2colChannels] = {1, 16, 256, 2048};
 
 // The model as named numbers, in a fixed order (for Python and JSON).
