@@ -251,6 +251,22 @@ print(json.dumps({"source": cost_model.active_source, "values": _core.get_cost_m
 """
 
 
+def test_channel_block_is_the_widest_count_that_costs_about_one():
+    """calibrate.channel_block, on timings like those measured on the oneDNN and
+    Eigen builds (RESULTS.md): the largest count within BLOCK_TOLERANCE of one
+    channel's time."""
+    from tfbigconv import calibrate
+    probe = calibrate.BLOCK_PROBE
+    onednn = dict(zip(probe, (4.33, 4.09, 4.17, 4.33, 4.33, 8.12)))
+    eigen_input = dict(zip(probe, (2.51, 3.19, 4.53, 6.77, 12.72, 27.76)))
+    linear = {c: 1.0 * c for c in probe}
+    flat = {c: 1.0 for c in probe}
+    assert calibrate.channel_block(onednn) == 16
+    assert calibrate.channel_block(eigen_input) == 2
+    assert calibrate.channel_block(linear) == 1
+    assert calibrate.channel_block(flat) == probe[-1]
+
+
 def test_calibration_round_trip(tmp_path):
     cache = tmp_path / "cache"
     r = run(["-m", "tfbigconv", "calibrate", "--quick"], XDG_CACHE_HOME=str(cache))

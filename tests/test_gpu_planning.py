@@ -456,6 +456,29 @@ def test_a_profile_from_before_side_14_keeps_its_model(tmp_path):
     assert values[bpf.format(14)] == 3e10
 
 
+def test_a_profile_from_before_the_channel_block_keeps_its_model(tmp_path):
+    """Such a profile modelled no channel blocking: reading it gives a block of
+    1 in every pass, whatever the defaults say; a profile with the values keeps
+    them, and a GPU-only profile takes them from the defaults."""
+    old = {k: v for k, v in shipped().items() if not k.startswith(cost_model.CHANNEL_BLOCK)}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": old}))
+    blocked = {k: (16.0 if k.startswith(cost_model.CHANNEL_BLOCK) else v)
+               for k, v in shipped().items()}
+    blocks = lambda v: {k: x for k, x in v.items() if k.startswith(cost_model.CHANNEL_BLOCK)}  # noqa: E731
+    for d in (None, blocked):
+        values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), d)))
+        assert set(blocks(values).values()) == {1.0}
+        assert len(blocks(values)) == 3
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": blocked}))
+    values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), shipped())))
+    assert set(blocks(values).values()) == {16.0}
+    gpu_only = {k: v for k, v in shipped().items() if k.startswith("gpu.")}
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": gpu_only}))
+    values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), blocked)))
+    assert set(blocks(values).values()) == {16.0}
+
+
 def test_gpu_features_bend_with_the_filter_side():
     """The last two features are log side squared and log side x log pixels
     (cost_model.h GpuModelTerms), for every candidate."""

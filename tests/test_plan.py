@@ -293,6 +293,57 @@ def test_tf_rates_at_side_14_and_15_are_apart():
         _core.set_cost_model(saved)
 
 
+def _with_channel_block(block):
+    """The active model with TF's Conv2D channel block at `block` in every pass."""
+    fields, values = _core.cost_model_fields(), list(_core.get_cost_model())
+    for i, name in enumerate(fields):
+        if name.startswith("im2col_channel_block."):
+            values[i] = block
+    return values
+
+
+@pytest.mark.parametrize("pass_", PASSES)
+def test_tf_conv2d_runs_the_channels_it_writes_in_blocks(pass_):
+    """oneDNN runs 1 to 16 written channels (forward and filter gradient:
+    output; input gradient: input) in the time of 16: with a block of 16, a
+    narrow dense layer is estimated as the layer with 16 (or the next multiple)
+    and its note says so; with a block of 1 it is not; grouped layers never."""
+    def layer(written, other=64):
+        cin, cout = (written, other) if pass_ == "backprop_input" else (other, written)
+        return (4, 40, 40, cin), (9, 9, cin, cout)
+
+    def tf_estimate(written, **kw):
+        return plan(*layer(written), pass_=pass_, **kw)["tf"]
+
+    saved = _core.get_cost_model()
+    try:
+        _core.set_cost_model(_with_channel_block(16))
+        for narrow, full in ((1, 16), (3, 16), (16, 16), (20, 32)):
+            e = tf_estimate(narrow)
+            assert e["seconds"] == pytest.approx(tf_estimate(full)["seconds"]), narrow
+            assert (f"channels run as {full}" in e["note"]) == (narrow != full), e["note"]
+        grouped = ((4, 40, 40, 64), (9, 9, 16, 4))  # 4 groups of 16 -> 1
+        assert "run as" not in plan(*grouped, pass_=pass_)["tf"]["note"]
+        blocked = plan(*grouped, pass_=pass_)["tf"]["seconds"]
+        _core.set_cost_model(_with_channel_block(1))
+        assert tf_estimate(1)["seconds"] < tf_estimate(16)["seconds"] / 2
+        assert "run as" not in tf_estimate(3)["note"]
+        assert plan(*grouped, pass_=pass_)["tf"]["seconds"] == blocked
+    finally:
+        _core.set_cost_model(saved)
+
+
+def test_channel_block_must_be_a_count():
+    saved = _core.get_cost_model()
+    try:
+        for bad in (0.5, 0.0, 2048.0, float("inf")):
+            with pytest.raises(ValueError, match="im2col_channel_block.forward"):
+                _core.set_cost_model(_with_channel_block(bad))
+        assert _core.get_cost_model() == saved
+    finally:
+        _core.set_cost_model(saved)
+
+
 def _scaled(prefix, factor):
     """The active model with every field starting with `prefix` scaled."""
     fields, values = _core.cost_model_fields(), list(_core.get_cost_model())

@@ -27,6 +27,13 @@ IM2COL_SIDES = tuple(sorted({int(name.split(".side")[1].split(".")[0])
                              if name.startswith("im2col_flops_per_second.forward.side")}))
 IM2COL_CHANNELS = ((1, 1), (4, 4), (16, 16), (32, 64))
 SLOWDOWN_DTYPES = ("float16", "bfloat16", "float64")
+# TF's Conv2D channel block per pass (cost_model.h, im2col_channel_block): the
+# channels the pass writes are timed at these counts, and the block is the
+# largest count that takes at most BLOCK_TOLERANCE x one channel's time
+# (oneDNN on AVX-512: 1-16 take the same time, 32 twice; Eigen's input
+# gradient grows from 1).
+BLOCK_PROBE = (1, 2, 4, 8, 16, 32)
+BLOCK_TOLERANCE = 1.5
 
 # (input NHWC, filter HWIO, padding): convolutions for the direct and FFT fits,
 # spanning channels, filter sizes and both kernels' shapes of work.
@@ -145,6 +152,18 @@ def _im2col_case(side, cin, cout, target_flops):
     return (2, hw, hw, cin), (side, side, cin, cout)
 
 
+def _block_case(pass_, written, quick):
+    """(input, filter): 7x7, SAME, the pass writing `written` channels, 32 the other way."""
+    other, (n, hw) = (4, (1, 16)) if quick else (32, (4, 64))
+    cin, cout = (written, other) if pass_ == "backprop_input" else (other, written)
+    return (n, hw, hw, cin), (7, 7, cin, cout)
+
+
+def channel_block(seconds):
+    """The channel block from {channels written: seconds} (BLOCK_PROBE's counts)."""
+    return float(max(c for c, t in seconds.items() if t <= BLOCK_TOLERANCE * seconds[1]))
+
+
 def _fit(terms, seconds, positive=(0,)):
     """Non-negative least squares of seconds ~ terms . coefficients, in relative error.
 
@@ -241,6 +260,10 @@ def _calibrate_cpu(output, quick, rounds, log):
                 fns[key] = _depthwise_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
                 macs[key] = _core.conv_geometry(list(x_shape), [side, side, 1, 32 * multiplier],
                                                 padding="SAME", **ATTRS)["macs"]
+    for pass_ in dispatch.PASSES:
+        for c in BLOCK_PROBE:
+            fns[f"block.{pass_}.{c}"] = _im2col_fn(pass_, *_block_case(pass_, c, quick), "SAME",
+                                                   tf.float32)
     x_shape, w_shape = _im2col_case(7, 16, 16, target)
     for name in ("float32",) + SLOWDOWN_DTYPES:
         fns[name] = _im2col_fn("forward", x_shape, w_shape, "SAME", tf.as_dtype(name))
@@ -248,6 +271,11 @@ def _calibrate_cpu(output, quick, rounds, log):
     for key, m in macs.items():
         values[key] = 2 * m / times[key]
         log(f"{key}: {values[key] / 1e9:.1f} GFLOP/s")
+    for pass_ in dispatch.PASSES:
+        block = channel_block({c: times[f"block.{pass_}.{c}"] for c in BLOCK_PROBE})
+        values[f"{cost_model.CHANNEL_BLOCK}{pass_}"] = block
+        log(f"im2col {pass_}: written channels in blocks of {block:g} ("
+            + ", ".join(f"{c}: {times[f'block.{pass_}.{c}'] * 1e3:.2f} ms" for c in BLOCK_PROBE) + ")")
     for name in SLOWDOWN_DTYPES:
         values[f"im2col_dtype_slowdown.{name}"] = times[name] / times["float32"]
         log(f"im2col forward {name}: {times[name] / times['float32']:.2f}x float32's time")

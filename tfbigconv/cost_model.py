@@ -35,6 +35,9 @@ DEPTHWISE_TABLE = "tf_depthwise_flops_per_second."
 MULTIPLIER_TABLE = "tf_depthwise_multiplier_flops_per_second."
 # Filter sides added to TF's rate tables later, with the sides they lie between.
 LATER_SIDES = {14: (7, 15)}
+# TF's Conv2D channel block per pass, added later: 1 (no blocking) is the
+# model a profile without it was fitted with.
+CHANNEL_BLOCK = "im2col_channel_block."
 
 # Where the active profile came from: "env", "user", "shipped" or "built-in",
 # and its "meta" object ({} for the built-in constants).
@@ -192,6 +195,11 @@ def read_profile_and_meta(path, defaults=None):
             one = DEPTHWISE_TABLE + name[len(MULTIPLIER_TABLE):]
             if one in values:
                 merged[name] = values[one]
+    # Profiles written before TF's channel block existed modelled none: 1.
+    if any(name.startswith("im2col_flops_per_second.") for name in values):
+        for name in fields:
+            if name.startswith(CHANNEL_BLOCK) and name not in values:
+                merged[name] = 1.0
     # GPU coefficients of features added later: a profile fitted without them
     # has them at 0 (its own model), not the defaults' values.
     for name in fields:

@@ -71,6 +71,8 @@ std::vector<std::string> CostModelFields() {
                     std::to_string(int(kIm2colSideAxis[s])) + ".channels" +
                     std::to_string(int(kIm2colChannelAxis[c])));
   for (const char* t : kSlowdownDTypes) f.push_back(std::string("im2col_dtype_slowdown.") + t);
+  for (int p = 0; p < kPasses; ++p)
+    f.push_back(std::string("im2col_channel_block.") + PassName(Pass(p)));
   for (const char* table : {"tf_depthwise_flops_per_second.",
                             "tf_depthwise_multiplier_flops_per_second."})
     for (int p = 0; p < kPasses; ++p)
@@ -103,6 +105,7 @@ std::vector<double> CostModelValues(const CostModel& m) {
     for (const auto& side : pass)
       for (double r : side) v.push_back(r);
   for (double x : m.im2col_dtype_slowdown) v.push_back(x);
+  for (double x : m.im2col_channel_block) v.push_back(x);
   for (const auto* table : {&m.tf_depthwise_flops_per_second,
                             &m.tf_depthwise_multiplier_flops_per_second})
     for (const auto& pass : *table)
@@ -139,6 +142,12 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
          << v[i];
       return os.str();
     }
+    if (names[i].rfind("im2col_channel_block.", 0) == 0 && !(v[i] >= 1 && v[i] <= 1024)) {
+      std::ostringstream os;
+      os << "cost model value " << names[i] << " must be a channel count from 1 to 1024, got "
+         << v[i];
+      return os.str();
+    }
   }
   CostModel m;
   size_t i = 0;
@@ -156,6 +165,7 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
     for (auto& side : pass)
       for (double& r : side) r = v[i++];
   for (double& x : m.im2col_dtype_slowdown) x = v[i++];
+  for (double& x : m.im2col_channel_block) x = v[i++];
   for (auto* table : {&m.tf_depthwise_flops_per_second,
                       &m.tf_depthwise_multiplier_flops_per_second})
     for (auto& pass : *table)
