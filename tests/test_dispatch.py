@@ -251,20 +251,42 @@ print(json.dumps({"source": cost_model.active_source, "values": _core.get_cost_m
 """
 
 
-def test_channel_block_is_the_widest_count_that_costs_about_one():
+def test_channel_block_is_the_count_before_the_first_that_costs_more():
     """calibrate.channel_block, on timings like those measured on the oneDNN and
-    Eigen builds (RESULTS.md): the largest count within BLOCK_TOLERANCE of one
-    channel's time."""
+    Eigen builds (RESULTS.md): the probe stops at the first count over
+    BLOCK_TOLERANCE x one channel's time, and a faster count after it (oneDNN's
+    filter gradient switching path) does not count."""
     from tfbigconv import calibrate
     probe = calibrate.BLOCK_PROBE
     onednn = dict(zip(probe, (4.33, 4.09, 4.17, 4.33, 4.33, 8.12)))
     eigen_input = dict(zip(probe, (2.51, 3.19, 4.53, 6.77, 12.72, 27.76)))
-    linear = {c: 1.0 * c for c in probe}
-    flat = {c: 1.0 for c in probe}
+    slow_path = {1: 17.94, 2: 17.92, 4: 35.16}  # stopped at 4
+    slow_then_fast = dict(zip(probe, (14.5, 29.0, 56.0, 112.0, 4.07, 2.51)))
     assert calibrate.channel_block(onednn) == 16
     assert calibrate.channel_block(eigen_input) == 2
-    assert calibrate.channel_block(linear) == 1
-    assert calibrate.channel_block(flat) == probe[-1]
+    assert calibrate.channel_block(slow_path) == 2
+    assert calibrate.channel_block(slow_then_fast) == 1
+    assert calibrate.channel_block({c: 1.0 * c for c in probe}) == 1
+    assert calibrate.channel_block({c: 1.0 for c in probe}) == probe[-1]
+
+
+def test_im2col_table_cases_fill_the_channel_block():
+    """With a block of 1 the table's cases are the square-ish ones it always
+    had; with 16 the written channels are a whole block wherever the product
+    allows; every case has the product it stands for."""
+    from tfbigconv import calibrate
+    assert calibrate.IM2COL_PRODUCTS == (1, 16, 256, 2048)
+    assert [calibrate.table_case(p, 1) for p in calibrate.IM2COL_PRODUCTS] == \
+        [(1, 1), (4, 4), (16, 16), (32, 64)]
+    assert [calibrate.table_case(p, 16) for p in calibrate.IM2COL_PRODUCTS] == \
+        [(1, 1), (1, 16), (16, 16), (32, 64)]
+    assert [calibrate.table_case(p, 2) for p in calibrate.IM2COL_PRODUCTS] == \
+        [(1, 1), (4, 4), (16, 16), (32, 64)]
+    for block in (1, 2, 4, 8, 16, 32):
+        for p in calibrate.IM2COL_PRODUCTS:
+            other, written = calibrate.table_case(p, block)
+            assert other * written == p
+            assert written % block == 0 or written == p
 
 
 def test_calibration_round_trip(tmp_path):

@@ -294,11 +294,12 @@ def test_tf_rates_at_side_14_and_15_are_apart():
         _core.set_cost_model(saved)
 
 
-def _with_channel_block(block):
-    """The active model with TF's Conv2D channel block at `block` in every pass."""
+def _with_channel_block(block, where="im2col_channel_block."):
+    """The active model with TF's Conv2D channel block at `block` in the
+    fields starting with `where` (all passes and sides by default)."""
     fields, values = _core.cost_model_fields(), list(_core.get_cost_model())
     for i, name in enumerate(fields):
-        if name.startswith("im2col_channel_block."):
+        if name.startswith(where):
             values[i] = block
     return values
 
@@ -330,6 +331,32 @@ def test_tf_conv2d_runs_the_channels_it_writes_in_blocks(pass_):
         assert tf_estimate(1)["seconds"] < tf_estimate(16)["seconds"] / 2
         assert "run as" not in tf_estimate(3)["note"]
         assert plan(*grouped, pass_=pass_)["tf"]["seconds"] == blocked
+    finally:
+        _core.set_cost_model(saved)
+
+
+def test_channel_block_is_per_filter_side():
+    """A side takes the block of the largest table side not above it: oneDNN's
+    filter gradient has blocks of 16 up to side 14 and none from 15."""
+    saved = _core.get_cost_model()
+    try:
+        _core.set_cost_model(_with_channel_block(16))
+        values = list(_core.get_cost_model())
+        fields = _core.cost_model_fields()
+        for side in (15, 31):
+            values[fields.index(f"im2col_channel_block.backprop_filter.side{side}")] = 1
+        _core.set_cost_model(values)
+
+        def tf_seconds(k, cout, pass_="backprop_filter"):
+            return plan((2, 48, 48, 8), (k, k, 8, cout), pass_=pass_)["tf"]["seconds"]
+        for k in (3, 9, 14):  # sides 3-14: blocks of 16
+            assert tf_seconds(k, 1) == pytest.approx(tf_seconds(k, 16)), k
+        for k in (15, 21, 40):  # from side 15: none
+            assert tf_seconds(k, 1) < tf_seconds(k, 16) / 2, k
+            assert tf_seconds(k, 1, "forward") == pytest.approx(tf_seconds(k, 16, "forward")), k
+        # A non-square filter goes by the square root of its taps: 1x31 is side 5.6.
+        assert plan((2, 48, 48, 8), (1, 31, 8, 1), pass_="backprop_filter")["tf"]["seconds"] == \
+            pytest.approx(plan((2, 48, 48, 8), (1, 31, 8, 16), pass_="backprop_filter")["tf"]["seconds"])
     finally:
         _core.set_cost_model(saved)
 

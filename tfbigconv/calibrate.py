@@ -19,19 +19,20 @@ import tensorflow as tf
 from tfbigconv import _core, cost_model, dispatch
 from tfbigconv._ops import ops as _ops
 
-# The im2col table's filter sides (cost_model.h: kIm2colSideAxis, read from
-# the field names) and the (in, out) channels measured for each channel
-# product of kIm2colChannelAxis.
+# The im2col table's filter sides and channel products (cost_model.h:
+# kIm2colSideAxis, kIm2colChannelAxis, read from the field names).
 IM2COL_SIDES = tuple(sorted({int(name.split(".side")[1].split(".")[0])
                              for name in _core.cost_model_fields()
                              if name.startswith("im2col_flops_per_second.forward.side")}))
-IM2COL_CHANNELS = ((1, 1), (4, 4), (16, 16), (32, 64))
+IM2COL_PRODUCTS = tuple(sorted({int(name.split(".channels")[1])
+                                for name in _core.cost_model_fields()
+                                if name.startswith("im2col_flops_per_second.forward.side")}))
 SLOWDOWN_DTYPES = ("float16", "bfloat16", "float64")
-# TF's Conv2D channel block per pass (cost_model.h, im2col_channel_block): the
-# channels the pass writes are timed at these counts, and the block is the
-# largest count that takes at most BLOCK_TOLERANCE x one channel's time
-# (oneDNN on AVX-512: 1-16 take the same time, 32 twice; Eigen's input
-# gradient grows from 1).
+# TF's Conv2D channel block per pass and filter side (cost_model.h,
+# im2col_channel_block): the channels the pass writes are timed at these
+# counts, in order, until one takes over BLOCK_TOLERANCE x one channel's time;
+# the block is the count before it (oneDNN on AVX-512: 1-16 take the same time,
+# 32 twice, but its filter gradient's slow path from side 15 grows from 1).
 BLOCK_PROBE = (1, 2, 4, 8, 16, 32)
 BLOCK_TOLERANCE = 1.5
 
@@ -152,16 +153,61 @@ def _im2col_case(side, cin, cout, target_flops):
     return (2, hw, hw, cin), (side, side, cin, cout)
 
 
-def _block_case(pass_, written, quick):
-    """(input, filter): 7x7, SAME, the pass writing `written` channels, 32 the other way."""
-    other, (n, hw) = (4, (1, 16)) if quick else (32, (4, 64))
-    cin, cout = (written, other) if pass_ == "backprop_input" else (other, written)
-    return (n, hw, hw, cin), (7, 7, cin, cout)
+def _in_out(pass_, other, written):
+    """(in, out) channels of a case where the pass writes `written` channels
+    (forward and filter gradient: out; input gradient: in)."""
+    return (written, other) if pass_ == "backprop_input" else (other, written)
+
+
+def table_case(product, block):
+    """(other, written) channels of the im2col table's case for a channel
+    product: the written ones the smallest multiple of the channel block that
+    is at least the square root and divides the product (else the product), so
+    that the case wastes none of a block, as the model counts a layer (1, 16,
+    256, 2048 with a block of 1: 1x1, 4x4, 16x16, 32x64; with 16: 1x16)."""
+    fits = [c for c in range(1, product + 1)
+            if product % c == 0 and c % block == 0 and c * c >= product]
+    written = min(fits) if fits else product
+    return product // written, written
+
+
+def _block_case(pass_, side, written, quick):
+    """(input, filter): side x side, SAME, the pass writing `written` channels
+    and 16 the other way, on an image sized so that 16 written channels are
+    about 1 GFLOP (per-call costs would hide the blocks)."""
+    (n, h, w, _), _ = _im2col_case(side, 16, 16, 2e6 if quick else 1e9)
+    cin, cout = _in_out(pass_, 16, written)
+    return (n, h, w, cin), (side, side, cin, cout)
 
 
 def channel_block(seconds):
-    """The channel block from {channels written: seconds} (BLOCK_PROBE's counts)."""
-    return float(max(c for c, t in seconds.items() if t <= BLOCK_TOLERANCE * seconds[1]))
+    """The channel block from {channels written: seconds}, in BLOCK_PROBE's
+    order (it may stop early): the count before the first one over
+    BLOCK_TOLERANCE x one channel's time."""
+    block = 1
+    for c, t in seconds.items():
+        if t > BLOCK_TOLERANCE * seconds[1]:
+            break
+        block = c
+    return float(block)
+
+
+def _channel_blocks(quick, rounds, budget_s, log):
+    """{profile field: block} for every pass and side, timed count by count."""
+    values = {}
+    for pass_ in dispatch.PASSES:
+        for side in IM2COL_SIDES:
+            seconds = {}
+            for c in BLOCK_PROBE:
+                fn = _im2col_fn(pass_, *_block_case(pass_, side, c, quick), "SAME", tf.float32)
+                seconds[c] = min(_time(fn, budget_s) for _ in range(rounds))
+                if seconds[c] > BLOCK_TOLERANCE * seconds[1]:
+                    break
+            block = channel_block(seconds)
+            values[f"{cost_model.CHANNEL_BLOCK}{pass_}.side{side}"] = block
+            log(f"im2col {pass_} side {side}: written channels in blocks of {block:g} ("
+                + ", ".join(f"{c}: {t * 1e3:.2f} ms" for c, t in seconds.items()) + ")")
+    return values
 
 
 def _fit(terms, seconds, positive=(0,)):
@@ -242,9 +288,13 @@ def _calibrate_cpu(output, quick, rounds, log):
     }
     target = 2e6 if quick else 2e9
     fns, macs = {}, {}
+    blocks = _channel_blocks(quick, rounds, budget_s / 3, log)
+    values.update(blocks)
     for pass_ in dispatch.PASSES:
         for side in IM2COL_SIDES:
-            for cin, cout in IM2COL_CHANNELS:
+            block = int(blocks[f"{cost_model.CHANNEL_BLOCK}{pass_}.side{side}"])
+            for product in IM2COL_PRODUCTS:
+                cin, cout = _in_out(pass_, *table_case(product, block))
                 x_shape, w_shape = _im2col_case(side, cin, cout, target)
                 key = f"im2col_flops_per_second.{pass_}.side{side}.channels{cin * cout}"
                 fns[key] = _im2col_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
@@ -260,10 +310,6 @@ def _calibrate_cpu(output, quick, rounds, log):
                 fns[key] = _depthwise_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
                 macs[key] = _core.conv_geometry(list(x_shape), [side, side, 1, 32 * multiplier],
                                                 padding="SAME", **ATTRS)["macs"]
-    for pass_ in dispatch.PASSES:
-        for c in BLOCK_PROBE:
-            fns[f"block.{pass_}.{c}"] = _im2col_fn(pass_, *_block_case(pass_, c, quick), "SAME",
-                                                   tf.float32)
     x_shape, w_shape = _im2col_case(7, 16, 16, target)
     for name in ("float32",) + SLOWDOWN_DTYPES:
         fns[name] = _im2col_fn("forward", x_shape, w_shape, "SAME", tf.as_dtype(name))
@@ -271,11 +317,6 @@ def _calibrate_cpu(output, quick, rounds, log):
     for key, m in macs.items():
         values[key] = 2 * m / times[key]
         log(f"{key}: {values[key] / 1e9:.1f} GFLOP/s")
-    for pass_ in dispatch.PASSES:
-        block = channel_block({c: times[f"block.{pass_}.{c}"] for c in BLOCK_PROBE})
-        values[f"{cost_model.CHANNEL_BLOCK}{pass_}"] = block
-        log(f"im2col {pass_}: written channels in blocks of {block:g} ("
-            + ", ".join(f"{c}: {times[f'block.{pass_}.{c}'] * 1e3:.2f} ms" for c in BLOCK_PROBE) + ")")
     for name in SLOWDOWN_DTYPES:
         values[f"im2col_dtype_slowdown.{name}"] = times[name] / times["float32"]
         log(f"im2col forward {name}: {times[name] / times['float32']:.2f}x float32's time")

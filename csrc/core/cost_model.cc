@@ -72,7 +72,9 @@ std::vector<std::string> CostModelFields() {
                     std::to_string(int(kIm2colChannelAxis[c])));
   for (const char* t : kSlowdownDTypes) f.push_back(std::string("im2col_dtype_slowdown.") + t);
   for (int p = 0; p < kPasses; ++p)
-    f.push_back(std::string("im2col_channel_block.") + PassName(Pass(p)));
+    for (int s = 0; s < kIm2colSides; ++s)
+      f.push_back(std::string("im2col_channel_block.") + PassName(Pass(p)) + ".side" +
+                  std::to_string(int(kIm2colSideAxis[s])));
   for (const char* table : {"tf_depthwise_flops_per_second.",
                             "tf_depthwise_multiplier_flops_per_second."})
     for (int p = 0; p < kPasses; ++p)
@@ -105,7 +107,8 @@ std::vector<double> CostModelValues(const CostModel& m) {
     for (const auto& side : pass)
       for (double r : side) v.push_back(r);
   for (double x : m.im2col_dtype_slowdown) v.push_back(x);
-  for (double x : m.im2col_channel_block) v.push_back(x);
+  for (const auto& pass : m.im2col_channel_block)
+    for (double x : pass) v.push_back(x);
   for (const auto* table : {&m.tf_depthwise_flops_per_second,
                             &m.tf_depthwise_multiplier_flops_per_second})
     for (const auto& pass : *table)
@@ -165,7 +168,8 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
     for (auto& side : pass)
       for (double& r : side) r = v[i++];
   for (double& x : m.im2col_dtype_slowdown) x = v[i++];
-  for (double& x : m.im2col_channel_block) x = v[i++];
+  for (auto& pass : m.im2col_channel_block)
+    for (double& x : pass) x = v[i++];
   for (auto* table : {&m.tf_depthwise_flops_per_second,
                       &m.tf_depthwise_multiplier_flops_per_second})
     for (auto& pass : *table)

@@ -39,7 +39,8 @@ const char* DeviceName(Device d);
 //   tf.Conv2D (im2col)  seconds = 2 macs / rate, rate interpolated (log-log)
 //                     in a table over filter side and channel product, per pass;
 //                     for a dense layer, macs and product with the channels the
-//                     pass writes rounded up to im2col_channel_block.
+//                     pass writes rounded up to im2col_channel_block (per pass
+//                     and side).
 //   tf.DepthwiseConv2dNative  seconds = 2 macs / rate, rate interpolated
 //                     (log-log) over filter side, per pass and for a channel
 //                     multiplier of 1 or over 1.
@@ -67,11 +68,14 @@ struct CostModel {
   double im2col_flops_per_second[kPasses][kIm2colSides][kIm2colChannels] = {};
   // tf.nn.conv2d's time for float16, bfloat16, float64 relative to float32.
   double im2col_dtype_slowdown[3] = {1, 1, 1};
-  // Per pass: TF's Conv2D runs the channels its pass writes (forward and
+  // Per pass and filter side (the block of the largest axis side not above
+  // the layer's): TF's Conv2D runs the channels its pass writes (forward and
   // filter gradient: out; input gradient: in) in blocks of this many, so a
-  // narrower layer costs a whole block (oneDNN with AVX-512: 16; 1 = no
-  // blocking, the model before this existed). Dense layers only.
-  double im2col_channel_block[kPasses] = {1, 1, 1};
+  // narrower layer costs a whole block. oneDNN with AVX-512: 16, but 1 in the
+  // filter gradient's slow path from side 15; 1 = no blocking, the model
+  // before this existed. Dense layers only.
+  double im2col_channel_block[kPasses][kIm2colSides] = {{1, 1, 1, 1, 1}, {1, 1, 1, 1, 1},
+                                                         {1, 1, 1, 1, 1}};
   // FLOP/s of TF's DepthwiseConv2dNative ops (float32) per pass and filter side.
   double tf_depthwise_flops_per_second[kPasses][kIm2colSides] = {};
   // The same with a channel multiplier over 1 (measured at 2): other code in
