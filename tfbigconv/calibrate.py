@@ -32,7 +32,7 @@ SLOWDOWN_DTYPES = ("float16", "bfloat16", "float64")
 # im2col_channel_block): the channels the pass writes are timed at these
 # counts, in order, until one takes over BLOCK_TOLERANCE x one channel's time;
 # the block is the count before it (oneDNN on AVX-512: 1-16 take the same time,
-# 32 twice, but its filter gradient's slow path from side 15 grows from 1).
+# 32 twice, but its filter gradient's slow path from side 15 runs pairs: 2).
 BLOCK_PROBE = (1, 2, 4, 8, 16, 32)
 BLOCK_TOLERANCE = 1.5
 

@@ -35,7 +35,7 @@ DEPTHWISE_TABLE = "tf_depthwise_flops_per_second."
 MULTIPLIER_TABLE = "tf_depthwise_multiplier_flops_per_second."
 # Filter sides added to TF's rate tables later, with the sides they lie between.
 LATER_SIDES = {14: (7, 15)}
-# TF's Conv2D channel block per pass, added later: 1 (no blocking) is the
+# TF's Conv2D channel block per pass and side, added later: 1 (no blocking) is the
 # model a profile without it was fitted with.
 CHANNEL_BLOCK = "im2col_channel_block."
 

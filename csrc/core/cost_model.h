@@ -71,9 +71,9 @@ struct CostModel {
   // Per pass and filter side (the block of the largest axis side not above
   // the layer's): TF's Conv2D runs the channels its pass writes (forward and
   // filter gradient: out; input gradient: in) in blocks of this many, so a
-  // narrower layer costs a whole block. oneDNN with AVX-512: 16, but 1 in the
-  // filter gradient's slow path from side 15; 1 = no blocking, the model
-  // before this existed. Dense layers only.
+  // narrower layer costs a whole block. oneDNN with AVX-512: 16, but 2 in the
+  // filter gradient's slow path from side 15 (it runs pairs); 1 = no
+  // blocking, the model before this existed. Dense layers only.
   double im2col_channel_block[kPasses][kIm2colSides] = {{1, 1, 1, 1, 1}, {1, 1, 1, 1, 1},
                                                          {1, 1, 1, 1, 1}};
   // FLOP/s of TF's DepthwiseConv2dNative ops (float32) per pass and filter side.

@@ -392,7 +392,7 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
     double work = 2.0 * double(ug.macs());
     // A dense layer's written channels cost whole blocks (oneDNN's blocked
     // layouts: 1 to 16 take the same time on AVX-512), per side (its filter
-    // gradient's slow path from side 15 has none).
+    // gradient's slow path from side 15 runs pairs).
     int block_side = 0;
     while (block_side + 1 < kIm2colSides && kIm2colSideAxis[block_side + 1] <= side) ++block_side;
     const double block = std::round(m.im2col_channel_block[int(pass)][block_side]);
