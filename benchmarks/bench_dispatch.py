@@ -3,9 +3,10 @@
 Measured on a grid of geometries, as forward and as forward + backward; "tf" is
 TensorFlow's own best kernel for the case.
 
-Grid: GRID below, 60 geometries (each label names its dtype and data_format):
-  - dense float32 NHWC (30): filter sizes 1-95, channels 1-128, batch 1-64,
-    images 28-512 px, strides 1-2;
+Grid: GRID below, 64 geometries (each label names its dtype and data_format):
+  - dense float32 NHWC (34): filter sizes 1-95, channels 1-128, batch 1-64,
+    images 28-512 px, strides 1-2; four of them narrow (1-3 channels out, or in,
+    beside 32-64);
   - depthwise float32 NHWC (9): K 3-63, multiplier 1-2, batch 1-64, strides 1-2;
   - grouped float32 NHWC (6): 2-16 groups, K 3-31, strides 1-2;
   - half (9): float16 and bfloat16, dense, depthwise and grouped, NHWC;
@@ -146,6 +147,12 @@ GRID = [
     G(16, 321, 481, 1, 63, 3, padding="VALID"),  # the seed case's shape, smaller filter
     G(1, 512, 512, 1, 63, 1),
     G(4, 256, 256, 3, 95, 3, padding="VALID"),
+    # narrow dense layers (image heads and stems), where TF's kernels run whole
+    # blocks of 16 channels (RESULTS.md, "TF's Conv2D channel block")
+    G(8, 96, 96, 32, 9, 3),
+    G(4, 128, 128, 64, 7, 1),
+    G(4, 64, 64, 64, 13, 3),
+    G(8, 96, 96, 3, 9, 64),
     # depthwise, float32, NHWC
     DW(64, 32, 32, 32, 3),
     DW(8, 112, 112, 32, 3, stride=2),
