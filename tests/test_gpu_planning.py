@@ -113,6 +113,37 @@ def test_an_eager_scope_around_a_traced_call_is_planned_for(eigen_tf):
         assert want in types and ({"Conv2D", "BigConv2D"} - {want}).isdisjoint(types), types
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_depthwise_runs_as_grouped_conv2d_on_the_gpu(dtype):
+    """TF's GPU DepthwiseConv2dNative* run cuDNN only in part and have no
+    bfloat16 kernel: on the GPU every pass of a depthwise layer that goes to
+    TF's kernel is grouped Conv2D (cuDNN); on the CPU it stays depthwise."""
+    x_shape, w_shape = (2, 16, 16, 8), (3, 3, 1, 16)  # multiplier 2
+    w = tf.cast(rand(w_shape, 0), dtype)
+
+    def step(x, device):
+        with tf.device(f"/{device}:0"):
+            with tf.GradientTape() as t:
+                t.watch([x, w])
+                y = tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm="tf")
+                loss = tf.reduce_sum(tf.cast(y, tf.float32))
+            return t.gradient(loss, [x, w])
+
+    spec = tf.TensorSpec(x_shape, dtype)
+    for device in ("GPU", "CPU"):
+        graph = tf.function(lambda x: step(x, device)).get_concrete_function(spec).graph
+        types = {op.type for op in graph.get_operations()}
+        depthwise = {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+                     "DepthwiseConv2dNativeBackpropFilter"}
+        grouped = {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"}
+        if device == "GPU":
+            assert grouped <= types and depthwise.isdisjoint(types), types
+            convs = [op for op in graph.get_operations() if op.type in grouped]
+            assert all("GPU" in op.device for op in convs)
+        elif dtype == "float32":  # half types follow the CPU's precision rules
+            assert depthwise <= types and grouped.isdisjoint(types), types
+
+
 @pytest.mark.skipif(HAVE_GPU, reason="about a machine without a GPU")
 class FakeGpu:
     """tf.config as it looks with one GPU: its configured memory_limit (MiB or
@@ -203,8 +234,8 @@ def test_no_timing_for_a_gpu_that_is_not_here(autotuning, monkeypatch):
 @pytest.mark.parametrize("x_shape,w_shape,kernel", [
     (DENSE_3X3[0], DENSE_3X3[1], "tf.Conv2D"),
     ((2, 32, 32, 16), (9, 9, 2, 16), "tf.Conv2D"),                  # grouped
-    ((8, 56, 56, 128), (31, 31, 1, 128), "tf.DepthwiseConv2dNative"),
-    ((2, 40, 40, 8), (5, 5, 1, 16), "tf.DepthwiseConv2dNative"),    # multiplier 2
+    ((8, 56, 56, 128), (31, 31, 1, 128), "tf.Conv2D"),              # depthwise: grouped
+    ((2, 40, 40, 8), (5, 5, 1, 16), "tf.Conv2D"),                   # multiplier 2
 ])
 def test_explain_gpu_rows(x_shape, w_shape, kernel):
     e = tfbigconv.explain(x_shape, w_shape, padding="SAME", device="GPU")
@@ -238,17 +269,16 @@ def test_explain_gpu_availability_rules():
         shape = (2, 16, 32, 32) if kwargs.get("data_format") == "NCHW" else (2, 32, 32, 16)
         e = tfbigconv.explain(shape, (3, 3, 4, 16), padding="SAME", device="GPU", **kwargs)
         assert all(r.available for r in e.rows if r.algorithm.startswith("tf")), kwargs
-    # Depthwise: TF's depthwise kernels need equal strides, no dilation and
-    # (here) NHWC; otherwise TF runs the case as grouped Conv2D, on the GPU in
-    # every pass.
-    for kwargs in (dict(dilations=2), dict(strides=(1, 2)), dict(data_format="NCHW")):
+    # Depthwise: grouped Conv2D (cuDNN) in every dtype, layout and pass; TF's
+    # GPU depthwise kernels run cuDNN only in part and lack bfloat16.
+    for kwargs in (dict(), dict(dilations=2), dict(strides=(1, 2)), dict(data_format="NCHW"),
+                   dict(dtype="bfloat16"), dict(dtype="float16")):
         shape = (2, 16, 32, 32) if kwargs.get("data_format") == "NCHW" else (2, 32, 32, 16)
         e = tfbigconv.explain(shape, (3, 3, 1, 16), padding="SAME", device="GPU", **kwargs)
         tf_rows = [r for r in e.rows if r.algorithm.startswith("tf")]
-        assert all(r.available and r.algorithm == "tf.Conv2D" for r in tf_rows), kwargs
-    e = tfbigconv.explain((2, 32, 32, 16), (3, 3, 1, 16), padding="SAME", device="GPU")
-    assert {r.algorithm for r in e.rows if r.algorithm.startswith("tf")} == \
-        {"tf.DepthwiseConv2dNative"}
+        assert len(tf_rows) == 3, kwargs
+        assert all(r.available and r.algorithm == "tf.Conv2D" and "cuDNN" in r.note
+                   for r in tf_rows), kwargs
     # A budget applies to the GPU's fft (its smallest plan).
     e = tfbigconv.explain(*SEED16, padding="VALID", device="GPU", budget=1024)
     assert e.budget == 1024 and "fft" not in e.chosen.values()

@@ -135,8 +135,9 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
         will run on (an explicit tf.device, also one around the call that
         traces a tf.function; else a visible GPU, else the CPU), the fastest
         candidate whose workspace fits `workspace_limit`:
-        "tf" (TensorFlow's own kernel for the case: Conv2D, or
-        DepthwiseConv2dNative for depthwise filters; best for small filters),
+        "tf" (TensorFlow's own kernel for the case: Conv2D, or on the CPU
+        DepthwiseConv2dNative for depthwise filters; on the GPU these run as
+        grouped Conv2D, which is cuDNN in every dtype; best for small filters),
         "direct" (the tiled direct convolution) or "fft" (overlap-save FFT
         convolution, tiled and chunked to fit). Where estimates are close or
         not to be trusted, the candidates are timed once and the result is
@@ -223,8 +224,9 @@ def _plan(pass_, in_shape, f_shape, a, dtype, device):
 
 
 # TensorFlow's own kernels: DepthwiseConv2dNative for depthwise filters (one
-# input channel per group), else Conv2D. A depthwise filter [KH, KW, 1, C*m]
-# is TF's [KH, KW, C, m]: output channel c*m + j belongs to group c in both.
+# input channel per group) on the CPU, else Conv2D (dispatch.uses_depthwise_kernel).
+# A depthwise filter [KH, KW, 1, C*m] is TF's [KH, KW, C, m]: output channel
+# c*m + j belongs to group c in both.
 
 
 def _in_depth(shape, data_format):
@@ -238,8 +240,8 @@ def _depthwise(in_depth, f_shape, a, dtype, given=None):
     if given is not None:
         return given
     f_shape = tf.TensorShape(f_shape).as_list()
-    # Only an NCHW depthwise filter's kernel depends on the device: resolve it then.
-    device = dispatch.resolve_device() if a["data_format"] == "NCHW" and f_shape[2] == 1 else None
+    # Only a depthwise filter's kernel depends on the device: resolve it then.
+    device = dispatch.resolve_device() if f_shape[2] == 1 else None
     return dispatch.uses_depthwise_kernel(in_depth, f_shape, a, tf.as_dtype(dtype).name, device)
 
 

@@ -54,11 +54,12 @@ def requested_algorithm(algorithm):
 
 def uses_depthwise_kernel(in_depth, filter_shape, attrs, dtype, device):
     """Whether TensorFlow's kernel for the case is DepthwiseConv2dNative: a depthwise
-    filter (one input channel, several groups) that its kernels accept: equal
-    strides, no dilations, and NHWC, or NCHW on a CPU where TF runs it through
-    oneDNN (tf_cpu_onednn). Other grouped cases are grouped Conv2D. The planner
-    and conv.py's emitters both ask this."""
-    if in_depth is None or in_depth <= 1 or filter_shape[2] != 1:
+    filter (one input channel, several groups) on the CPU that its kernels accept:
+    equal strides, no dilations, and NHWC, or NCHW where TF runs it through
+    oneDNN (tf_cpu_onednn). Other grouped cases, and every one on the GPU
+    (GPU_DEPTHWISE_NOTE), are grouped Conv2D. The planner and conv.py's
+    emitters both ask this."""
+    if in_depth is None or in_depth <= 1 or filter_shape[2] != 1 or device == "GPU":
         return False
     nhwc = attrs["data_format"] == "NHWC"
     strides = attrs["strides"][1:3] if nhwc else attrs["strides"][2:4]
@@ -73,6 +74,14 @@ def uses_depthwise_kernel(in_depth, filter_shape, attrs, dtype, device):
 
 
 ONEDNN_NOTE = "TensorFlow runs this case through oneDNN here (checked on a small case)"
+# On the GPU, TF's DepthwiseConv2dNative* run cuDNN only in float16 with a
+# square 1, 3, 5 or 7 filter, multiplier 1 and stride 1 or 2; elsewhere they
+# run TF's own CUDA kernels, which the GPU cost model (fitted to cuDNN) does
+# not describe, and they have no bfloat16 GPU kernel at all (TF's
+# depthwise_conv_op.cc, depthwise_conv_grad_op.cc). Grouped Conv2D and its
+# gradients run cuDNN in every dtype: that is the GPU's depthwise kernel.
+GPU_DEPTHWISE_NOTE = ("TensorFlow's GPU kernel (cuDNN) as grouped Conv2D: its depthwise kernels "
+                      "run cuDNN only in part; workspace not modelled")
 # oneDNN's bfloat16 kernels in NCHW measured 3-5x (Conv2D) and 10-30x (depthwise)
 # slower than in NHWC, where the cost model's rates come from (RESULTS.md, "A
 # shipped profile for oneDNN hosts").
@@ -144,7 +153,8 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
                     "(3-10x the error of ours): not for auto")
         return "DepthwiseConv2dNative", "trusted", ""
     if device == "GPU":
-        return "Conv2D", "trusted", ""
+        depthwise = geometry["filter_in_c"] == 1 and geometry["in_c"] > 1
+        return "Conv2D", "trusted", GPU_DEPTHWISE_NOTE if depthwise else ""
     dilated = geometry["dilation_h"] > 1 or geometry["dilation_w"] > 1
     grouped = geometry["groups"] > 1
     gradient = pass_ != "forward"
