@@ -144,6 +144,31 @@ def test_depthwise_runs_as_grouped_conv2d_on_the_gpu(dtype):
             assert depthwise <= types and grouped.isdisjoint(types), types
 
 
+def test_tf_gradient_kernels_follow_the_device_the_forward_was_planned_for(monkeypatch):
+    """A depthwise forward planned for the GPU (grouped Conv2D) whose gradient is
+    taken outside the tf.device scope: the planned TF gradient pass is emitted for
+    the GPU too (grouped Conv2DBackpropInput), not for where the gradient code runs."""
+    from tfbigconv import conv
+    monkeypatch.setattr(conv, "_plan", lambda *args, **kwargs: {"chosen": "tf"})
+    monkeypatch.setattr(conv, "_choose_gradients", lambda *args, **kwargs: ("tf", "direct"))
+    x_shape, w_shape = (2, 16, 16, 8), (3, 3, 1, 8)
+    w = rand(w_shape, 0)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as t:
+            t.watch(x)
+            with tf.device("/GPU:0"):
+                y = tfbigconv.bigconv2d(x, w, 1, "SAME")
+            loss = tf.reduce_sum(y)
+        return t.gradient(loss, x)  # outside the GPU scope
+
+    graph = step.get_concrete_function(tf.TensorSpec(x_shape, tf.float32)).graph
+    types = {op.type for op in graph.get_operations()}
+    assert {"Conv2D", "Conv2DBackpropInput"} <= types, types
+    assert not any(t.startswith("DepthwiseConv2dNative") for t in types), types
+
+
 @pytest.mark.skipif(HAVE_GPU, reason="about a machine without a GPU")
 class FakeGpu:
     """tf.config as it looks with one GPU: its configured memory_limit (MiB or

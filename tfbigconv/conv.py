@@ -191,12 +191,13 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
                  workspace_limit_bytes=int(workspace_limit))
         plan_in = _planning_shape(input.shape)
         planned = plan_in is not None and f_shape is not None
+        device = None  # where the op runs: resolved for planning, and TF's kernel follows it
         if planned and algorithm in ("tf", "auto"):
             device = dispatch.resolve_device(input)
         if algorithm == "tf":
             if planned:  # raises, saying why, where TensorFlow cannot run the case
                 _plan("forward", plan_in, f_shape, a, input.dtype, device)
-            return _tf_forward(input, filters, a)
+            return _tf_forward(input, filters, a, device=device)
         if algorithm == "auto" and planned:
             chosen = _plan("forward", plan_in, f_shape, a, input.dtype, device)["chosen"]
             if chosen == "tf":
@@ -234,14 +235,16 @@ def _in_depth(shape, data_format):
     return shape[3 if data_format == "NHWC" else 1]
 
 
-def _depthwise(in_depth, f_shape, a, dtype, given=None):
-    """Whether TF's kernel is DepthwiseConv2dNative on the device ops built here
-    run on (dispatch.uses_depthwise_kernel), unless `given` says."""
+def _depthwise(in_depth, f_shape, a, dtype, given=None, device=None):
+    """Whether TF's kernel is DepthwiseConv2dNative on `device` (the one the pass
+    was planned for; None: where ops built here run), by
+    dispatch.uses_depthwise_kernel, unless `given` says."""
     if given is not None:
         return given
     f_shape = tf.TensorShape(f_shape).as_list()
     # Only a depthwise filter's kernel depends on the device: resolve it then.
-    device = dispatch.resolve_device() if f_shape[2] == 1 else None
+    if device is None and f_shape[2] == 1:
+        device = dispatch.resolve_device()
     return dispatch.uses_depthwise_kernel(in_depth, f_shape, a, tf.as_dtype(dtype).name, device)
 
 
@@ -250,16 +253,16 @@ def _depthwise_filter_shape(in_depth, f_shape):
     return [kh, kw, in_depth, out // in_depth]
 
 
-def _tf_forward(x, w, a, depthwise=None):
+def _tf_forward(x, w, a, depthwise=None, device=None):
     c = _in_depth(x.shape, a["data_format"])
-    if _depthwise(c, w.shape, a, x.dtype, depthwise):
+    if _depthwise(c, w.shape, a, x.dtype, depthwise, device):
         return tf.raw_ops.DepthwiseConv2dNative(
             input=x, filter=tf.reshape(w, _depthwise_filter_shape(c, w.shape)), **_op_attrs(a))
     return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
 
 
-def _tf_backprop_input(input_sizes, w, dy, a, in_depth, depthwise=None):
-    if _depthwise(in_depth, w.shape, a, w.dtype, depthwise):
+def _tf_backprop_input(input_sizes, w, dy, a, in_depth, depthwise=None, device=None):
+    if _depthwise(in_depth, w.shape, a, w.dtype, depthwise, device):
         return tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
             input_sizes=input_sizes, filter=tf.reshape(w, _depthwise_filter_shape(in_depth, w.shape)),
             out_backprop=dy, **_op_attrs(a))
@@ -267,9 +270,9 @@ def _tf_backprop_input(input_sizes, w, dy, a, in_depth, depthwise=None):
                                           **_op_attrs(a))
 
 
-def _tf_backprop_filter(x, f_shape, dy, a, depthwise=None):
+def _tf_backprop_filter(x, f_shape, dy, a, depthwise=None, device=None):
     c = _in_depth(x.shape, a["data_format"])
-    if _depthwise(c, f_shape, a, x.dtype, depthwise):
+    if _depthwise(c, f_shape, a, x.dtype, depthwise, device):
         dw = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
             input=x, filter_sizes=_depthwise_filter_shape(c, f_shape), out_backprop=dy,
             **_op_attrs(a))
@@ -283,14 +286,14 @@ def _tf_forward_routed(x, w, in_shape, f_shape, a, device):
     bigconv2d's gradient plans them (_choose_gradients)."""
     bpi, bpf = _choose_gradients(in_shape, f_shape, a, x.dtype, device)
     if bpi == bpf == "tf":
-        return _tf_forward(x, w, a)  # TF's own gradients
+        return _tf_forward(x, w, a, device=device)  # TF's own gradients
 
     @tf.custom_gradient
     def conv(x, w):
         def grad(dy):
-            return (_backprop_input(tf.shape(x), w, dy, a, bpi, x.shape),
-                    _backprop_filter(x, w.shape, dy, a, bpf))
-        return _tf_forward(x, w, a), grad
+            return (_backprop_input(tf.shape(x), w, dy, a, bpi, x.shape, device),
+                    _backprop_filter(x, w.shape, dy, a, bpf, device))
+        return _tf_forward(x, w, a, device=device), grad
 
     return conv(x, w)
 
@@ -303,15 +306,15 @@ def _ours(a, chosen):
 
 
 def run_pass(pass_, chosen, x, w, dy, a, device=None):
-    """One pass with the candidate `chosen` ("tf", "direct" or "fft"): for timing."""
-    del device  # the caller's tf.device scope places it
+    """One pass with the candidate `chosen` ("tf", "direct" or "fft") on `device`
+    ("CPU", "GPU"; the caller's tf.device scope places it): for timing."""
     if pass_ == "forward":
         if chosen == "tf":
-            return _tf_forward(x, w, a)
+            return _tf_forward(x, w, a, device=device)
         return _ops.big_conv2d(input=x, filter=w, **_ours(a, chosen))
     if pass_ == "backprop_input":
-        return _backprop_input(tf.shape(x), w, dy, a, chosen, x.shape)
-    return _backprop_filter(x, w.shape, dy, a, chosen)
+        return _backprop_input(tf.shape(x), w, dy, a, chosen, x.shape, device)
+    return _backprop_filter(x, w.shape, dy, a, chosen, device)
 
 
 def _choose_gradients(in_shape, f_shape, a, dtype, device):
@@ -332,17 +335,20 @@ def _static(shape):
     return shape.as_list() if shape.is_fully_defined() else None
 
 
-def _backprop_input(input_sizes, w, dy, a, chosen, x_shape):
-    """dL/dinput: TF's own kernel where the planner chose it, else our op."""
+def _backprop_input(input_sizes, w, dy, a, chosen, x_shape, device=None):
+    """dL/dinput: TF's own kernel (for `device`, as planned) where the planner
+    chose it, else our op."""
     if chosen == "tf":
-        return _tf_backprop_input(input_sizes, w, dy, a, _in_depth(x_shape, a["data_format"]))
+        return _tf_backprop_input(input_sizes, w, dy, a, _in_depth(x_shape, a["data_format"]),
+                                  device=device)
     return _ops.big_conv2d_backprop_input(input_sizes, w, dy, **_ours(a, chosen))
 
 
-def _backprop_filter(x, f_shape, dy, a, chosen):
-    """dL/dfilter: TF's own kernel where the planner chose it, else our op."""
+def _backprop_filter(x, f_shape, dy, a, chosen, device=None):
+    """dL/dfilter: TF's own kernel (for `device`, as planned) where the planner
+    chose it, else our op."""
     if chosen == "tf":
-        return _tf_backprop_filter(x, tf.TensorShape(f_shape).as_list(), dy, a)
+        return _tf_backprop_filter(x, tf.TensorShape(f_shape).as_list(), dy, a, device=device)
     sizes = f_shape.as_list() if isinstance(f_shape, tf.TensorShape) else f_shape
     return _ops.big_conv2d_backprop_filter(x, sizes, dy, **_ours(a, chosen))
 
@@ -365,11 +371,12 @@ def _device_of(op):
 def _big_conv2d_grad(op, grad):
     x, w = op.inputs
     a = _attrs(op)
-    device = _device_of(op) if a["algorithm"] == "auto" else None  # only planning needs it
+    # Planning and TF's kernels follow it; ours need no device.
+    device = _device_of(op) if a["algorithm"] in ("auto", "tf") else None
     bpi, bpf = _choose_gradients(x.shape, w.shape, a, x.dtype, device)
-    return (_backprop_input(tf.shape(x), w, grad, a, bpi, x.shape),
+    return (_backprop_input(tf.shape(x), w, grad, a, bpi, x.shape, device),
             _backprop_filter(x, w.shape if w.shape.is_fully_defined() else tf.shape(w), grad, a,
-                             bpf))
+                             bpf, device))
 
 
 @tf.RegisterGradient("BigConv2DBackpropInput")

@@ -155,10 +155,10 @@ def _conv_gradients(src, kernel, dy, step, algorithm, workspace_limit):
     """(dL/dsrc, dL/dkernel) of bigconv2d(src, kernel) without running it: the same
     passes, planned the same way, as bigconv2d's registered gradient."""
     a = _conv_attrs(step, algorithm, workspace_limit)
-    device = dispatch.resolve_device(src) if a["algorithm"] == "auto" else None
+    device = dispatch.resolve_device(src) if a["algorithm"] in ("auto", "tf") else None
     bpi, bpf = _conv._choose_gradients(src.shape, kernel.shape, a, src.dtype, device)
-    return (_conv._backprop_input(tf.shape(src), kernel, dy, a, bpi, src.shape),
-            _conv._backprop_filter(src, kernel.shape, dy, a, bpf))
+    return (_conv._backprop_input(tf.shape(src), kernel, dy, a, bpi, src.shape, device),
+            _conv._backprop_filter(src, kernel.shape, dy, a, bpf, device))
 
 
 # ----- shapes and estimates ------------------------------------------------------------
