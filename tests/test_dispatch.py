@@ -661,7 +661,8 @@ def test_onednn_bfloat16_depthwise_forward_that_compiles_for_minutes_is_not_for_
     never picks it (nor times it), even where the model makes it 1000x faster;
     its gradients, and the cases next to the region, stay TF's."""
     monkeypatch.setattr(dispatch, "tf_cpu_onednn", lambda *a: True)
-    model("tf_depthwise", 1000)  # both tables: multiplier 1 and over 1
+    model("tf_depthwise_flops_per_second", 1000)  # both rate tables: multiplier 1
+    model("tf_depthwise_multiplier_flops_per_second", 1000)  # and over 1
     tf_dw = "tf.DepthwiseConv2dNative"
     e = tfbigconv.explain((2, 32, 32, 16), (15, 15, 1, 16), padding="SAME", dtype="bfloat16")
     forward = [r for r in e.rows if r.pass_ == "forward" and r.algorithm == tf_dw]

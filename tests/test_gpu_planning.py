@@ -534,6 +534,20 @@ def test_a_profile_from_before_the_channel_block_keeps_its_model(tmp_path):
     assert set(blocks(values).values()) == {16.0}
 
 
+def test_a_profile_from_before_the_per_pass_dtype_slowdowns_keeps_its_model(tmp_path):
+    """Such a profile had one slowdown per dtype (TF's Conv2D forward), used for
+    both TF kernels and every pass: reading it copies that value to all 18."""
+    old = {k: v for k, v in shipped().items() if not k.startswith(cost_model.DTYPE_SLOWDOWNS)}
+    legacy = {"float16": 1.9, "bfloat16": 0.56, "float64": 3.8}
+    old.update({cost_model.LEGACY_DTYPE_SLOWDOWN + d: x for d, x in legacy.items()})
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": old}))
+    values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), shipped())))
+    slowdowns = {k: x for k, x in values.items() if k.startswith(cost_model.DTYPE_SLOWDOWNS)}
+    assert len(slowdowns) == 18  # 2 kernels x 3 passes x 3 dtypes
+    assert all(x == legacy[k.rsplit(".", 1)[1]] for k, x in slowdowns.items()), slowdowns
+
+
 def test_gpu_features_bend_with_the_filter_side():
     """The last two features are log side squared and log side x log pixels
     (cost_model.h GpuModelTerms), for every candidate."""

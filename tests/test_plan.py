@@ -305,6 +305,32 @@ def _with_channel_block(block, where="im2col_channel_block."):
     return values
 
 
+@pytest.mark.parametrize("kernel,prefix", [("Conv2D", "im2col_dtype_slowdown."),
+                                           ("DepthwiseConv2dNative", "tf_depthwise_dtype_slowdown.")])
+def test_tf_kernels_take_their_own_dtype_slowdown_per_pass(kernel, prefix):
+    """TF's estimate in a dtype is float32's times that kernel's slowdown for
+    that pass (oneDNN's bfloat16 depthwise runs at 0.5-1.4x float32's time, its
+    Conv2D at 0.5x; Eigen's float16 Conv2D gradients at 5-30x, its forward 1-3x)."""
+    x, w = ((4, 32, 32, 16), (7, 7, 1, 16)) if kernel != "Conv2D" else ((4, 32, 32, 16), (7, 7, 16, 16))
+    fields = _core.cost_model_fields()
+    saved = _core.get_cost_model()
+    try:
+        base = {p: plan(x, w, pass_=p, tf_kernel=kernel, dtype="bfloat16")["tf"]["seconds"]
+                for p in PASSES}
+        values = list(saved)
+        values[fields.index(prefix + "backprop_filter.bfloat16")] *= 4
+        _core.set_cost_model(values)
+        after = {p: plan(x, w, pass_=p, tf_kernel=kernel, dtype="bfloat16")["tf"]["seconds"]
+                 for p in PASSES}
+        f32 = plan(x, w, pass_="backprop_filter", tf_kernel=kernel)["tf"]["seconds"]
+    finally:
+        _core.set_cost_model(saved)
+    assert after["backprop_filter"] == pytest.approx(4 * base["backprop_filter"])
+    assert after["forward"] == base["forward"] and after["backprop_input"] == base["backprop_input"]
+    slowdown = dict(zip(fields, saved))[prefix + "backprop_filter.bfloat16"]
+    assert base["backprop_filter"] == pytest.approx(slowdown * f32)
+
+
 @pytest.mark.parametrize("pass_", PASSES)
 def test_tf_conv2d_runs_the_channels_it_writes_in_blocks(pass_):
     """oneDNN runs 1 to 16 written channels (forward and filter gradient:

@@ -146,6 +146,22 @@ def _depthwise_fn(pass_, x_shape, w_shape, padding, dtype):
             input=x, filter_sizes=list(w_shape), out_backprop=dy, **a))
 
 
+def _dtype_slowdown_fns(target):
+    """{timing key: fn} for the dtype slowdowns of TF's kernels, per kernel and
+    pass, at side 7: Conv2D at 16x16 channels, DepthwiseConv2dNative at 32
+    channels (as its rate table); keys <prefix><pass>.<dtype>, float32 included."""
+    conv = _im2col_case(7, 16, 16, target)
+    x_shape, w_shape = _im2col_case(7, 32, 1, target / 10)  # the depthwise table's case
+    depthwise = (x_shape, w_shape[:2] + (32, 1))
+    fns = {}
+    for prefix, make, (xs, ws) in zip(cost_model.DTYPE_SLOWDOWNS, (_im2col_fn, _depthwise_fn),
+                                      (conv, depthwise)):
+        for pass_ in dispatch.PASSES:
+            for name in ("float32",) + SLOWDOWN_DTYPES:
+                fns[f"{prefix}{pass_}.{name}"] = make(pass_, xs, ws, "SAME", tf.as_dtype(name))
+    return fns
+
+
 def _im2col_case(side, cin, cout, target_flops):
     """(input, filter) of about target_flops, SAME padding, batch 2."""
     px = target_flops / (2 * 2 * side * side * cin * cout)
@@ -310,16 +326,17 @@ def _calibrate_cpu(output, quick, rounds, log):
                 fns[key] = _depthwise_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
                 macs[key] = _core.conv_geometry(list(x_shape), [side, side, 1, 32 * multiplier],
                                                 padding="SAME", **ATTRS)["macs"]
-    x_shape, w_shape = _im2col_case(7, 16, 16, target)
-    for name in ("float32",) + SLOWDOWN_DTYPES:
-        fns[name] = _im2col_fn("forward", x_shape, w_shape, "SAME", tf.as_dtype(name))
+    fns.update(_dtype_slowdown_fns(target))
     times = _best_times(fns, budget_s, rounds, log)
     for key, m in macs.items():
         values[key] = 2 * m / times[key]
         log(f"{key}: {values[key] / 1e9:.1f} GFLOP/s")
-    for name in SLOWDOWN_DTYPES:
-        values[f"im2col_dtype_slowdown.{name}"] = times[name] / times["float32"]
-        log(f"im2col forward {name}: {times[name] / times['float32']:.2f}x float32's time")
+    for prefix in cost_model.DTYPE_SLOWDOWNS:
+        for pass_ in dispatch.PASSES:
+            for name in SLOWDOWN_DTYPES:
+                key, base = f"{prefix}{pass_}.{name}", f"{prefix}{pass_}.float32"
+                values[key] = times[key] / times[base]
+                log(f"{key}: {values[key]:.2f}x float32's time")
     active = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))
     ordered = [values[name] if name in values else active[name]  # GPU: kept
                for name in _core.cost_model_fields()]

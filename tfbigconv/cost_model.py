@@ -38,6 +38,11 @@ LATER_SIDES = {14: (7, 15)}
 # TF's Conv2D channel block per pass and side, added later: 1 (no blocking) is the
 # model a profile without it was fitted with.
 CHANNEL_BLOCK = "im2col_channel_block."
+# TF's kernels' dtype slowdowns per kernel and pass, <prefix><pass>.<dtype>; a
+# profile from before had one per dtype (Conv2D's forward), used for both
+# kernels and every pass.
+DTYPE_SLOWDOWNS = ("im2col_dtype_slowdown.", "tf_depthwise_dtype_slowdown.")
+LEGACY_DTYPE_SLOWDOWN = "im2col_dtype_slowdown."
 
 # Where the active profile came from: "env", "user", "shipped" or "built-in",
 # and its "meta" object ({} for the built-in constants).
@@ -193,6 +198,13 @@ def read_profile_and_meta(path, defaults=None):
     for name in fields:
         if name.startswith(MULTIPLIER_TABLE) and name not in values:
             one = DEPTHWISE_TABLE + name[len(MULTIPLIER_TABLE):]
+            if one in values:
+                merged[name] = values[one]
+    # Profiles written before the per-kernel, per-pass dtype slowdowns had one
+    # per dtype for all: copied, the same model.
+    for name in fields:
+        if name.startswith(DTYPE_SLOWDOWNS) and name not in values:
+            one = LEGACY_DTYPE_SLOWDOWN + name.rsplit(".", 1)[1]
             if one in values:
                 merged[name] = values[one]
     # Profiles written before TF's channel block existed modelled none: 1.

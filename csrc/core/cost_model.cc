@@ -30,7 +30,7 @@ CostModel g_cost_model = [] {
   return m;
 }();
 
-const char* const kSlowdownDTypes[3] = {"float16", "bfloat16", "float64"};
+const char* const kSlowdownDTypeNames[kSlowdownDTypes] = {"float16", "bfloat16", "float64"};
 const char* const kGpuDTypeClassNames[kGpuDTypeClasses] = {"float32", "half"};
 const char* const kGpuFeatureNames[kGpuFeatures] = {
     "intercept",  "log_side",         "log_channels",         "depthwise",
@@ -70,7 +70,9 @@ std::vector<std::string> CostModelFields() {
         f.push_back(std::string("im2col_flops_per_second.") + PassName(Pass(p)) + ".side" +
                     std::to_string(int(kIm2colSideAxis[s])) + ".channels" +
                     std::to_string(int(kIm2colChannelAxis[c])));
-  for (const char* t : kSlowdownDTypes) f.push_back(std::string("im2col_dtype_slowdown.") + t);
+  for (int p = 0; p < kPasses; ++p)
+    for (const char* t : kSlowdownDTypeNames)
+      f.push_back(std::string("im2col_dtype_slowdown.") + PassName(Pass(p)) + "." + t);
   for (int p = 0; p < kPasses; ++p)
     for (int s = 0; s < kIm2colSides; ++s)
       f.push_back(std::string("im2col_channel_block.") + PassName(Pass(p)) + ".side" +
@@ -81,6 +83,9 @@ std::vector<std::string> CostModelFields() {
       for (int s = 0; s < kIm2colSides; ++s)
         f.push_back(std::string(table) + PassName(Pass(p)) + ".side" +
                     std::to_string(int(kIm2colSideAxis[s])));
+  for (int p = 0; p < kPasses; ++p)
+    for (const char* t : kSlowdownDTypeNames)
+      f.push_back(std::string("tf_depthwise_dtype_slowdown.") + PassName(Pass(p)) + "." + t);
   for (int c = 0; c < kGpuCandidates; ++c)
     for (int p = 0; p < kPasses; ++p)
       for (int d = 0; d < kGpuDTypeClasses; ++d)
@@ -106,13 +111,16 @@ std::vector<double> CostModelValues(const CostModel& m) {
   for (const auto& pass : m.im2col_flops_per_second)
     for (const auto& side : pass)
       for (double r : side) v.push_back(r);
-  for (double x : m.im2col_dtype_slowdown) v.push_back(x);
+  for (const auto& pass : m.im2col_dtype_slowdown)
+    for (double x : pass) v.push_back(x);
   for (const auto& pass : m.im2col_channel_block)
     for (double x : pass) v.push_back(x);
   for (const auto* table : {&m.tf_depthwise_flops_per_second,
                             &m.tf_depthwise_multiplier_flops_per_second})
     for (const auto& pass : *table)
       for (double r : pass) v.push_back(r);
+  for (const auto& pass : m.tf_depthwise_dtype_slowdown)
+    for (double x : pass) v.push_back(x);
   for (const auto& c : m.gpu)
     for (const auto& pass : c)
       for (const auto& cls : pass)
@@ -167,13 +175,16 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
   for (auto& pass : m.im2col_flops_per_second)
     for (auto& side : pass)
       for (double& r : side) r = v[i++];
-  for (double& x : m.im2col_dtype_slowdown) x = v[i++];
+  for (auto& pass : m.im2col_dtype_slowdown)
+    for (double& x : pass) x = v[i++];
   for (auto& pass : m.im2col_channel_block)
     for (double& x : pass) x = v[i++];
   for (auto* table : {&m.tf_depthwise_flops_per_second,
                       &m.tf_depthwise_multiplier_flops_per_second})
     for (auto& pass : *table)
       for (double& r : pass) r = v[i++];
+  for (auto& pass : m.tf_depthwise_dtype_slowdown)
+    for (double& x : pass) x = v[i++];
   for (auto& c : m.gpu)
     for (auto& pass : c)
       for (auto& cls : pass)

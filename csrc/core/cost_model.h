@@ -44,11 +44,14 @@ const char* DeviceName(Device d);
 //   tf.DepthwiseConv2dNative  seconds = 2 macs / rate, rate interpolated
 //                     (log-log) over filter side, per pass and for a channel
 //                     multiplier of 1 or over 1.
+//   Both TF kernels' rates are float32's; other dtypes take the kernel's
+//   slowdown for the pass (im2col_ / tf_depthwise_dtype_slowdown).
 // GPU (fitted to measured kernel times, see GpuModelTerms):
 //   log(seconds) = log(work) + sum_i gpu[candidate][pass][dtype class][i] * feature_i
 constexpr int kIm2colSides = 5;     // filter sides (sqrt of taps): 3, 7, 14, 15, 31
 constexpr int kIm2colChannels = 4;  // channels in x out per group: 1, 16, 256, 2048
 constexpr int kPasses = 3;
+constexpr int kSlowdownDTypes = 3;  // float16, bfloat16, float64 (over float32)
 constexpr int kGpuCandidates = 3;   // GpuCandidate
 constexpr int kGpuDTypeClasses = 2; // float32 and float64; float16 and bfloat16
 constexpr int kGpuFeatures = 8;     // GpuModelTerms::features
@@ -66,8 +69,9 @@ struct CostModel {
   double fft_seconds_per_call = 0;
   // FLOP/s of tf.nn.conv2d (float32) per pass, filter side and channel product.
   double im2col_flops_per_second[kPasses][kIm2colSides][kIm2colChannels] = {};
-  // tf.nn.conv2d's time for float16, bfloat16, float64 relative to float32.
-  double im2col_dtype_slowdown[3] = {1, 1, 1};
+  // TF's Conv2D time in float16, bfloat16, float64 over float32's, per pass
+  // (Eigen's half-type gradients ran 5-30x float32's, its forward 1-3x).
+  double im2col_dtype_slowdown[kPasses][kSlowdownDTypes] = {{1, 1, 1}, {1, 1, 1}, {1, 1, 1}};
   // Per pass and filter side (the block of the largest axis side not above
   // the layer's): TF's Conv2D runs the channels its pass writes (forward and
   // filter gradient: out; input gradient: in) in blocks of this many, so a
@@ -81,6 +85,10 @@ struct CostModel {
   // The same with a channel multiplier over 1 (measured at 2): other code in
   // oneDNN builds, which run multiplier 1 only (3-17x slower per FLOP at 2).
   double tf_depthwise_multiplier_flops_per_second[kPasses][kIm2colSides] = {};
+  // DepthwiseConv2dNative's time in float16, bfloat16, float64 over float32's,
+  // per pass (oneDNN's bfloat16 depthwise ran 0.5-1.4x float32's, its Conv2D 0.5x).
+  double tf_depthwise_dtype_slowdown[kPasses][kSlowdownDTypes] = {{1, 1, 1}, {1, 1, 1},
+                                                                  {1, 1, 1}};
   // The GPU model's coefficients (any sign).
   double gpu[kGpuCandidates][kPasses][kGpuDTypeClasses][kGpuFeatures] = {};
   // The shortest call measured per candidate, pass and dtype class: no GPU

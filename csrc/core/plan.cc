@@ -321,10 +321,12 @@ const char* TfKernelName(TfKernel k) {
 
 namespace {
 
-double DTypeSlowdown(const CostModel& m, DType dtype) {
-  if (dtype == DType::kHalf) return m.im2col_dtype_slowdown[0];
-  if (dtype == DType::kBFloat16) return m.im2col_dtype_slowdown[1];
-  if (dtype == DType::kDouble) return m.im2col_dtype_slowdown[2];
+// A TF kernel's time in `dtype` over float32's, from its per-pass row of
+// {float16, bfloat16, float64} slowdowns.
+double DTypeSlowdown(const double (&slowdown)[kSlowdownDTypes], DType dtype) {
+  if (dtype == DType::kHalf) return slowdown[0];
+  if (dtype == DType::kBFloat16) return slowdown[1];
+  if (dtype == DType::kDouble) return slowdown[2];
   return 1;
 }
 
@@ -378,7 +380,9 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
                           ? m.tf_depthwise_multiplier_flops_per_second[int(pass)]
                           : m.tf_depthwise_flops_per_second[int(pass)];
     const double rate = std::exp(std::log(r[si]) * (1 - st) + std::log(r[si + 1]) * st);
-    e.terms = {2.0 * double(ug.macs()) * DTypeSlowdown(m, dtype), side, 1};
+    e.terms = {2.0 * double(ug.macs()) *
+                   DTypeSlowdown(m.tf_depthwise_dtype_slowdown[int(pass)], dtype),
+               side, 1};
     e.seconds = e.terms[0] / rate;
     e.workspace_bytes = 0;
     e.note = "no patch matrix";
@@ -403,7 +407,7 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
       channels *= padded / double(written);
       work *= padded / double(written);
     }
-    e.terms = {work * DTypeSlowdown(m, dtype), side, channels};
+    e.terms = {work * DTypeSlowdown(m.im2col_dtype_slowdown[int(pass)], dtype), side, channels};
     e.seconds = e.terms[0] / Im2colRate(m, pass, side, channels);
     const int64_t images = TfColBufferImages(ug, pass, dtype, workers);
     e.workspace_bytes = SatMul({ug.out_h, ug.out_w, ug.filter_h, ug.filter_w, ug.in_c,
