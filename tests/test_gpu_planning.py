@@ -405,8 +405,13 @@ def test_fit_gpu_cli_updates_only_the_gpu_section(tmp_path):
     for k, v in cpu.items():
         assert fitted[k] == v, k
     changed = [k for k in fitted if k.startswith("gpu.") and fitted[k] != truth[k]]
-    # The coefficients and the floor of each (candidate, pass, dtype class).
-    assert len(changed) == 3 * 3 * 2 * (len(gpu_fit.FEATURES) + 1)
+    # The coefficients and the floor of each (candidate, pass, dtype class), but
+    # those the fit holds at 0: a half-only feature's in float32, and a feature
+    # that is 0 on every row of its group in both fits (the cuDNN depthwise
+    # class of our filter gradients' problems).
+    zero = [k for k in fitted if k.startswith("gpu.") and fitted[k] == truth[k] == 0.0]
+    assert all(k.endswith(gpu_fit.HALF_ONLY_FEATURES) for k in zero), zero
+    assert len(changed) + len(zero) == 3 * 3 * 2 * (len(gpu_fit.FEATURES) + 1)
 
     ratios = {"float32": [], "bfloat16": []}
     for (g, dtype, p, algo), s in times.items():
@@ -549,9 +554,10 @@ def test_a_profile_from_before_the_per_pass_dtype_slowdowns_keeps_its_model(tmp_
 
 
 def test_gpu_features_bend_with_the_filter_side():
-    """The last two features are log side squared and log side x log pixels
+    """Two later features are log side squared and log side x log pixels
     (cost_model.h GpuModelTerms), for every candidate."""
-    assert gpu_fit.FEATURES[-2:] == cost_model.LATER_GPU_FEATURES
+    assert gpu_fit.FEATURES[-3:] == cost_model.LATER_GPU_FEATURES
+    assert gpu_fit.FEATURES[6:8] == ("log_side_squared", "log_side_x_log_pixels")
     x, f, strides = gpu_fit.shapes((2, 30, 40, 6, 10, 13, 2, 2))
     for c in ("tf", "direct", "fft"):
         _, t = _core.gpu_terms(x, f, strides, "SAME", [], "NHWC", [1, 1, 1, 1], "forward", c)
@@ -560,6 +566,31 @@ def test_gpu_features_bend_with_the_filter_side():
         assert t[6] == pytest.approx(t[1] ** 2) and t[7] == pytest.approx(t[1] * t[5])
     _, t = _core.gpu_terms(x, f, strides, "SAME", [], "NHWC", [1, 1, 1, 1], "forward", "tf")
     assert t[5] == pytest.approx(math.log(2 * 15 * 20))
+
+
+@pytest.mark.parametrize("geometry,in_class", [
+    ((8, 224, 224, 128, 128, 7, 128, 1), True),   # depthwise 7x7
+    ((2, 64, 64, 384, 384, 5, 384, 2), True),     # 5x5, stride 2
+    ((8, 32, 32, 32, 32, 3, 32, 1), True),
+    ((8, 64, 64, 128, 128, 9, 128, 1), False),    # side 9
+    ((2, 40, 40, 8, 16, 5, 8, 1), False),         # multiplier 2
+    ((2, 64, 64, 64, 64, 7, 64, 3), False),       # stride 3
+    ((4, 64, 64, 32, 32, 3, 4, 1), False),        # grouped, not depthwise
+    ((16, 56, 56, 64, 64, 3, 1, 1), False),       # dense
+])
+def test_cudnn_depthwise_class_is_a_half_precision_feature(geometry, in_class):
+    """The last GPU feature is 1 for the depthwise layers TF sends to cuDNN's
+    dedicated kernels in float16 (multiplier 1, square side 1/3/5/7, stride
+    1 or 2), for TF's kernel; the fit gives it a coefficient in the half class
+    only."""
+    x, f, strides = gpu_fit.shapes(geometry)
+    _, t = _core.gpu_terms(x, f, strides, "SAME", [], "NHWC", [1, 1, 1, 1], "forward", "tf")
+    assert t[gpu_fit.FEATURES.index("cudnn_depthwise_class")] == (1.0 if in_class else 0.0)
+    values = shipped()
+    for name, v in values.items():
+        if name.endswith(".float32.cudnn_depthwise_class"):
+            assert v == 0.0, name
+    assert any(v != 0.0 for k, v in values.items() if k.endswith(".half.cudnn_depthwise_class"))
 
 
 def test_a_gpu_profile_from_before_the_side_features_keeps_its_model(tmp_path):
@@ -574,7 +605,8 @@ def test_a_gpu_profile_from_before_the_side_features_keeps_its_model(tmp_path):
     for defaults in (None, truth):
         values = dict(zip(_core.cost_model_fields(), cost_model.read_profile(str(path), defaults)))
         later = [k for k in values if k.split(".")[-1] in cost_model.LATER_GPU_FEATURES]
-        assert len(later) == 3 * 3 * 2 * 2 and all(values[k] == 0.0 for k in later)
+        assert len(later) == 3 * 3 * 2 * len(cost_model.LATER_GPU_FEATURES)
+        assert all(values[k] == 0.0 for k in later)
         assert all(values[k] == v for k, v in old.items())
     g = (4, 64, 64, 16, 16, 31, 1, 1)
     x, f, strides = gpu_fit.shapes(g)

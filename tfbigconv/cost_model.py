@@ -29,7 +29,7 @@ SHIPPED_CPU_PATHS = tuple(sorted(glob.glob(os.path.join(os.path.dirname(SHIPPED_
 FORMAT = 1
 # GPU model features added after the first GPU profiles (cost_model.h
 # GpuModelTerms): a profile with GPU values but without these has them at 0.
-LATER_GPU_FEATURES = ("log_side_squared", "log_side_x_log_pixels")
+LATER_GPU_FEATURES = ("log_side_squared", "log_side_x_log_pixels", "cudnn_depthwise_class")
 # The name prefixes of TF's depthwise rates: multiplier 1, and over 1.
 DEPTHWISE_TABLE = "tf_depthwise_flops_per_second."
 MULTIPLIER_TABLE = "tf_depthwise_multiplier_flops_per_second."

@@ -54,7 +54,7 @@ constexpr int kPasses = 3;
 constexpr int kSlowdownDTypes = 3;  // float16, bfloat16, float64 (over float32)
 constexpr int kGpuCandidates = 3;   // GpuCandidate
 constexpr int kGpuDTypeClasses = 2; // float32 and float64; float16 and bfloat16
-constexpr int kGpuFeatures = 8;     // GpuModelTerms::features
+constexpr int kGpuFeatures = 9;     // GpuModelTerms::features
 struct CostModel {
   double direct_flops_per_second = 3.5e11;
   // A column tile of one output channel; C channels run at C times this.
@@ -129,7 +129,9 @@ const char* GpuCandidateName(GpuCandidate c);
 // log(batch x output pixels), log side squared, log side x log pixels}. The
 // last two let the rate bend with the filter side (cuDNN changes algorithm
 // with it); on the H100 grids they halve the cases where a pick is over 1.1x
-// cuDNN, leaving each geometry out (benchmarks/RESULTS.md). `g` is the user's geometry for tf (cuDNN sees
+// cuDNN, leaving each geometry out (benchmarks/RESULTS.md). Last, 1 for the
+// depthwise layers cuDNN has dedicated half-precision kernels for
+// (CudnnDepthwiseClass), else 0; fitted in the half class only (gpu_fit.py). `g` is the user's geometry for tf (cuDNN sees
 // the convolution as the user wrote it) and the pass's ConvProblem geometry
 // for direct and fft (what our kernels run), so the GPU kernels' run-time
 // choice needs nothing but its ConvProblem.
