@@ -131,10 +131,11 @@ const char* GpuCandidateName(GpuCandidate c);
 // with it); on the H100 grids they halve the cases where a pick is over 1.1x
 // cuDNN, leaving each geometry out (benchmarks/RESULTS.md). Last, 1 for the
 // depthwise layers cuDNN has dedicated half-precision kernels for
-// (CudnnDepthwiseClass), else 0; fitted in the half class only (gpu_fit.py). `g` is the user's geometry for tf (cuDNN sees
-// the convolution as the user wrote it) and the pass's ConvProblem geometry
-// for direct and fft (what our kernels run), so the GPU kernels' run-time
-// choice needs nothing but its ConvProblem.
+// (CudnnDepthwiseClass), else 0; fitted in the half class only (gpu_fit.py).
+// `g` is the user's geometry for tf (cuDNN sees the convolution as the user
+// wrote it) and the pass's ConvProblem geometry for direct and fft (what our
+// kernels run), so the GPU kernels' run-time choice needs nothing but its
+// ConvProblem.
 struct GpuModelTerms {
   double work = 0;
   double features[kGpuFeatures] = {};
