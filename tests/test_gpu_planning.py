@@ -92,6 +92,35 @@ def test_trace_time_plan_follows_the_device_scope(eigen_tf):
     assert {"BigConv2D", "BigConv2DBackpropInput"} <= types and "Conv2D" not in types
 
 
+def test_a_gpu_scope_without_a_gpu_emits_the_cpus_depthwise_kernels(eigen_tf):
+    """With no GPU, an op under tf.device("/GPU:0") runs on the CPU (soft
+    placement). It is planned for the GPU, but TF's depthwise kernels are
+    emitted for the CPU: grouped Conv2D gradients, the GPU's choice, fail on
+    TF's Eigen CPU kernels. Runs, and matches float64."""
+    if HAVE_GPU:
+        pytest.skip("about a machine without a GPU")
+    x = tf.constant(np.random.default_rng(0).standard_normal((2, 12, 12, 8)), tf.float32)
+    w = rand((3, 3, 1, 8), 1)
+
+    def step(x, w):
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            with tf.device("/GPU:0"):
+                y = tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm="tf")
+            loss = tf.reduce_sum(y * y)
+        return t.gradient(loss, [x, w])
+
+    f = tf.function(step)
+    types = {op.type for op in f.get_concrete_function(x, w).graph.get_operations()}
+    assert {"DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter"} <= types
+    assert not {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"} & types, types
+    got = f(x, w)
+    want = step(tf.cast(x, tf.float64), tf.cast(w, tf.float64))
+    for g, r in zip(got, want):
+        err = float(tf.norm(tf.cast(g, tf.float64) - r) / tf.norm(r))
+        assert err < 1e-5, err
+
+
 def test_an_eager_scope_around_a_traced_call_is_planned_for(eigen_tf):
     """with tf.device(...) around the call that traces a tf.function: the
     trace plans for that device (NCHW 3x3: cuDNN on the GPU, ours on a CPU
@@ -114,10 +143,11 @@ def test_an_eager_scope_around_a_traced_call_is_planned_for(eigen_tf):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_depthwise_runs_as_grouped_conv2d_on_the_gpu(dtype):
+def test_depthwise_runs_as_grouped_conv2d_on_the_gpu(dtype, monkeypatch):
     """TF's GPU DepthwiseConv2dNative* run cuDNN only in part and have no
     bfloat16 kernel: on the GPU every pass of a depthwise layer that goes to
     TF's kernel is grouped Conv2D (cuDNN); on the CPU it stays depthwise."""
+    monkeypatch.setattr(dispatch, "gpu_available", lambda: True)  # as on a GPU machine
     x_shape, w_shape = (2, 16, 16, 8), (3, 3, 1, 16)  # multiplier 2
     w = tf.cast(rand(w_shape, 0), dtype)
 
@@ -146,9 +176,11 @@ def test_depthwise_runs_as_grouped_conv2d_on_the_gpu(dtype):
 
 def test_tf_gradient_kernels_follow_the_device_the_forward_was_planned_for(monkeypatch):
     """A depthwise forward planned for the GPU (grouped Conv2D) whose gradient is
-    taken outside the tf.device scope: the planned TF gradient pass is emitted for
-    the GPU too (grouped Conv2DBackpropInput), not for where the gradient code runs."""
+    built under another scope (here /CPU:0): the planned TF gradient pass is
+    emitted for the GPU too (grouped Conv2DBackpropInput), not for where the
+    gradient code is built."""
     from tfbigconv import conv
+    monkeypatch.setattr(dispatch, "gpu_available", lambda: True)  # as on a GPU machine
     monkeypatch.setattr(conv, "_plan", lambda *args, **kwargs: {"chosen": "tf"})
     monkeypatch.setattr(conv, "_choose_gradients", lambda *args, **kwargs: ("tf", "direct"))
     x_shape, w_shape = (2, 16, 16, 8), (3, 3, 1, 8)
@@ -161,7 +193,8 @@ def test_tf_gradient_kernels_follow_the_device_the_forward_was_planned_for(monke
             with tf.device("/GPU:0"):
                 y = tfbigconv.bigconv2d(x, w, 1, "SAME")
             loss = tf.reduce_sum(y)
-        return t.gradient(loss, x)  # outside the GPU scope
+        with tf.device("/CPU:0"):
+            return t.gradient(loss, x)
 
     graph = step.get_concrete_function(tf.TensorSpec(x_shape, tf.float32)).graph
     types = {op.type for op in graph.get_operations()}
@@ -412,6 +445,11 @@ def test_fit_gpu_cli_updates_only_the_gpu_section(tmp_path):
     zero = [k for k in fitted if k.startswith("gpu.") and fitted[k] == truth[k] == 0.0]
     assert all(k.endswith(gpu_fit.HALF_ONLY_FEATURES) for k in zero), zero
     assert len(changed) + len(zero) == 3 * 3 * 2 * (len(gpu_fit.FEATURES) + 1)
+    # The half-only feature: fitted (non-zero) in the half class, 0 in float32's,
+    # though the grid has layers in its class in both.
+    half_only = [k for k in fitted if k.startswith("gpu.") and k.endswith(gpu_fit.HALF_ONLY_FEATURES)]
+    assert all(fitted[k] == 0.0 for k in half_only if ".float32." in k)
+    assert any(fitted[k] != 0.0 for k in half_only if ".half." in k)
 
     ratios = {"float32": [], "bfloat16": []}
     for (g, dtype, p, algo), s in times.items():

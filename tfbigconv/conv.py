@@ -242,9 +242,15 @@ def _depthwise(in_depth, f_shape, a, dtype, given=None, device=None):
     if given is not None:
         return given
     f_shape = tf.TensorShape(f_shape).as_list()
+    if f_shape[2] != 1:
+        return False
     # Only a depthwise filter's kernel depends on the device: resolve it then.
-    if device is None and f_shape[2] == 1:
+    if device is None:
         device = dispatch.resolve_device()
+    if device == "GPU" and not dispatch.gpu_available():
+        # A GPU scope without a GPU runs the op on the CPU (soft placement), where
+        # TF's Eigen kernels reject grouped gradients: emit the CPU's kernel.
+        device = "CPU"
     return dispatch.uses_depthwise_kernel(in_depth, f_shape, a, tf.as_dtype(dtype).name, device)
 
 
