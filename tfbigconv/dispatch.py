@@ -75,7 +75,7 @@ def uses_depthwise_kernel(in_depth, filter_shape, attrs, dtype, device):
 
 ONEDNN_NOTE = "TensorFlow runs this case through oneDNN here (checked on a small case)"
 # On the GPU, TF's DepthwiseConv2dNative* run cuDNN only in float16 with a
-# square 1, 3, 5 or 7 filter, multiplier 1 and stride 1 or 2; elsewhere they
+# square 1, 3, 5 or 7 filter, multiplier 1 and, in NHWC, stride 1 or 2; elsewhere they
 # run TF's own CUDA kernels, which the GPU cost model (fitted to cuDNN) does
 # not describe, and they have no bfloat16 GPU kernel at all (TF's
 # depthwise_conv_op.cc, depthwise_conv_grad_op.cc). Grouped Conv2D and its

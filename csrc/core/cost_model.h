@@ -86,7 +86,8 @@ struct CostModel {
   // oneDNN builds, which run multiplier 1 only (3-17x slower per FLOP at 2).
   double tf_depthwise_multiplier_flops_per_second[kPasses][kIm2colSides] = {};
   // DepthwiseConv2dNative's time in float16, bfloat16, float64 over float32's,
-  // per pass (oneDNN's bfloat16 depthwise ran 0.5-1.4x float32's, its Conv2D 0.5x).
+  // per pass (oneDNN's bfloat16 depthwise: 0.8-1.1x float32's at side 7, 0.5-1.4x
+  // across layers; its Conv2D 0.5x).
   double tf_depthwise_dtype_slowdown[kPasses][kSlowdownDTypes] = {{1, 1, 1}, {1, 1, 1},
                                                                   {1, 1, 1}};
   // The GPU model's coefficients (any sign).
@@ -131,7 +132,8 @@ const char* GpuCandidateName(GpuCandidate c);
 // with it); on the H100 grids they halve the cases where a pick is over 1.1x
 // cuDNN, leaving each geometry out (benchmarks/RESULTS.md). Last, 1 for the
 // depthwise layers cuDNN has dedicated half-precision kernels for
-// (CudnnDepthwiseClass), else 0; fitted in the half class only (gpu_fit.py).
+// (CudnnDepthwiseClass), else 0: a geometry class, for every candidate (for
+// ours on the pass's problem), fitted in the half class only (gpu_fit.py).
 // `g` is the user's geometry for tf (cuDNN sees the convolution as the user
 // wrote it) and the pass's ConvProblem geometry for direct and fft (what our
 // kernels run), so the GPU kernels' run-time choice needs nothing but its
