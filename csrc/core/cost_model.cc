@@ -58,77 +58,77 @@ std::string FormatSeconds(double s) {
 
 const char* DeviceName(Device d) { return d == Device::kCpu ? "CPU" : "GPU"; }
 
-std::vector<std::string> CostModelFields() {
-  std::vector<std::string> f = {"direct_flops_per_second", "direct_load_bound_flops_per_second",
-                                "direct_seconds_per_output",
-                                "direct_seconds_per_packed", "direct_seconds_per_call",
-                                "fft_seconds_per_transform_flop", "fft_seconds_per_mix_flop",
-                                "fft_seconds_per_byte",      "fft_seconds_per_element",
-                                "fft_seconds_per_call"};
+namespace {
+
+// Every value of the model with its profile name, in the fixed order: the one
+// place that order lives. `m` is a CostModel or a const one; f(name, value&).
+template <class Model, class F>
+void ForEachField(Model& m, F&& f) {
+  f("direct_flops_per_second", m.direct_flops_per_second);
+  f("direct_load_bound_flops_per_second", m.direct_load_bound_flops_per_second);
+  f("direct_seconds_per_output", m.direct_seconds_per_output);
+  f("direct_seconds_per_packed", m.direct_seconds_per_packed);
+  f("direct_seconds_per_call", m.direct_seconds_per_call);
+  f("fft_seconds_per_transform_flop", m.fft_seconds_per_transform_flop);
+  f("fft_seconds_per_mix_flop", m.fft_seconds_per_mix_flop);
+  f("fft_seconds_per_byte", m.fft_seconds_per_byte);
+  f("fft_seconds_per_element", m.fft_seconds_per_element);
+  f("fft_seconds_per_call", m.fft_seconds_per_call);
+  const auto side = [](int s) { return ".side" + std::to_string(int(kIm2colSideAxis[s])); };
   for (int p = 0; p < kPasses; ++p)
     for (int s = 0; s < kIm2colSides; ++s)
       for (int c = 0; c < kIm2colChannels; ++c)
-        f.push_back(std::string("im2col_flops_per_second.") + PassName(Pass(p)) + ".side" +
-                    std::to_string(int(kIm2colSideAxis[s])) + ".channels" +
-                    std::to_string(int(kIm2colChannelAxis[c])));
+        f(std::string("im2col_flops_per_second.") + PassName(Pass(p)) + side(s) + ".channels" +
+              std::to_string(int(kIm2colChannelAxis[c])),
+          m.im2col_flops_per_second[p][s][c]);
   for (int p = 0; p < kPasses; ++p)
-    for (const char* t : kSlowdownDTypeNames)
-      f.push_back(std::string("im2col_dtype_slowdown.") + PassName(Pass(p)) + "." + t);
+    for (int t = 0; t < kSlowdownDTypes; ++t)
+      f(std::string("im2col_dtype_slowdown.") + PassName(Pass(p)) + "." + kSlowdownDTypeNames[t],
+        m.im2col_dtype_slowdown[p][t]);
   for (int p = 0; p < kPasses; ++p)
     for (int s = 0; s < kIm2colSides; ++s)
-      f.push_back(std::string("im2col_channel_block.") + PassName(Pass(p)) + ".side" +
-                  std::to_string(int(kIm2colSideAxis[s])));
-  for (const char* table : {"tf_depthwise_flops_per_second.",
-                            "tf_depthwise_multiplier_flops_per_second."})
-    for (int p = 0; p < kPasses; ++p)
-      for (int s = 0; s < kIm2colSides; ++s)
-        f.push_back(std::string(table) + PassName(Pass(p)) + ".side" +
-                    std::to_string(int(kIm2colSideAxis[s])));
+      f(std::string("im2col_channel_block.") + PassName(Pass(p)) + side(s),
+        m.im2col_channel_block[p][s]);
   for (int p = 0; p < kPasses; ++p)
-    for (const char* t : kSlowdownDTypeNames)
-      f.push_back(std::string("tf_depthwise_dtype_slowdown.") + PassName(Pass(p)) + "." + t);
+    for (int s = 0; s < kIm2colSides; ++s)
+      f(std::string("tf_depthwise_flops_per_second.") + PassName(Pass(p)) + side(s),
+        m.tf_depthwise_flops_per_second[p][s]);
+  for (int p = 0; p < kPasses; ++p)
+    for (int s = 0; s < kIm2colSides; ++s)
+      f(std::string("tf_depthwise_multiplier_flops_per_second.") + PassName(Pass(p)) + side(s),
+        m.tf_depthwise_multiplier_flops_per_second[p][s]);
+  for (int p = 0; p < kPasses; ++p)
+    for (int t = 0; t < kSlowdownDTypes; ++t)
+      f(std::string("tf_depthwise_dtype_slowdown.") + PassName(Pass(p)) + "." +
+            kSlowdownDTypeNames[t],
+        m.tf_depthwise_dtype_slowdown[p][t]);
+  const auto gpu = [](int c, int p, int d) {
+    return std::string("gpu.") + GpuCandidateName(GpuCandidate(c)) + "." + PassName(Pass(p)) +
+           "." + kGpuDTypeClassNames[d] + ".";
+  };
   for (int c = 0; c < kGpuCandidates; ++c)
     for (int p = 0; p < kPasses; ++p)
       for (int d = 0; d < kGpuDTypeClasses; ++d)
         for (int i = 0; i < kGpuFeatures; ++i)
-          f.push_back(std::string("gpu.") + GpuCandidateName(GpuCandidate(c)) + "." +
-                      PassName(Pass(p)) + "." + kGpuDTypeClassNames[d] + "." +
-                      kGpuFeatureNames[i]);
+          f(gpu(c, p, d) + kGpuFeatureNames[i], m.gpu[c][p][d][i]);
   for (int c = 0; c < kGpuCandidates; ++c)
     for (int p = 0; p < kPasses; ++p)
       for (int d = 0; d < kGpuDTypeClasses; ++d)
-        f.push_back(std::string("gpu.") + GpuCandidateName(GpuCandidate(c)) + "." +
-                    PassName(Pass(p)) + "." + kGpuDTypeClassNames[d] + ".floor_seconds");
+        f(gpu(c, p, d) + "floor_seconds", m.gpu_floor_seconds[c][p][d]);
+}
+
+}  // namespace
+
+std::vector<std::string> CostModelFields() {
+  std::vector<std::string> f;
+  CostModel m;
+  ForEachField(m, [&](const std::string& name, double&) { f.push_back(name); });
   return f;
 }
 
 std::vector<double> CostModelValues(const CostModel& m) {
-  std::vector<double> v = {m.direct_flops_per_second, m.direct_load_bound_flops_per_second,
-                           m.direct_seconds_per_output,
-                           m.direct_seconds_per_packed, m.direct_seconds_per_call,
-                           m.fft_seconds_per_transform_flop, m.fft_seconds_per_mix_flop,
-                           m.fft_seconds_per_byte,      m.fft_seconds_per_element,
-                           m.fft_seconds_per_call};
-  for (const auto& pass : m.im2col_flops_per_second)
-    for (const auto& side : pass)
-      for (double r : side) v.push_back(r);
-  for (const auto& pass : m.im2col_dtype_slowdown)
-    for (double x : pass) v.push_back(x);
-  for (const auto& pass : m.im2col_channel_block)
-    for (double x : pass) v.push_back(x);
-  for (const auto* table : {&m.tf_depthwise_flops_per_second,
-                            &m.tf_depthwise_multiplier_flops_per_second})
-    for (const auto& pass : *table)
-      for (double r : pass) v.push_back(r);
-  for (const auto& pass : m.tf_depthwise_dtype_slowdown)
-    for (double x : pass) v.push_back(x);
-  for (const auto& c : m.gpu)
-    for (const auto& pass : c)
-      for (const auto& cls : pass)
-        for (double x : cls) v.push_back(x);
-  for (const auto& c : m.gpu_floor_seconds)
-    for (const auto& pass : c)
-      for (double x : pass) v.push_back(x);
+  std::vector<double> v;
+  ForEachField(m, [&](const std::string&, const double& x) { v.push_back(x); });
   return v;
 }
 
@@ -163,36 +163,7 @@ std::string CostModelFromValues(const std::vector<double>& v, CostModel* out) {
   }
   CostModel m;
   size_t i = 0;
-  m.direct_flops_per_second = v[i++];
-  m.direct_load_bound_flops_per_second = v[i++];
-  m.direct_seconds_per_output = v[i++];
-  m.direct_seconds_per_packed = v[i++];
-  m.direct_seconds_per_call = v[i++];
-  m.fft_seconds_per_transform_flop = v[i++];
-  m.fft_seconds_per_mix_flop = v[i++];
-  m.fft_seconds_per_byte = v[i++];
-  m.fft_seconds_per_element = v[i++];
-  m.fft_seconds_per_call = v[i++];
-  for (auto& pass : m.im2col_flops_per_second)
-    for (auto& side : pass)
-      for (double& r : side) r = v[i++];
-  for (auto& pass : m.im2col_dtype_slowdown)
-    for (double& x : pass) x = v[i++];
-  for (auto& pass : m.im2col_channel_block)
-    for (double& x : pass) x = v[i++];
-  for (auto* table : {&m.tf_depthwise_flops_per_second,
-                      &m.tf_depthwise_multiplier_flops_per_second})
-    for (auto& pass : *table)
-      for (double& r : pass) r = v[i++];
-  for (auto& pass : m.tf_depthwise_dtype_slowdown)
-    for (double& x : pass) x = v[i++];
-  for (auto& c : m.gpu)
-    for (auto& pass : c)
-      for (auto& cls : pass)
-        for (double& x : cls) x = v[i++];
-  for (auto& c : m.gpu_floor_seconds)
-    for (auto& pass : c)
-      for (double& x : pass) x = v[i++];
+  ForEachField(m, [&](const std::string&, double& x) { x = v[i++]; });
   *out = m;
   return "";
 }
