@@ -199,7 +199,8 @@ int GpuDTypeClass(DType dtype) {
 // Depthwise, multiplier 1, a square filter of side 1, 3, 5 or 7, equal strides
 // of 1 or 2, no dilation: where TF sends its float16 NHWC depthwise ops to
 // cuDNN (ShouldCudnnGroupedConvolutionBeUsed; NCHW at any stride), cuDNN having
-// dedicated NHWC kernels there. The data format is not asked: the grids are NHWC. On the H100 grids its half-precision filter gradient ran at 4.8-9.3
+// dedicated NHWC kernels there. The data format is not asked: the grids are
+// NHWC. On the H100 grids its half-precision filter gradient ran at 4.8-9.3
 // TFLOP/s on the class's 7x7 layers, at 0.3-1.5 on depthwise layers outside it.
 static bool CudnnDepthwiseClass(const ConvGeometry& g) {
   const int64_t k = g.filter_h;
