@@ -150,6 +150,18 @@ def user_path():
     return os.path.join(cache, "tfbigconv", "cost_model.json")
 
 
+def _older_field(name):
+    """The field a profile from before `name` existed used in its place, or None:
+    TF's multiplier-1 depthwise rate for a multiplier over 1 (before that
+    table), and the one dtype slowdown of both kernels and every pass (before
+    the per-kernel, per-pass ones)."""
+    if name.startswith(MULTIPLIER_TABLE):
+        return DEPTHWISE_TABLE + name[len(MULTIPLIER_TABLE):]
+    if name.startswith(DTYPE_SLOWDOWNS):
+        return LEGACY_DTYPE_SLOWDOWN + name.rsplit(".", 1)[1]
+    return None
+
+
 def read_profile(path, defaults=None):
     """The values of a profile file, in _core.cost_model_fields() order; ValueError if invalid.
 
@@ -192,21 +204,12 @@ def read_profile_and_meta(path, defaults=None):
                 if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and b > 0:
                     t = math.log(side / lo) / math.log(hi / lo)
                     merged[name] = values[name] = math.exp(math.log(a) * (1 - t) + math.log(b) * t)
-    # Profiles written before TF's depthwise rates had a table for channel
-    # multipliers over 1 used the multiplier-1 rates for them: copied, the
-    # same model.
+    # Fields that replaced another in the model: a profile with the older one
+    # gets its value, the same model (_older_field).
     for name in fields:
-        if name.startswith(MULTIPLIER_TABLE) and name not in values:
-            one = DEPTHWISE_TABLE + name[len(MULTIPLIER_TABLE):]
-            if one in values:
-                merged[name] = values[one]
-    # Profiles written before the per-kernel, per-pass dtype slowdowns had one
-    # per dtype for all: copied, the same model.
-    for name in fields:
-        if name.startswith(DTYPE_SLOWDOWNS) and name not in values:
-            one = LEGACY_DTYPE_SLOWDOWN + name.rsplit(".", 1)[1]
-            if one in values:
-                merged[name] = values[one]
+        older = _older_field(name)
+        if older and name not in values and older in values:
+            merged[name] = values[older]
     # Profiles written before TF's channel block existed modelled none: 1.
     if any(name.startswith("im2col_flops_per_second.") for name in values):
         for name in fields:
