@@ -217,7 +217,7 @@ def _channel_blocks(quick, rounds, budget_s, log):
             for c in BLOCK_PROBE:
                 fn = _im2col_fn(pass_, *_block_case(pass_, side, c, quick), "SAME", tf.float32)
                 seconds[c] = min(_time(fn, budget_s) for _ in range(rounds))
-                if seconds[c] > BLOCK_TOLERANCE * seconds[1]:
+                if channel_block(seconds) < c:  # past the block: no need to time more
                     break
             block = channel_block(seconds)
             values[f"{cost_model.CHANNEL_BLOCK}{pass_}.side{side}"] = block
