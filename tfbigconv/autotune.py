@@ -74,7 +74,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from tfbigconv import cost_model
+from tfbigconv import cost_model, dispatch
 
 ENV_AUTOTUNE = "TFBIGCONV_AUTOTUNE"
 ENV_CACHE = "TFBIGCONV_AUTOTUNE_CACHE"
@@ -123,7 +123,7 @@ def can_measure(device):
     """Whether `device` is here to time on: an op planned for the GPU (an
     explicit tf.device scope) on a machine without one runs on the CPU, whose
     timings must not stand for the GPU's (nor can every GPU candidate run there)."""
-    return device != "GPU" or bool(tf.config.list_logical_devices("GPU"))
+    return device != "GPU" or dispatch.gpu_available()
 
 
 def cache_path():
