@@ -37,6 +37,8 @@ cases = [  # (x, w, stride, padding, dtype, tf reference fn[, dilation])
     ((2, 65, 65, 64), (3, 3, 64, 64), 1, "SAME", "float32", "dense", 12),
     ((4, 48, 48, 16), (3, 3, 16, 16), 1, "SAME", "bfloat16", "dense", 6),
     ((8, 64, 64, 64), (3, 3, 1, 64), 1, "SAME", "float32", "dw", 6),
+    ((4, 65, 65, 128), (3, 3, 1, 128), 1, "SAME", "float32", "dw", 12),  # DeepLab's ASPP rates
+    ((2, 129, 129, 64), (3, 3, 1, 64), 1, "SAME", "float32", "dw", 18),
     ((1, 97, 97, 8), (7, 7, 8, 8), 1, "VALID", "float32", "dense", 8),
     ((4, 64, 64, 32), (1, 31, 32, 32), 1, "SAME", "float32", "dense"),
     ((8, 56, 56, 64), (51, 1, 1, 64), 1, "SAME", "float32", "dw"),

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import tfbigconv
 from tfbigconv import autotune, conv, dispatch
-from conftest import random_case
+from conftest import TOLERANCE, random_case
 from reference import (conv2d_reference, conv2d_reference_backprop_filter,
                        conv2d_reference_backprop_input, rel_l2)
 
@@ -774,3 +774,35 @@ def test_explain_shows_measured_and_estimated(autotuning, monkeypatch):
     far = tfbigconv.explain((8, 256, 256, 1), (101, 101, 1, 1), padding="VALID", autotune=True)
     assert far.how == dict.fromkeys(PASSES, "estimated")
     assert "forward: estimated; auto: fft" in str(far)
+
+
+def test_dilated_depthwise_measured_fastest_on_tf_runs_its_depthwise_gradients(
+        autotuning, monkeypatch):
+    """Timed fastest on TF's kernels in every pass, a dilated depthwise layer runs
+    grouped Conv2D forward and tf.nn.depthwise_conv2d's gradient path (SpaceToBatchND
+    around DepthwiseConv2dNativeBackprop*), as planned: not the Conv2D forward's
+    own registered gradients, which TF's grouped Conv2D gradients would be."""
+    x_shape, w_shape, dil = (2, 15, 14, 6), (3, 3, 1, 6), (2, 3)
+    monkeypatch.setattr(autotune, "measure",
+                        lambda pass_, names, *a, **k: {n: 0.1 if n == "tf" else 1.0 for n in names})
+    x, w = random_case(x_shape, 5, np.float32), random_case(w_shape, 6, np.float32)
+    y64 = conv2d_reference(x, w, (1, 1), "SAME", dil)
+    dy = random_case(y64.shape, 7, np.float32)
+
+    @tf.function
+    def step(x, w):
+        with tf.device("/CPU:0"), tf.GradientTape() as t:
+            t.watch([x, w])
+            y = tfbigconv.bigconv2d(x, w, 1, "SAME", dilations=dil)
+        return [y] + t.gradient(y, [x, w], output_gradients=tf.constant(dy))
+
+    got = step(tf.constant(x), tf.constant(w))
+    types = {op.type for op in step.get_concrete_function(tf.constant(x), tf.constant(w))
+             .graph.get_operations()}
+    assert {"Conv2D", "SpaceToBatchND", "DepthwiseConv2dNativeBackpropInput",
+            "DepthwiseConv2dNativeBackpropFilter"} <= types, types
+    assert not types & {"Conv2DBackpropInput", "Conv2DBackpropFilter", "BigConv2D"}, types
+    refs = (y64, conv2d_reference_backprop_input(dy, w, x_shape, (1, 1), "SAME", dil),
+            conv2d_reference_backprop_filter(x, dy, w_shape, (1, 1), "SAME", dil))
+    for g, r in zip(got, refs):
+        assert rel_l2(g.numpy(), r) < TOLERANCE["float32"]

@@ -511,7 +511,7 @@ def test_forced_tf_depthwise_is_tf_nn_depthwise_conv2d(strides):
 def test_depthwise_that_tf_depthwise_cannot_run(kwargs, eigen_tf):
     """TF's depthwise kernels need NHWC, equal strides and no dilations; such
     cases are grouped Conv2D for TF, which on the CPU (without oneDNN) runs
-    only NHWC forward."""
+    only NHWC forward (dilated gradients: the test below)."""
     kwargs = dict(kwargs)
     strides = kwargs.pop("strides", 1)
     fmt = kwargs.get("data_format", "NHWC")
@@ -534,6 +534,69 @@ def test_depthwise_that_tf_depthwise_cannot_run(kwargs, eigen_tf):
         strides=strides, fmt=fmt, dil=kwargs.get("dilations", 1))
     assert max(errors) < 1e-4, errors
 
+
+
+@pytest.mark.parametrize("x_shape, w_shape, padding, dil", [
+    ((2, 13, 17, 6), (3, 3, 1, 6), "SAME", (2, 2)),
+    ((2, 13, 17, 6), (3, 5, 1, 12), "SAME", (3, 2)),    # multiplier 2, odd sizes
+    ((1, 20, 19, 4), (3, 3, 1, 4), "VALID", (4, 3)),
+    ((2, 11, 12, 3), (2, 4, 1, 3), "SAME", (5, 1)),     # even sides
+    ((3, 7, 9, 5), (4, 4, 1, 5), "SAME", (3, 3)),       # filter wider than the input
+    ((2, 15, 15, 4), (3, 3, 1, 8), [[0, 0], [1, 3], [2, 0], [0, 0]], (2, 3)),
+])
+@pytest.mark.parametrize("shapes", ["static", "dynamic"])
+def test_dilated_depthwise_tf_kernels_run_as_tf_nn_depthwise_conv2d(x_shape, w_shape, padding,
+                                                                  dil, shapes, eigen_tf):
+    """TF's kernels for dilated depthwise filters: SpaceToBatchND, the
+    undilated DepthwiseConv2dNative* (VALID), BatchToSpaceND, as
+    tf.nn.depthwise_conv2d runs them; also without oneDNN, whose absence
+    leaves TF no dilated Conv2D gradient. Every pass against float64."""
+    fmt_pad = padding if isinstance(padding, str) else "EXPLICIT"
+    explicit = sum(padding, []) if fmt_pad == "EXPLICIT" else []
+    a = dict(strides=[1, 1, 1, 1], padding=fmt_pad, explicit_paddings=explicit,
+             data_format="NHWC", dilations=[1, dil[0], dil[1], 1])
+    pairs = ((0, 0), (0, 0)) if fmt_pad != "EXPLICIT" else (tuple(padding[1]), tuple(padding[2]))
+    x, w = random_case(x_shape, 30, np.float64), random_case(w_shape, 31, np.float64)
+    y_ref = conv2d_reference(x, w, (1, 1), fmt_pad, dil, explicit=pairs)
+    dy = random_case(y_ref.shape, 32, np.float64)
+    refs = (y_ref, conv2d_reference_backprop_input(dy, w, x_shape, (1, 1), fmt_pad, dil,
+                                                   explicit=pairs),
+            conv2d_reference_backprop_filter(x, dy, w_shape, (1, 1), fmt_pad, dil, explicit=pairs))
+
+    def passes(x, w, dy):
+        return [conv.run_pass(p, "tf", x, w, dy, a, "CPU") for p in dispatch.PASSES]
+
+    specs = [tf.TensorSpec(s if shapes == "static" else [None] * 3 + [s[3]], tf.float32)
+             for s in (x_shape, w_shape, y_ref.shape)]
+    specs[1] = tf.TensorSpec(w_shape, tf.float32)
+    fn = tf.function(passes, input_signature=specs)
+    with tf.device(CPU):
+        got = fn(*(tf.constant(v, tf.float32) for v in (x, w, dy)))
+    for g, r in zip(got, refs):
+        assert rel_l2(g.numpy(), r) < TOLERANCE["float32"]
+    types = {op.type for op in fn.get_concrete_function().graph.get_operations()}
+    assert {"SpaceToBatchND", "BatchToSpaceND", "DepthwiseConv2dNativeBackpropInput",
+            "DepthwiseConv2dNativeBackpropFilter", "Conv2D"} <= types, types
+    assert not types & {"Conv2DBackpropInput", "Conv2DBackpropFilter"}, types
+    # The forward pass keeps grouped Conv2D; the gradients count the copies.
+    e = tfbigconv.explain(x_shape, w_shape, 1, padding, dilations=dil)
+    tf_rows = {r.pass_: r for r in e.rows if r.algorithm.startswith("tf.")}
+    assert tf_rows["forward"].algorithm == "tf.Conv2D"
+    for p in dispatch.PASSES[1:]:
+        assert tf_rows[p].algorithm == "tf.DepthwiseConv2dNative"
+        assert "SpaceToBatchND" in tf_rows[p].note and "measured" in tf_rows[p].note
+        assert tf_rows[p].workspace_bytes > 0
+
+
+@pytest.mark.parametrize("strides, data_format", [(2, "NHWC"), (1, "NCHW")])
+def test_dilated_depthwise_that_tf_nn_depthwise_conv2d_cannot_run_stays_grouped(strides,
+                                                                             data_format):
+    """tf.nn.depthwise_conv2d takes dilations only at stride 1, and
+    DepthwiseConv2dNative in NHWC: TF's kernel there is grouped Conv2D."""
+    shape = (2, 8, 12, 12) if data_format == "NCHW" else (2, 12, 12, 8)
+    e = tfbigconv.explain(shape, (3, 3, 1, 8), strides, "SAME", dilations=2,
+                          data_format=data_format)
+    assert {r.algorithm for r in e.rows if r.algorithm.startswith("tf.")} == {"tf.Conv2D"}
 
 # ---- precision: float16 and bfloat16 gradients from auto -------------------
 

@@ -451,6 +451,47 @@ def test_depthwise_kernel_has_its_own_estimate():
         _core.set_cost_model(saved)
 
 
+
+@pytest.mark.parametrize("x, w, padding, dil", [
+    ((2, 13, 17, 6), (3, 5, 1, 12), "SAME", (3, 2)),
+    ((1, 20, 19, 4), (3, 3, 1, 4), "VALID", (4, 3)),
+    ((2, 15, 15, 4), (3, 3, 1, 8), "EXPLICIT", (2, 3)),
+])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dilated_depthwise_gradients_count_their_space_to_batch_copies(x, w, padding, dil, dtype):
+    """Where TF's depthwise kernel runs a dilated filter's gradient (as
+    tf.nn.depthwise_conv2d does), each pass holds the padded input and the
+    undilated output in the batch: sizes here from TF's own SpaceToBatchND.
+    The forward pass (grouped Conv2D) and undilated filters hold none."""
+    import numpy as np
+    import tensorflow as tf
+    explicit = [0, 0, 1, 3, 2, 0, 0, 0] if padding == "EXPLICIT" else []
+    base = {"VALID": [[0, 0], [0, 0]], "EXPLICIT": [[1, 3], [2, 0]]}.get(padding) or [
+        [(k - 1) * d // 2, (k - 1) * d - (k - 1) * d // 2] for k, d in zip(w[:2], dil)]
+    pads, _ = tf.required_space_to_batch_paddings(x[1:3], dil, base_paddings=base)
+    xb = tf.space_to_batch_nd(tf.zeros(x), dil, pads).shape
+    yb = [xb[0], xb[1] - w[0] + 1, xb[2] - w[1] + 1, w[3]]
+    want = (int(np.prod(xb)) + int(np.prod(yb))) * (4 if dtype == "float32" else 2)
+    attrs = dict(dilations=[1, dil[0], dil[1], 1], explicit_paddings=explicit)
+    for pass_ in PASSES:
+        p = plan(x, w, pass_, padding, tf_kernel="DepthwiseConv2dNative", dtype=dtype, **attrs)
+        assert p["tf"]["workspace_bytes"] == (0 if pass_ == "forward" else want), pass_
+        undilated = plan(x, w, pass_, padding, tf_kernel="DepthwiseConv2dNative", dtype=dtype,
+                         explicit_paddings=explicit)
+        assert undilated["tf"]["workspace_bytes"] == 0
+        assert plan(x, w, pass_, padding, tf_kernel="DepthwiseConv2dNative", dtype=dtype,
+                    limit=want, **attrs)["tf"]["fits"]
+        if pass_ == "forward":
+            continue
+        try:  # one byte less: TF's kernel is out
+            tight = plan(x, w, pass_, padding, tf_kernel="DepthwiseConv2dNative", dtype=dtype,
+                         limit=want - 1, **attrs)
+        except RuntimeError as e:  # and ours did not fit either
+            assert "no algorithm fits" in str(e)
+        else:
+            assert not tight["tf"]["fits"] and tight["chosen"] != "tf"
+
+
 @pytest.mark.parametrize("x,w", CASES)
 @pytest.mark.parametrize("pass_", PASSES)
 def test_gpu_plans_choose_the_fastest_gpu_estimate(x, w, pass_):

@@ -136,7 +136,9 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
         traces a tf.function; else a visible GPU, else the CPU), the fastest
         candidate whose workspace fits `workspace_limit`:
         "tf" (TensorFlow's own kernel for the case: Conv2D, or on the CPU
-        DepthwiseConv2dNative for depthwise filters; on the GPU these run as
+        DepthwiseConv2dNative for depthwise filters, for dilated ones in the
+        gradients only, as tf.nn.depthwise_conv2d runs them (SpaceToBatchND
+        around the undilated kernel); on the GPU these run as
         grouped Conv2D, which is cuDNN in every dtype; best for small filters),
         "direct" (the tiled direct convolution) or "fft" (overlap-save FFT
         convolution, tiled and chunked to fit). Where estimates are close or
@@ -235,9 +237,9 @@ def _in_depth(shape, data_format):
     return shape[3 if data_format == "NHWC" else 1]
 
 
-def _depthwise(in_depth, f_shape, a, dtype, given=None, device=None):
-    """Whether TF's kernel is DepthwiseConv2dNative on `device` (the one the pass
-    was planned for; None: where ops built here run), by
+def _depthwise(pass_, in_depth, f_shape, a, dtype, given=None, device=None):
+    """Whether TF's kernel for the pass is DepthwiseConv2dNative on `device` (the
+    one the pass was planned for; None: where ops built here run), by
     dispatch.uses_depthwise_kernel, unless `given` says."""
     if given is not None:
         return given
@@ -251,7 +253,8 @@ def _depthwise(in_depth, f_shape, a, dtype, given=None, device=None):
         # A GPU scope without a GPU runs the op on the CPU (soft placement), where
         # TF's Eigen kernels reject grouped gradients: emit the CPU's kernel.
         device = "CPU"
-    return dispatch.uses_depthwise_kernel(in_depth, f_shape, a, tf.as_dtype(dtype).name, device)
+    return dispatch.uses_depthwise_kernel(pass_, in_depth, f_shape, a, tf.as_dtype(dtype).name,
+                                          device)
 
 
 def _depthwise_filter_shape(in_depth, f_shape):
@@ -259,40 +262,85 @@ def _depthwise_filter_shape(in_depth, f_shape):
     return [kh, kw, in_depth, out // in_depth]
 
 
+def _space_to_batch(a, f_shape, input_hw):
+    """How tf.nn.depthwise_conv2d runs dilations (nn_ops.with_space_to_batch), for
+    NHWC at stride 1: the input padded as the convolution pads it, then up to a
+    multiple of the dilations, becomes dh*dw undilated images (SpaceToBatchND);
+    the kernel runs VALID on them; BatchToSpaceND crops the result. Returns
+    (block, paddings, crops, undilated attrs)."""
+    block = a["dilations"][1:3]
+    if a["padding"] == "EXPLICIT":
+        base = [a["explicit_paddings"][2:4], a["explicit_paddings"][4:6]]
+    elif a["padding"] == "SAME":  # stride 1: (K - 1) * d in all, the odd one after
+        extra = [(k - 1) * d for k, d in zip(f_shape[:2], block)]
+        base = [[e // 2, e - e // 2] for e in extra]
+    else:
+        base = [[0, 0], [0, 0]]
+    paddings, crops = tf.required_space_to_batch_paddings(input_hw, block, base_paddings=base)
+    undilated = dict(_op_attrs(a), padding="VALID", explicit_paddings=[], dilations=[1, 1, 1, 1])
+    return block, paddings, crops, undilated
+
+
 def _tf_forward(x, w, a, depthwise=None, device=None):
     c = _in_depth(x.shape, a["data_format"])
-    if _depthwise(c, w.shape, a, x.dtype, depthwise, device):
-        return tf.raw_ops.DepthwiseConv2dNative(
-            input=x, filter=tf.reshape(w, _depthwise_filter_shape(c, w.shape)), **_op_attrs(a))
-    return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
+    if not _depthwise("forward", c, w.shape, a, x.dtype, depthwise, device):
+        return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
+    w = tf.reshape(w, _depthwise_filter_shape(c, w.shape))
+    if all(d == 1 for d in a["dilations"]):
+        return tf.raw_ops.DepthwiseConv2dNative(input=x, filter=w, **_op_attrs(a))
+    block, paddings, crops, undilated = _space_to_batch(a, w.shape, tf.shape(x)[1:3])
+    y = tf.raw_ops.DepthwiseConv2dNative(input=tf.space_to_batch_nd(x, block, paddings), filter=w,
+                                         **undilated)
+    return tf.batch_to_space(y, block, crops)
 
 
 def _tf_backprop_input(input_sizes, w, dy, a, in_depth, depthwise=None, device=None):
-    if _depthwise(in_depth, w.shape, a, w.dtype, depthwise, device):
+    if not _depthwise("backprop_input", in_depth, w.shape, a, w.dtype, depthwise, device):
+        return tf.raw_ops.Conv2DBackpropInput(input_sizes=input_sizes, filter=w, out_backprop=dy,
+                                              **_op_attrs(a))
+    w = tf.reshape(w, _depthwise_filter_shape(in_depth, w.shape))
+    if all(d == 1 for d in a["dilations"]):
         return tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
-            input_sizes=input_sizes, filter=tf.reshape(w, _depthwise_filter_shape(in_depth, w.shape)),
-            out_backprop=dy, **_op_attrs(a))
-    return tf.raw_ops.Conv2DBackpropInput(input_sizes=input_sizes, filter=w, out_backprop=dy,
-                                          **_op_attrs(a))
+            input_sizes=input_sizes, filter=w, out_backprop=dy, **_op_attrs(a))
+    # The gradients of SpaceToBatchND and BatchToSpaceND are each other.
+    input_sizes = tf.cast(input_sizes, tf.int32)
+    block, paddings, crops, undilated = _space_to_batch(a, w.shape, input_sizes[1:3])
+    padded = input_sizes[1:3] + tf.reduce_sum(paddings, axis=1)
+    sizes = tf.concat([input_sizes[:1] * tf.reduce_prod(block), padded // block,
+                       input_sizes[3:]], axis=0)
+    dx = tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
+        input_sizes=sizes, filter=w, out_backprop=tf.space_to_batch_nd(dy, block, crops),
+        **undilated)
+    return tf.batch_to_space(dx, block, paddings)
 
 
 def _tf_backprop_filter(x, f_shape, dy, a, depthwise=None, device=None):
     c = _in_depth(x.shape, a["data_format"])
-    if _depthwise(c, f_shape, a, x.dtype, depthwise, device):
+    if not _depthwise("backprop_filter", c, f_shape, a, x.dtype, depthwise, device):
+        return tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=f_shape, out_backprop=dy,
+                                               **_op_attrs(a))
+    sizes = _depthwise_filter_shape(c, f_shape)
+    if all(d == 1 for d in a["dilations"]):
         dw = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
-            input=x, filter_sizes=_depthwise_filter_shape(c, f_shape), out_backprop=dy,
-            **_op_attrs(a))
-        return tf.reshape(dw, f_shape)
-    return tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=f_shape, out_backprop=dy,
-                                           **_op_attrs(a))
+            input=x, filter_sizes=sizes, out_backprop=dy, **_op_attrs(a))
+    else:
+        block, paddings, crops, undilated = _space_to_batch(a, f_shape, tf.shape(x)[1:3])
+        dw = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+            input=tf.space_to_batch_nd(x, block, paddings), filter_sizes=sizes,
+            out_backprop=tf.space_to_batch_nd(dy, block, crops), **undilated)
+    return tf.reshape(dw, f_shape)
 
 
 def _tf_forward_routed(x, w, in_shape, f_shape, a, device):
     """TensorFlow's forward kernel, with its gradient passes planned as
     bigconv2d's gradient plans them (_choose_gradients)."""
     bpi, bpf = _choose_gradients(in_shape, f_shape, a, x.dtype, device)
-    if bpi == bpf == "tf":
-        return _tf_forward(x, w, a, device=device)  # TF's own gradients
+    c = _in_depth(x.shape, a["data_format"])
+    kernels = {_depthwise(p, c, f_shape, a, x.dtype, device=device) for p in dispatch.PASSES}
+    if bpi == bpf == "tf" and len(kernels) == 1:
+        # TF's own gradients, the planned kernels (not so for dilated depthwise
+        # filters: a grouped Conv2D forward, depthwise gradients).
+        return _tf_forward(x, w, a, device=device)
 
     @tf.custom_gradient
     def conv(x, w):

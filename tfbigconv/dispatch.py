@@ -52,19 +52,23 @@ def requested_algorithm(algorithm):
     return "tf" if algorithm == "im2col" else algorithm
 
 
-def uses_depthwise_kernel(in_depth, filter_shape, attrs, dtype, device):
-    """Whether TensorFlow's kernel for the case is DepthwiseConv2dNative: a depthwise
+def uses_depthwise_kernel(pass_, in_depth, filter_shape, attrs, dtype, device):
+    """Whether TF's kernel for the pass is DepthwiseConv2dNative: a depthwise
     filter (one input channel, several groups) on the CPU that its kernels accept:
     equal strides, no dilations, and NHWC, or NCHW where TF runs it through
-    oneDNN (tf_cpu_onednn). Other grouped cases, and every one on the GPU
-    (GPU_DEPTHWISE_NOTE), are grouped Conv2D. The planner and conv.py's
-    emitters both ask this."""
+    oneDNN (tf_cpu_onednn). With dilations, the gradients in NHWC at stride 1
+    run it as tf.nn.depthwise_conv2d does (SPACE_TO_BATCH_NOTE); the forward
+    pass stays grouped Conv2D, which oneDNN vectorises across the groups. Other
+    grouped cases, and every one on the GPU (GPU_DEPTHWISE_NOTE), are grouped
+    Conv2D. The planner and conv.py's emitters both ask this."""
     if in_depth is None or in_depth <= 1 or filter_shape[2] != 1 or device == "GPU":
         return False
     nhwc = attrs["data_format"] == "NHWC"
     strides = attrs["strides"][1:3] if nhwc else attrs["strides"][2:4]
-    if strides[0] != strides[1] or any(d != 1 for d in attrs["dilations"]):
+    if strides[0] != strides[1]:
         return False
+    if any(d != 1 for d in attrs["dilations"]):
+        return pass_ != "forward" and nhwc and strides[0] == 1
     if nhwc:
         return True
     # TF's own CPU depthwise kernels reject NCHW; oneDNN's ran it at 0.93-1.12x
@@ -73,6 +77,14 @@ def uses_depthwise_kernel(in_depth, filter_shape, attrs, dtype, device):
                                              attrs["padding"] == "EXPLICIT", "NCHW")
 
 
+# Measured fwd+bwd (RESULTS.md, "Dilated depthwise gradients"): TF's grouped
+# Conv2D gradients ran dilated depthwise filters 1.2-8x slower than
+# tf.nn.depthwise_conv2d's path, which pads, moves the dilation's phases into
+# the batch (SpaceToBatchND), runs the undilated kernel and moves them back.
+# The copies cost about as much as a 3x3 kernel and are not in the estimate.
+SPACE_TO_BATCH_NOTE = ("as tf.nn.depthwise_conv2d runs dilations: SpaceToBatchND, the undilated "
+                       "kernel, BatchToSpaceND; the copies are not in the estimate: picked only "
+                       "when measured fastest")
 ONEDNN_NOTE = "TensorFlow runs this case through oneDNN here (checked on a small case)"
 # On the GPU, TF's DepthwiseConv2dNative* run cuDNN only in float16 with a
 # square 1, 3, 5 or 7 filter, multiplier 1 and, in NHWC, stride 1 or 2; elsewhere they
@@ -119,7 +131,8 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
     run the case (then note says why); a forced algorithm="tf" runs any named
     kernel. "auto may pick it" is "trusted" (its estimate decides), "measured"
     (chosen only when autotuning timed it fastest: its estimate has been wrong
-    by 10-300x: grouped Conv2D, half types in NCHW) or "never" (runs, but less
+    by 10-300x: grouped Conv2D, half types in NCHW; or leaves out copies:
+    dilated depthwise gradients, SPACE_TO_BATCH_NOTE) or "never" (runs, but less
     precisely than ours, or compiles for minutes: onednn_compiles_slowly). On the CPU, TF's
     own (Eigen) kernels run NHWC only, no grouped or dilated gradients, and
     accumulate half types in half precision; where TF runs the case through
@@ -135,23 +148,14 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
     explicit = attrs["padding"] == "EXPLICIT"
     half = dtype in HALF_TYPES and device == "CPU"
     filter_shape = [geometry[k] for k in ("filter_h", "filter_w", "filter_in_c", "out_c")]
-    if uses_depthwise_kernel(geometry["in_c"], filter_shape, attrs, dtype, device):
-        if (half and onednn_compiles_slowly(pass_, geometry, dtype)
-                and tf_cpu_onednn("DepthwiseConv2dNative", dtype, explicit)):
-            return "DepthwiseConv2dNative", "never", ONEDNN_SLOW_COMPILE_NOTE
-        if data_format == "NCHW":  # the check ran it NCHW in this dtype
-            if half:
-                return "DepthwiseConv2dNative", "measured", HALF_NCHW_NOTE + "; " + ONEDNN_NOTE
-            return "DepthwiseConv2dNative", "trusted", ONEDNN_NOTE
-        if half:
-            if tf_cpu_onednn("DepthwiseConv2dNative", dtype, explicit):
-                return "DepthwiseConv2dNative", "trusted", ONEDNN_NOTE
-            # Measured rel. L2 vs float64 (bfloat16, 7x7): 8.5e-3 forward,
-            # 3.0e-2 filter gradient, against 3e-3 for ours.
-            return ("DepthwiseConv2dNative", "never",
-                    "TensorFlow's CPU depthwise kernels accumulate in half precision "
-                    "(3-10x the error of ours): not for auto")
-        return "DepthwiseConv2dNative", "trusted", ""
+    if uses_depthwise_kernel(pass_, geometry["in_c"], filter_shape, attrs, dtype, device):
+        dilated = geometry["dilation_h"] > 1 or geometry["dilation_w"] > 1
+        # With dilations the kernel runs undilated and VALID, on padded copies.
+        for_auto, note = _depthwise_kernel_for_auto(pass_, geometry, dtype, data_format,
+                                                    explicit and not dilated, half)
+        if dilated and for_auto == "trusted":
+            for_auto, note = "measured", SPACE_TO_BATCH_NOTE + ("; " + note if note else "")
+        return "DepthwiseConv2dNative", for_auto, note
     if device == "GPU":
         depthwise = geometry["filter_in_c"] == 1 and geometry["in_c"] > 1
         return "Conv2D", "trusted", GPU_DEPTHWISE_NOTE if depthwise else ""
@@ -179,6 +183,25 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
     if half and data_format == "NCHW":
         return "Conv2D", "measured", HALF_NCHW_NOTE + "; " + note
     return "Conv2D", "trusted", note
+
+
+def _depthwise_kernel_for_auto(pass_, geometry, dtype, data_format, explicit, half):
+    """tf_kernel's (auto may pick it, note) for DepthwiseConv2dNative."""
+    if (half and onednn_compiles_slowly(pass_, geometry, dtype)
+            and tf_cpu_onednn("DepthwiseConv2dNative", dtype, explicit)):
+        return "never", ONEDNN_SLOW_COMPILE_NOTE
+    if data_format == "NCHW":  # the check ran it NCHW in this dtype
+        if half:
+            return "measured", HALF_NCHW_NOTE + "; " + ONEDNN_NOTE
+        return "trusted", ONEDNN_NOTE
+    if half:
+        if tf_cpu_onednn("DepthwiseConv2dNative", dtype, explicit):
+            return "trusted", ONEDNN_NOTE
+        # Measured rel. L2 vs float64 (bfloat16, 7x7): 8.5e-3 forward,
+        # 3.0e-2 filter gradient, against 3e-3 for ours.
+        return "never", ("TensorFlow's CPU depthwise kernels accumulate in half precision "
+                         "(3-10x the error of ours): not for auto")
+    return "trusted", ""
 
 
 def tf_cpu_onednn(kernel, dtype, explicit_padding, data_format="NHWC"):

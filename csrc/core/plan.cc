@@ -359,6 +359,23 @@ int64_t TfColBufferImages(const ConvGeometry& ug, Pass pass, DType dtype, int wo
   return std::max<int64_t>(1, std::min(ug.batch, (target + work_unit - 1) / work_unit));
 }
 
+int64_t TfSpaceToBatchBytes(const ConvGeometry& ug, Pass pass, DType dtype) {
+  if ((ug.dilation_h == 1 && ug.dilation_w == 1) || pass == Pass::kForward) return 0;
+  // The padded input, rounded up to whole blocks, and the undilated VALID
+  // output over it: each gradient pass holds one of each (its two operands
+  // moved into the batch, or one of them and its result before the move back).
+  const int64_t padded_h = SatAdd(SatAdd(ug.in_h, ug.pad_top), ug.pad_bottom);
+  const int64_t padded_w = SatAdd(SatAdd(ug.in_w, ug.pad_left), ug.pad_right);
+  const int64_t rows = (padded_h + ug.dilation_h - 1) / ug.dilation_h;  // per phase
+  const int64_t cols = (padded_w + ug.dilation_w - 1) / ug.dilation_w;
+  const int64_t phases = SatMul(ug.dilation_h, ug.dilation_w);
+  const int64_t out_rows = std::max<int64_t>(rows - ug.filter_h + 1, 0);
+  const int64_t out_cols = std::max<int64_t>(cols - ug.filter_w + 1, 0);
+  const int64_t in = SatMul({ug.batch, phases, rows, cols, ug.in_c});
+  const int64_t out = SatMul({ug.batch, phases, out_rows, out_cols, ug.out_c});
+  return SatMul(SatAdd(in, out), int64_t(DTypeBytes(dtype)));
+}
+
 Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
                     TfKernel kernel, int64_t limit, int workers) {
   const CostModel m = ActiveCostModel();
@@ -384,8 +401,8 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
                    DTypeSlowdown(m.tf_depthwise_dtype_slowdown[int(pass)], dtype),
                side, 1};
     e.seconds = e.terms[0] / rate;
-    e.workspace_bytes = 0;
-    e.note = "no patch matrix";
+    e.workspace_bytes = TfSpaceToBatchBytes(ug, pass, dtype);
+    e.note = e.workspace_bytes ? "SpaceToBatchND copies" : "no patch matrix";
   } else {
     // oneDNN vectorises a grouped forward pass across the groups, so it runs
     // like a dense one over all input channels (bench_dispatch: depthwise 15x15

@@ -126,11 +126,17 @@ struct TfCandidate {
 // 1 for the forward pass. workers: the ParallelFor's (TF's intra-op threads).
 int64_t TfColBufferImages(const ConvGeometry& user_g, Pass pass, DType dtype, int workers);
 
+// Bytes of the copies TF's depthwise gradient kernels run on where the
+// filter is dilated (conv.py emits them as tf.nn.depthwise_conv2d does:
+// SpaceToBatchND, the undilated kernel, BatchToSpaceND); 0 otherwise.
+int64_t TfSpaceToBatchBytes(const ConvGeometry& user_g, Pass pass, DType dtype);
+
 // Estimates of TF's kernel for one pass of the user's geometry. CPU Conv2D's
 // workspace: patch matrices of out_h * out_w * KH * KW * in_c elements per
 // image; the backprop kernels' col_buffer holds TfColBufferImages of them;
 // for the forward pass one image's is an upper bound (oneDNN blocks it).
-// DepthwiseConv2dNative and cuDNN: workspace not modelled (0).
+// DepthwiseConv2dNative: none but TfSpaceToBatchBytes. cuDNN: workspace not
+// modelled (0).
 Estimate TfEstimate(const ConvGeometry& user_g, Pass pass, DType dtype, Device device,
                     TfKernel kernel, int64_t limit, int workers);
 
