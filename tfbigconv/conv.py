@@ -266,7 +266,8 @@ def _space_to_batch(a, f_shape, input_hw):
     """How tf.nn.depthwise_conv2d runs dilations (nn_ops.with_space_to_batch), for
     NHWC at stride 1: the input padded as the convolution pads it, then up to a
     multiple of the dilations, becomes dh*dw undilated images (SpaceToBatchND);
-    the kernel runs VALID on them; BatchToSpaceND crops the result. Returns
+    the kernel runs VALID on them; BatchToSpaceND crops the result. The
+    gradient passes use it (dispatch.uses_depthwise_kernel). Returns
     (block, paddings, crops, undilated attrs)."""
     block = a["dilations"][1:3]
     if a["padding"] == "EXPLICIT":
@@ -283,15 +284,10 @@ def _space_to_batch(a, f_shape, input_hw):
 
 def _tf_forward(x, w, a, depthwise=None, device=None):
     c = _in_depth(x.shape, a["data_format"])
-    if not _depthwise("forward", c, w.shape, a, x.dtype, depthwise, device):
-        return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
-    w = tf.reshape(w, _depthwise_filter_shape(c, w.shape))
-    if all(d == 1 for d in a["dilations"]):
-        return tf.raw_ops.DepthwiseConv2dNative(input=x, filter=w, **_op_attrs(a))
-    block, paddings, crops, undilated = _space_to_batch(a, w.shape, tf.shape(x)[1:3])
-    y = tf.raw_ops.DepthwiseConv2dNative(input=tf.space_to_batch_nd(x, block, paddings), filter=w,
-                                         **undilated)
-    return tf.batch_to_space(y, block, crops)
+    if _depthwise("forward", c, w.shape, a, x.dtype, depthwise, device):  # never dilated
+        return tf.raw_ops.DepthwiseConv2dNative(
+            input=x, filter=tf.reshape(w, _depthwise_filter_shape(c, w.shape)), **_op_attrs(a))
+    return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
 
 
 def _tf_backprop_input(input_sizes, w, dy, a, in_depth, depthwise=None, device=None):
