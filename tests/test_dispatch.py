@@ -544,13 +544,15 @@ def test_depthwise_that_tf_depthwise_cannot_run(kwargs, eigen_tf):
     ((3, 7, 9, 5), (4, 4, 1, 5), "SAME", (3, 3)),       # filter wider than the input
     ((2, 15, 15, 4), (3, 3, 1, 8), [[0, 0], [1, 3], [2, 0], [0, 0]], (2, 3)),
 ])
-@pytest.mark.parametrize("shapes", ["static", "dynamic"])
+@pytest.mark.parametrize("shapes, dtype", [("static", tf.float32), ("dynamic", tf.float32),
+                                           ("static", tf.float64)])
 def test_dilated_depthwise_tf_kernels_run_as_tf_nn_depthwise_conv2d(x_shape, w_shape, padding,
-                                                                  dil, shapes, eigen_tf):
-    """TF's kernels for dilated depthwise filters: SpaceToBatchND, the
-    undilated DepthwiseConv2dNative* (VALID), BatchToSpaceND, as
-    tf.nn.depthwise_conv2d runs them; also without oneDNN, whose absence
-    leaves TF no dilated Conv2D gradient. Every pass against float64."""
+                                                                  dil, shapes, dtype, eigen_tf):
+    """TF's kernels for dilated depthwise filters' gradients: SpaceToBatchND,
+    the undilated DepthwiseConv2dNativeBackprop* (VALID), BatchToSpaceND, as
+    tf.nn.depthwise_conv2d runs them; also where TF has no dilated Conv2D
+    gradient (planned as without oneDNN; float64 runs TF's Eigen kernels here).
+    Every pass against float64."""
     fmt_pad = padding if isinstance(padding, str) else "EXPLICIT"
     explicit = sum(padding, []) if fmt_pad == "EXPLICIT" else []
     a = dict(strides=[1, 1, 1, 1], padding=fmt_pad, explicit_paddings=explicit,
@@ -566,14 +568,14 @@ def test_dilated_depthwise_tf_kernels_run_as_tf_nn_depthwise_conv2d(x_shape, w_s
     def passes(x, w, dy):
         return [conv.run_pass(p, "tf", x, w, dy, a, "CPU") for p in dispatch.PASSES]
 
-    specs = [tf.TensorSpec(s if shapes == "static" else [None] * 3 + [s[3]], tf.float32)
+    specs = [tf.TensorSpec(s if shapes == "static" else [None] * 3 + [s[3]], dtype)
              for s in (x_shape, w_shape, y_ref.shape)]
-    specs[1] = tf.TensorSpec(w_shape, tf.float32)
+    specs[1] = tf.TensorSpec(w_shape, dtype)
     fn = tf.function(passes, input_signature=specs)
     with tf.device(CPU):
-        got = fn(*(tf.constant(v, tf.float32) for v in (x, w, dy)))
+        got = fn(*(tf.constant(v, dtype) for v in (x, w, dy)))
     for g, r in zip(got, refs):
-        assert rel_l2(g.numpy(), r) < TOLERANCE["float32"]
+        assert rel_l2(g.numpy(), r) < TOLERANCE[dtype.name]
     types = {op.type for op in fn.get_concrete_function().graph.get_operations()}
     assert {"SpaceToBatchND", "BatchToSpaceND", "DepthwiseConv2dNativeBackpropInput",
             "DepthwiseConv2dNativeBackpropFilter", "Conv2D"} <= types, types
@@ -584,8 +586,25 @@ def test_dilated_depthwise_tf_kernels_run_as_tf_nn_depthwise_conv2d(x_shape, w_s
     assert tf_rows["forward"].algorithm == "tf.Conv2D"
     for p in dispatch.PASSES[1:]:
         assert tf_rows[p].algorithm == "tf.DepthwiseConv2dNative"
-        assert "SpaceToBatchND" in tf_rows[p].note and "measured" in tf_rows[p].note
-        assert tf_rows[p].workspace_bytes > 0
+        assert "SpaceToBatchND" in tf_rows[p].note and tf_rows[p].workspace_bytes > 0
+        planned = dispatch.plan(p, x_shape, w_shape, a, dtype.name, "auto", 0, "CPU")
+        assert planned["tf_for_auto"] == "measured"  # the copies are not in the estimate
+    # Forced "tf" runs them too, not TF's grouped Conv2D gradients (which Eigen
+    # rejects with dilations, and oneDNN with EXPLICIT padding).
+    def forced(x, w, dy):
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            y = tfbigconv.bigconv2d(x, w, 1, padding, dilations=dil, algorithm="tf")
+        return [y] + t.gradient(y, [x, w], output_gradients=dy)
+
+    fn = tf.function(forced, input_signature=specs)
+    with tf.device(CPU):
+        got = fn(*(tf.constant(v, dtype) for v in (x, w, dy)))
+    for g, r in zip(got, refs):
+        assert rel_l2(g.numpy(), r) < TOLERANCE[dtype.name]
+    types = {op.type for op in fn.get_concrete_function().graph.get_operations()}
+    assert "SpaceToBatchND" in types and not types & {"Conv2DBackpropInput",
+                                                       "Conv2DBackpropFilter"}, types
 
 
 @pytest.mark.parametrize("strides, data_format", [(2, "NHWC"), (1, "NCHW")])

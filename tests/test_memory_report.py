@@ -271,6 +271,31 @@ def test_conv_workspaces_come_from_the_planner():
     assert r.alive_at_peak[0].what.startswith("workspace of Conv2D's gradient")
 
 
+
+def test_a_tf_ops_gradient_workspace_is_its_own_kernels():
+    """tf.nn.conv2d with a dilated depthwise filter is TF's grouped Conv2D,
+    whose registered gradients run Conv2DBackprop* (col_buffer), not the
+    depthwise kernels bigconv2d plans for such filters (SpaceToBatchND)."""
+    class Atrous(keras.layers.Layer):  # Keras' own grouped Conv2D hides it in a function call
+        def build(self, shape):
+            self.w = self.add_weight(shape=(3, 3, 1, 8))
+
+        def call(self, x):
+            return tf.nn.conv2d(x, self.w, 1, "SAME", dilations=2)
+
+    inp = keras.Input((32, 32, 8))
+    model = keras.Model(inp, Atrous(name="atrous")(keras.layers.Conv2D(8, 1)(inp)))
+    r = tfbigconv.memory_report(model, 2, device="CPU", advice=False)
+    row = next(row for row in r.rows if row.layer == "atrous" and row.op == "Conv2D")
+    attrs = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[],
+                 data_format="NHWC", dilations=[1, 2, 2, 1])
+    args = ([2, 32, 32, 8], [3, 3, 1, 8], attrs, "float32", "tf", 0, "CPU")
+    ws = {p: dispatch.plan(p, *args, kernel="Conv2D")["tf"]["workspace_bytes"]
+          for p in dispatch.PASSES}
+    planned = [dispatch.plan(p, *args)["tf"] for p in dispatch.PASSES[1:]]
+    assert [p["workspace_bytes"] for p in planned] != [ws[p] for p in dispatch.PASSES[1:]]
+    assert row.tf_workspace == (ws["forward"], ws["backprop_input"] + ws["backprop_filter"])
+
 def test_gpu_report_needs_no_gpu():
     """device="GPU": cuDNN's workspace is estimated as TF's patch matrix (one
     image), capped at TF's cuDNN limit; tfbigconv's plan is the GPU planner's."""

@@ -469,9 +469,9 @@ def test_dilated_depthwise_gradients_count_their_space_to_batch_copies(x, w, pad
     base = {"VALID": [[0, 0], [0, 0]], "EXPLICIT": [[1, 3], [2, 0]]}.get(padding) or [
         [(k - 1) * d // 2, (k - 1) * d - (k - 1) * d // 2] for k, d in zip(w[:2], dil)]
     pads, _ = tf.required_space_to_batch_paddings(x[1:3], dil, base_paddings=base)
-    xb = tf.space_to_batch_nd(tf.zeros(x), dil, pads).shape
-    yb = [xb[0], xb[1] - w[0] + 1, xb[2] - w[1] + 1, w[3]]
-    want = (int(np.prod(xb)) + int(np.prod(yb))) * (4 if dtype == "float32" else 2)
+    xb = tf.space_to_batch_nd(tf.zeros(x), dil, pads)
+    yb = tf.nn.depthwise_conv2d(xb, tf.zeros(w[:2] + (x[3], w[3] // x[3])), [1, 1, 1, 1], "VALID")
+    want = (int(np.prod(xb.shape)) + int(np.prod(yb.shape))) * (4 if dtype == "float32" else 2)
     attrs = dict(dilations=[1, dil[0], dil[1], 1], explicit_paddings=explicit)
     for pass_ in PASSES:
         p = plan(x, w, pass_, padding, tf_kernel="DepthwiseConv2dNative", dtype=dtype, **attrs)

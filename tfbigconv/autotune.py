@@ -78,7 +78,9 @@ from tfbigconv import cost_model, dispatch
 
 ENV_AUTOTUNE = "TFBIGCONV_AUTOTUNE"
 ENV_CACHE = "TFBIGCONV_AUTOTUNE_CACHE"
-FORMAT = 1
+# 2: dilated depthwise gradients' TF kernel became DepthwiseConv2dNative
+# (SpaceToBatchND); format 1 timed grouped Conv2D under the same key.
+FORMAT = 2
 # The calibrated CPU model's estimates are within 0.5-1.6x of the measured
 # times (RESULTS.md, calibration fit), so two candidates whose estimates are
 # within 3x of each other can be in either order.

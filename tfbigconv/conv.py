@@ -199,7 +199,7 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
         if algorithm == "tf":
             if planned:  # raises, saying why, where TensorFlow cannot run the case
                 _plan("forward", plan_in, f_shape, a, input.dtype, device)
-            return _tf_forward(input, filters, a, device=device)
+            return _tf_forward_routed(input, filters, plan_in, filters.shape, a, device)
         if algorithm == "auto" and planned:
             chosen = _plan("forward", plan_in, f_shape, a, input.dtype, device)["chosen"]
             if chosen == "tf":
@@ -284,7 +284,8 @@ def _space_to_batch(a, f_shape, input_hw):
 
 def _tf_forward(x, w, a, depthwise=None, device=None):
     c = _in_depth(x.shape, a["data_format"])
-    if _depthwise("forward", c, w.shape, a, x.dtype, depthwise, device):  # never dilated
+    if _depthwise("forward", c, w.shape, a, x.dtype, depthwise, device):
+        assert all(d == 1 for d in a["dilations"]), "dilated depthwise forward is grouped Conv2D"
         return tf.raw_ops.DepthwiseConv2dNative(
             input=x, filter=tf.reshape(w, _depthwise_filter_shape(c, w.shape)), **_op_attrs(a))
     return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
@@ -329,10 +330,11 @@ def _tf_backprop_filter(x, f_shape, dy, a, depthwise=None, device=None):
 
 def _tf_forward_routed(x, w, in_shape, f_shape, a, device):
     """TensorFlow's forward kernel, with its gradient passes planned as
-    bigconv2d's gradient plans them (_choose_gradients)."""
+    bigconv2d's gradient plans them (_choose_gradients; algorithm="tf": TF's
+    kernels for the passes)."""
     bpi, bpf = _choose_gradients(in_shape, f_shape, a, x.dtype, device)
     c = _in_depth(x.shape, a["data_format"])
-    kernels = {_depthwise(p, c, f_shape, a, x.dtype, device=device) for p in dispatch.PASSES}
+    kernels = {_depthwise(p, c, w.shape, a, x.dtype, device=device) for p in dispatch.PASSES}
     if bpi == bpf == "tf" and len(kernels) == 1:
         # TF's own gradients, the planned kernels (not so for dilated depthwise
         # filters: a grouped Conv2D forward, depthwise gradients).

@@ -148,8 +148,8 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
     explicit = attrs["padding"] == "EXPLICIT"
     half = dtype in HALF_TYPES and device == "CPU"
     filter_shape = [geometry[k] for k in ("filter_h", "filter_w", "filter_in_c", "out_c")]
+    dilated = geometry["dilation_h"] > 1 or geometry["dilation_w"] > 1
     if uses_depthwise_kernel(pass_, geometry["in_c"], filter_shape, attrs, dtype, device):
-        dilated = geometry["dilation_h"] > 1 or geometry["dilation_w"] > 1
         # With dilations the kernel runs undilated and VALID, on padded copies.
         for_auto, note = _depthwise_kernel_for_auto(pass_, geometry, dtype, data_format,
                                                     explicit and not dilated, half)
@@ -159,7 +159,6 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
     if device == "GPU":
         depthwise = geometry["filter_in_c"] == 1 and geometry["in_c"] > 1
         return "Conv2D", "trusted", GPU_DEPTHWISE_NOTE if depthwise else ""
-    dilated = geometry["dilation_h"] > 1 or geometry["dilation_w"] > 1
     grouped = geometry["groups"] > 1
     gradient = pass_ != "forward"
     note = ""
@@ -372,13 +371,15 @@ def cuda_total_memory(ordinal):
 
 
 def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
-         device="CPU"):
+         device="CPU", kernel=None):
     """The planner's table and choice for one pass (a dict; see _core.plan_pass).
 
     attrs: strides, padding, explicit_paddings, data_format, dilations as the
     op takes them. Raises InvalidArgumentError for bad arguments and
     ResourceExhaustedError when nothing requested fits the workspace limit.
     workspace_limit 0: the default budget (on the GPU, gpu_workspace_budget()).
+    kernel: TF's kernel to estimate ("Conv2D", "DepthwiseConv2dNative") instead
+    of tf_kernel's (memory_report: the kernel of an op already in a graph).
     """
     if device == "GPU" and not workspace_limit:
         workspace_limit = gpu_workspace_budget()
@@ -388,7 +389,8 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
         geometry = _core.conv_geometry(*args)
     except ValueError as e:
         raise invalid_argument(str(e)) from None
-    kernel, for_auto, note = tf_kernel(pass_, geometry, attrs, dtype, device)
+    picked, for_auto, note = tf_kernel(pass_, geometry, attrs, dtype, device)
+    kernel = kernel or picked
     try:
         p = _core.plan_pass(*args, pass_, dtype, device, algorithm, workspace_limit, workers(),
                             kernel, for_auto == "trusted", note)

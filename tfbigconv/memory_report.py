@@ -423,7 +423,9 @@ class _ConvPlans:
                 # col_buffer (plan.cc, TfColBufferImages). On the GPU, cuDNN's
                 # workspace is estimated, unmeasured, as one image's patch matrix
                 # (the forward estimate), capped as TF caps it.
-                plans = {p: dispatch.plan(p, g[0], g[1], g[2], g[3], "tf", 0, "CPU")
+                # The op's registered gradients run its own kind of kernel.
+                kernel = "DepthwiseConv2dNative" if op.type == "DepthwiseConv2dNative" else "Conv2D"
+                plans = {p: dispatch.plan(p, g[0], g[1], g[2], g[3], "tf", 0, "CPU", kernel)
                          for p in dispatch.PASSES}
                 for p in dispatch.PASSES:
                     if self.device == "GPU":

@@ -366,8 +366,8 @@ int64_t TfSpaceToBatchBytes(const ConvGeometry& ug, Pass pass, DType dtype) {
   // moved into the batch, or one of them and its result before the move back).
   const int64_t padded_h = SatAdd(SatAdd(ug.in_h, ug.pad_top), ug.pad_bottom);
   const int64_t padded_w = SatAdd(SatAdd(ug.in_w, ug.pad_left), ug.pad_right);
-  const int64_t rows = (padded_h + ug.dilation_h - 1) / ug.dilation_h;  // per phase
-  const int64_t cols = (padded_w + ug.dilation_w - 1) / ug.dilation_w;
+  const int64_t rows = CeilDiv(padded_h, ug.dilation_h);  // per phase
+  const int64_t cols = CeilDiv(padded_w, ug.dilation_w);
   const int64_t phases = SatMul(ug.dilation_h, ug.dilation_w);
   const int64_t out_rows = std::max<int64_t>(rows - ug.filter_h + 1, 0);
   const int64_t out_cols = std::max<int64_t>(cols - ug.filter_w + 1, 0);
