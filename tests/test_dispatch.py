@@ -617,6 +617,40 @@ def test_dilated_depthwise_that_tf_nn_depthwise_conv2d_cannot_run_stays_grouped(
                           data_format=data_format)
     assert {r.algorithm for r in e.rows if r.algorithm.startswith("tf.")} == {"tf.Conv2D"}
 
+
+def test_tfs_bfloat16_grouped_dilated_filter_gradient_is_never_run(monkeypatch):
+    """TF 2.21's oneDNN bfloat16 grouped Conv2DBackpropFilter with dilations
+    killed the process: auto neither picks nor times it (nothing here runs
+    it), and a forced "tf" refuses that gradient when it is built, naming why."""
+    monkeypatch.setattr(dispatch, "tf_cpu_onednn", lambda *args: True)  # as where oneDNN runs it
+    x_shape, w_shape = (2, 16, 16, 16), (3, 3, 4, 16)
+    a = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[], data_format="NHWC",
+             dilations=[1, 3, 3, 1])
+    for p in dispatch.PASSES:
+        plan = dispatch.plan(p, x_shape, w_shape, a, "bfloat16", "auto", 0, "CPU")
+        refused = p == "backprop_filter"
+        assert plan["tf"]["available"] != refused, p
+        if refused:
+            assert "segmentation fault" in plan["tf"]["note"]
+            assert "tf" not in autotune.candidates_to_time(plan)
+    for dtype, dil in (("float32", [1, 3, 3, 1]), ("bfloat16", [1, 1, 1, 1])):
+        plan = dispatch.plan("backprop_filter", x_shape, w_shape, dict(a, dilations=dil), dtype,
+                             "auto", 0, "CPU")
+        assert plan["tf"]["available"], (dtype, dil)
+
+    def step(x, w):
+        with tf.device(CPU), tf.GradientTape() as t:
+            t.watch([x, w])
+            y = tfbigconv.bigconv2d(x, w, 1, "SAME", dilations=3, algorithm="tf")
+        return t.gradient(y, [x, w])
+
+    specs = [tf.TensorSpec(x_shape, tf.bfloat16), tf.TensorSpec(w_shape, tf.bfloat16)]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="'tf' is not available: .*segmentation"):
+        tf.function(step).get_concrete_function(*specs)  # traced, not run
+    forward = op_types(lambda x, w: tfbigconv.bigconv2d(x, w, 1, "SAME", dilations=3,
+                                                        algorithm="tf"), *specs)
+    assert "Conv2D" in forward  # inference is not refused
+
 # ---- precision: float16 and bfloat16 gradients from auto -------------------
 
 HALF_CASES = {
@@ -804,9 +838,15 @@ def test_tf_kernels_that_onednn_runs_here_are_correct(autotuning):
             w = tf.cast(random_case(w_shape, 51, np.float64), dtype)
             algorithms = ("auto", "tf") if onednn else ("auto",)
             for algorithm in algorithms:
-                errors = grads_vs_reference(
+                run = lambda: grads_vs_reference(  # noqa: E731
                     lambda x, w: cpu_bigconv2d(x, w, 1, "SAME", algorithm=algorithm, **kwargs),
                     x, w, fmt=fmt, dil=kwargs.get("dilations", 1))
+                if algorithm == "tf" and dtype == "bfloat16" and name == "grouped_dilated_nchw":
+                    # dispatch.ONEDNN_BF16_GROUPED_DILATED_NOTE: refused, not run
+                    with pytest.raises(tf.errors.InvalidArgumentError, match="segmentation"):
+                        run()
+                    continue
+                errors = run()
                 assert max(errors) <= TOLERANCE[dtype], (dtype, name, algorithm, errors)
             if not onednn:
                 e = tfbigconv.explain(x_shape, w_shape, padding="SAME", dtype=dtype, **kwargs)

@@ -335,7 +335,8 @@ def _tf_forward_routed(x, w, in_shape, f_shape, a, device):
     bpi, bpf = _choose_gradients(in_shape, f_shape, a, x.dtype, device)
     c = _in_depth(x.shape, a["data_format"])
     kernels = {_depthwise(p, c, w.shape, a, x.dtype, device=device) for p in dispatch.PASSES}
-    if bpi == bpf == "tf" and len(kernels) == 1:
+    refused = _tf_gradient_refused(in_shape, w.shape, a, x.dtype, device)
+    if bpi == bpf == "tf" and len(kernels) == 1 and refused is None:
         # TF's own gradients, the planned kernels (not so for dilated depthwise
         # filters: a grouped Conv2D forward, depthwise gradients).
         return _tf_forward(x, w, a, device=device)
@@ -343,11 +344,28 @@ def _tf_forward_routed(x, w, in_shape, f_shape, a, device):
     @tf.custom_gradient
     def conv(x, w):
         def grad(dy):
+            if refused is not None:
+                raise _invalid(refused)
             return (_backprop_input(tf.shape(x), w, dy, a, bpi, x.shape, device),
                     _backprop_filter(x, w.shape, dy, a, bpf, device))
         return _tf_forward(x, w, a, device=device), grad
 
     return conv(x, w)
+
+
+def _tf_gradient_refused(in_shape, f_shape, a, dtype, device):
+    """For algorithm="tf" with static shapes: why TF's kernel cannot run a
+    gradient pass (the planner's message; raised when the gradient is built,
+    not when the forward op is), else None."""
+    in_shape, f_shape = _planning_shape(in_shape), _static(f_shape)
+    if a["algorithm"] != "tf" or in_shape is None or f_shape is None:
+        return None
+    for p in dispatch.PASSES[1:]:
+        try:
+            _plan(p, in_shape, f_shape, a, dtype, device)
+        except tf.errors.InvalidArgumentError as e:
+            return e.message
+    return None
 
 
 def _ours(a, chosen):
