@@ -341,9 +341,12 @@ def test_a_narrow_win_over_tf_is_timed_again_and_must_hold():
 def test_pairs_to_time():
     """The gradient passes are timed together when their choices are a pair
     other than TF's two kernels, each measured against TF's, winning by under
-    CONFIRM_BELOW x in sum."""
-    def plan(chosen, measured):
-        return {"chosen": chosen, "measured": measured}
+    CONFIRM_BELOW x in sum, and TF's kernel may run for auto in both."""
+    def plan(chosen, measured, tf_for_auto="trusted", tf_available=True):
+        ok = {"available": True, "fits": True}
+        return {"chosen": chosen, "measured": measured, "tf_for_auto": tf_for_auto,
+                "tf_trusted": tf_for_auto == "trusted",
+                "tf": dict(ok, available=tf_available), "direct": ok, "fft": ok}
     c = autotune.CONFIRM_BELOW
     assert autotune.pairs_to_time(plan("direct", {"tf": 1.3, "direct": 1.0}),
                                   plan("tf", {"tf": 1.0, "fft": 2.0})) == ["tf+tf", "direct+tf"]
@@ -357,6 +360,10 @@ def test_pairs_to_time():
     assert autotune.pairs_to_time(plan("direct", None), plan("tf", {"tf": 1.0})) == []
     assert autotune.pairs_to_time(plan("direct", {"tf": c * 2.0 - 1.0, "direct": 1.0}),
                                   plan("tf", {"tf": 1.0})) == []
+    # TF's kernel out for a pass (a cache from before may still hold its time).
+    for out in (dict(tf_available=False), dict(tf_for_auto="never")):
+        assert autotune.pairs_to_time(plan("direct", {"tf": 1.3, "direct": 1.0}),
+                                      plan("fft", {"tf": 1.0, "fft": 0.9}, **out)) == []
 
 
 @pytest.mark.parametrize("forward", ["direct", "tf"])

@@ -620,8 +620,10 @@ def test_dilated_depthwise_that_tf_nn_depthwise_conv2d_cannot_run_stays_grouped(
 
 def test_tfs_bfloat16_grouped_dilated_filter_gradient_is_never_run(monkeypatch):
     """TF 2.21's oneDNN bfloat16 grouped Conv2DBackpropFilter with dilations
-    killed the process: auto neither picks nor times it (nothing here runs
-    it), and a forced "tf" refuses that gradient when it is built, naming why."""
+    killed the process: auto neither picks nor times it, and nothing here
+    builds it. Under a forced "tf", building that gradient raises, naming why
+    (also with unknown spatial sizes, and through the emitter every route
+    shares); the forward pass runs."""
     monkeypatch.setattr(dispatch, "tf_cpu_onednn", lambda *args: True)  # as where oneDNN runs it
     x_shape, w_shape = (2, 16, 16, 16), (3, 3, 4, 16)
     a = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[], data_format="NHWC",
@@ -644,12 +646,20 @@ def test_tfs_bfloat16_grouped_dilated_filter_gradient_is_never_run(monkeypatch):
             y = tfbigconv.bigconv2d(x, w, 1, "SAME", dilations=3, algorithm="tf")
         return t.gradient(y, [x, w])
 
-    specs = [tf.TensorSpec(x_shape, tf.bfloat16), tf.TensorSpec(w_shape, tf.bfloat16)]
-    with pytest.raises(tf.errors.InvalidArgumentError, match="'tf' is not available: .*segmentation"):
-        tf.function(step).get_concrete_function(*specs)  # traced, not run
+    static = [tf.TensorSpec(x_shape, tf.bfloat16), tf.TensorSpec(w_shape, tf.bfloat16)]
+    unknown = [tf.TensorSpec([None, None, None, 16], tf.bfloat16), static[1]]
+    for specs in (static, unknown):  # traced, not run
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="'tf' is not available: .*segmentation"):
+            tf.function(step).get_concrete_function(*specs)
     forward = op_types(lambda x, w: tfbigconv.bigconv2d(x, w, 1, "SAME", dilations=3,
-                                                        algorithm="tf"), *specs)
+                                                        algorithm="tf"), *static)
     assert "Conv2D" in forward  # inference is not refused
+    a = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[], data_format="NHWC",
+             dilations=[1, 3, 3, 1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="segmentation"):
+        tf.function(lambda x, w, dy: conv.run_pass("backprop_filter", "tf", x, w, dy, a, "CPU")
+                    ).get_concrete_function(*static, static[0])
 
 # ---- precision: float16 and bfloat16 gradients from auto -------------------
 

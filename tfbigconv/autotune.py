@@ -375,6 +375,8 @@ def pairs_to_time(bpi, bpf):
     measured = (bpi.get("measured") or {}, bpf.get("measured") or {})
     if chosen == ("tf", "tf") or not all("tf" in m and c in m for m, c in zip(measured, chosen)):
         return []
+    if not all("tf" in _eligible(p) for p in (bpi, bpf)):
+        return []  # TF's pair could not run for auto (a cache from before may hold its times)
     theirs = sum(m["tf"] for m in measured)
     ours = sum(m[c] for m, c in zip(measured, chosen))
     return [TF_PAIR, "+".join(chosen)] if theirs < CONFIRM_BELOW * ours else []

@@ -150,7 +150,9 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
         op chooses between direct and fft at run time. In float16 and
         bfloat16, auto never picks a TF CPU kernel that accumulates in half
         precision. Forcing "tf" gives TensorFlow's kernels and gradients
-        ("im2col" is its earlier name). The environment variable
+        ("im2col" is its earlier name), but for one that crashed TF 2.21 (its
+        oneDNN bfloat16 grouped filter gradient with dilations), which raises
+        InvalidArgumentError when the gradient is built. The environment variable
         TFBIGCONV_ALGORITHM overrides this argument (for debugging).
       workspace_limit: workspace budget in bytes; 0 means half of the free
         host memory (cgroup-aware) on the CPU, and a share of what
@@ -247,14 +249,22 @@ def _depthwise(pass_, in_depth, f_shape, a, dtype, given=None, device=None):
     if f_shape[2] != 1:
         return False
     # Only a depthwise filter's kernel depends on the device: resolve it then.
+    return dispatch.uses_depthwise_kernel(pass_, in_depth, f_shape, a, tf.as_dtype(dtype).name,
+                                          _kernel_device(device))
+
+
+def _kernel_device(device):
+    """Where TF's kernel emitted for `device` (None: where ops built here run)
+    will run: a GPU scope without a GPU runs it on the CPU (soft placement),
+    where TF's kernels have the CPU's limits."""
     if device is None:
         device = dispatch.resolve_device()
-    if device == "GPU" and not dispatch.gpu_available():
-        # A GPU scope without a GPU runs the op on the CPU (soft placement), where
-        # TF's Eigen kernels reject grouped gradients: emit the CPU's kernel.
-        device = "CPU"
-    return dispatch.uses_depthwise_kernel(pass_, in_depth, f_shape, a, tf.as_dtype(dtype).name,
-                                          device)
+    return "CPU" if device == "GPU" and not dispatch.gpu_available() else device
+
+
+def _tf_filter_gradient_crashes(in_depth, f_shape, a, dtype, device):
+    return dispatch.tf_filter_gradient_crashes(in_depth, tf.TensorShape(f_shape).as_list(), a,
+                                               tf.as_dtype(dtype).name, _kernel_device(device))
 
 
 def _depthwise_filter_shape(in_depth, f_shape):
@@ -335,8 +345,8 @@ def _tf_forward_routed(x, w, in_shape, f_shape, a, device):
     bpi, bpf = _choose_gradients(in_shape, f_shape, a, x.dtype, device)
     c = _in_depth(x.shape, a["data_format"])
     kernels = {_depthwise(p, c, w.shape, a, x.dtype, device=device) for p in dispatch.PASSES}
-    refused = _tf_gradient_refused(in_shape, w.shape, a, x.dtype, device)
-    if bpi == bpf == "tf" and len(kernels) == 1 and refused is None:
+    crashes = _tf_filter_gradient_crashes(c, w.shape, a, x.dtype, device)
+    if bpi == bpf == "tf" and len(kernels) == 1 and not crashes:
         # TF's own gradients, the planned kernels (not so for dilated depthwise
         # filters: a grouped Conv2D forward, depthwise gradients).
         return _tf_forward(x, w, a, device=device)
@@ -344,28 +354,11 @@ def _tf_forward_routed(x, w, in_shape, f_shape, a, device):
     @tf.custom_gradient
     def conv(x, w):
         def grad(dy):
-            if refused is not None:
-                raise _invalid(refused)
             return (_backprop_input(tf.shape(x), w, dy, a, bpi, x.shape, device),
                     _backprop_filter(x, w.shape, dy, a, bpf, device))
         return _tf_forward(x, w, a, device=device), grad
 
     return conv(x, w)
-
-
-def _tf_gradient_refused(in_shape, f_shape, a, dtype, device):
-    """For algorithm="tf" with static shapes: why TF's kernel cannot run a
-    gradient pass (the planner's message; raised when the gradient is built,
-    not when the forward op is), else None."""
-    in_shape, f_shape = _planning_shape(in_shape), _static(f_shape)
-    if a["algorithm"] != "tf" or in_shape is None or f_shape is None:
-        return None
-    for p in dispatch.PASSES[1:]:
-        try:
-            _plan(p, in_shape, f_shape, a, dtype, device)
-        except tf.errors.InvalidArgumentError as e:
-            return e.message
-    return None
 
 
 def _ours(a, chosen):
@@ -418,7 +411,14 @@ def _backprop_filter(x, f_shape, dy, a, chosen, device=None):
     """dL/dfilter: TF's own kernel (for `device`, as planned) where the planner
     chose it, else our op."""
     if chosen == "tf":
-        return _tf_backprop_filter(x, tf.TensorShape(f_shape).as_list(), dy, a, device=device)
+        f_shape = tf.TensorShape(f_shape).as_list()
+        if _tf_filter_gradient_crashes(_in_depth(x.shape, a["data_format"]), f_shape, a, x.dtype,
+                                       device):
+            # Refused when the gradient is built, instead of TF's kernel, which
+            # would kill the process when it runs.
+            raise _invalid("algorithm 'tf' is not available: "
+                           + dispatch.ONEDNN_BF16_GROUPED_DILATED_NOTE)
+        return _tf_backprop_filter(x, f_shape, dy, a, device=device)
     sizes = f_shape.as_list() if isinstance(f_shape, tf.TensorShape) else f_shape
     return _ops.big_conv2d_backprop_filter(x, sizes, dy, **_ours(a, chosen))
 

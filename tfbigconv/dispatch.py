@@ -96,12 +96,25 @@ GPU_DEPTHWISE_NOTE = ("TensorFlow's GPU kernel (cuDNN) as grouped Conv2D: its de
                       "run cuDNN only in part; workspace not modelled")
 # TF 2.21's oneDNN bfloat16 grouped Conv2DBackpropFilter with dilations killed
 # the process (SIGSEGV) in 22 of 110 layers of a sweep here, each with a height
-# dilation of 3 or more; 2 never did, but the bug's edges are unknown, and
-# float32, the forward pass and the input gradient never did (RESULTS.md,
-# "A crash in TF's bfloat16 grouped filter gradient").
+# dilation of 3 or more. None with dilation 2 or in width alone did, nor float32,
+# the forward pass or the input gradient, but the bug's edges are unknown
+# (RESULTS.md, "A crash in TF's bfloat16 grouped filter gradient").
 ONEDNN_BF16_GROUPED_DILATED_NOTE = (
     "TensorFlow's oneDNN bfloat16 grouped filter gradient with dilations crashed the process "
-    "(segmentation fault) in TF 2.21: not run")
+    "(segmentation fault) in TF 2.21: not run; algorithm 'auto', 'direct' or 'fft' runs it")
+
+
+def tf_filter_gradient_crashes(in_depth, filter_shape, attrs, dtype, device):
+    """Whether TF's kernel for the filter gradient is the one that crashed
+    (ONEDNN_BF16_GROUPED_DILATED_NOTE): grouped Conv2DBackpropFilter in bfloat16
+    with dilations, where oneDNN runs it. Needs no spatial sizes, so conv.py's
+    emitter asks it too, also where shapes are unknown."""
+    if (device != "CPU" or dtype != "bfloat16" or in_depth is None or filter_shape[2] is None
+            or in_depth == filter_shape[2] or all(d == 1 for d in attrs["dilations"])):
+        return False
+    if uses_depthwise_kernel("backprop_filter", in_depth, filter_shape, attrs, dtype, device):
+        return False  # the undilated depthwise kernel on SpaceToBatchND copies
+    return tf_cpu_onednn("Conv2D", dtype, attrs["padding"] == "EXPLICIT")
 # oneDNN's bfloat16 kernels in NCHW measured 3-5x (Conv2D) and 10-30x (depthwise)
 # slower than in NHWC, where the cost model's rates come from (RESULTS.md, "A
 # shipped profile for oneDNN hosts").
@@ -183,7 +196,8 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
             return ("Conv2D", "never", "TensorFlow's CPU gradients accumulate in half precision "
                     "(5-20x the error of ours): not for auto")
         note = ONEDNN_NOTE
-    if grouped and dilated and half and pass_ == "backprop_filter" and dtype == "bfloat16":
+    if pass_ == "backprop_filter" and tf_filter_gradient_crashes(geometry["in_c"], filter_shape,
+                                                                  attrs, dtype, device):
         return "", "never", ONEDNN_BF16_GROUPED_DILATED_NOTE
     if grouped:
         # Measured 10-300x slower than its estimate (depthwise-like shapes).
@@ -240,7 +254,9 @@ def _onednn_probe(kernel, dtype, explicit_padding, fmt):
     from tfbigconv import conv
     depthwise = kernel != "Conv2D"
     if not depthwise:  # grouped and dilated, in fmt (NCHW)
-        x_shape, f_shape, dil = (2, 8, 21, 23), (3, 3, 4, 6), [1, 1, 2, 1]
+        # Dilated in width only: TF 2.21's oneDNN bfloat16 grouped filter
+        # gradient crashed with height dilations (ONEDNN_BF16_GROUPED_DILATED_NOTE).
+        x_shape, f_shape, dil = (2, 8, 21, 23), (3, 3, 4, 6), [1, 1, 1, 2]
     else:  # as conv.py emits DepthwiseConv2dNative: no dilations
         x_shape, f_shape, dil = (2, 17, 19, 8), (7, 7, 1, 8), [1, 1, 1, 1]
         if fmt == "NCHW":
