@@ -543,16 +543,19 @@ def test_depthwise_that_tf_depthwise_cannot_run(kwargs, eigen_tf):
     ((2, 11, 12, 3), (2, 4, 1, 3), "SAME", (5, 1)),     # even sides
     ((3, 7, 9, 5), (4, 4, 1, 5), "SAME", (3, 3)),       # filter wider than the input
     ((2, 15, 15, 4), (3, 3, 1, 8), [[0, 0], [1, 3], [2, 0], [0, 0]], (2, 3)),
+    ((2, 20, 21, 4), (3, 3, 1, 4), "SAME", (8, 8)),     # dilated side 17: the forward too
+    ((1, 19, 23, 3), (3, 4, 1, 6), [[0, 0], [2, 1], [0, 3], [0, 0]], (7, 1)),
 ])
 @pytest.mark.parametrize("shapes, dtype", [("static", tf.float32), ("dynamic", tf.float32),
                                            ("static", tf.float64)])
 def test_dilated_depthwise_tf_kernels_run_as_tf_nn_depthwise_conv2d(x_shape, w_shape, padding,
                                                                   dil, shapes, dtype, eigen_tf):
-    """TF's kernels for dilated depthwise filters' gradients: SpaceToBatchND,
-    the undilated DepthwiseConv2dNativeBackprop* (VALID), BatchToSpaceND, as
-    tf.nn.depthwise_conv2d runs them; also where TF has no dilated Conv2D
-    gradient (planned as without oneDNN; float64 runs TF's Eigen kernels here).
-    Every pass against float64."""
+    """TF's kernels for dilated depthwise filters: SpaceToBatchND, the
+    undilated DepthwiseConv2dNative* (VALID), BatchToSpaceND, as
+    tf.nn.depthwise_conv2d runs them, in the gradients, and in the forward pass
+    from a dilated side of SPACE_TO_BATCH_FORWARD_SIDE (below, grouped Conv2D);
+    also where TF has no dilated Conv2D gradient (planned as without oneDNN;
+    float64 runs TF's Eigen kernels here). Every pass against float64."""
     fmt_pad = padding if isinstance(padding, str) else "EXPLICIT"
     explicit = sum(padding, []) if fmt_pad == "EXPLICIT" else []
     a = dict(strides=[1, 1, 1, 1], padding=fmt_pad, explicit_paddings=explicit,
@@ -579,15 +582,18 @@ def test_dilated_depthwise_tf_kernels_run_as_tf_nn_depthwise_conv2d(x_shape, w_s
             assert rel_l2(g.numpy(), r) < TOLERANCE[dtype.name]
         return {op.type for op in fn.get_concrete_function().graph.get_operations()}
 
+    wide = max((k - 1) * d + 1 for k, d in zip(w_shape, dil)) >= dispatch.SPACE_TO_BATCH_FORWARD_SIDE
+    forward = "DepthwiseConv2dNative" if wide else "Conv2D"
     types = checked(passes)
     assert {"SpaceToBatchND", "BatchToSpaceND", "DepthwiseConv2dNativeBackpropInput",
-            "DepthwiseConv2dNativeBackpropFilter", "Conv2D"} <= types, types
+            "DepthwiseConv2dNativeBackpropFilter", forward} <= types, types
     assert not types & {"Conv2DBackpropInput", "Conv2DBackpropFilter"}, types
-    # The forward pass keeps grouped Conv2D; the gradients count the copies.
+    assert ("Conv2D" in types) != wide, types
+    # The copies count as workspace in every pass on the path.
     e = tfbigconv.explain(x_shape, w_shape, 1, padding, dilations=dil)
     tf_rows = {r.pass_: r for r in e.rows if r.algorithm.startswith("tf.")}
-    assert tf_rows["forward"].algorithm == "tf.Conv2D"
-    for p in dispatch.PASSES[1:]:
+    assert tf_rows["forward"].algorithm == "tf." + forward
+    for p in (dispatch.PASSES if wide else dispatch.PASSES[1:]):
         assert tf_rows[p].algorithm == "tf.DepthwiseConv2dNative"
         assert "SpaceToBatchND" in tf_rows[p].note and tf_rows[p].workspace_bytes > 0
         planned = dispatch.plan(p, x_shape, w_shape, a, dtype.name, "auto", 0, "CPU")

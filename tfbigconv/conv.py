@@ -136,9 +136,9 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
         traces a tf.function; else a visible GPU, else the CPU), the fastest
         candidate whose workspace fits `workspace_limit`:
         "tf" (TensorFlow's own kernel for the case: Conv2D, or on the CPU
-        DepthwiseConv2dNative for depthwise filters, for dilated ones in the
-        gradients only, as tf.nn.depthwise_conv2d runs them (SpaceToBatchND
-        around the undilated kernel); on the GPU these run as
+        DepthwiseConv2dNative for depthwise filters, for dilated ones as
+        tf.nn.depthwise_conv2d runs them (SpaceToBatchND around the undilated
+        kernel; the forward pass from a dilated side of 15); on the GPU these run as
         grouped Conv2D, which is cuDNN in every dtype; best for small filters),
         "direct" (the tiled direct convolution) or "fft" (overlap-save FFT
         convolution, tiled and chunked to fit). Where estimates are close or
@@ -276,9 +276,10 @@ def _space_to_batch(a, f_shape, input_hw):
     """How tf.nn.depthwise_conv2d runs dilations (nn_ops.with_space_to_batch), for
     NHWC at stride 1: the input padded as the convolution pads it, then up to a
     multiple of the dilations, becomes dh*dw undilated images (SpaceToBatchND);
-    the kernel runs VALID on them; BatchToSpaceND crops the result. The
-    gradient passes use it (dispatch.uses_depthwise_kernel). Returns
-    (block, paddings, crops, undilated attrs)."""
+    the kernel runs VALID on them; BatchToSpaceND crops the result. Where all
+    three passes run it (dispatch.uses_depthwise_kernel), TF's registered
+    gradients reuse the forward's copy of the input, as tf.nn.depthwise_conv2d's
+    do. Returns (block, paddings, crops, undilated attrs)."""
     block = a["dilations"][1:3]
     if a["padding"] == "EXPLICIT":
         base = [a["explicit_paddings"][2:4], a["explicit_paddings"][4:6]]
@@ -294,11 +295,15 @@ def _space_to_batch(a, f_shape, input_hw):
 
 def _tf_forward(x, w, a, depthwise=None, device=None):
     c = _in_depth(x.shape, a["data_format"])
-    if _depthwise("forward", c, w.shape, a, x.dtype, depthwise, device):
-        assert all(d == 1 for d in a["dilations"]), "dilated depthwise forward is grouped Conv2D"
-        return tf.raw_ops.DepthwiseConv2dNative(
-            input=x, filter=tf.reshape(w, _depthwise_filter_shape(c, w.shape)), **_op_attrs(a))
-    return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
+    if not _depthwise("forward", c, w.shape, a, x.dtype, depthwise, device):
+        return tf.raw_ops.Conv2D(input=x, filter=w, **_op_attrs(a))
+    w = tf.reshape(w, _depthwise_filter_shape(c, w.shape))
+    if all(d == 1 for d in a["dilations"]):
+        return tf.raw_ops.DepthwiseConv2dNative(input=x, filter=w, **_op_attrs(a))
+    block, paddings, crops, undilated = _space_to_batch(a, w.shape, tf.shape(x)[1:3])
+    y = tf.raw_ops.DepthwiseConv2dNative(input=tf.space_to_batch_nd(x, block, paddings),
+                                         filter=w, **undilated)
+    return tf.batch_to_space(y, block, crops)
 
 
 def _tf_backprop_input(input_sizes, w, dy, a, in_depth, depthwise=None, device=None):

@@ -56,11 +56,12 @@ def uses_depthwise_kernel(pass_, in_depth, filter_shape, attrs, dtype, device):
     """Whether TF's kernel for the pass is DepthwiseConv2dNative: a depthwise
     filter (one input channel, several groups) on the CPU that its kernels accept:
     equal strides, no dilations, and NHWC, or NCHW where TF runs it through
-    oneDNN (tf_cpu_onednn). With dilations, the gradients in NHWC at stride 1
-    run it as tf.nn.depthwise_conv2d does (SPACE_TO_BATCH_NOTE); the forward
-    pass stays grouped Conv2D, which oneDNN vectorises across the groups. Other
-    grouped cases, and every one on the GPU (GPU_DEPTHWISE_NOTE), are grouped
-    Conv2D. The planner and conv.py's emitters both ask this."""
+    oneDNN (tf_cpu_onednn). With dilations, in NHWC at stride 1, the gradients
+    run it as tf.nn.depthwise_conv2d does (SPACE_TO_BATCH_NOTE), and so does the
+    forward pass from a dilated side of SPACE_TO_BATCH_FORWARD_SIDE; below it the
+    forward is grouped Conv2D, which oneDNN runs faster there. Other grouped
+    cases, and every one on the GPU (GPU_DEPTHWISE_NOTE), are grouped Conv2D.
+    The planner and conv.py's emitters both ask this."""
     if in_depth is None or in_depth <= 1 or filter_shape[2] != 1 or device == "GPU":
         return False
     nhwc = attrs["data_format"] == "NHWC"
@@ -68,7 +69,10 @@ def uses_depthwise_kernel(pass_, in_depth, filter_shape, attrs, dtype, device):
     if strides[0] != strides[1]:
         return False
     if any(d != 1 for d in attrs["dilations"]):
-        return pass_ != "forward" and nhwc and strides[0] == 1
+        if not nhwc or strides[0] != 1:
+            return False
+        sides = [(k - 1) * d + 1 for k, d in zip(filter_shape[:2], attrs["dilations"][1:3])]
+        return pass_ != "forward" or max(sides) >= SPACE_TO_BATCH_FORWARD_SIDE
     if nhwc:
         return True
     # TF's own CPU depthwise kernels reject NCHW; oneDNN's ran it at 0.93-1.12x
@@ -82,6 +86,10 @@ def uses_depthwise_kernel(pass_, in_depth, filter_shape, attrs, dtype, device):
 # tf.nn.depthwise_conv2d's path, which pads, moves the dilation's phases into
 # the batch (SpaceToBatchND), runs the undilated kernel and moves them back.
 # The copies cost about as much as a 3x3 kernel and are not in the estimate.
+# Forward only, float32, 3x3 to 7x7 filters, dilated sides (K - 1) * d + 1 of
+# 5-13: grouped Conv2D took 1.4-3.4 ms against the path's 3.8-9.3; of 19-37:
+# 5.6-13.4 ms against 1.5-4.7 (RESULTS.md, "Dilated depthwise gradients").
+SPACE_TO_BATCH_FORWARD_SIDE = 15
 SPACE_TO_BATCH_NOTE = ("as tf.nn.depthwise_conv2d runs dilations: SpaceToBatchND, the undilated "
                        "kernel, BatchToSpaceND; the copies are not in the estimate: picked only "
                        "when measured fastest")

@@ -359,11 +359,11 @@ int64_t TfColBufferImages(const ConvGeometry& ug, Pass pass, DType dtype, int wo
   return std::max<int64_t>(1, std::min(ug.batch, (target + work_unit - 1) / work_unit));
 }
 
-int64_t TfSpaceToBatchBytes(const ConvGeometry& ug, Pass pass, DType dtype) {
-  if ((ug.dilation_h == 1 && ug.dilation_w == 1) || pass == Pass::kForward) return 0;
+int64_t TfSpaceToBatchBytes(const ConvGeometry& ug, DType dtype) {
+  if (ug.dilation_h == 1 && ug.dilation_w == 1) return 0;
   // The padded input, rounded up to whole blocks, and the undilated VALID
-  // output over it: each gradient pass holds one of each (its two operands
-  // moved into the batch, or one of them and its result before the move back).
+  // output over it: each pass holds one of each (its operands moved into the
+  // batch, or one of them and its result before the move back).
   const int64_t padded_h = SatAdd(SatAdd(ug.in_h, ug.pad_top), ug.pad_bottom);
   const int64_t padded_w = SatAdd(SatAdd(ug.in_w, ug.pad_left), ug.pad_right);
   const int64_t rows = CeilDiv(padded_h, ug.dilation_h);  // per phase
@@ -401,7 +401,7 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
                    DTypeSlowdown(m.tf_depthwise_dtype_slowdown[int(pass)], dtype),
                side, 1};
     e.seconds = e.terms[0] / rate;
-    e.workspace_bytes = TfSpaceToBatchBytes(ug, pass, dtype);
+    e.workspace_bytes = TfSpaceToBatchBytes(ug, dtype);
     e.note = e.workspace_bytes ? "SpaceToBatchND copies" : "no patch matrix";
   } else {
     // oneDNN vectorises a grouped forward pass across the groups, so it runs

@@ -126,10 +126,10 @@ struct TfCandidate {
 // 1 for the forward pass. workers: the ParallelFor's (TF's intra-op threads).
 int64_t TfColBufferImages(const ConvGeometry& user_g, Pass pass, DType dtype, int workers);
 
-// Bytes of the copies TF's depthwise gradient kernels run on where the
-// filter is dilated (conv.py emits them as tf.nn.depthwise_conv2d does:
-// SpaceToBatchND, the undilated kernel, BatchToSpaceND); 0 otherwise.
-int64_t TfSpaceToBatchBytes(const ConvGeometry& user_g, Pass pass, DType dtype);
+// Bytes of the copies TF's depthwise kernels run on where the filter is
+// dilated (conv.py emits them as tf.nn.depthwise_conv2d does: SpaceToBatchND,
+// the undilated kernel, BatchToSpaceND); 0 otherwise.
+int64_t TfSpaceToBatchBytes(const ConvGeometry& user_g, DType dtype);
 
 // Estimates of TF's kernel for one pass of the user's geometry. CPU Conv2D's
 // workspace: patch matrices of out_h * out_w * KH * KW * in_c elements per
