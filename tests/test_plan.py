@@ -456,6 +456,7 @@ def test_depthwise_kernel_has_its_own_estimate():
     ((2, 13, 17, 6), (3, 5, 1, 12), "SAME", (3, 2)),
     ((1, 20, 19, 4), (3, 3, 1, 4), "VALID", (4, 3)),
     ((2, 15, 15, 4), (3, 3, 1, 8), "EXPLICIT", (2, 3)),
+    ((2, 20, 21, 4), (3, 3, 1, 4), "SAME", (8, 8)),  # dilated side 17: its forward too
 ])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_dilated_depthwise_kernels_count_their_space_to_batch_copies(x, w, padding, dil, dtype):

@@ -80,7 +80,8 @@ ENV_AUTOTUNE = "TFBIGCONV_AUTOTUNE"
 ENV_CACHE = "TFBIGCONV_AUTOTUNE_CACHE"
 # 2: dilated depthwise gradients' TF kernel became DepthwiseConv2dNative
 # (SpaceToBatchND); format 1 timed grouped Conv2D under the same key.
-FORMAT = 2
+# 3: so did their forward pass from a dilated side of 15.
+FORMAT = 3
 # The calibrated CPU model's estimates are within 0.5-1.6x of the measured
 # times (RESULTS.md, calibration fit), so two candidates whose estimates are
 # within 3x of each other can be in either order.

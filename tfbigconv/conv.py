@@ -272,14 +272,21 @@ def _depthwise_filter_shape(in_depth, f_shape):
     return [kh, kw, in_depth, out // in_depth]
 
 
+def _spatial(x):
+    """An NHWC tensor's height and width: static where known (the results keep
+    their static shape), else a tensor."""
+    hw = x.shape[1:3]
+    return hw.as_list() if hw.is_fully_defined() else tf.shape(x)[1:3]
+
+
 def _space_to_batch(a, f_shape, input_hw):
     """How tf.nn.depthwise_conv2d runs dilations (nn_ops.with_space_to_batch), for
     NHWC at stride 1: the input padded as the convolution pads it, then up to a
     multiple of the dilations, becomes dh*dw undilated images (SpaceToBatchND);
     the kernel runs VALID on them; BatchToSpaceND crops the result. Where all
-    three passes run it (dispatch.uses_depthwise_kernel), TF's registered
-    gradients reuse the forward's copy of the input, as tf.nn.depthwise_conv2d's
-    do. Returns (block, paddings, crops, undilated attrs)."""
+    three passes run it and both gradients are planned "tf"
+    (dispatch.uses_depthwise_kernel), TF's registered gradients reuse the
+    forward's copy of the input, as tf.nn.depthwise_conv2d's do. Returns (block, paddings, crops, undilated attrs)."""
     block = a["dilations"][1:3]
     if a["padding"] == "EXPLICIT":
         base = [a["explicit_paddings"][2:4], a["explicit_paddings"][4:6]]
@@ -300,7 +307,7 @@ def _tf_forward(x, w, a, depthwise=None, device=None):
     w = tf.reshape(w, _depthwise_filter_shape(c, w.shape))
     if all(d == 1 for d in a["dilations"]):
         return tf.raw_ops.DepthwiseConv2dNative(input=x, filter=w, **_op_attrs(a))
-    block, paddings, crops, undilated = _space_to_batch(a, w.shape, tf.shape(x)[1:3])
+    block, paddings, crops, undilated = _space_to_batch(a, w.shape, _spatial(x))
     y = tf.raw_ops.DepthwiseConv2dNative(input=tf.space_to_batch_nd(x, block, paddings),
                                          filter=w, **undilated)
     return tf.batch_to_space(y, block, crops)
@@ -315,8 +322,10 @@ def _tf_backprop_input(input_sizes, w, dy, a, in_depth, depthwise=None, device=N
         return tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
             input_sizes=input_sizes, filter=w, out_backprop=dy, **_op_attrs(a))
     # The gradients of SpaceToBatchND and BatchToSpaceND are each other.
+    static = tf.get_static_value(input_sizes)
     input_sizes = tf.cast(input_sizes, tf.int32)
-    block, paddings, crops, undilated = _space_to_batch(a, w.shape, input_sizes[1:3])
+    block, paddings, crops, undilated = _space_to_batch(
+        a, w.shape, list(static[1:3]) if static is not None else input_sizes[1:3])
     padded = input_sizes[1:3] + tf.reduce_sum(paddings, axis=1)
     sizes = tf.concat([input_sizes[:1] * tf.reduce_prod(block), padded // block,
                        input_sizes[3:]], axis=0)
@@ -336,7 +345,7 @@ def _tf_backprop_filter(x, f_shape, dy, a, depthwise=None, device=None):
         dw = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
             input=x, filter_sizes=sizes, out_backprop=dy, **_op_attrs(a))
     else:
-        block, paddings, crops, undilated = _space_to_batch(a, f_shape, tf.shape(x)[1:3])
+        block, paddings, crops, undilated = _space_to_batch(a, f_shape, _spatial(x))
         dw = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
             input=tf.space_to_batch_nd(x, block, paddings), filter_sizes=sizes,
             out_backprop=tf.space_to_batch_nd(dy, block, crops), **undilated)

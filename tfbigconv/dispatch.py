@@ -69,7 +69,7 @@ def uses_depthwise_kernel(pass_, in_depth, filter_shape, attrs, dtype, device):
     if strides[0] != strides[1]:
         return False
     if any(d != 1 for d in attrs["dilations"]):
-        if not nhwc or strides[0] != 1:
+        if not nhwc or strides[0] != 1 or None in filter_shape[:2]:
             return False
         sides = [(k - 1) * d + 1 for k, d in zip(filter_shape[:2], attrs["dilations"][1:3])]
         return pass_ != "forward" or max(sides) >= SPACE_TO_BATCH_FORWARD_SIDE
@@ -86,9 +86,10 @@ def uses_depthwise_kernel(pass_, in_depth, filter_shape, attrs, dtype, device):
 # tf.nn.depthwise_conv2d's path, which pads, moves the dilation's phases into
 # the batch (SpaceToBatchND), runs the undilated kernel and moves them back.
 # The copies cost about as much as a 3x3 kernel and are not in the estimate.
-# Forward only, float32, 3x3 to 7x7 filters, dilated sides (K - 1) * d + 1 of
-# 5-13: grouped Conv2D took 1.4-3.4 ms against the path's 3.8-9.3; of 19-37:
-# 5.6-13.4 ms against 1.5-4.7 (RESULTS.md, "Dilated depthwise gradients").
+# Forward only, float32, 3x3 to 7x7 filters (RESULTS.md, "The dilated depthwise
+# forward pass on the same path"): at dilated sides (K - 1) * d + 1 of 5-13,
+# grouped Conv2D was 2.2-2.7x faster than the path in three layers and 1.1x
+# slower in one; at 19-37 the path was 1.7-3.7x faster in all three.
 SPACE_TO_BATCH_FORWARD_SIDE = 15
 SPACE_TO_BATCH_NOTE = ("as tf.nn.depthwise_conv2d runs dilations: SpaceToBatchND, the undilated "
                        "kernel, BatchToSpaceND; the copies are not in the estimate: picked only "
