@@ -286,7 +286,8 @@ def _space_to_batch(a, f_shape, input_hw):
     the kernel runs VALID on them; BatchToSpaceND crops the result. Where all
     three passes run it and both gradients are planned "tf"
     (dispatch.uses_depthwise_kernel), TF's registered gradients reuse the
-    forward's copy of the input, as tf.nn.depthwise_conv2d's do. Returns (block, paddings, crops, undilated attrs)."""
+    forward's copy of the input, as tf.nn.depthwise_conv2d's do. Returns
+    (block, paddings, crops, undilated attrs)."""
     block = a["dilations"][1:3]
     if a["padding"] == "EXPLICIT":
         base = [a["explicit_paddings"][2:4], a["explicit_paddings"][4:6]]

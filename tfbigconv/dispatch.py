@@ -124,6 +124,8 @@ def tf_filter_gradient_crashes(in_depth, filter_shape, attrs, dtype, device):
     if uses_depthwise_kernel("backprop_filter", in_depth, filter_shape, attrs, dtype, device):
         return False  # the undilated depthwise kernel on SpaceToBatchND copies
     return tf_cpu_onednn("Conv2D", dtype, attrs["padding"] == "EXPLICIT")
+
+
 # oneDNN's bfloat16 kernels in NCHW measured 3-5x (Conv2D) and 10-30x (depthwise)
 # slower than in NHWC, where the cost model's rates come from (RESULTS.md, "A
 # shipped profile for oneDNN hosts").

@@ -81,27 +81,23 @@ void ForEachField(Model& m, F&& f) {
         f(std::string("im2col_flops_per_second.") + PassName(Pass(p)) + side(s) + ".channels" +
               std::to_string(int(kIm2colChannelAxis[c])),
           m.im2col_flops_per_second[p][s][c]);
-  for (int p = 0; p < kPasses; ++p)
-    for (int t = 0; t < kSlowdownDTypes; ++t)
-      f(std::string("im2col_dtype_slowdown.") + PassName(Pass(p)) + "." + kSlowdownDTypeNames[t],
-        m.im2col_dtype_slowdown[p][t]);
-  for (int p = 0; p < kPasses; ++p)
-    for (int s = 0; s < kIm2colSides; ++s)
-      f(std::string("im2col_channel_block.") + PassName(Pass(p)) + side(s),
-        m.im2col_channel_block[p][s]);
-  for (int p = 0; p < kPasses; ++p)
-    for (int s = 0; s < kIm2colSides; ++s)
-      f(std::string("tf_depthwise_flops_per_second.") + PassName(Pass(p)) + side(s),
-        m.tf_depthwise_flops_per_second[p][s]);
-  for (int p = 0; p < kPasses; ++p)
-    for (int s = 0; s < kIm2colSides; ++s)
-      f(std::string("tf_depthwise_multiplier_flops_per_second.") + PassName(Pass(p)) + side(s),
-        m.tf_depthwise_multiplier_flops_per_second[p][s]);
-  for (int p = 0; p < kPasses; ++p)
-    for (int t = 0; t < kSlowdownDTypes; ++t)
-      f(std::string("tf_depthwise_dtype_slowdown.") + PassName(Pass(p)) + "." +
-            kSlowdownDTypeNames[t],
-        m.tf_depthwise_dtype_slowdown[p][t]);
+  // Tables per pass and filter side (<prefix><pass>.side<S>), and per pass and
+  // dtype (<prefix><pass>.<dtype>).
+  const auto per_side = [&](const char* prefix, auto& table) {
+    for (int p = 0; p < kPasses; ++p)
+      for (int s = 0; s < kIm2colSides; ++s)
+        f(std::string(prefix) + PassName(Pass(p)) + side(s), table[p][s]);
+  };
+  const auto per_dtype = [&](const char* prefix, auto& table) {
+    for (int p = 0; p < kPasses; ++p)
+      for (int t = 0; t < kSlowdownDTypes; ++t)
+        f(std::string(prefix) + PassName(Pass(p)) + "." + kSlowdownDTypeNames[t], table[p][t]);
+  };
+  per_dtype("im2col_dtype_slowdown.", m.im2col_dtype_slowdown);
+  per_side("im2col_channel_block.", m.im2col_channel_block);
+  per_side("tf_depthwise_flops_per_second.", m.tf_depthwise_flops_per_second);
+  per_side("tf_depthwise_multiplier_flops_per_second.", m.tf_depthwise_multiplier_flops_per_second);
+  per_dtype("tf_depthwise_dtype_slowdown.", m.tf_depthwise_dtype_slowdown);
   const auto gpu = [](int c, int p, int d) {
     return std::string("gpu.") + GpuCandidateName(GpuCandidate(c)) + "." + PassName(Pass(p)) +
            "." + kGpuDTypeClassNames[d] + ".";
