@@ -1,5 +1,7 @@
-"""Every invalid argument raises InvalidArgumentError naming the problem, at
-trace time with static shapes and at run time with unknown shapes."""
+"""Every invalid argument raises tf.nn.conv2d's exception class, with a message
+naming the problem: at trace time with static shapes, at run time with unknown
+shapes (conv.py, _graph_error, says which class when)."""
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -8,46 +10,87 @@ from conftest import random_case
 
 X = random_case((1, 8, 8, 2), 0)
 W = random_case((3, 3, 2, 4), 1)
+IAE, VE, TE = tf.errors.InvalidArgumentError, ValueError, TypeError
+UNIMPLEMENTED = tf.errors.UnimplementedError
 
+# (arguments, class while a graph is built (tf.function, tf.Graph), class
+# eagerly, a fragment of our message). The graph column is tf.nn.conv2d's, and
+# test_tf_raises_the_same checks it against TensorFlow where TF's op is
+# involved (None: an argument of ours). Eagerly, TF's kernel raises
+# InvalidArgumentError for what its shape function finds when a graph is
+# built; its oneDNN kernels there aborted on a rank-3 input, and ran batch
+# padding and too-large filters without an error (TF_ENABLE_ONEDNN_OPTS=0:
+# TF's Eigen kernels raise these classes), so TF's eager column is not run.
 BAD = [
-    (dict(input=random_case((8, 8, 2), 0)), "input must be rank 4"),
-    (dict(filters=random_case((3, 3, 2), 0)), "filters must be rank 4"),
-    (dict(filters=random_case((3, 3, 3, 4), 0)), "multiple of the filter's in_depth"),
+    (dict(input=random_case((8, 8, 2), 0)), VE, IAE, "input must be rank 4"),
+    (dict(filters=random_case((3, 3, 2), 0)), VE, IAE, "filters must be rank 4"),
+    (dict(filters=random_case((3, 3, 3, 4), 0)), VE, IAE, "multiple of the filter's in_depth"),
     (dict(input=random_case((1, 8, 8, 4), 0), filters=random_case((3, 3, 2, 3), 0)),
-     "multiple of groups"),
-    (dict(strides=0), "strides must be positive"),
-    (dict(strides=[1, 2, 3]), "strides must be an int or a list of 1, 2 or 4"),
-    (dict(strides=[2, 1, 1, 1]), "batch and depth"),
-    (dict(strides=[1, 1, 1, 2]), "batch and depth"),
-    (dict(dilations=-2), "dilations must be positive"),
-    (dict(padding="FULL"), "padding must be one of"),
-    (dict(padding=[[0, 0], [1, 1], [1, 1]]), "4 \\[before, after\\] pairs"),
-    (dict(padding=[[0, 0], [1, -1], [1, 1], [0, 0]]), "non-negative"),
-    (dict(padding=[[1, 0], [1, 1], [1, 1], [0, 0]]), "batch and depth"),
-    (dict(filters=random_case((10, 3, 2, 4), 0)), "larger than the padded input along height"),
-    (dict(data_format="NWHC"), "data_format"),
-    (dict(algorithm="magic"), "algorithm"),
-    (dict(input=tf.zeros((1, 8, 8, 2), tf.int32)), "input dtype"),
-    (dict(filters=tf.zeros((3, 3, 2, 4), tf.float64)), "filters dtype"),
+     VE, IAE, "multiple of groups"),
+    (dict(strides=0), VE, IAE, "strides must be positive"),
+    (dict(strides=[1, 2, 3]), VE, VE, "strides must be an int or a list of 1, 2 or 4"),
+    (dict(strides=[2, 1, 1, 1]), UNIMPLEMENTED, UNIMPLEMENTED, "strides on the batch and depth"),
+    (dict(strides=[1, 1, 1, 2]), UNIMPLEMENTED, UNIMPLEMENTED, "strides on the batch and depth"),
+    (dict(dilations=-2), VE, IAE, "dilations must be positive"),
+    (dict(dilations=[2, 1, 1, 1]), IAE, IAE, "dilations on the batch and depth"),
+    (dict(padding="FULL"), VE, IAE, "padding must be one of"),
+    (dict(padding="EXPLICIT"), VE, VE, "list of 4 \\[before, after\\] pairs"),
+    (dict(padding=[[0, 0], [1, 1], [1, 1]]), VE, VE, "4 \\[before, after\\] pairs"),
+    (dict(padding=[[0, 0, 0], [1, 1], [1, 1], [0, 0]]), VE, VE, "4 \\[before, after\\] pairs"),
+    (dict(padding=[[0, 0], [1, -1], [1, 1], [0, 0]]), VE, IAE, "non-negative"),
+    (dict(padding=[[1, 0], [1, 1], [1, 1], [0, 0]]), VE, IAE, "batch and depth"),
+    (dict(padding=[[0, 0], [1, 1], [1, 1], [0, 1]]), VE, IAE, "batch and depth"),
+    (dict(filters=random_case((0, 3, 2, 4), 0)), IAE, IAE, "must not have zero elements"),
+    (dict(filters=random_case((10, 3, 2, 4), 0)), VE, IAE,
+     "larger than the padded input along height"),
+    (dict(data_format="NWHC"), VE, IAE, "data_format"),
+    (dict(input=tf.zeros((1, 8, 8, 2), tf.int64), filters=tf.zeros((3, 3, 2, 4), tf.int64)),
+     TE, IAE, "input dtype"),
+    (dict(filters=tf.zeros((3, 3, 2, 4), tf.float64)), TE, IAE, "filters dtype"),
+    (dict(algorithm="magic"), None, IAE, "algorithm"),
+    (dict(workspace_limit=-1), None, IAE, "workspace_limit"),
 ]
+IDS = [f"{i}-{frag[:24]}" for i, (_, _, _, frag) in enumerate(BAD)]
 
 
-def call(**kw):
+def call(conv2d=tfbigconv.bigconv2d, **kw):
     args = dict(input=X, filters=W, strides=1, padding="VALID")
     args.update(kw)
-    return tfbigconv.bigconv2d(**args)
+    if conv2d is tf.nn.conv2d:
+        args.pop("algorithm", None), args.pop("workspace_limit", None)
+    return conv2d(**args)
 
 
-@pytest.mark.parametrize("kwargs,fragment", BAD)
-def test_eager_errors(kwargs, fragment):
-    with pytest.raises(tf.errors.InvalidArgumentError, match=fragment):
+@pytest.mark.parametrize("kwargs,graph,eager,fragment", BAD, ids=IDS)
+def test_eager_errors(kwargs, graph, eager, fragment):
+    with pytest.raises(eager, match=fragment) as info:
         call(**kwargs)
+    assert type(info.value) is eager or eager is VE  # not a subclass of a neighbour
 
 
-@pytest.mark.parametrize("kwargs,fragment", BAD)
-def test_tf_function_errors(kwargs, fragment):
-    with pytest.raises(tf.errors.InvalidArgumentError, match=fragment):
+@pytest.mark.parametrize("kwargs,graph,eager,fragment", BAD, ids=IDS)
+def test_tf_function_errors(kwargs, graph, eager, fragment):
+    with pytest.raises(graph or eager, match=fragment):
         tf.function(lambda: call(**kwargs))()
+
+
+@pytest.mark.parametrize("kwargs,graph,eager,fragment", BAD, ids=IDS)
+def test_tf1_graph_errors(kwargs, graph, eager, fragment):
+    with tf.Graph().as_default(), pytest.raises(graph or eager, match=fragment):
+        # the table's tensors are eager ones: a graph takes constants
+        y = call(**{k: tf.constant(v.numpy()) if isinstance(v, tf.Tensor) else v
+                    for k, v in kwargs.items()})
+        with tf.compat.v1.Session() as session:
+            session.run(y)
+
+
+@pytest.mark.parametrize("kwargs,graph,eager,fragment",
+                         [b for b in BAD if b[1] is not None], ids=[
+                             i for i, b in zip(IDS, BAD) if b[1] is not None])
+def test_tf_raises_the_same(kwargs, graph, eager, fragment):
+    """The table's graph column is what tf.nn.conv2d raises in a tf.function."""
+    with pytest.raises(graph):
+        tf.function(lambda: call(tf.nn.conv2d, **kwargs))()
 
 
 @pytest.mark.parametrize("x,w,fragment", [
@@ -70,3 +113,23 @@ def test_raw_op_rejects_bad_attrs():
     with pytest.raises(tf.errors.InvalidArgumentError, match="explicit_paddings"):
         tfbigconv._raw_ops.big_conv2d(input=X, filter=W, strides=[1, 1, 1, 1], padding="EXPLICIT",
                                       explicit_paddings=[1, 1])
+
+
+def test_int32_runs_tensorflows_kernel():
+    """tf.nn.conv2d computes int32 on the CPU; our kernels lack it, so TF's runs."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(-5, 5, (2, 9, 8, 3)).astype(np.int32)
+    w = rng.integers(-3, 3, (4, 3, 3, 5)).astype(np.int32)
+    for pad in ("SAME", "VALID", [[0, 0], [2, 1], [0, 3], [0, 0]]):
+        want = tf.nn.conv2d(x, w, [1, 2], pad, dilations=1)
+        got = tfbigconv.bigconv2d(x, w, [1, 2], pad)
+        assert got.dtype == tf.int32
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="algorithm 'fft' does not run int32"):
+        tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm="fft")
+
+
+def test_data_format_none_is_nhwc():
+    want = tfbigconv.bigconv2d(X, W, 1, "SAME", data_format="NHWC", algorithm="direct")
+    got = tfbigconv.bigconv2d(X, W, 1, "SAME", data_format=None, algorithm="direct")
+    np.testing.assert_array_equal(got, want)

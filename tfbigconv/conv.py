@@ -9,20 +9,39 @@ from tfbigconv._ops import ops as _ops
 from tfbigconv.dispatch import ALGORITHMS, invalid_argument as _invalid
 
 DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+# Dtypes tf.nn.conv2d takes that our kernels lack: they run TensorFlow's Conv2D.
+TF_ONLY_DTYPES = (tf.int32,)
 # The attributes TensorFlow's own Conv2D ops share with ours, and all of ours.
 _TF_ATTRS = ("strides", "padding", "explicit_paddings", "data_format", "dilations")
 _ATTRS = _TF_ATTRS + ("algorithm", "workspace_limit_bytes")
 
 
+# The exception classes are tf.nn.conv2d's (tests/test_errors.py holds the table):
+# - the form of an argument (a padding list of the wrong shape, strides of
+#   length 3): ValueError, which tf.nn.conv2d raises in Python;
+# - what TensorFlow's shape function and op definition check (ranks, depths,
+#   attribute values, dtypes): ValueError (TypeError for dtypes) while a graph
+#   is built, InvalidArgumentError eagerly, where TF's kernel finds it
+#   (_graph_error);
+# - what only TF's kernel checks (strides or dilations in the batch or depth
+#   dimension, a filter with no elements): its class, UnimplementedError or
+#   InvalidArgumentError, raised here at once.
+def _graph_error(message, graph_class=ValueError):
+    return graph_class(message) if not tf.executing_eagerly() else _invalid(message)
+
+
 def _data_format(value):
+    """"NHWC" or "NCHW" (None: "NHWC", as tf.nn.conv2d reads it)."""
+    if value is None:
+        return "NHWC"
     if not isinstance(value, str) or value.upper() not in ("NHWC", "NCHW"):
-        raise _invalid(f"data_format must be 'NHWC' or 'NCHW', got {value!r}")
+        raise _graph_error(f"data_format must be 'NHWC' or 'NCHW', got {value!r}")
     return value.upper()
 
 
 # Argument validation shared by bigconv2d and explain: every bad argument
-# raises InvalidArgumentError naming it, before anything reaches the compiled
-# code (whose int64 arguments would otherwise raise a raw TypeError).
+# raises an exception naming it before anything reaches the compiled code
+# (whose int64 arguments would otherwise raise a raw TypeError).
 _INT64_MAX = 2**63 - 1
 # The ops' list attributes (strides, dilations, explicit_paddings) are int32
 # in TensorFlow, as tf.nn.conv2d's are.
@@ -76,7 +95,7 @@ def _expand(value, name, data_format):
         value = value.tolist()
     if isinstance(value, tf.TensorShape) or not isinstance(value, (list, tuple)) \
             or len(value) not in (1, 2, 4):
-        raise _invalid(f"{name} must be an int or a list of 1, 2 or 4 ints, got {value!r}")
+        raise ValueError(f"{name} must be an int or a list of 1, 2 or 4 ints, got {value!r}")
     value = _ints(value, name)
     if len(value) == 1:
         value = value * 2
@@ -89,6 +108,9 @@ def _expand(value, name, data_format):
 def _padding(padding):
     """'SAME' / 'VALID' / [[before, after]] * 4 -> (padding attr, explicit_paddings)."""
     if isinstance(padding, str):
+        if padding.upper() == "EXPLICIT":  # as tf.nn.conv2d: the pairs say it
+            raise ValueError("padding 'EXPLICIT' is not a value to pass: for explicit padding, "
+                             "padding must be a list of 4 [before, after] pairs")
         return padding.upper(), []
     try:
         pairs = [p for p in padding]
@@ -97,7 +119,7 @@ def _padding(padding):
     if pairs is None or isinstance(padding, bytes) or len(pairs) != 4 or any(
             isinstance(p, (str, bytes)) or not hasattr(p, "__len__") or len(p) != 2
             for p in pairs):
-        raise _invalid(
+        raise ValueError(
             f"padding must be 'SAME', 'VALID' or a list of 4 [before, after] pairs (one per "
             f"dimension), got {padding!r}")
     return "EXPLICIT", [_int(x, "explicit padding", -_INT32_MAX - 1, _INT32_MAX)
@@ -122,12 +144,15 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
     """Computes a 2-D convolution like `tf.nn.conv2d`, without im2col.
 
     Arguments and semantics are tf.nn.conv2d's: `input` is 4-D in `data_format`
-    ("NHWC" or "NCHW"); `filters` is [height, width, in_depth / groups, out_depth],
+    ("NHWC", the default, also for None, or "NCHW"), or batch_shape + those 3
+    dimensions (rank 5 or more: the leading dimensions run as one batch);
+    `filters` is [height, width, in_depth / groups, out_depth],
     where groups = input depth / filter in_depth (grouped and depthwise convolution);
     `strides` and `dilations` are an int or a list of 1, 2 or 4 ints; `padding` is
     "SAME", "VALID" or an explicit list of 4 [before, after] pairs in data_format
     order. Works in eager mode and in tf.function, also with unknown shapes.
-    Supported dtypes: float16, bfloat16 (both accumulate in float32), float32, float64.
+    Supported dtypes: float16, bfloat16 (both accumulate in float32), float32, float64;
+    int32, which tf.nn.conv2d also takes, runs TensorFlow's own Conv2D.
 
     Keyword-only:
       algorithm: "auto" (the default) lets the planner pick, per pass
@@ -163,23 +188,37 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
     BigConv2DBackpropFilter, each pass planned on its own).
 
     Raises:
-      tf.errors.InvalidArgumentError naming the bad argument.
+      tf.nn.conv2d's exception for each bad argument, with a message naming it:
+      ValueError for the form of an argument (a padding list of the wrong
+      shape); for what TensorFlow's shape function checks (ranks, depths,
+      attribute values), ValueError while a graph is built (tf.function,
+      tf.Graph) and tf.errors.InvalidArgumentError eagerly (TypeError and
+      InvalidArgumentError for dtypes); tf.errors.UnimplementedError for strides
+      in the batch or depth dimension; InvalidArgumentError for dilations there,
+      a filter with no elements, and for `algorithm` and `workspace_limit`.
     """
     with tf.name_scope(name or "bigconv2d"):
         data_format = _data_format(data_format)
         algorithm = dispatch.requested_algorithm(algorithm)
         workspace_limit = _byte_count(workspace_limit, "workspace_limit", 0)
         input = tf.convert_to_tensor(input, name="input")
-        if input.dtype not in DTYPES:
-            raise _invalid(
-                f"input dtype must be one of float16, bfloat16, float32, float64, got {input.dtype.name}")
+        if input.shape.rank is not None and input.shape.rank > 4:
+            return _with_batch_flattened(input, lambda x: bigconv2d(
+                x, filters, strides, padding, data_format, dilations,
+                algorithm=algorithm, workspace_limit=workspace_limit))
+        if input.dtype not in DTYPES + TF_ONLY_DTYPES:
+            raise _graph_error(
+                f"input dtype must be one of float16, bfloat16, float32, float64 or int32, got "
+                f"{input.dtype.name}", TypeError)
         if isinstance(filters, (tf.Tensor, tf.Variable)) and filters.dtype != input.dtype:
-            raise _invalid(
-                f"filters dtype {filters.dtype.name} must match input dtype {input.dtype.name}")
+            raise _graph_error(
+                f"filters dtype {filters.dtype.name} must match input dtype {input.dtype.name}",
+                TypeError)
         filters = tf.convert_to_tensor(filters, dtype=input.dtype, name="filters")
         strides = _expand(strides, "strides", data_format)
         dilations = _expand(1 if dilations is None else dilations, "dilations", data_format)
         pad, explicit = _padding(padding)
+        _check_kernel_limits(strides, dilations, data_format, filters.shape)
         try:
             _core.validate_attrs(strides, pad, explicit, data_format, dilations)
             for t, what in ((input, "input"), (filters, "filters")):
@@ -189,10 +228,15 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
             if in_shape is not None and f_shape is not None:
                 _core.conv_geometry(in_shape, f_shape, strides, pad, explicit, data_format, dilations)
         except ValueError as e:
-            raise _invalid(str(e)) from None
+            raise _graph_error(str(e)) from None
         a = dict(strides=strides, padding=pad, explicit_paddings=explicit,
                  data_format=data_format, dilations=dilations, algorithm=algorithm,
                  workspace_limit_bytes=int(workspace_limit))
+        if input.dtype in TF_ONLY_DTYPES:
+            if algorithm not in ("auto", "tf"):
+                raise _invalid(f"algorithm {algorithm!r} does not run {input.dtype.name}: only "
+                               f"TensorFlow's kernel does (algorithm 'auto' or 'tf')")
+            return tf.raw_ops.Conv2D(input=input, filter=filters, **_op_attrs(a))
         plan_in = _planning_shape(input.shape)
         planned = plan_in is not None and f_shape is not None
         device = None  # where the op runs: resolved for planning, and TF's kernel follows it
@@ -208,6 +252,37 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
                 return _tf_forward_routed(input, filters, plan_in, f_shape, a, device)
             return _ops.big_conv2d(input=input, filter=filters, planned_algorithm=chosen, **a)
         return _ops.big_conv2d(input=input, filter=filters, **a)
+
+
+def _check_kernel_limits(strides, dilations, data_format, filter_shape):
+    """What only TF's kernel checks, with its exception class (see _graph_error)."""
+    depth = 3 if data_format == "NHWC" else 1
+    for name, values, error in (("strides", strides, tf.errors.UnimplementedError),
+                                ("dilations", dilations, tf.errors.InvalidArgumentError)):
+        if all(v > 0 for v in values) and (values[0] != 1 or values[depth] != 1):
+            raise error(None, None, f"{name} on the batch and depth dimensions must be 1 (TF: "
+                        f"not yet supported), got {values} for data_format {data_format}")
+    dims = filter_shape.as_list() if filter_shape.rank == 4 else []
+    if 0 in dims[:3]:  # an empty out_depth gives an empty output
+        raise _invalid(f"filters must not have zero elements in height, width or in_depth, got "
+                       f"filter shape {dims}")
+
+
+def _with_batch_flattened(x, conv):
+    """tf.nn.conv2d's input of rank 5 or more: batch_shape + 3 dimensions runs
+    as one batch of prod(batch_shape), and the output keeps batch_shape."""
+    outer = x.shape[:-3]
+    count = outer.num_elements() if outer.is_fully_defined() else tf.reduce_prod(tf.shape(x)[:-3])
+    inner = [d if d is not None else tf.shape(x)[i - 3] for i, d in enumerate(x.shape[-3:])]
+    y = conv(tf.reshape(x, tf.stack([count] + inner) if not all(
+        isinstance(d, int) for d in [count] + inner) else [count] + inner))
+    outer_dims = outer.as_list() if outer.is_fully_defined() else tf.shape(x)[:-3]
+    inner_out = y.shape[1:]
+    if outer.is_fully_defined() and inner_out.is_fully_defined():
+        return tf.reshape(y, outer_dims + inner_out.as_list())
+    out = tf.reshape(y, tf.concat([tf.shape(x)[:-3], tf.shape(y)[1:]], axis=0))
+    out.set_shape(outer.concatenate(inner_out))
+    return out
 
 
 def _op_attrs(a):

@@ -40,6 +40,21 @@ def invalid_argument(message):
     return tf.errors.InvalidArgumentError(None, None, message)
 
 
+@contextlib.contextmanager
+def eager_scope():
+    """Runs its body eagerly, outside any graph being built: what trace-time
+    probes and autotuning time and read (.numpy()). tf.init_scope() alone
+    lifts out of a tf.function but stays in a TF1 graph (tf.Graph().as_default(),
+    tf.compat.v1 sessions, disable_v2_behavior()), where reading a tensor fails."""
+    from tensorflow.python.eager import context  # no public eager_mode()
+    with tf.init_scope():
+        if tf.executing_eagerly():
+            yield
+        else:
+            with context.eager_mode():
+                yield
+
+
 def requested_algorithm(algorithm):
     """`algorithm` ("im2col" read as "tf"), unless TFBIGCONV_ALGORITHM forces another."""
     forced = os.environ.get(ENV_ALGORITHM)
@@ -292,7 +307,7 @@ def _onednn_probe(kernel, dtype, explicit_padding, fmt):
     refs = [y_ref, _core.run_pass("direct", "backprop_input", dy, w, list(x_shape), *core_args),
             _core.run_pass("direct", "backprop_filter", x, dy, list(f_shape), *core_args)]
     try:
-        with tf.init_scope(), tf.device("/CPU:0"):
+        with eager_scope(), tf.device("/CPU:0"):
             xt, wt, dyt = (tf.constant(v, tf_dtype) for v in (x, w, dy))
             in_depth = x_shape[3 if fmt == "NHWC" else 1]
             got = tf.function(lambda: (

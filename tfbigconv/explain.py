@@ -135,15 +135,18 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
         budget = _byte_count(budget, "budget (bytes, or None)", 1)
     input_shape = _shape(input_shape, "input_shape")
     filter_shape = _shape(filter_shape, "filter_shape")
-    data_format = _data_format(data_format)
     try:
         dtype = tf.as_dtype(dtype).name
     except TypeError:
         raise _invalid(f"dtype must be float16, bfloat16, float32 or float64, got {dtype!r}") from None
-    pad, explicit = _padding(padding)
-    attrs = dict(strides=_expand(strides, "strides", data_format), padding=pad,
-                 explicit_paddings=explicit, data_format=data_format,
-                 dilations=_expand(dilations, "dilations", data_format))
+    try:  # bigconv2d raises tf.nn.conv2d's classes for these; explain InvalidArgumentError
+        data_format = _data_format(data_format)
+        pad, explicit = _padding(padding)
+        attrs = dict(strides=_expand(strides, "strides", data_format), padding=pad,
+                     explicit_paddings=explicit, data_format=data_format,
+                     dilations=_expand(dilations, "dilations", data_format))
+    except ValueError as e:
+        raise _invalid(str(e)) from None
     algorithm = dispatch.requested_algorithm(algorithm)
     if autotune is True and algorithm == "auto":
         from tfbigconv import autotune as tuner
