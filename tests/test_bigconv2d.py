@@ -186,3 +186,47 @@ def test_algorithms_agree():
     a = tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm="direct").numpy()
     b = tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm="fft").numpy()
     assert rel_l2(b, a) < 1e-4
+
+
+@pytest.mark.parametrize("algorithm", ["auto"] + ALGORITHMS)
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+def test_rank5_input_is_flattened_into_the_batch(algorithm, fmt):
+    """tf.nn.conv2d's batch_shape + [H, W, C]: values and both gradients."""
+    x = random_case((2, 3, 11, 10, 4) if fmt == "NHWC" else (2, 3, 4, 11, 10), 5)
+    w = random_case((5, 4, 2, 6), 6)  # 2 groups
+    want = np.stack([np.stack([reference(x[i, j][None], w, 2, "SAME", fmt=fmt)[0]
+                               for j in range(3)]) for i in range(2)])
+    xt, wt = tf.constant(x), tf.constant(w)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([xt, wt])
+        y = tfbigconv.bigconv2d(xt, wt, 2, "SAME", data_format=fmt, algorithm=algorithm)
+        loss = tf.reduce_sum(y * tf.sin(y))
+    assert y.shape == want.shape
+    assert rel_l2(y.numpy(), want) < 1e-4
+    gx, gw = tape.gradient(loss, [xt, wt])
+    with tf.GradientTape() as ref_tape:
+        ref_tape.watch([xt, wt])
+        flat = tf.reshape(xt, (6,) + x.shape[2:])
+        ref = tf.reshape(tfbigconv.bigconv2d(flat, wt, 2, "SAME", data_format=fmt,
+                                             algorithm="direct"), y.shape)
+        ref_loss = tf.reduce_sum(ref * tf.sin(ref))
+    rx, rw = ref_tape.gradient(ref_loss, [xt, wt])
+    assert rel_l2(gx.numpy(), rx.numpy()) < 1e-4 and rel_l2(gw.numpy(), rw.numpy()) < 1e-4
+
+
+def test_rank_6_and_unknown_batch_dims_in_tf_function():
+    x = random_case((2, 1, 3, 9, 8, 2), 7)
+    w = random_case((3, 3, 2, 3), 8)
+    fn = tf.function(lambda x: tfbigconv.bigconv2d(x, w, 1, "VALID"),
+                     input_signature=[tf.TensorSpec([None, None, None, 9, 8, 2])])
+    assert fn.get_concrete_function().structured_outputs.shape.as_list() == [None] * 3 + [7, 6, 3]
+    got = fn(x)
+    want = tf.nn.conv2d(x, w, 1, "VALID")
+    assert got.shape == want.shape == (2, 1, 3, 7, 6, 3)
+    assert rel_l2(got.numpy(), want.numpy()) < 1e-5
+    # Batch 0, on our kernel: TF 2.21's oneDNN Conv2D returns its input for an
+    # empty batch (README, "Odd input").
+    empty = tf.function(lambda x: tfbigconv.bigconv2d(x, w, 1, "VALID", algorithm="direct"),
+                        input_signature=[tf.TensorSpec([None, None, None, 9, 8, 2])])(
+                            np.zeros((0, 2, 3, 9, 8, 2), np.float32))
+    assert empty.shape == (0, 2, 3, 7, 6, 3)

@@ -104,8 +104,9 @@ EXTRA_ROUNDS_BELOW_S = 0.1
 TF_MARGIN = 1.1
 # On a near tie (within TF_MARGIN) the first of these wins: TF's kernel, the
 # baseline; then direct, whose sums are exact where the true output is 0,
-# while the FFT's rounding error, about 3e-8 x max|y| in float32, lands on
-# every output (a 2x2 filter: fft 0.484 ms, direct 0.487 ms; issue 36).
+# while the FFT's rounding error, up to about 3e-7 x max|y| in float32,
+# lands on every output (README, "Odd input"; a 2x2 filter once went to fft
+# at 0.484 ms against direct's 0.487 ms).
 PREFERENCE = ("tf", "direct", "fft")
 # A measured win over TF's kernel by less than this is timed a second time.
 CONFIRM_BELOW = 2.0
