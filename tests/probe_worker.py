@@ -16,6 +16,7 @@ Probe kinds:
 import json
 import os
 import sys
+import traceback
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -107,6 +108,16 @@ def run_probe(p):
     return {"outcome": "ok", "shape": list(y.shape), "differs": diff}
 
 
+def _raised_by_bigconv2d(e):
+    """Whether tfbigconv's argument checks raised `e` (tf.nn.conv2d's ValueError
+    or TypeError), not a stray error from deeper down. Traced in a tf.function,
+    the error TF re-raises quotes the frame it came from."""
+    frames = traceback.extract_tb(e.__traceback__)
+    checks = os.path.join("tfbigconv", "conv.py")
+    return bool(frames) and frames[-1].filename.endswith(checks) or (
+        "in user code" in str(e) and checks in str(e).rsplit("File ", 1)[-1])
+
+
 def main():
     for line in sys.stdin:
         p = json.loads(line)
@@ -115,7 +126,8 @@ def main():
         except ACCEPTED as e:
             result = {"outcome": type(e).__name__, "message": e.message}
         except Exception as e:  # noqa: BLE001 - reported, and the test fails on it
-            result = {"outcome": type(e).__name__, "message": str(e)[:500]}
+            result = {"outcome": type(e).__name__, "message": str(e)[:500],
+                      "from_bigconv2d": _raised_by_bigconv2d(e)}
         sys.stdout.write(json.dumps(result) + "\n")
         sys.stdout.flush()
 

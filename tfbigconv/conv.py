@@ -39,9 +39,9 @@ def _data_format(value):
     return value.upper()
 
 
-# Argument validation shared by bigconv2d and explain: every bad argument
-# raises an exception naming it before anything reaches the compiled code
-# (whose int64 arguments would otherwise raise a raw TypeError).
+# Argument parsing shared by bigconv2d and explain: every bad argument raises
+# ValueError naming it (explain: InvalidArgumentError) before anything reaches
+# the compiled code (whose int64 arguments would otherwise raise a raw TypeError).
 _INT64_MAX = 2**63 - 1
 # The ops' list attributes (strides, dilations, explicit_paddings) are int32
 # in TensorFlow, as tf.nn.conv2d's are.
@@ -51,39 +51,43 @@ _INT32_MAX = 2**31 - 1
 def _int(value, name, minimum=-_INT64_MAX - 1, maximum=_INT64_MAX):
     """An int (Python or NumPy, not bool) in [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise _invalid(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+        raise ValueError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
     value = int(value)
     if not minimum <= value <= maximum:
         what = "non-negative " if minimum == 0 else "positive " if minimum == 1 else ""
         bits = 31 if maximum == _INT32_MAX else 63
-        raise _invalid(f"{name} must be a {what}int below 2**{bits}, got {value}")
+        raise ValueError(f"{name} must be a {what}int below 2**{bits}, got {value}")
     return value
 
 
 def _ints(value, name):
     """A list or tuple of int32 attribute values (strings are not lists)."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise _invalid(f"{name} must be a list of ints, got {value!r}")
+        raise ValueError(f"{name} must be a list of ints, got {value!r}")
     return [_int(v, f"{name} entry", -_INT32_MAX - 1, _INT32_MAX) for v in value]
 
 
 def _byte_count(value, name, minimum):
-    """A size in bytes: an int in [minimum, 2**63)."""
-    return _int(value, name, minimum)
+    """A size in bytes: an int in [minimum, 2**63); InvalidArgumentError if not
+    (our own arguments, not tf.nn.conv2d's)."""
+    try:
+        return _int(value, name, minimum)
+    except ValueError as e:
+        raise _invalid(str(e)) from None
 
 
 def _shape(value, name):
     """A fully known shape (list, tuple or TensorShape) as a list of non-negative ints."""
     if isinstance(value, tf.TensorShape):
         if value.rank is None or not value.is_fully_defined():
-            raise _invalid(f"{name} must be fully known, got {value}")
+            raise ValueError(f"{name} must be fully known, got {value}")
         value = value.as_list()
     if isinstance(value, np.ndarray) and value.ndim == 1:
         value = value.tolist()
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise _invalid(f"{name} must be a list of ints, got {value!r}")
+        raise ValueError(f"{name} must be a list of ints, got {value!r}")
     if any(v is None for v in value):
-        raise _invalid(f"{name} must be fully known, got {value!r}")
+        raise ValueError(f"{name} must be fully known, got {value!r}")
     return [_int(v, f"{name} dimension", 0) for v in value]
 
 
@@ -260,12 +264,14 @@ def _check_kernel_limits(strides, dilations, data_format, filter_shape):
     for name, values, error in (("strides", strides, tf.errors.UnimplementedError),
                                 ("dilations", dilations, tf.errors.InvalidArgumentError)):
         if all(v > 0 for v in values) and (values[0] != 1 or values[depth] != 1):
-            raise error(None, None, f"{name} on the batch and depth dimensions must be 1 (TF: "
-                        f"not yet supported), got {values} for data_format {data_format}")
+            # TF's words, which code and tests match
+            raise error(None, None, f"Current implementation does not yet support {name} in "
+                        f"the batch and depth dimensions: {name} must be 1 there, got {values} "
+                        f"for data_format {data_format}")
     dims = filter_shape.as_list() if filter_shape.rank == 4 else []
     if 0 in dims[:3]:  # an empty out_depth gives an empty output
-        raise _invalid(f"filters must not have zero elements in height, width or in_depth, got "
-                       f"filter shape {dims}")
+        raise _invalid(f"filter must not have zero elements (i.e. all dimensions must be "
+                       f"non-zero) in height, width and in_depth: filters has shape {dims}")
 
 
 def _with_batch_flattened(x, conv):

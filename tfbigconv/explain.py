@@ -133,13 +133,13 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
         raise _invalid(f"device must be 'CPU' or 'GPU', got {device!r}")
     if budget is not None:
         budget = _byte_count(budget, "budget (bytes, or None)", 1)
-    input_shape = _shape(input_shape, "input_shape")
-    filter_shape = _shape(filter_shape, "filter_shape")
     try:
         dtype = tf.as_dtype(dtype).name
     except TypeError:
         raise _invalid(f"dtype must be float16, bfloat16, float32 or float64, got {dtype!r}") from None
     try:  # bigconv2d raises tf.nn.conv2d's classes for these; explain InvalidArgumentError
+        input_shape = _shape(input_shape, "input_shape")
+        filter_shape = _shape(filter_shape, "filter_shape")
         data_format = _data_format(data_format)
         pad, explicit = _padding(padding)
         attrs = dict(strides=_expand(strides, "strides", data_format), padding=pad,
