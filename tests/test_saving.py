@@ -147,3 +147,24 @@ def test_import_refuses_other_tensorflow(tmp_path):
         print("ok")
     """, cwd=tmp_path)
     assert out.startswith("ok")
+
+
+def test_files_saved_by_an_earlier_version_load(tmp_path):
+    """A .keras file and a SavedModel made by tfbigconv at a6d1a82 (before the
+    package was restructured; tests/fixtures) load and give the same outputs."""
+    fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+    out = run_python(f"""
+        import os, numpy as np, keras, tensorflow as tf
+        import tfbigconv
+        d = {fixtures!r}
+        want = np.load(os.path.join(d, "a6d1a82_expected.npz"))
+        model = keras.models.load_model(os.path.join(d, "a6d1a82_model.keras"))
+        loaded = tf.saved_model.load(os.path.join(d, "a6d1a82_savedmodel"))
+        r = loaded(tf.constant(want["x"]))
+        def rel(a, b):
+            return float(np.linalg.norm(np.asarray(a) - b) / np.linalg.norm(b))
+        print("ERRORS", rel(model(want["x"]), want["keras_y"]), rel(r["y"], want["saved_y"]),
+              rel(r["dx"], want["saved_dx"]))
+    """, cwd=str(tmp_path))
+    errors = [float(v) for v in out.split("ERRORS")[1].split()]
+    assert len(errors) == 3 and max(errors) < TOL, errors

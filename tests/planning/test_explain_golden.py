@@ -1,0 +1,31 @@
+"""explain() gives the tables held in explain_golden.json (generated before the
+package was restructured, issue 37), on pinned host facts and the shipped
+generic profile: the same choices, estimates and notes."""
+import json
+import os
+import subprocess
+import sys
+
+import tfbigconv
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GOLDEN = os.path.join(HERE, "explain_golden.json")
+
+
+def current_tables():
+    profile = os.path.join(os.path.dirname(tfbigconv.__file__), "cost_model.json")
+    env = dict(os.environ, TFBIGCONV_COST_MODEL=profile, TFBIGCONV_AUTOTUNE="0", TFBIGCONV_ISA="avx2",
+               TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, os.path.join(HERE, "explain_golden_cases.py")],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_explain_tables_are_unchanged():
+    with open(GOLDEN) as f:
+        golden = json.load(f)
+    got = current_tables()
+    assert len(golden) >= 50 and set(got) == set(golden)
+    differ = [k for k in golden if got[k] != golden[k]]
+    assert not differ, (len(differ), differ[:5], got[differ[0]], golden[differ[0]])
