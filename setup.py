@@ -76,7 +76,7 @@ setup(
     version="0.1.0",
     description="Fast, memory-bounded 2-D convolution with large filters for TensorFlow",
     packages=find_packages(include=["tfbigconv", "tfbigconv.*"]),
-    package_data={"tfbigconv": ["cost_model*.json"]},  # the shipped calibrations
+    package_data={"tfbigconv.cost_model": ["cost_model*.json"]},  # the shipped calibrations
     ext_modules=[CMakeExtension("tfbigconv._bigconv_ops")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",

@@ -20,24 +20,26 @@ except ImportError as e:  # pragma: no cover - build or path problem
         "If that is the source tree, run from another directory so that the installed "
         "package is imported; otherwise build with: pip install --no-build-isolation ."
     ) from e
-from tfbigconv import _ops, cost_model  # _ops checks the TF version, registers the ops
-from tfbigconv._ops import ops as _raw_ops  # noqa: F401  (the ops, for tests and power users)
-from tfbigconv.conv import ALGORITHMS, bigconv2d  # registers the gradients
-from tfbigconv.explain import explain
+from tfbigconv import _native  # checks the TF version, registers the ops
+from tfbigconv._native import ops as _raw_ops  # noqa: F401  (the ops, for tests and power users)
+from tfbigconv.cost_model import profiles as _profiles
+from tfbigconv.ops import gradients as _gradients  # noqa: F401  (registers the gradients)
+from tfbigconv.ops.conv2d import ALGORITHMS, bigconv2d
+from tfbigconv.planning.explain import explain
 
 from tfbigconv import keras  # registers the Keras layers (needs Keras 3, a TensorFlow dependency)
-from tfbigconv.convert import convert_model
+from tfbigconv.keras.convert import convert_model
 from tfbigconv.memory_report import MemoryReport, explain_oom, memory_report
-from tfbigconv import fuse, fuse_train
-from tfbigconv.fuse_model import SubgraphReport, fuse_linear
+from tfbigconv.fusion import algebra as fuse, train as fuse_train
+from tfbigconv.fusion.model import SubgraphReport, fuse_linear
+from tfbigconv.version import __version__
 
-# The planner's constants, in both compiled modules (see cost_model.py).
-cost_model.load_active(_ops._LIB_PATH)
+# The planner's constants, in both compiled modules (see cost_model/profiles.py).
+_profiles.load_active(_native.LIB_PATH)
 
 __all__ = ["bigconv2d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_train", "fuse_linear",
            "SubgraphReport", "keras", "register_all", "memory_report", "MemoryReport",
            "explain_oom"]
-__version__ = "0.1.0"
 
 
 def register_all():

@@ -1,7 +1,7 @@
 """The geometries whose explain() tables are held in explain_golden.json (issue 37:
 the restructure keeps every choice). Run as a script in a fresh process with
 TFBIGCONV_COST_MODEL and TFBIGCONV_ISA=avx2 set (test_explain_golden.py does): prints one JSON object
-{case id: table}. The host's facts are pinned (pin_host) so that the tables do
+{case id: table}. The host's facts are pinned (pinned_host) so that the tables do
 not depend on the machine: oneDNN on or off as the case says, 2 workers."""
 import json
 import sys
@@ -47,13 +47,11 @@ def cases():
     return out
 
 
-def pin_host(onednn):
-    """This machine's facts, as the case says (the planner asks them)."""
-    from tfbigconv import cost_model, dispatch
-    dispatch.tf_cpu_onednn = lambda *args, **kwargs: onednn
-    cost_model.tf_onednn = lambda: onednn
-    dispatch.workers = lambda: 2
-    dispatch.gpu_available = lambda: False
+def pinned_host(onednn):
+    """This machine's facts, as the case says (the planner reads them)."""
+    from tfbigconv import host
+    return host.use(host.Host(onednn=onednn, gpu=False, workers=2,
+                              onednn_runs=lambda *args: onednn))
 
 
 def table(explanation):
@@ -66,12 +64,12 @@ def main():
     import tfbigconv
     out = {}
     for case_id, x, w, kw, onednn in cases():
-        pin_host(onednn)
-        try:
-            e = tfbigconv.explain(list(x), list(w), budget=8 << 30, autotune=False, **kw)
-            out[case_id] = table(e)
-        except Exception as error:  # noqa: BLE001 - the error is part of the golden output
-            out[case_id] = f"{type(error).__name__}: {error}"
+        with pinned_host(onednn):
+            try:
+                e = tfbigconv.explain(list(x), list(w), budget=8 << 30, autotune=False, **kw)
+                out[case_id] = table(e)
+            except Exception as error:  # noqa: BLE001 - the error is part of the golden output
+                out[case_id] = f"{type(error).__name__}: {error}"
     json.dump(out, sys.stdout, indent=0, sort_keys=True)
 
 

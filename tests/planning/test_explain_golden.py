@@ -6,15 +6,14 @@ import os
 import subprocess
 import sys
 
-import tfbigconv
+from tfbigconv.cost_model import profiles
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(HERE, "explain_golden.json")
 
 
 def current_tables():
-    profile = os.path.join(os.path.dirname(tfbigconv.__file__), "cost_model.json")
-    env = dict(os.environ, TFBIGCONV_COST_MODEL=profile, TFBIGCONV_AUTOTUNE="0", TFBIGCONV_ISA="avx2",
+    env = dict(os.environ, TFBIGCONV_COST_MODEL=profiles.SHIPPED_PATH, TFBIGCONV_AUTOTUNE="0", TFBIGCONV_ISA="avx2",
                TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run([sys.executable, os.path.join(HERE, "explain_golden_cases.py")],
                          env=env, capture_output=True, text=True, timeout=600)

@@ -4,8 +4,9 @@ import os
 
 import tensorflow as tf
 
-from tfbigconv import cost_model, dispatch
-from tfbigconv.conv import _byte_count, _data_format, _expand, _invalid, _padding, _shape
+from tfbigconv import arguments, errors, host
+from tfbigconv.cost_model import profiles
+from tfbigconv.planning import autotune as tuner, planner
 
 Row = collections.namedtuple(
     "Row", "pass_ algorithm seconds workspace_bytes peak_bytes available fits chosen note "
@@ -41,7 +42,7 @@ class Explanation:
       budget: the workspace limit in bytes; geometry: the validated geometry;
       cost_model: where the model's constants came from ("env", "user",
         "shipped" or "built-in"), cost_model_file: its file name; cost_model_warning: why
-        they may not fit this machine (cost_model.machine_mismatch), or "".
+        they may not fit this machine (profiles.machine_mismatch), or "".
     """
 
     def __init__(self, plans, budget, cost_model_source, device):
@@ -62,10 +63,10 @@ class Explanation:
         self.device = device
         self.geometry = plans[0]["geometry"]
         self.cost_model = cost_model_source
-        self.cost_model_file = os.path.basename(cost_model.active_path or "")
+        self.cost_model_file = os.path.basename(profiles.active_path or "")
         # Why the CPU constants may not fit this machine ("" if they were measured
         # on one like it); the GPU's come from the H100 grids' fit either way.
-        self.cost_model_warning = cost_model.machine_mismatch() if device == "CPU" else ""
+        self.cost_model_warning = profiles.machine_mismatch() if device == "CPU" else ""
 
     def table(self):
         head = ["pass", "algorithm", "est. time", "measured", "workspace", "peak", "fits",
@@ -116,7 +117,7 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
     model; "GPU" needs no GPU here). budget: workspace limit in bytes (None:
     as the ops decide: half of the free host memory on the CPU; on the GPU,
     half of what TensorFlow's allocator can still give, see
-    dispatch.gpu_workspace_budget, or no limit where that is unknown, e.g. on
+    host.gpu_workspace_budget, or no limit where that is unknown, e.g. on
     a machine without a GPU: the kernels plan again at run time). algorithm:
     what bigconv2d would be asked for. autotune: False shows the estimates
     and any cached measurement; True also times what bigconv2d would time
@@ -129,46 +130,44 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
     does not fit the budget.
     """
     device = str(device).upper()
-    if device not in dispatch.DEVICES:
-        raise _invalid(f"device must be 'CPU' or 'GPU', got {device!r}")
+    if device not in host.DEVICES:
+        raise errors.invalid_argument(f"device must be 'CPU' or 'GPU', got {device!r}")
     if budget is not None:
-        budget = _byte_count(budget, "budget (bytes, or None)", 1)
+        budget = arguments.parse_byte_count(budget, "budget (bytes, or None)", 1)
     try:
         dtype = tf.as_dtype(dtype).name
     except TypeError:
-        raise _invalid(f"dtype must be float16, bfloat16, float32 or float64, got {dtype!r}") from None
+        raise errors.invalid_argument(f"dtype must be float16, bfloat16, float32 or float64, got {dtype!r}") from None
     try:  # bigconv2d raises tf.nn.conv2d's classes for these; explain InvalidArgumentError
-        input_shape = _shape(input_shape, "input_shape")
-        filter_shape = _shape(filter_shape, "filter_shape")
-        data_format = _data_format(data_format)
-        pad, explicit = _padding(padding)
-        attrs = dict(strides=_expand(strides, "strides", data_format), padding=pad,
+        input_shape = arguments.parse_shape(input_shape, "input_shape")
+        filter_shape = arguments.parse_shape(filter_shape, "filter_shape")
+        data_format = arguments.parse_data_format(data_format)
+        pad, explicit = arguments.parse_padding(padding)
+        attrs = dict(strides=arguments.parse_strides(strides, "strides", data_format), padding=pad,
                      explicit_paddings=explicit, data_format=data_format,
-                     dilations=_expand(dilations, "dilations", data_format))
+                     dilations=arguments.parse_strides(dilations, "dilations", data_format))
     except ValueError as e:
-        raise _invalid(str(e)) from None
-    algorithm = dispatch.requested_algorithm(algorithm)
+        raise errors.invalid_argument(str(e)) from None
+    algorithm = arguments.requested_algorithm(algorithm)
     if autotune is True and algorithm == "auto":
-        from tfbigconv import autotune as tuner
         if not tuner.can_measure(device):
-            raise _invalid("autotune=True times the candidates on the GPU, and TensorFlow sees "
+            raise errors.invalid_argument("autotune=True times the candidates on the GPU, and TensorFlow sees "
                            "none here; autotune=False shows the GPU's estimates")
     limit = budget or 0
-    plans = [dispatch.plan(p, input_shape, filter_shape, attrs, dtype, algorithm, limit, device)
-             for p in dispatch.PASSES]
+    plans = [planner.plan(p, input_shape, filter_shape, attrs, dtype, algorithm, limit, device)
+             for p in planner.PASSES]
     if algorithm == "auto":
-        from tfbigconv import autotune as tuner
         for p in plans:
             if autotune is False:
                 tuner.cached(p, input_shape, filter_shape, attrs, dtype, device, limit)
             else:
                 tuner.refine(p, input_shape, filter_shape, attrs, dtype, device, limit,
                              enabled=autotune)
-        # The gradient passes as bigconv2d's gradient decides them (dispatch.decide_gradients).
+        # The gradient passes as bigconv2d's gradient decides them (planner.decide_gradients).
         if autotune is False:
             tuner.cached_gradients(*plans[1:], input_shape, filter_shape, attrs, dtype, device,
                                    limit)
         else:
             tuner.refine_gradients(*plans[1:], input_shape, filter_shape, attrs, dtype, device,
                                    limit, enabled=autotune)
-    return Explanation(plans, plans[0]["limit"], cost_model.active_source, device)
+    return Explanation(plans, plans[0]["limit"], profiles.active_source, device)

@@ -10,7 +10,7 @@ import os
 import tensorflow as tf
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
-_LIB_PATH = os.path.join(_DIR, "_bigconv_ops.so")
+LIB_PATH = os.path.join(_DIR, "_bigconv_ops.so")
 
 REBUILD_COMMAND = "pip install --no-build-isolation --force-reinstall --no-deps ."
 # Set to 1 to load the ops under another TensorFlow anyway (at your own risk).
@@ -43,9 +43,9 @@ def check_tf_version(built=BUILT_TF_VERSION, installed=tf.__version__):
 check_tf_version()
 
 try:
-    ops = tf.load_op_library(_LIB_PATH)
+    ops = tf.load_op_library(LIB_PATH)
 except (tf.errors.NotFoundError, OSError) as e:  # pragma: no cover - build problem
     raise ImportError(
-        f"tfbigconv could not load its op library {_LIB_PATH}: {e}\n"
+        f"tfbigconv could not load its op library {LIB_PATH}: {e}\n"
         f"Rebuild it against the installed TensorFlow {tf.__version__} with: {REBUILD_COMMAND}"
     ) from e

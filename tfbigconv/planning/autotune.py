@@ -74,7 +74,9 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from tfbigconv import cost_model, dispatch
+from tfbigconv import host, version
+from tfbigconv.cost_model import profiles
+from tfbigconv.planning import candidates
 
 ENV_AUTOTUNE = "TFBIGCONV_AUTOTUNE"
 ENV_CACHE = "TFBIGCONV_AUTOTUNE_CACHE"
@@ -132,17 +134,16 @@ def can_measure(device):
     """Whether `device` is here to time on: an op planned for the GPU (an
     explicit tf.device scope) on a machine without one runs on the CPU, whose
     timings must not stand for the GPU's (nor can every GPU candidate run there)."""
-    return device != "GPU" or dispatch.gpu_available()
+    return device != "GPU" or host.current().has_gpu()
 
 
 def cache_path():
     return os.environ.get(ENV_CACHE) or os.path.join(
-        os.path.dirname(cost_model.user_path()), "autotune.json")
+        os.path.dirname(profiles.user_path()), "autotune.json")
 
 
 def _version():
-    import tfbigconv
-    return tfbigconv.__version__
+    return version.__version__
 
 
 def _load(path, warn=True):
@@ -220,12 +221,11 @@ def clear_memory():
 
 
 def _key(pass_, input_shape, filter_shape, attrs, dtype, device, workspace_limit):
-    from tfbigconv import dispatch
     # TF's CPU kernels are other code with oneDNN on or off (TF_ENABLE_ONEDNN_OPTS).
-    onednn = bool(cost_model.tf_onednn()) if device != "GPU" else None
+    onednn = host.current().runs_onednn() if device != "GPU" else None
     return json.dumps([pass_, list(input_shape), list(filter_shape), attrs["strides"],
                        attrs["padding"], attrs["explicit_paddings"], attrs["data_format"],
-                       attrs["dilations"], dtype, _device_name(device), dispatch.workers(),
+                       attrs["dilations"], dtype, _device_name(device), host.current().threads(),
                        int(workspace_limit), onednn])
 
 
@@ -471,16 +471,15 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
     Each candidate runs as its own traced graph (_pass_fn) on `device`, outside
     any tf.function being traced.
     """
-    from tfbigconv import conv
     full = input_shape[0]  # dimension 0 in NHWC and NCHW
     small = max(1, min(full, batch or TIMING_BATCH))
     shape = [small] + list(input_shape[1:])
-    with dispatch.eager_scope(), tf.device(f"/{device}:0"):
+    with host.eager_scope(), tf.device(f"/{device}:0"):
         rng = np.random.default_rng(0)
         x = tf.cast(tf.constant(rng.standard_normal(shape, dtype=np.float32)), dtype)
         w = tf.cast(tf.constant(rng.standard_normal(filter_shape, dtype=np.float32)), dtype)
         a = dict(attrs, algorithm="auto", workspace_limit_bytes=int(workspace_limit))
-        y_shape = conv.output_shape(shape, filter_shape, a)
+        y_shape = candidates.output_shape(shape, filter_shape, a)
         dy = tf.cast(tf.constant(rng.standard_normal(y_shape, dtype=np.float32)), dtype)
 
         order = list(order or names)
@@ -541,13 +540,12 @@ def _pass_fn(pass_, name, x, w, dy, a, device):
     Timed eagerly instead, TF's kernels paid ~0.2 ms more Python per call
     than ours, which decided sub-millisecond passes (a 14x14 depthwise forward:
     fft won eagerly, ran at 1.7x TF's time in the user's graph)."""
-    from tfbigconv import conv
     if pass_ == GRADIENTS:
         bpi, bpf = name.split("+")
-        body = lambda: (conv.run_pass("backprop_input", bpi, x, w, dy, a, device),  # noqa: E731
-                        conv.run_pass("backprop_filter", bpf, x, w, dy, a, device))
+        body = lambda: (candidates.run_pass("backprop_input", bpi, x, w, dy, a, device),  # noqa: E731
+                        candidates.run_pass("backprop_filter", bpf, x, w, dy, a, device))
     else:
-        body = lambda: conv.run_pass(pass_, name, x, w, dy, a, device)  # noqa: E731
+        body = lambda: candidates.run_pass(pass_, name, x, w, dy, a, device)  # noqa: E731
     fn = tf.function(body, autograph=False)
     fn.get_concrete_function()  # trace now: tracing is not timed
     return fn

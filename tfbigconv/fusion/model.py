@@ -7,9 +7,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbigconv import fuse
-from tfbigconv.keras import (BigConv2D, BigDepthwiseConv2D, FusedBiasMap, FusedLinearConv,
-                             _check_mode, _check_options)
+from tfbigconv.fusion import algebra as fuse
+from tfbigconv.fusion.layers import FusedBiasMap, FusedLinearConv, check_mode
+from tfbigconv.keras.layers import BigConv2D, BigDepthwiseConv2D, check_options
 
 _CONVS = (keras.layers.Conv2D, BigConv2D)
 _DEPTHWISE = (keras.layers.DepthwiseConv2D, BigDepthwiseConv2D)
@@ -287,8 +287,8 @@ def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algori
     Raises:
       ValueError: a bad argument (named), or a model that cannot be rebuilt.
     """
-    algorithm, workspace_limit = _check_options(algorithm, workspace_limit)
-    mode = _check_mode(mode)
+    algorithm, workspace_limit = check_options(algorithm, workspace_limit)
+    mode = check_mode(mode)
     if not isinstance(model, keras.Model):
         raise ValueError("Invalid value for argument `model`: expected a Keras model, received "
                          f"{type(model).__name__}")

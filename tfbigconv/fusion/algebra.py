@@ -36,7 +36,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from tfbigconv.conv import bigconv2d
+from tfbigconv.ops.conv2d import bigconv2d
 
 __all__ = [
     "NotFusable", "LinearMap", "identity", "pad", "convolve", "add", "concat", "affine",

@@ -19,6 +19,7 @@ import platform
 import warnings
 
 from tfbigconv import _core
+from tfbigconv.host import tf_onednn
 
 SHIPPED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cost_model.json")
 # CPU-only profiles shipped beside it, measured on other kinds of host
@@ -93,19 +94,6 @@ def _isa(cpu):
 def _describe(cpu):
     isa = ", ".join(_isa(cpu)) or "no AVX2, FMA, AVX-512 or AMX"
     return f"{cpu.get('name')}, {cpu.get('cpus')} CPUs, {isa}"
-
-
-def tf_onednn():
-    """Whether TensorFlow's CPU kernels run oneDNN in this process, or None if unknown.
-
-    TF turns oneDNN on by default only on some CPUs (it was on on the AVX-512
-    development host, off on the AVX2 one), and TF_ENABLE_ONEDNN_OPTS overrides
-    that; TF's Conv2D and depthwise kernels are different code either way."""
-    try:
-        from tensorflow.python.util import _pywrap_util_port
-        return bool(_pywrap_util_port.IsMklEnabled())
-    except (ImportError, AttributeError):
-        return None
 
 
 def machine_mismatch(meta=None, cpu=None, tensorflow=None, onednn=None):

@@ -3,7 +3,7 @@ import numbers
 
 import keras
 
-from tfbigconv.keras import BigConv2D, BigDepthwiseConv2D, _check_options
+from tfbigconv.keras.layers import BigConv2D, BigDepthwiseConv2D, check_options
 
 # Exact Keras classes -> their tfbigconv counterparts. Subclasses of Conv2D are
 # left alone: they may override call() with something else.
@@ -58,7 +58,7 @@ def convert_model(model, min_kernel_size=15, *, algorithm="auto", workspace_limi
       ValueError: a bad argument (named), or a model that cannot be cloned.
     """
     min_h, min_w = _min_size(min_kernel_size)
-    algorithm, workspace_limit = _check_options(algorithm, workspace_limit)
+    algorithm, workspace_limit = check_options(algorithm, workspace_limit)
     if not isinstance(model, keras.Model):
         raise ValueError("Invalid value for argument `model`: expected a Keras model, received "
                          f"{type(model).__name__}")

@@ -4,7 +4,7 @@ Times the direct and FFT kernels (through the ops) and TensorFlow's own
 Conv2D and DepthwiseConv2dNative ops and their backprops on a fixed set of
 convolutions, all pinned to the CPU (on a machine with a GPU, TensorFlow
 would otherwise place them there), fits the model's CPU constants
-(cost_model.h, CostModel) and writes a profile that cost_model.py loads; the
+(cost_model.h, CostModel) and writes a profile that profiles.py loads; the
 GPU constants are kept from the active profile (gpu_fit.py fits those).
 `python -m tfbigconv calibrate` writes the user's profile;
 benchmarks/calibrate.py writes the one shipped in the package.
@@ -16,8 +16,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tfbigconv import _core, cost_model, dispatch
-from tfbigconv._ops import ops as _ops
+from tfbigconv import _core, host, kernels
+from tfbigconv._native import ops as native
+from tfbigconv.cost_model import profiles
+from tfbigconv.planning import planner
 
 # The im2col table's filter sides and channel products (cost_model.h:
 # kIm2colSideAxis, kIm2colChannelAxis, read from the field names).
@@ -102,9 +104,9 @@ def _kernel_fn(algorithm, pass_, x_shape, w_shape, padding):
     """One pass of our op with a forced algorithm."""
     a = dict(ATTRS, padding=padding, algorithm=algorithm, workspace_limit_bytes=0)
     return _pass_fn(pass_, x_shape, w_shape, padding, tf.float32,
-                    lambda x, w: _ops.big_conv2d(x, w, **a),
-                    lambda s, w, dy: _ops.big_conv2d_backprop_input(s, w, dy, **a),
-                    lambda x, s, dy: _ops.big_conv2d_backprop_filter(x, s, dy, **a))
+                    lambda x, w: native.big_conv2d(x, w, **a),
+                    lambda s, w, dy: native.big_conv2d_backprop_input(s, w, dy, **a),
+                    lambda x, s, dy: native.big_conv2d_backprop_filter(x, s, dy, **a))
 
 
 def _best_times(fns, budget_s, rounds, log):
@@ -126,24 +128,20 @@ def _im2col_fn(pass_, x_shape, w_shape, padding, dtype):
     a = dict(ATTRS, padding=padding)
     return _pass_fn(
         pass_, x_shape, w_shape, padding, dtype,
-        lambda x, w: tf.raw_ops.Conv2D(input=x, filter=w, **a),
-        lambda s, w, dy: tf.raw_ops.Conv2DBackpropInput(input_sizes=s, filter=w, out_backprop=dy,
-                                                        **a),
-        lambda x, s, dy: tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=s,
-                                                         out_backprop=dy, **a))
+        lambda x, w: kernels.tf_forward(x, w, a, depthwise=False),
+        lambda s, w, dy: kernels.tf_backprop_input(s, w, dy, a, x_shape[3], depthwise=False),
+        lambda x, s, dy: kernels.tf_backprop_filter(x, s, dy, a, depthwise=False))
 
 
 def _depthwise_fn(pass_, x_shape, w_shape, padding, dtype):
     """One pass of TensorFlow's depthwise ops (w_shape in TF's [KH, KW, C, 1] form)."""
     a = dict(ATTRS, padding=padding)
-    ours = (w_shape[0], w_shape[1], 1, w_shape[2] * w_shape[3])
+    ours = [w_shape[0], w_shape[1], 1, w_shape[2] * w_shape[3]]
     return _pass_fn(
         pass_, x_shape, ours, padding, dtype,
-        lambda x, w: tf.raw_ops.DepthwiseConv2dNative(input=x, filter=tf.reshape(w, w_shape), **a),
-        lambda s, w, dy: tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
-            input_sizes=s, filter=tf.reshape(w, w_shape), out_backprop=dy, **a),
-        lambda x, s, dy: tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
-            input=x, filter_sizes=list(w_shape), out_backprop=dy, **a))
+        lambda x, w: kernels.tf_forward(x, w, a, depthwise=True),
+        lambda s, w, dy: kernels.tf_backprop_input(s, w, dy, a, x_shape[3], depthwise=True),
+        lambda x, s, dy: kernels.tf_backprop_filter(x, ours, dy, a, depthwise=True))
 
 
 def _dtype_slowdown_fns(target):
@@ -154,9 +152,9 @@ def _dtype_slowdown_fns(target):
     x_shape, w_shape = _im2col_case(7, 32, 1, target / 10)  # the depthwise table's case
     depthwise = (x_shape, w_shape[:2] + (32, 1))
     fns = {}
-    for prefix, make, (xs, ws) in zip(cost_model.DTYPE_SLOWDOWNS, (_im2col_fn, _depthwise_fn),
+    for prefix, make, (xs, ws) in zip(profiles.DTYPE_SLOWDOWNS, (_im2col_fn, _depthwise_fn),
                                       (conv, depthwise)):
-        for pass_ in dispatch.PASSES:
+        for pass_ in planner.PASSES:
             for name in ("float32",) + SLOWDOWN_DTYPES:
                 fns[f"{prefix}{pass_}.{name}"] = make(pass_, xs, ws, "SAME", tf.as_dtype(name))
     return fns
@@ -211,7 +209,7 @@ def channel_block(seconds):
 def _channel_blocks(quick, rounds, budget_s, log):
     """{profile field: block} for every pass and side, timed count by count."""
     values = {}
-    for pass_ in dispatch.PASSES:
+    for pass_ in planner.PASSES:
         for side in IM2COL_SIDES:
             seconds = {}
             for c in BLOCK_PROBE:
@@ -220,7 +218,7 @@ def _channel_blocks(quick, rounds, budget_s, log):
                 if channel_block(seconds) < c:  # past the block: no need to time more
                     break
             block = channel_block(seconds)
-            values[f"{cost_model.CHANNEL_BLOCK}{pass_}.side{side}"] = block
+            values[f"{profiles.CHANNEL_BLOCK}{pass_}.side{side}"] = block
             log(f"im2col {pass_} side {side}: written channels in blocks of {block:g} ("
                 + ", ".join(f"{c}: {t * 1e3:.2f} ms" for c, t in seconds.items()) + ")")
     return values
@@ -255,7 +253,7 @@ def _fit(terms, seconds, positive=(0,)):
 def _model_terms(algorithm, pass_, x_shape, w_shape, padding):
     p = _core.plan_pass(list(x_shape), list(w_shape), padding=padding, pass_=pass_,
                         dtype="float32", device="CPU", algorithm=algorithm, workspace_limit=0,
-                        workers=dispatch.workers(), tf_kernel="", **ATTRS)
+                        workers=host.current().threads(), tf_kernel="", **ATTRS)
     return p[algorithm]["terms"]
 
 
@@ -276,7 +274,7 @@ def _calibrate_cpu(output, quick, rounds, log):
     cases = [((1, 24, 24, 1), (5, 5, 1, 2), "SAME"), ((1, 24, 24, 4), (3, 3, 4, 4), "SAME"),
              ((1, 32, 32, 2), (9, 9, 2, 2), "VALID")] if quick else KERNEL_CASES
     fns = {(algorithm, pass_, case): _kernel_fn(algorithm, pass_, *case)
-           for algorithm in ("direct", "fft") for case in cases for pass_ in dispatch.PASSES}
+           for algorithm in ("direct", "fft") for case in cases for pass_ in planner.PASSES}
     times = _best_times(fns, budget_s, rounds, log)
     fits = {}
     for algorithm in ("direct", "fft"):
@@ -306,9 +304,9 @@ def _calibrate_cpu(output, quick, rounds, log):
     fns, macs = {}, {}
     blocks = _channel_blocks(quick, rounds, budget_s / 3, log)
     values.update(blocks)
-    for pass_ in dispatch.PASSES:
+    for pass_ in planner.PASSES:
         for side in IM2COL_SIDES:
-            block = int(blocks[f"{cost_model.CHANNEL_BLOCK}{pass_}.side{side}"])
+            block = int(blocks[f"{profiles.CHANNEL_BLOCK}{pass_}.side{side}"])
             for product in IM2COL_PRODUCTS:
                 cin, cout = _in_out(pass_, *table_case(product, block))
                 x_shape, w_shape = _im2col_case(side, cin, cout, target)
@@ -316,8 +314,8 @@ def _calibrate_cpu(output, quick, rounds, log):
                 fns[key] = _im2col_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
                 macs[key] = _core.conv_geometry(list(x_shape), list(w_shape), padding="SAME",
                                                 **ATTRS)["macs"]
-    for table, multiplier in ((cost_model.DEPTHWISE_TABLE, 1), (cost_model.MULTIPLIER_TABLE, 2)):
-        for pass_ in dispatch.PASSES:
+    for table, multiplier in ((profiles.DEPTHWISE_TABLE, 1), (profiles.MULTIPLIER_TABLE, 2)):
+        for pass_ in planner.PASSES:
             for side in IM2COL_SIDES:
                 # TF's depthwise kernels run at ~10 GFLOP/s: a tenth of the work.
                 x_shape, w_shape = _im2col_case(side, 32, 1, target / 10)
@@ -331,8 +329,8 @@ def _calibrate_cpu(output, quick, rounds, log):
     for key, m in macs.items():
         values[key] = 2 * m / times[key]
         log(f"{key}: {values[key] / 1e9:.1f} GFLOP/s")
-    for prefix in cost_model.DTYPE_SLOWDOWNS:
-        for pass_ in dispatch.PASSES:
+    for prefix in profiles.DTYPE_SLOWDOWNS:
+        for pass_ in planner.PASSES:
             for name in SLOWDOWN_DTYPES:
                 key, base = f"{prefix}{pass_}.{name}", f"{prefix}{pass_}.float32"
                 values[key] = times[key] / times[base]
@@ -342,14 +340,14 @@ def _calibrate_cpu(output, quick, rounds, log):
                for name in _core.cost_model_fields()]
     missing = [n for n in _core.cost_model_fields() if n not in values and not n.startswith("gpu.")]
     assert not missing, missing
-    cpu = cost_model.this_cpu()
+    cpu = profiles.this_cpu()
     meta = dict(created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 machine=f"{cpu['name']}, {cpu['cpus']} CPUs", cpu=cpu,
-                tensorflow=tf.__version__, tf_onednn=cost_model.tf_onednn(),
+                tensorflow=tf.__version__, tf_onednn=host.tf_onednn(),
                 quick=bool(quick), rounds=rounds,
                 fits={"direct": fits["direct"], "fft": fits["fft"]})
-    if "gpu_grids" in cost_model.active_meta:  # the GPU section is kept, and where it came from
-        meta["gpu_grids"] = cost_model.active_meta["gpu_grids"]
-    cost_model.write_profile(output, ordered, meta)
+    if "gpu_grids" in profiles.active_meta:  # the GPU section is kept, and where it came from
+        meta["gpu_grids"] = profiles.active_meta["gpu_grids"]
+    profiles.write_profile(output, ordered, meta)
     log(f"wrote {output}")
     return ordered

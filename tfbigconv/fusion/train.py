@@ -31,8 +31,10 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from tfbigconv import _core, conv as _conv, dispatch, fuse
-from tfbigconv.explain import explain
+from tfbigconv import _core, arguments, host
+from tfbigconv.fusion import algebra as fuse
+from tfbigconv.planning import candidates, planner
+from tfbigconv.planning.explain import explain
 
 __all__ = ["MODES", "ModeChoice", "FusedConvShape", "recomputed_values", "run_recompute",
            "value_shapes", "fused_conv_shape", "estimate_seconds", "choose_mode"]
@@ -143,11 +145,11 @@ def _value_channels(program, weights, channels):
 
 def _conv_attrs(step, algorithm, workspace_limit):
     """bigconv2d's op attributes for a conv step."""
-    pad, explicit = _conv._padding(fuse.conv_padding(step))
-    return dict(strides=_conv._expand(list(step["strides"]), "strides", "NHWC"), padding=pad,
+    pad, explicit = arguments.parse_padding(fuse.conv_padding(step))
+    return dict(strides=arguments.parse_strides(list(step["strides"]), "strides", "NHWC"), padding=pad,
                 explicit_paddings=explicit, data_format="NHWC",
-                dilations=_conv._expand(list(step["dilations"]), "dilations", "NHWC"),
-                algorithm=dispatch.requested_algorithm(algorithm),
+                dilations=arguments.parse_strides(list(step["dilations"]), "dilations", "NHWC"),
+                algorithm=arguments.requested_algorithm(algorithm),
                 workspace_limit_bytes=int(workspace_limit))
 
 
@@ -155,10 +157,10 @@ def _conv_gradients(src, kernel, dy, step, algorithm, workspace_limit):
     """(dL/dsrc, dL/dkernel) of bigconv2d(src, kernel) without running it: the same
     passes, planned the same way, as bigconv2d's registered gradient."""
     a = _conv_attrs(step, algorithm, workspace_limit)
-    device = dispatch.resolve_device(src) if a["algorithm"] in ("auto", "tf") else None
-    bpi, bpf = _conv._choose_gradients(src.shape, kernel.shape, a, src.dtype, device)
-    return (_conv._backprop_input(tf.shape(src), kernel, dy, a, bpi, src.shape, device),
-            _conv._backprop_filter(src, kernel.shape, dy, a, bpf, device))
+    device = host.resolve_device(src) if a["algorithm"] in ("auto", "tf") else None
+    bpi, bpf = planner.choose_gradients(src.shape, kernel.shape, a, src.dtype, device)
+    return (candidates.backprop_input(tf.shape(src), kernel, dy, a, bpi, src.shape, device),
+            candidates.backprop_filter(src, kernel.shape, dy, a, bpf, device))
 
 
 # ----- shapes and estimates ------------------------------------------------------------
@@ -237,7 +239,7 @@ def _conv_seconds(input_shape, filter_shape, strides, pads, dilations, passes, a
         e = explain(list(input_shape), list(filter_shape), strides=list(strides),
                     padding=[[0, 0], [t, b], [l, r], [0, 0]], dilations=list(dilations),
                     algorithm=algorithm, budget=workspace_limit or None,
-                    device=dispatch.resolve_device())
+                    device=host.resolve_device())
     except tf.errors.OpError:  # e.g. a forced algorithm that does not fit
         return float("inf")
     return sum(row.measured_seconds if row.measured_seconds is not None else row.seconds
@@ -245,7 +247,7 @@ def _conv_seconds(input_shape, filter_shape, strides, pads, dilations, passes, a
 
 
 def _passes(training):
-    return dispatch.PASSES if training else ("forward",)
+    return planner.PASSES if training else ("forward",)
 
 
 def _branch_seconds(program, weight_shapes, in_size, channels, batch, training, algorithm,
@@ -301,8 +303,8 @@ def estimate_seconds(program, weight_shapes, in_size, channels, batch, training=
 def choose_mode(program, weight_shapes, in_size, channels, batch=None, training=True,
                 algorithm="auto", workspace_limit=0, fused_shape=None):
     """ModeChoice: the mode with the smaller estimated step time (estimate_seconds) for
-    `batch` images (None: dispatch.ASSUMED_BATCH, as the planner assumes)."""
-    batch = batch or dispatch.ASSUMED_BATCH
+    `batch` images (None: planner.ASSUMED_BATCH, as the planner assumes)."""
+    batch = batch or planner.ASSUMED_BATCH
     seconds = estimate_seconds(program, weight_shapes, in_size, channels, batch, training,
                                algorithm, workspace_limit, fused_shape)
     what = "training step" if training else "forward pass"

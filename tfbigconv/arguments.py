@@ -1,0 +1,147 @@
+"""The arguments of bigconv2d (tf.nn.conv2d's) and explain, parsed and checked.
+
+Every bad argument raises an exception naming it before anything reaches the
+compiled code (whose int64 arguments would otherwise raise a raw TypeError).
+"""
+import numbers
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tfbigconv import errors
+
+# "im2col" is the earlier name of "tf" (TensorFlow's own kernel), still accepted.
+ALGORITHMS = ("auto", "tf", "direct", "fft", "im2col")
+ENV_ALGORITHM = "TFBIGCONV_ALGORITHM"
+# The dtypes our kernels run; TF_ONLY_DTYPES: tf.nn.conv2d takes them, and
+# TensorFlow's Conv2D runs them.
+DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+TF_ONLY_DTYPES = (tf.int32,)
+
+
+def requested_algorithm(algorithm):
+    """`algorithm` ("im2col" read as "tf"), unless TFBIGCONV_ALGORITHM forces another."""
+    forced = os.environ.get(ENV_ALGORITHM)
+    if forced:
+        if forced not in ALGORITHMS:
+            raise errors.invalid_argument(
+                f"{ENV_ALGORITHM} must be one of {ALGORITHMS}, got {forced!r}")
+        algorithm = forced
+    elif algorithm not in ALGORITHMS:
+        raise errors.invalid_argument(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    return "tf" if algorithm == "im2col" else algorithm
+
+
+# The exception classes are tf.nn.conv2d's (tests/test_errors.py holds the table):
+# - the form of an argument (a padding list of the wrong shape, strides of
+#   length 3): ValueError, which tf.nn.conv2d raises in Python;
+# - what TensorFlow's shape function and op definition check (ranks, depths,
+#   attribute values, dtypes): ValueError (TypeError for dtypes) while a graph
+#   is built, InvalidArgumentError eagerly, where TF's kernel finds it
+#   (graph_error);
+# - what only TF's kernel checks (strides or dilations in the batch or depth
+#   dimension, a filter with no elements): its class, UnimplementedError or
+#   InvalidArgumentError, raised at once (ops.conv2d).
+def graph_error(message, graph_class=ValueError):
+    """An error TF's shape function or op definition finds (see above)."""
+    return graph_class(message) if not tf.executing_eagerly() else errors.invalid_argument(message)
+
+
+def parse_data_format(value):
+    """"NHWC" or "NCHW" (None: "NHWC", as tf.nn.conv2d reads it)."""
+    if value is None:
+        return "NHWC"
+    if not isinstance(value, str) or value.upper() not in ("NHWC", "NCHW"):
+        raise graph_error(f"data_format must be 'NHWC' or 'NCHW', got {value!r}")
+    return value.upper()
+
+
+# Parsing raises ValueError naming the argument (explain turns it into
+# InvalidArgumentError).
+INT64_MAX = 2**63 - 1
+# The ops' list attributes (strides, dilations, explicit_paddings) are int32
+# in TensorFlow, as tf.nn.conv2d's are.
+INT32_MAX = 2**31 - 1
+
+
+def parse_int(value, name, minimum=-INT64_MAX - 1, maximum=INT64_MAX):
+    """An int (Python or NumPy, not bool) in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    value = int(value)
+    if not minimum <= value <= maximum:
+        what = "non-negative " if minimum == 0 else "positive " if minimum == 1 else ""
+        bits = 31 if maximum == INT32_MAX else 63
+        raise ValueError(f"{name} must be a {what}int below 2**{bits}, got {value}")
+    return value
+
+
+def parse_ints(value, name):
+    """A list or tuple of int32 attribute values (strings are not lists)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a list of ints, got {value!r}")
+    return [parse_int(v, f"{name} entry", -INT32_MAX - 1, INT32_MAX) for v in value]
+
+
+def parse_byte_count(value, name, minimum):
+    """A size in bytes: an int in [minimum, 2**63); InvalidArgumentError if not
+    (our own arguments, not tf.nn.conv2d's)."""
+    try:
+        return parse_int(value, name, minimum)
+    except ValueError as e:
+        raise errors.invalid_argument(str(e)) from None
+
+
+def parse_shape(value, name):
+    """A fully known shape (list, tuple or TensorShape) as a list of non-negative ints."""
+    if isinstance(value, tf.TensorShape):
+        if value.rank is None or not value.is_fully_defined():
+            raise ValueError(f"{name} must be fully known, got {value}")
+        value = value.as_list()
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a list of ints, got {value!r}")
+    if any(v is None for v in value):
+        raise ValueError(f"{name} must be fully known, got {value!r}")
+    return [parse_int(v, f"{name} dimension", 0) for v in value]
+
+
+def parse_strides(value, name, data_format):
+    """strides/dilations in tf.nn.conv2d's forms -> 4 ints in data_format order."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    if isinstance(value, tf.TensorShape) or not isinstance(value, (list, tuple)) \
+            or len(value) not in (1, 2, 4):
+        raise ValueError(f"{name} must be an int or a list of 1, 2 or 4 ints, got {value!r}")
+    value = parse_ints(value, name)
+    if len(value) == 1:
+        value = value * 2
+    if len(value) == 2:
+        h, w = value
+        return [1, h, w, 1] if data_format == "NHWC" else [1, 1, h, w]
+    return value
+
+
+def parse_padding(padding):
+    """'SAME' / 'VALID' / [[before, after]] * 4 -> (padding attr, explicit_paddings)."""
+    if isinstance(padding, str):
+        if padding.upper() == "EXPLICIT":  # as tf.nn.conv2d: the pairs say it
+            raise ValueError("padding 'EXPLICIT' is not a value to pass: for explicit padding, "
+                             "padding must be a list of 4 [before, after] pairs")
+        return padding.upper(), []
+    try:
+        pairs = [p for p in padding]
+    except TypeError:
+        pairs = None
+    if pairs is None or isinstance(padding, bytes) or len(pairs) != 4 or any(
+            isinstance(p, (str, bytes)) or not hasattr(p, "__len__") or len(p) != 2
+            for p in pairs):
+        raise ValueError(
+            f"padding must be 'SAME', 'VALID' or a list of 4 [before, after] pairs (one per "
+            f"dimension), got {padding!r}")
+    return "EXPLICIT", [parse_int(x, "explicit padding", -INT32_MAX - 1, INT32_MAX)
+                        for p in pairs for x in p]

@@ -1,0 +1,1 @@
+"""The planner's cost model: profiles (loading, choosing, writing), calibrate (this CPU), gpu_fit (the GPU section)."""

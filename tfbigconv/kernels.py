@@ -1,0 +1,109 @@
+"""TensorFlow's own convolution kernels as ops, each told which kernel to run.
+
+A depthwise filter [KH, KW, 1, C*m] is TF's [KH, KW, C, m]: output channel
+c*m + j belongs to group c in both. `depthwise` says whether a pass runs
+DepthwiseConv2dNative (with dilations: as tf.nn.depthwise_conv2d runs them)
+or Conv2D; planning.tf_rules decides it. Our own kernels are the ops of
+tfbigconv._native.
+"""
+import tensorflow as tf
+
+# The attributes TensorFlow's own Conv2D ops share with ours, and all of ours.
+TF_ATTRS = ("strides", "padding", "explicit_paddings", "data_format", "dilations")
+ATTRS = TF_ATTRS + ("algorithm", "workspace_limit_bytes")
+
+
+def tf_attrs(a):
+    """The attributes of TensorFlow's ops among `a` (ours)."""
+    return {k: a[k] for k in TF_ATTRS}
+
+
+def in_depth(shape, data_format):
+    shape = tf.TensorShape(shape)
+    return shape[3 if data_format == "NHWC" else 1]
+
+
+def depthwise_filter_shape(depth, f_shape):
+    kh, kw, _, out = tf.TensorShape(f_shape).as_list()
+    return [kh, kw, depth, out // depth]
+
+
+def _spatial(x):
+    """An NHWC tensor's height and width: static where known (the results keep
+    their static shape), else a tensor."""
+    hw = x.shape[1:3]
+    return hw.as_list() if hw.is_fully_defined() else tf.shape(x)[1:3]
+
+
+def _space_to_batch(a, f_shape, input_hw):
+    """How tf.nn.depthwise_conv2d runs dilations (nn_ops.with_space_to_batch), for
+    NHWC at stride 1: the input padded as the convolution pads it, then up to a
+    multiple of the dilations, becomes dh*dw undilated images (SpaceToBatchND);
+    the kernel runs VALID on them; BatchToSpaceND crops the result. Where all
+    three passes run it and both gradients are planned "tf"
+    (tf_rules.uses_depthwise_kernel), TF's registered gradients reuse the
+    forward's copy of the input, as tf.nn.depthwise_conv2d's do. Returns
+    (block, paddings, crops, undilated attrs)."""
+    block = a["dilations"][1:3]
+    if a["padding"] == "EXPLICIT":
+        base = [a["explicit_paddings"][2:4], a["explicit_paddings"][4:6]]
+    elif a["padding"] == "SAME":  # stride 1: (K - 1) * d in all, the odd one after
+        extra = [(k - 1) * d for k, d in zip(f_shape[:2], block)]
+        base = [[e // 2, e - e // 2] for e in extra]
+    else:
+        base = [[0, 0], [0, 0]]
+    paddings, crops = tf.required_space_to_batch_paddings(input_hw, block, base_paddings=base)
+    undilated = dict(tf_attrs(a), padding="VALID", explicit_paddings=[], dilations=[1, 1, 1, 1])
+    return block, paddings, crops, undilated
+
+
+def tf_forward(x, w, a, depthwise):
+    if not depthwise:
+        return tf.raw_ops.Conv2D(input=x, filter=w, **tf_attrs(a))
+    c = in_depth(x.shape, a["data_format"])
+    w = tf.reshape(w, depthwise_filter_shape(c, w.shape))
+    if all(d == 1 for d in a["dilations"]):
+        return tf.raw_ops.DepthwiseConv2dNative(input=x, filter=w, **tf_attrs(a))
+    block, paddings, crops, undilated = _space_to_batch(a, w.shape, _spatial(x))
+    y = tf.raw_ops.DepthwiseConv2dNative(input=tf.space_to_batch_nd(x, block, paddings),
+                                         filter=w, **undilated)
+    return tf.batch_to_space(y, block, crops)
+
+
+def tf_backprop_input(input_sizes, w, dy, a, depth, depthwise):
+    if not depthwise:
+        return tf.raw_ops.Conv2DBackpropInput(input_sizes=input_sizes, filter=w, out_backprop=dy,
+                                              **tf_attrs(a))
+    w = tf.reshape(w, depthwise_filter_shape(depth, w.shape))
+    if all(d == 1 for d in a["dilations"]):
+        return tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
+            input_sizes=input_sizes, filter=w, out_backprop=dy, **tf_attrs(a))
+    # The gradients of SpaceToBatchND and BatchToSpaceND are each other.
+    static = tf.get_static_value(input_sizes)
+    input_sizes = tf.cast(input_sizes, tf.int32)
+    block, paddings, crops, undilated = _space_to_batch(
+        a, w.shape, list(static[1:3]) if static is not None else input_sizes[1:3])
+    padded = input_sizes[1:3] + tf.reduce_sum(paddings, axis=1)
+    sizes = tf.concat([input_sizes[:1] * tf.reduce_prod(block), padded // block,
+                       input_sizes[3:]], axis=0)
+    dx = tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
+        input_sizes=sizes, filter=w, out_backprop=tf.space_to_batch_nd(dy, block, crops),
+        **undilated)
+    return tf.batch_to_space(dx, block, paddings)
+
+
+def tf_backprop_filter(x, f_shape, dy, a, depthwise):
+    if not depthwise:
+        return tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=f_shape, out_backprop=dy,
+                                               **tf_attrs(a))
+    c = in_depth(x.shape, a["data_format"])
+    sizes = depthwise_filter_shape(c, f_shape)
+    if all(d == 1 for d in a["dilations"]):
+        dw = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+            input=x, filter_sizes=sizes, out_backprop=dy, **tf_attrs(a))
+    else:
+        block, paddings, crops, undilated = _space_to_batch(a, f_shape, _spatial(x))
+        dw = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+            input=tf.space_to_batch_nd(x, block, paddings), filter_sizes=sizes,
+            out_backprop=tf.space_to_batch_nd(dy, block, crops), **undilated)
+    return tf.reshape(dw, f_shape)

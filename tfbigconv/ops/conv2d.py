@@ -1,0 +1,191 @@
+"""bigconv2d: tf.nn.conv2d's interface on tfbigconv's kernels."""
+import tensorflow as tf
+
+from tfbigconv import _core, arguments, errors, host, kernels
+from tfbigconv._native import ops as native
+from tfbigconv.arguments import ALGORITHMS  # noqa: F401  (tfbigconv.ALGORITHMS)
+from tfbigconv.planning import candidates, planner
+
+
+@tf.autograph.experimental.do_not_convert  # plain Python at trace time (planning, autotuning)
+def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=None, name=None,
+              *, algorithm="auto", workspace_limit=0):
+    """Computes a 2-D convolution like `tf.nn.conv2d`, without im2col.
+
+    Arguments and semantics are tf.nn.conv2d's: `input` is 4-D in `data_format`
+    ("NHWC", the default, also for None, or "NCHW"), or batch_shape + those 3
+    dimensions (rank 5 or more: the leading dimensions run as one batch);
+    `filters` is [height, width, in_depth / groups, out_depth],
+    where groups = input depth / filter in_depth (grouped and depthwise convolution);
+    `strides` and `dilations` are an int or a list of 1, 2 or 4 ints; `padding` is
+    "SAME", "VALID" or an explicit list of 4 [before, after] pairs in data_format
+    order. Works in eager mode and in tf.function, also with unknown shapes.
+    Supported dtypes: float16, bfloat16 (both accumulate in float32), float32, float64;
+    int32, which tf.nn.conv2d also takes, runs TensorFlow's own Conv2D.
+
+    Keyword-only:
+      algorithm: "auto" (the default) lets the planner pick, per pass
+        (forward, backprop_input, backprop_filter) and for the device the op
+        will run on (an explicit tf.device, also one around the call that
+        traces a tf.function; else a visible GPU, else the CPU), the fastest
+        candidate whose workspace fits `workspace_limit`:
+        "tf" (TensorFlow's own kernel for the case: Conv2D, or on the CPU
+        DepthwiseConv2dNative for depthwise filters, for dilated ones as
+        tf.nn.depthwise_conv2d runs them (SpaceToBatchND around the undilated
+        kernel; the forward pass from a dilated side of 15); on the GPU these run as
+        grouped Conv2D, which is cuDNN in every dtype; best for small filters),
+        "direct" (the tiled direct convolution) or "fft" (overlap-save FFT
+        convolution, tiled and chunked to fit). Where estimates are close or
+        not to be trusted, the candidates are timed once and the result is
+        cached (see `tfbigconv.autotune`; TFBIGCONV_AUTOTUNE=0 turns it off).
+        With static shapes the choice is made when the op is built (see
+        `tfbigconv.explain`); an unknown batch dimension (Keras' usual None)
+        is planned as a batch of 32 images; with other dimensions unknown, the
+        op chooses between direct and fft at run time. In float16 and
+        bfloat16, auto never picks a TF CPU kernel that accumulates in half
+        precision. Forcing "tf" gives TensorFlow's kernels and gradients
+        ("im2col" is its earlier name), but for one that crashed TF 2.21 (its
+        oneDNN bfloat16 grouped filter gradient with dilations), which raises
+        InvalidArgumentError when the gradient is built. The environment variable
+        TFBIGCONV_ALGORITHM overrides this argument (for debugging).
+      workspace_limit: workspace budget in bytes; 0 means half of the free
+        host memory (cgroup-aware) on the CPU, and a share of what
+        TensorFlow's GPU allocator has left on the GPU. If nothing requested
+        fits, raises ResourceExhaustedError stating the minimum needed.
+
+    Gradients of any order are registered (BigConv2DBackpropInput and
+    BigConv2DBackpropFilter, each pass planned on its own).
+
+    Raises:
+      tf.nn.conv2d's exception for each bad argument, with a message naming it:
+      ValueError for the form of an argument (a padding list of the wrong
+      shape); for what TensorFlow's shape function checks (ranks, depths,
+      attribute values), ValueError while a graph is built (tf.function,
+      tf.Graph) and tf.errors.InvalidArgumentError eagerly (TypeError and
+      InvalidArgumentError for dtypes); tf.errors.UnimplementedError for strides
+      in the batch or depth dimension; InvalidArgumentError for dilations there,
+      a filter with no elements, and for `algorithm` and `workspace_limit`.
+    """
+    with tf.name_scope(name or "bigconv2d"):
+        data_format = arguments.parse_data_format(data_format)
+        algorithm = arguments.requested_algorithm(algorithm)
+        workspace_limit = arguments.parse_byte_count(workspace_limit, "workspace_limit", 0)
+        input = tf.convert_to_tensor(input, name="input")
+        if input.shape.rank is not None and input.shape.rank > 4:
+            return _with_batch_flattened(input, lambda x: bigconv2d(
+                x, filters, strides, padding, data_format, dilations,
+                algorithm=algorithm, workspace_limit=workspace_limit))
+        if input.dtype not in arguments.DTYPES + arguments.TF_ONLY_DTYPES:
+            raise arguments.graph_error(
+                f"input dtype must be one of float16, bfloat16, float32, float64 or int32, got "
+                f"{input.dtype.name}", TypeError)
+        if isinstance(filters, (tf.Tensor, tf.Variable)) and filters.dtype != input.dtype:
+            raise arguments.graph_error(
+                f"filters dtype {filters.dtype.name} must match input dtype {input.dtype.name}",
+                TypeError)
+        filters = tf.convert_to_tensor(filters, dtype=input.dtype, name="filters")
+        strides = arguments.parse_strides(strides, "strides", data_format)
+        dilations = arguments.parse_strides(1 if dilations is None else dilations, "dilations",
+                                            data_format)
+        pad, explicit = arguments.parse_padding(padding)
+        _check_kernel_limits(strides, dilations, data_format, filters.shape)
+        try:
+            _core.validate_attrs(strides, pad, explicit, data_format, dilations)
+            for t, what in ((input, "input"), (filters, "filters")):
+                if t.shape.rank is not None and t.shape.rank != 4:
+                    raise ValueError(f"{what} must be rank 4, got rank {t.shape.rank}: shape {t.shape}")
+            in_shape = planner.static_shape(input.shape)
+            f_shape = planner.static_shape(filters.shape)
+            if in_shape is not None and f_shape is not None:
+                _core.conv_geometry(in_shape, f_shape, strides, pad, explicit, data_format, dilations)
+        except ValueError as e:
+            raise arguments.graph_error(str(e)) from None
+        a = dict(strides=strides, padding=pad, explicit_paddings=explicit,
+                 data_format=data_format, dilations=dilations, algorithm=algorithm,
+                 workspace_limit_bytes=int(workspace_limit))
+        if input.dtype in arguments.TF_ONLY_DTYPES:
+            if algorithm not in ("auto", "tf"):
+                raise errors.invalid_argument(
+                    f"algorithm {algorithm!r} does not run {input.dtype.name}: only "
+                    f"TensorFlow's kernel does (algorithm 'auto' or 'tf')")
+            return tf.raw_ops.Conv2D(input=input, filter=filters, **kernels.tf_attrs(a))
+        plan_in = planner.planning_shape(input.shape)
+        planned = plan_in is not None and f_shape is not None
+        device = None  # where the op runs: resolved for planning, and TF's kernel follows it
+        if planned and algorithm in ("tf", "auto"):
+            device = host.resolve_device(input)
+        if algorithm == "tf":
+            if planned:  # raises, saying why, where TensorFlow cannot run the case
+                _plan("forward", plan_in, f_shape, a, input.dtype, device)
+            return _tf_forward_routed(input, filters, plan_in, filters.shape, a, device)
+        if algorithm == "auto" and planned:
+            chosen = _plan("forward", plan_in, f_shape, a, input.dtype, device)["chosen"]
+            if chosen == "tf":
+                return _tf_forward_routed(input, filters, plan_in, f_shape, a, device)
+            return native.big_conv2d(input=input, filter=filters, planned_algorithm=chosen, **a)
+        return native.big_conv2d(input=input, filter=filters, **a)
+
+
+def _check_kernel_limits(strides, dilations, data_format, filter_shape):
+    """What only TF's kernel checks, with its exception class (arguments.graph_error
+    says which class when)."""
+    depth = 3 if data_format == "NHWC" else 1
+    for name, values, error in (("strides", strides, tf.errors.UnimplementedError),
+                                ("dilations", dilations, tf.errors.InvalidArgumentError)):
+        if all(v > 0 for v in values) and (values[0] != 1 or values[depth] != 1):
+            # TF's words, which code and tests match
+            raise error(None, None, f"Current implementation does not yet support {name} in "
+                        f"the batch and depth dimensions: {name} must be 1 there, got {values} "
+                        f"for data_format {data_format}")
+    dims = filter_shape.as_list() if filter_shape.rank == 4 else []
+    if 0 in dims[:3]:  # an empty out_depth gives an empty output
+        raise errors.invalid_argument(
+            f"filter must not have zero elements (i.e. all dimensions must be non-zero) in "
+            f"height, width and in_depth: filters has shape {dims}")
+
+
+def _with_batch_flattened(x, conv):
+    """tf.nn.conv2d's input of rank 5 or more: batch_shape + 3 dimensions runs
+    as one batch of prod(batch_shape), and the output keeps batch_shape."""
+    outer = x.shape[:-3]
+    count = outer.num_elements() if outer.is_fully_defined() else tf.reduce_prod(tf.shape(x)[:-3])
+    inner = [d if d is not None else tf.shape(x)[i - 3] for i, d in enumerate(x.shape[-3:])]
+    y = conv(tf.reshape(x, tf.stack([count] + inner) if not all(
+        isinstance(d, int) for d in [count] + inner) else [count] + inner))
+    outer_dims = outer.as_list() if outer.is_fully_defined() else tf.shape(x)[:-3]
+    inner_out = y.shape[1:]
+    if outer.is_fully_defined() and inner_out.is_fully_defined():
+        return tf.reshape(y, outer_dims + inner_out.as_list())
+    out = tf.reshape(y, tf.concat([tf.shape(x)[:-3], tf.shape(y)[1:]], axis=0))
+    out.set_shape(outer.concatenate(inner_out))
+    return out
+
+
+def _plan(pass_, in_shape, f_shape, a, dtype, device):
+    p = planner.decide(pass_, in_shape, f_shape, kernels.tf_attrs(a), dtype.name, a["algorithm"],
+                       a["workspace_limit_bytes"], device)
+    planner.log_choice("bigconv2d", p)
+    return p
+
+
+def _tf_forward_routed(x, w, in_shape, f_shape, a, device):
+    """TensorFlow's forward kernel, with its gradient passes planned as
+    bigconv2d's gradient plans them (planner.choose_gradients; algorithm="tf": TF's
+    kernels for the passes)."""
+    bpi, bpf = planner.choose_gradients(in_shape, f_shape, a, x.dtype, device)
+    c = kernels.in_depth(x.shape, a["data_format"])
+    used = {candidates.depthwise(p, c, w.shape, a, x.dtype, device) for p in planner.PASSES}
+    crashes = candidates.filter_gradient_crashes(c, w.shape, a, x.dtype, device)
+    if bpi == bpf == "tf" and len(used) == 1 and not crashes:
+        # TF's own gradients, the planned kernels (not so for dilated depthwise
+        # filters: a grouped Conv2D forward, depthwise gradients).
+        return candidates.forward(x, w, a, "tf", device)
+
+    @tf.custom_gradient
+    def conv(x, w):
+        def grad(dy):
+            return (candidates.backprop_input(tf.shape(x), w, dy, a, bpi, x.shape, device),
+                    candidates.backprop_filter(x, w.shape, dy, a, bpf, device))
+        return candidates.forward(x, w, a, "tf", device), grad
+
+    return conv(x, w)

@@ -1,0 +1,51 @@
+"""The gradients of tfbigconv's ops, registered with TensorFlow (mirroring
+TensorFlow's nn_grad.py for Conv2D and its backprops). Each gradient pass is
+planned on its own (planner.choose_gradients) and emitted as its candidate."""
+import tensorflow as tf
+
+from tfbigconv import host, kernels
+from tfbigconv._native import ops as native
+from tfbigconv.planning import candidates, planner
+
+
+def _attrs(op):
+    decode = lambda v: v.decode() if isinstance(v, bytes) else v  # string attrs come as bytes
+    return {name: decode(op.get_attr(name)) for name in kernels.ATTRS}
+
+
+def _device_of(op):
+    """Where an op's gradients run: its own device if placed, else the default placement."""
+    # Eager and tf.function tapes hand gradient functions a mock op without a device.
+    return host.device_kind(getattr(op, "device", "")) or host.resolve_device()
+
+
+@tf.RegisterGradient("BigConv2D")
+def _big_conv2d_grad(op, grad):
+    x, w = op.inputs
+    a = _attrs(op)
+    # Planning and TF's kernels follow it; ours need no device.
+    device = _device_of(op) if a["algorithm"] in ("auto", "tf") else None
+    bpi, bpf = planner.choose_gradients(x.shape, w.shape, a, x.dtype, device)
+    return (candidates.backprop_input(tf.shape(x), w, grad, a, bpi, x.shape, device),
+            candidates.backprop_filter(x, w.shape if w.shape.is_fully_defined() else tf.shape(w),
+                                       grad, a, bpf, device))
+
+
+@tf.RegisterGradient("BigConv2DBackpropInput")
+def _big_conv2d_backprop_input_grad(op, grad):
+    # dx = BackpropInput(sizes, w, dy) is linear in w and in dy.
+    _, w, dy = op.inputs
+    a = _attrs(op)
+    return (None,
+            native.big_conv2d_backprop_filter(grad, tf.shape(w), dy, **a),
+            native.big_conv2d(grad, w, **a))
+
+
+@tf.RegisterGradient("BigConv2DBackpropFilter")
+def _big_conv2d_backprop_filter_grad(op, grad):
+    # dw = BackpropFilter(x, sizes, dy) is linear in x and in dy.
+    x, _, dy = op.inputs
+    a = _attrs(op)
+    return (native.big_conv2d_backprop_input(tf.shape(x), grad, dy, **a),
+            None,
+            native.big_conv2d(x, grad, **a))

@@ -1,0 +1,152 @@
+"""The trace-time planner: per pass, TensorFlow's own kernel, direct or fft.
+
+The estimates and the choice come from the planner in C++ (plan.cc, through
+_core.plan_pass), so that they are the ones the ops use at run time. This
+module adds what only Python knows: which TensorFlow kernel runs each case on
+the device and whether it can (tf_rules), the host's facts (host), and
+measured choices (autotune) where estimates are not to be trusted.
+"""
+import contextlib
+import contextvars
+
+import tensorflow as tf
+from absl import logging
+
+from tfbigconv import _core, errors, host, kernels
+from tfbigconv.planning import autotune as tuner, tf_rules
+
+PASSES = ("forward", "backprop_input", "backprop_filter")
+# With an unknown batch (Keras' usual None), passes are planned for this many
+# images: the choice between algorithms depends little on the batch, and a
+# training batch of 32 is Keras' default.
+ASSUMED_BATCH = 32
+
+
+# Set by planning_only() to the list of its plans' ResourceExhaustedError
+# messages; None outside it. A context variable, so that it holds only for the
+# thread (or task) that set it.
+_planning_only = contextvars.ContextVar("tfbigconv_planning_only", default=None)
+
+
+def planning_shape(shape):
+    """A shape to plan with: the static one, with an unknown batch read as
+    ASSUMED_BATCH; None if any other dimension is unknown."""
+    shape = tf.TensorShape(shape)
+    if shape.rank != 4:
+        return None
+    dims = shape.as_list()
+    if any(d is None for d in dims[1:]):
+        return None
+    return [ASSUMED_BATCH if dims[0] is None else dims[0]] + dims[1:]
+
+
+def static_shape(shape):
+    shape = tf.TensorShape(shape)
+    return shape.as_list() if shape.is_fully_defined() else None
+
+
+def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
+         device="CPU", kernel=None):
+    """The planner's table and choice for one pass (a dict; see _core.plan_pass).
+
+    attrs: strides, padding, explicit_paddings, data_format, dilations as the
+    op takes them. Raises InvalidArgumentError for bad arguments and
+    ResourceExhaustedError when nothing requested fits the workspace limit.
+    workspace_limit 0: the default budget (on the GPU, gpu_workspace_budget()).
+    kernel: TF's kernel to estimate ("Conv2D", "DepthwiseConv2dNative") instead
+    of tf_rules.tf_kernel's (memory_report: the kernel of an op already in a graph).
+    """
+    if device == "GPU" and not workspace_limit:
+        workspace_limit = host.gpu_workspace_budget()
+    args = (list(input_shape), list(filter_shape), attrs["strides"], attrs["padding"],
+            attrs["explicit_paddings"], attrs["data_format"], attrs["dilations"])
+    try:
+        geometry = _core.conv_geometry(*args)
+    except ValueError as e:
+        raise errors.invalid_argument(str(e)) from None
+    picked, for_auto, note = tf_rules.tf_kernel(pass_, geometry, attrs, dtype, device)
+    kernel = kernel or picked
+    try:
+        p = _core.plan_pass(*args, pass_, dtype, device, algorithm, workspace_limit,
+                            host.current().threads(),
+                            kernel, for_auto == "trusted", note)
+    except ValueError as e:
+        raise errors.invalid_argument(str(e)) from None
+    except RuntimeError as e:
+        raise errors.resource_exhausted(str(e)) from None
+    p["geometry"] = geometry
+    p["tf_trusted"] = for_auto == "trusted"
+    p["tf_for_auto"] = for_auto
+    p["measured"] = None
+    return p
+
+
+@contextlib.contextmanager
+def planning_only():
+    """Within it, and only in the thread (or task) that entered it, decide()
+    plans from the estimates alone: nothing is timed or read from autotune's
+    cache, and a pass that does not fit its workspace limit is planned without
+    one instead of raising. Yields the list of those ResourceExhaustedError
+    messages. memory_report traces a model under it."""
+    failures = []
+    token = _planning_only.set(failures)
+    try:
+        yield failures
+    finally:
+        _planning_only.reset(token)
+
+
+def decide(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
+           device="CPU", autotune=None):
+    """plan(), then for "auto" a measured choice where the estimates cannot be trusted.
+
+    autotune: None follows TFBIGCONV_AUTOTUNE (on unless "0"). The result's
+    "measured" is {candidate: seconds} when timings decided, else None.
+    Inside planning_only(): plan() alone, see there.
+    """
+    failures = _planning_only.get()
+    if failures is not None:
+        try:
+            return plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm,
+                        workspace_limit, device)
+        except tf.errors.ResourceExhaustedError as e:
+            failures.append(e.message)
+            return plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, 0, device)
+    p = plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit, device)
+    if algorithm == "auto":
+        tuner.refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit,
+                     enabled=autotune)
+    return p
+
+
+def decide_gradients(input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
+                     device="CPU", autotune=None):
+    """decide() for both gradient passes (dL/dinput, dL/dfilter), which run in
+    one step; then, for "auto", autotune.refine_gradients: a pair other than
+    TF's two kernels that won pass by pass must win again timed together."""
+    plans = [decide(p, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
+                    device, autotune) for p in PASSES[1:]]
+    if algorithm == "auto" and _planning_only.get() is None:
+        tuner.refine_gradients(*plans, input_shape, filter_shape, attrs, dtype, device,
+                               workspace_limit, enabled=autotune)
+    return plans
+
+
+def log_choice(op_name, p):
+    how = "measured" if p.get("measured") else "estimated"
+    logging.vlog(1, "%s %s on %s: %s, %s (%s)", op_name, p["pass"], p["device"], p["chosen"],
+                 how, p["reason"])
+
+
+def choose_gradients(in_shape, f_shape, a, dtype, device):
+    """The algorithms of the two gradient passes (dL/dinput, dL/dfilter) of an op
+    with attributes `a` (ours): planned together (decide_gradients) when shapes
+    are static, else the op's."""
+    in_shape, f_shape = planning_shape(in_shape), static_shape(f_shape)
+    if a["algorithm"] != "auto" or in_shape is None or f_shape is None:
+        return a["algorithm"], a["algorithm"]
+    plans = decide_gradients(in_shape, f_shape, kernels.tf_attrs(a), dtype.name, a["algorithm"],
+                             a["workspace_limit_bytes"], device)
+    for p in plans:
+        log_choice("bigconv2d", p)
+    return tuple(p["chosen"] for p in plans)

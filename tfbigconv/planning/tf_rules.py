@@ -1,0 +1,335 @@
+"""TensorFlow's kernel rules: which of TF's kernels runs a pass, whether it can,
+and whether `auto` may pick it (TF_KERNEL_RULES, one table), with the facts
+they read: which kernel runs a depthwise filter, oneDNN's reach on this host
+(measured once per process on a small case), and TF's known crashes.
+
+The planner, the emitters (planning.candidates), memory_report and calibrate
+all ask here.
+"""
+import dataclasses
+import functools
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from tfbigconv import _core, host, kernels
+
+HALF_TYPES = ("float16", "bfloat16")
+
+
+def uses_depthwise_kernel(pass_, in_depth, filter_shape, attrs, dtype, device):
+    """Whether TF's kernel for the pass is DepthwiseConv2dNative: a depthwise
+    filter (one input channel, several groups) on the CPU that its kernels accept:
+    equal strides, no dilations, and NHWC, or NCHW where TF runs it through
+    oneDNN (tf_cpu_onednn). With dilations, in NHWC at stride 1, the gradients
+    run it as tf.nn.depthwise_conv2d does (SPACE_TO_BATCH_NOTE), and so does the
+    forward pass from a dilated side of SPACE_TO_BATCH_FORWARD_SIDE; below it the
+    forward is grouped Conv2D, which oneDNN runs faster there. Other grouped
+    cases, and every one on the GPU (GPU_DEPTHWISE_NOTE), are grouped Conv2D.
+    The rules and the emitters (planning.candidates) both ask this."""
+    if in_depth is None or in_depth <= 1 or filter_shape[2] != 1 or device == "GPU":
+        return False
+    nhwc = attrs["data_format"] == "NHWC"
+    strides = attrs["strides"][1:3] if nhwc else attrs["strides"][2:4]
+    if strides[0] != strides[1]:
+        return False
+    if any(d != 1 for d in attrs["dilations"]):
+        if not nhwc or strides[0] != 1 or None in filter_shape[:2]:
+            return False
+        sides = [(k - 1) * d + 1 for k, d in zip(filter_shape[:2], attrs["dilations"][1:3])]
+        return pass_ != "forward" or max(sides) >= SPACE_TO_BATCH_FORWARD_SIDE
+    if nhwc:
+        return True
+    # TF's own CPU depthwise kernels reject NCHW; oneDNN's ran it at 0.93-1.12x
+    # the time of grouped Conv2D, with the same results.
+    return device == "CPU" and tf_cpu_onednn("DepthwiseConv2dNative", dtype,
+                                             attrs["padding"] == "EXPLICIT", "NCHW")
+
+
+# Measured fwd+bwd (RESULTS.md, "Dilated depthwise gradients"): TF's grouped
+# Conv2D gradients ran dilated depthwise filters 1.2-8x slower than
+# tf.nn.depthwise_conv2d's path, which pads, moves the dilation's phases into
+# the batch (SpaceToBatchND), runs the undilated kernel and moves them back.
+# The copies cost about as much as a 3x3 kernel and are not in the estimate.
+# Forward only, float32, 3x3 to 7x7 filters (RESULTS.md, "The dilated depthwise
+# forward pass on the same path"): at dilated sides (K - 1) * d + 1 of 5-13,
+# grouped Conv2D was 2.2-2.7x faster than the path in three layers and 1.1x
+# slower in one; at 19-37 the path was 1.7-3.7x faster in all three.
+SPACE_TO_BATCH_FORWARD_SIDE = 15
+SPACE_TO_BATCH_NOTE = ("as tf.nn.depthwise_conv2d runs dilations: SpaceToBatchND, the undilated "
+                       "kernel, BatchToSpaceND; the copies are not in the estimate: picked only "
+                       "when measured fastest")
+ONEDNN_NOTE = "TensorFlow runs this case through oneDNN here (checked on a small case)"
+# On the GPU, TF's DepthwiseConv2dNative* run cuDNN only in float16 with a
+# square 1, 3, 5 or 7 filter, multiplier 1 and, in NHWC, stride 1 or 2; elsewhere they
+# run TF's own CUDA kernels, which the GPU cost model (fitted to cuDNN) does
+# not describe, and they have no bfloat16 GPU kernel at all (TF's
+# depthwise_conv_op.cc, depthwise_conv_grad_op.cc). Grouped Conv2D and its
+# gradients run cuDNN in every dtype: that is the GPU's depthwise kernel.
+GPU_DEPTHWISE_NOTE = ("TensorFlow's GPU kernel (cuDNN) as grouped Conv2D: its depthwise kernels "
+                      "run cuDNN only in part; workspace not modelled")
+# TF 2.21's oneDNN bfloat16 grouped Conv2DBackpropFilter with dilations killed
+# the process (SIGSEGV) in 22 of 110 layers of a sweep here, each with a height
+# dilation of 3 or more. None with dilation 2 or in width alone did, nor float32,
+# the forward pass or the input gradient, but the bug's edges are unknown
+# (RESULTS.md, "A crash in TF's bfloat16 grouped filter gradient").
+ONEDNN_BF16_GROUPED_DILATED_NOTE = (
+    "TensorFlow's oneDNN bfloat16 grouped filter gradient with dilations crashed the process "
+    "(segmentation fault) in TF 2.21: not run; algorithm 'auto', 'direct' or 'fft' runs it")
+
+
+def tf_filter_gradient_crashes(in_depth, filter_shape, attrs, dtype, device):
+    """Whether TF's kernel for the filter gradient is the one that crashed
+    (ONEDNN_BF16_GROUPED_DILATED_NOTE): grouped Conv2DBackpropFilter in bfloat16
+    with dilations, where oneDNN runs it. Needs no spatial sizes, so the
+    emitter (planning.candidates) asks it too, also where shapes are unknown."""
+    if (device != "CPU" or dtype != "bfloat16" or in_depth is None or filter_shape[2] is None
+            or in_depth == filter_shape[2] or all(d == 1 for d in attrs["dilations"])):
+        return False
+    if uses_depthwise_kernel("backprop_filter", in_depth, filter_shape, attrs, dtype, device):
+        return False  # the undilated depthwise kernel on SpaceToBatchND copies
+    return tf_cpu_onednn("Conv2D", dtype, attrs["padding"] == "EXPLICIT")
+
+
+# oneDNN's bfloat16 kernels in NCHW measured 3-5x (Conv2D) and 10-30x (depthwise)
+# slower than in NHWC, where the cost model's rates come from (RESULTS.md, "A
+# shipped profile for oneDNN hosts").
+HALF_NCHW_NOTE = ("TensorFlow's CPU kernels in half precision and NCHW (oneDNN) ran 3-30x "
+                  "slower than NHWC, which its estimate is from: picked only when measured "
+                  "fastest")
+
+
+# oneDNN compiles its bfloat16 depthwise forward kernel (brdgmm, JIT) on the
+# first call, and for few channels and a large filter that took over 10 minutes
+# here (16x64x64x16 by 15x15, in a Keras model; smaller inputs were stopped
+# after 12-25 s). Measured where it did:
+# stride 1, multiplier 1, 1-16 channels, filter side 15-31, input 32x32 and
+# up. Where it did not (under 1 s): 24 channels or more, side 14 or less,
+# stride 2, multiplier 2, 24x24 inputs, float32, the two gradients.
+ONEDNN_SLOW_COMPILE_NOTE = ("oneDNN's bfloat16 depthwise forward with at most 16 channels and "
+                            "a filter side of 15 or more took over 10 minutes to compile its "
+                            "kernel on the first call: not for auto")
+
+
+def onednn_compiles_slowly(pass_, geometry, dtype):
+    """Whether TF's oneDNN depthwise kernel for the pass is in the region
+    where its first call compiled for minutes (ONEDNN_SLOW_COMPILE_NOTE):
+    auto must not run it, not even to time it."""
+    return (pass_ == "forward" and dtype == "bfloat16" and geometry["in_c"] <= 16
+            and geometry["out_c"] == geometry["in_c"] and geometry["stride_h"] == 1
+            and geometry["stride_w"] == 1
+            and max(geometry["filter_h"], geometry["filter_w"]) >= 15)
+
+
+EMPTY_NOTE = "TensorFlow's kernels mishandle empty tensors"
+
+
+@dataclasses.dataclass
+class Case:
+    """What the rules read of one pass: its geometry (_core.conv_geometry),
+    attributes, dtype and device. The oneDNN checks run only when a rule asks."""
+    pass_: str
+    geometry: dict
+    attrs: dict
+    dtype: str
+    device: str
+
+    def __post_init__(self):
+        g = self.geometry
+        self.filter_shape = [g[k] for k in ("filter_h", "filter_w", "filter_in_c", "out_c")]
+        self.nchw = self.attrs["data_format"] == "NCHW"
+        self.explicit = self.attrs["padding"] == "EXPLICIT"
+        self.half = self.dtype in HALF_TYPES and self.device == "CPU"
+        self.dilated = g["dilation_h"] > 1 or g["dilation_w"] > 1
+        self.grouped = g["groups"] > 1
+        self.gradient = self.pass_ != "forward"
+        sizes = ("batch", "in_h", "in_w", "in_c", "filter_h", "filter_w", "out_c", "out_h",
+                 "out_w")
+        self.empty = any(g[k] == 0 for k in sizes)
+        self.depthwise = uses_depthwise_kernel(self.pass_, g["in_c"], self.filter_shape,
+                                               self.attrs, self.dtype, self.device)
+
+    @functools.cached_property
+    def onednn_depthwise(self):
+        """oneDNN runs TF's depthwise kernel for this dtype (dilated: undilated, VALID)."""
+        return tf_cpu_onednn("DepthwiseConv2dNative", self.dtype,
+                             self.explicit and not self.dilated)
+
+    @functools.cached_property
+    def onednn_conv2d(self):
+        return tf_cpu_onednn("Conv2D", self.dtype, self.explicit)
+
+    @property
+    def needs_onednn_conv2d(self):
+        """Only oneDNN's CPU Conv2D runs it right: TF's Eigen kernels run NHWC
+        only, no grouped or dilated gradients, and accumulate half types in half."""
+        return self.nchw or (self.gradient and (self.grouped or self.dilated or self.half))
+
+    @property
+    def relies_on_onednn(self):
+        """TF's kernel for the case is oneDNN's (ONEDNN_NOTE is added to its note)."""
+        if self.depthwise:
+            return self.nchw or (self.half and self.onednn_depthwise)
+        return self.device == "CPU" and self.needs_onednn_conv2d
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A row of TF_KERNEL_RULES: where `applies`, TF's `kernel` ("" if it cannot
+    run the case), whether auto may pick it (`verdict`: "trusted", its estimate
+    decides; "measured", only when timed fastest; "never") and why (`note`;
+    ONEDNN_NOTE is added where TF's kernel is oneDNN's, unless the verdict is
+    "never"). `source` says where the measurement behind it is."""
+    applies: Callable
+    kernel: str
+    verdict: str
+    note: str
+    source: str
+
+
+# TensorFlow's kernel rules, the first row that applies decides (tf_kernel).
+TF_KERNEL_RULES = (
+    Rule(lambda c: c.empty, "", "never", EMPTY_NOTE,
+         "TF 2.21's oneDNN Conv2D returns an input-shaped result for empty inputs, its "
+         "gradients leave empty sums uninitialised, and its graph shape function rejects the "
+         "empty outputs its kernel gives (filter one larger than the input)"),
+    # DepthwiseConv2dNative (uses_depthwise_kernel).
+    Rule(lambda c: (c.depthwise and c.half and onednn_compiles_slowly(c.pass_, c.geometry, c.dtype)
+                    and c.onednn_depthwise), "DepthwiseConv2dNative", "never",
+         ONEDNN_SLOW_COMPILE_NOTE, "ONEDNN_SLOW_COMPILE_NOTE"),
+    Rule(lambda c: c.depthwise and c.nchw and c.half, "DepthwiseConv2dNative", "measured",
+         HALF_NCHW_NOTE, "HALF_NCHW_NOTE"),
+    Rule(lambda c: c.depthwise and c.half and not c.nchw and not c.onednn_depthwise,
+         "DepthwiseConv2dNative", "never",
+         "TensorFlow's CPU depthwise kernels accumulate in half precision (3-10x the error of "
+         "ours): not for auto",
+         "measured rel. L2 vs float64 (bfloat16, 7x7): 8.5e-3 forward, 3.0e-2 filter gradient, "
+         "against 3e-3 for ours"),
+    Rule(lambda c: c.depthwise and c.dilated, "DepthwiseConv2dNative", "measured",
+         SPACE_TO_BATCH_NOTE, "SPACE_TO_BATCH_NOTE"),
+    Rule(lambda c: c.depthwise, "DepthwiseConv2dNative", "trusted", "",
+         "NCHW: TF's own CPU depthwise kernels reject it, oneDNN's ran it (uses_depthwise_kernel)"),
+    # Conv2D.
+    Rule(lambda c: c.device == "GPU", "Conv2D", "trusted", "", "GPU_DEPTHWISE_NOTE"),
+    Rule(lambda c: c.needs_onednn_conv2d and c.nchw and not c.onednn_conv2d, "", "never",
+         "TensorFlow's CPU Conv2D runs only NHWC", "TF's Eigen Conv2D kernels"),
+    Rule(lambda c: c.needs_onednn_conv2d and c.grouped and not c.onednn_conv2d, "", "never",
+         "TensorFlow's CPU gradients reject grouped convolution", "TF's Eigen Conv2D kernels"),
+    Rule(lambda c: c.needs_onednn_conv2d and c.dilated and not c.onednn_conv2d, "", "never",
+         "TensorFlow's CPU gradients reject dilations", "TF's Eigen Conv2D kernels"),
+    Rule(lambda c: c.needs_onednn_conv2d and not c.onednn_conv2d, "Conv2D", "never",
+         "TensorFlow's CPU gradients accumulate in half precision (5-20x the error of ours): "
+         "not for auto",
+         "measured rel. L2 vs float64 (bfloat16, 15x15x8): 1.4e-2 input and 1.9e-2 filter "
+         "gradient, against 2.4e-3 for ours"),
+    Rule(lambda c: c.pass_ == "backprop_filter" and tf_filter_gradient_crashes(
+        c.geometry["in_c"], c.filter_shape, c.attrs, c.dtype, c.device), "", "never",
+         ONEDNN_BF16_GROUPED_DILATED_NOTE, "ONEDNN_BF16_GROUPED_DILATED_NOTE"),
+    Rule(lambda c: c.grouped, "Conv2D", "measured",
+         "grouped Conv2D on the CPU: picked only when measured fastest",
+         "measured 10-300x slower than its estimate (depthwise-like shapes)"),
+    Rule(lambda c: c.half and c.nchw, "Conv2D", "measured", HALF_NCHW_NOTE, "HALF_NCHW_NOTE"),
+    Rule(lambda c: True, "Conv2D", "trusted", "", "the cost model's calibration"),
+)
+
+
+def tf_kernel(pass_, geometry, attrs, dtype, device):
+    """TensorFlow's kernel for one pass on `device`: (name, auto may pick it, note),
+    from the first row of TF_KERNEL_RULES that applies.
+
+    name is "Conv2D" or "DepthwiseConv2dNative", or "" where TensorFlow cannot
+    run the case (then note says why); a forced algorithm="tf" runs any named
+    kernel. "auto may pick it" is "trusted" (its estimate decides), "measured"
+    (chosen only when autotuning timed it fastest) or "never" (runs, but less
+    precisely than ours, or compiles for minutes). On the CPU, TF's own (Eigen)
+    kernels run NHWC only, no grouped or dilated gradients, and accumulate half
+    types in half precision; where TF runs the case through oneDNN
+    (tf_cpu_onednn: measured, per kernel and dtype), none of that holds.
+    """
+    case = Case(pass_, geometry, attrs, dtype, device)
+    rule = next(r for r in TF_KERNEL_RULES if r.applies(case))
+    note = rule.note
+    if rule.kernel == "Conv2D" and device == "GPU":
+        depthwise = geometry["filter_in_c"] == 1 and geometry["in_c"] > 1
+        note = GPU_DEPTHWISE_NOTE if depthwise else ""
+    if rule.verdict != "never" and case.relies_on_onednn:
+        note = "; ".join(n for n in (note, ONEDNN_NOTE) if n)
+    return rule.kernel, rule.verdict, note
+
+
+def tf_cpu_onednn(kernel, dtype, explicit_padding, data_format="NHWC"):
+    """Whether TF's CPU `kernel` ("Conv2D" or "DepthwiseConv2dNative") runs
+    `dtype` through oneDNN in this process, with explicit padding or not (and,
+    for depthwise, in `data_format`).
+
+    TF turns oneDNN on by default on some CPUs only (TF_ENABLE_ONEDNN_OPTS
+    overrides it), and even then not for every case: it fell back to its Eigen
+    kernels for float16 on an AVX-512 CPU without AVX512-FP16, and for
+    EXPLICIT padding. So this is measured, once per process and arguments, on
+    a small case of what only oneDNN runs correctly: for Conv2D a grouped,
+    dilated NCHW convolution; for depthwise, NCHW or half-type accuracy. Every
+    pass must run and be within 2x the error of rounding the exact result to
+    `dtype` (oneDNN: 1.1x in bfloat16; Eigen's half-type gradients: 3-18x).
+    """
+    h = host.current()
+    if not h.runs_onednn():
+        return False
+    fmt = "NCHW" if kernel == "Conv2D" else data_format
+    if h.onednn_runs is not None:
+        return bool(h.onednn_runs(kernel, dtype, bool(explicit_padding), fmt))
+    return _onednn_probe(kernel, dtype, bool(explicit_padding), fmt)
+
+
+@functools.lru_cache(maxsize=None)
+@tf.autograph.experimental.do_not_convert
+def _onednn_probe(kernel, dtype, explicit_padding, fmt):
+    depthwise = kernel != "Conv2D"
+    if not depthwise:  # grouped and dilated, in fmt (NCHW)
+        # Dilated in width only: TF 2.21's oneDNN bfloat16 grouped filter
+        # gradient crashed with height dilations (ONEDNN_BF16_GROUPED_DILATED_NOTE).
+        x_shape, f_shape, dil = (2, 8, 21, 23), (3, 3, 4, 6), [1, 1, 1, 2]
+    else:  # as conv.py emits DepthwiseConv2dNative: no dilations
+        x_shape, f_shape, dil = (2, 17, 19, 8), (7, 7, 1, 8), [1, 1, 1, 1]
+        if fmt == "NCHW":
+            x_shape = (2, 8, 17, 19)
+    pads = ([0, 0, 1, 2, 2, 1, 0, 0] if fmt == "NHWC" else [0, 0, 0, 0, 1, 2, 2, 1]) \
+        if explicit_padding else []
+    a = dict(strides=[1, 1, 1, 1], padding="EXPLICIT" if explicit_padding else "SAME",
+             explicit_paddings=pads, data_format=fmt, dilations=dil)
+    core_args = (a["strides"], a["padding"], pads, fmt, dil)
+    rng = np.random.default_rng(0)
+    tf_dtype = tf.as_dtype(dtype)
+
+    def rounded(v):  # to dtype and back to float64
+        return np.asarray(v).astype(tf_dtype.as_numpy_dtype).astype(np.float64)
+
+    def exact(shape):  # float64 values that dtype holds exactly
+        return rounded(rng.standard_normal(shape))
+
+    x, w = exact(x_shape), exact(f_shape)
+    y_ref = _core.run_pass("direct", "forward", x, w, [], *core_args)
+    dy = exact(y_ref.shape)
+    refs = [y_ref, _core.run_pass("direct", "backprop_input", dy, w, list(x_shape), *core_args),
+            _core.run_pass("direct", "backprop_filter", x, dy, list(f_shape), *core_args)]
+    try:
+        with host.eager_scope(), tf.device("/CPU:0"):
+            xt, wt, dyt = (tf.constant(v, tf_dtype) for v in (x, w, dy))
+            in_depth = x_shape[3 if fmt == "NHWC" else 1]
+            got = tf.function(lambda: (
+                kernels.tf_forward(xt, wt, a, depthwise),
+                kernels.tf_backprop_input(tf.constant(x_shape), wt, dyt, a, in_depth, depthwise),
+                kernels.tf_backprop_filter(xt, f_shape, dyt, a, depthwise)), autograph=False)()
+            got = [tf.cast(g, tf.float64).numpy() for g in got]
+    except (tf.errors.OpError, ValueError) as e:
+        logging.vlog(1, "TF's CPU %s does not run %s through oneDNN: %s", kernel, dtype,
+                     str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return False
+    for g, ref in zip(got, refs):
+        norm = np.linalg.norm(ref)
+        rounding = np.linalg.norm(rounded(ref) - ref) / norm
+        err = np.linalg.norm(g - ref) / norm
+        if not err <= max(2 * rounding, 1e-5):  # NaN fails
+            return False
+    return True
