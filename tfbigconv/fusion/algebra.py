@@ -12,7 +12,7 @@ H x W) to one of its tensors, written as one strided convolution:
     out[o] = sum_k kernel[k] . x[o * strides + k - origin] + bias
 
 for every output position o in [0, out_size). `compose_program` builds it
-step by step: `pad`, `convolve` (sequential composition), `add` (sum or
+step by step (tfbigconv.fusion.program): `pad`, `convolve` (sequential composition), `add` (sum or
 difference, kernels aligned by their origins), `concat` (channels), `affine`
 (a folded BatchNormalization, before or after a conv).
 
@@ -41,9 +41,7 @@ from tfbigconv.ops.conv2d import bigconv2d
 __all__ = [
     "NotFusable", "LinearMap", "identity", "pad", "convolve", "add", "concat", "affine",
     "batchnorm_affine", "regroup", "dilate_kernel", "compose_kernels", "same_pads",
-    "compose_program", "composition_macs", "run_program", "run_values", "live_values",
-    "conv_kernel", "conv_padding", "bias_map", "fused_padding", "border_strips",
-    "apply_fused",
+    "composition_macs", "fused_padding", "border_strips",
 ]
 
 
@@ -308,148 +306,6 @@ def batchnorm_affine(gamma, beta, moving_mean, moving_variance, epsilon):
     return scale, shift
 
 
-# ----- programs: a linear subgraph as data --------------------------------------------
-#
-# A program is a list of steps; value 0 is the subgraph input and step i makes
-# value i + 1; the last value is the output. Steps (plain dicts, JSON-able):
-#   {"op": "conv", "src": v, "kernel": name, "bias": name or None, "groups": g,
-#    "depthwise": bool, "strides": [sh, sw], "dilations": [dh, dw],
-#    "padding": "same" | "valid" | [top, bottom, left, right]}
-#      kernel: Keras' shape (Conv2D [kh, kw, cin/g, cout], DepthwiseConv2D
-#      [kh, kw, cin, multiplier] when depthwise)
-#   {"op": "pad", "src": v, "pads": [top, bottom, left, right]}
-#   {"op": "add" | "subtract" | "concat", "srcs": [v, ...]}
-#   {"op": "affine", "src": v, "scale": name, "shift": name}
-# Weights are looked up by name in a dict.
-
-def conv_kernel(step, weights):
-    kernel = weights[step["kernel"]]
-    if step["depthwise"]:
-        kh, kw, c, mult = kernel.shape
-        return tf.reshape(kernel, (kh, kw, 1, c * mult)), int(c)
-    return kernel, step["groups"]
-
-
-def _conv_pads(step, size, kernel_size):
-    padding = step["padding"]
-    if padding == "valid":
-        return (0, 0, 0, 0)
-    if padding == "same":
-        return same_pads(size, kernel_size, step["strides"], step["dilations"])
-    return tuple(padding)
-
-
-def compose_program(program, weights, in_size, channels, dtype=tf.float32, patch_borders=False):
-    """The LinearMap of a program's output (see above); raises NotFusable saying why.
-
-    patch_borders: where a padding is not exact, mark the map `patched` instead of
-    refusing (stride 1 only: then the border outputs can be taken from the unfused
-    program on strips of the input, see border_strips)."""
-    values = [identity(channels, in_size, dtype)]
-    macs = 0
-    for step in program:
-        op = step["op"]
-        if op == "conv":
-            kernel, groups = conv_kernel(step, weights)
-            m = values[step["src"]]
-            m = pad(m, _conv_pads(step, m.out_size, kernel.shape[:2]), patch_borders)
-            bias = weights[step["bias"]] if step["bias"] else None
-            (kh, kw, ci, co), (dh, dw) = kernel.shape, step["dilations"]
-            macs += composition_macs(m.kernel.shape, m.groups, m.strides,
-                                     ((kh - 1) * dh + 1, (kw - 1) * dw + 1, ci, co), groups)
-            m = convolve(m, kernel, groups, tuple(step["strides"]), tuple(step["dilations"]),
-                         bias)
-        elif op == "pad":
-            m = pad(values[step["src"]], tuple(step["pads"]), patch_borders)
-        elif op in ("add", "subtract"):
-            signs = [1, -1] if op == "subtract" else None
-            m = add([values[v] for v in step["srcs"]], signs)
-        elif op == "concat":
-            m = concat([values[v] for v in step["srcs"]])
-        elif op == "affine":
-            m = affine(values[step["src"]], weights[step["scale"]], weights[step["shift"]])
-        else:
-            raise ValueError(f"unknown program step {op!r}")
-        values.append(m)
-    m = dataclasses.replace(values[-1], compose_macs=macs)
-    if m.patched and m.strides != (1, 1):
-        raise NotFusable(f"zero padding of intermediate tensors that the fused kernel does not "
-                         f"reproduce, and strides {m.strides}: border patching needs stride 1")
-    return m
-
-
-def run_program(program, weights, x, algorithm="auto", workspace_limit=0):
-    """Runs the program unfused on x (NHWC): the reference the fused conv must equal.
-    Steps the output does not depend on are skipped (on a border strip they might
-    not even fit). algorithm, workspace_limit: for its convolutions (bigconv2d's)."""
-    return run_values(program, weights, x, [len(program)], algorithm, workspace_limit)[-1]
-
-
-def live_values(program, targets):
-    """The values (0 = input, i = step i's output) that `targets` depend on, targets included."""
-    live = set(targets)
-    for i in range(len(program), 0, -1):
-        if i in live:
-            step = program[i - 1]
-            live.update(step["srcs"] if "srcs" in step else [step["src"]])
-    return live
-
-
-def conv_padding(step):
-    """A conv step's padding in bigconv2d's form."""
-    padding = step["padding"]
-    if isinstance(padding, str):
-        return padding.upper()
-    t, b, l, r = padding
-    return [[0, 0], [t, b], [l, r], [0, 0]]
-
-
-def run_values(program, weights, x, targets, algorithm="auto", workspace_limit=0):
-    """Runs only the steps `targets` (value indices) depend on; returns every value,
-    None for those not computed."""
-    live = live_values(program, targets)
-    values = [x]
-    for i, step in enumerate(program, 1):
-        if i not in live:
-            values.append(None)
-            continue
-        op = step["op"]
-        if op == "conv":
-            kernel, _ = conv_kernel(step, weights)
-            src = values[step["src"]]
-            kernel = tf.cast(kernel, src.dtype)
-            y = bigconv2d(src, kernel, strides=list(step["strides"]), padding=conv_padding(step),
-                          dilations=list(step["dilations"]), algorithm=algorithm,
-                          workspace_limit=workspace_limit)
-            if step["bias"]:
-                y = y + tf.cast(weights[step["bias"]], y.dtype)
-        elif op == "pad":
-            t, b, l, r = step["pads"]
-            y = tf.pad(values[step["src"]], [[0, 0], [t, b], [l, r], [0, 0]])
-        elif op == "add":
-            y = tf.add_n([values[v] for v in step["srcs"]])
-        elif op == "subtract":
-            a, b = step["srcs"]
-            y = values[a] - values[b]
-        elif op == "concat":
-            y = tf.concat([values[v] for v in step["srcs"]], axis=-1)
-        elif op == "affine":
-            src = values[step["src"]]
-            y = src * tf.cast(weights[step["scale"]], src.dtype) + tf.cast(
-                weights[step["shift"]], src.dtype)
-        else:
-            raise ValueError(f"unknown program step {op!r}")
-        values.append(y)
-    return values
-
-
-def bias_map(program, weights, in_size, channels, dtype=tf.float32):
-    """The program's exact affine part, out_size x out_size x out_channels: its output on
-    a zero input (a linear map is zero there)."""
-    zeros = tf.zeros((1,) + tuple(in_size) + (channels,), dtype)
-    return run_program(program, weights, zeros)[0]
-
-
 def fused_padding(m):
     """(top, bottom, left, right) to pad the subgraph input with before the fused
     kernel runs VALID; a negative value means rows/columns it never reads (crop them)."""
@@ -470,47 +326,3 @@ def border_strips(m):
     for k, p, n, out in zip(m.kernel_size, m.origin, m.in_size, m.out_size):
         dims.append((min(p, out), max(min(n - k + p + 1, out), 0), k + 1))
     return tuple(dims)
-
-
-def apply_fused(x, m, bias=None, algorithm="auto", workspace_limit=0, program=None,
-                weights=None):
-    """Runs the fused map on x (NHWC): pad (or crop), one bigconv2d, then the bias
-    (a vector, or a bias_map output broadcast over the batch). A patched map needs
-    its program and weights: its border rows and columns come from the unfused
-    program on strips of x (border_strips)."""
-    if m.patched:
-        return _apply_patched(x, m, bias, algorithm, workspace_limit, program, weights)
-    top, bottom, left, right = fused_padding(m)
-    if min(top, bottom, left, right) < 0:
-        h, w = x.shape[1], x.shape[2]
-        x = x[:, max(-top, 0):h - max(-bottom, 0), max(-left, 0):w - max(-right, 0)]
-        top, bottom, left, right = (max(v, 0) for v in (top, bottom, left, right))
-    kernel = tf.cast(m.kernel, x.dtype)
-    y = bigconv2d(x, kernel, strides=list(m.strides),
-                  padding=[[0, 0], [top, bottom], [left, right], [0, 0]],
-                  algorithm=algorithm, workspace_limit=workspace_limit)
-    if bias is not None:
-        y = y + tf.cast(bias, y.dtype)
-    return y
-
-
-def _apply_patched(x, m, bias, algorithm, workspace_limit, program, weights):
-    if program is None or weights is None:
-        raise ValueError("apply_fused: a patched map needs its program and weights")
-    unpatched = dataclasses.replace(m, patched=False)
-    (top, bottom, rows), (left, right, cols) = border_strips(m)
-    (h, w), (oh, ow) = m.in_size, m.out_size
-    if top >= bottom or left >= right or rows >= h or cols >= w:
-        return run_program(program, weights, x)  # the strips would cover it all
-    y = apply_fused(x, unpatched, bias, algorithm, workspace_limit)
-    if left or right < ow:  # columns first, from full-height strips
-        parts = [run_program(program, weights, x[:, :, :cols])[:, :, :left], y[:, :, left:right]]
-        if right < ow:
-            parts.append(run_program(program, weights, x[:, :, w - cols:])[:, :, right - (w - cols):])
-        y = tf.concat(parts, axis=2)
-    if top or bottom < oh:
-        parts = [run_program(program, weights, x[:, :rows])[:, :top], y[:, top:bottom]]
-        if bottom < oh:
-            parts.append(run_program(program, weights, x[:, h - rows:])[:, bottom - (h - rows):])
-        y = tf.concat(parts, axis=1)
-    return y

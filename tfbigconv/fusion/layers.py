@@ -4,7 +4,7 @@ padding)."""
 import keras
 import tensorflow as tf
 
-from tfbigconv.fusion import algebra, train
+from tfbigconv.fusion import program as steps, train
 from tfbigconv.keras.layers import check_backend, check_options
 
 __all__ = ["FusedLinearConv", "FusedBiasMap"]
@@ -73,10 +73,10 @@ class FusedLinearConv(keras.layers.Layer):
         """The composed (LinearMap, bias) from the current weights; bias is a vector,
         a bias map [out_h, out_w, channels], or None."""
         weights = dict(self.branch_weights)
-        m = algebra.compose_program(self.program, weights, self.input_size, self.channels,
+        m = steps.compose_program(self.program, weights, self.input_size, self.channels,
                                  self.variable_dtype, patch_borders=True)
         if m.bias_padded and not m.patched:
-            return m, algebra.bias_map(self.program, weights, self.input_size, self.channels,
+            return m, steps.bias_map(self.program, weights, self.input_size, self.channels,
                                     self.variable_dtype)
         return m, m.bias
 
@@ -97,7 +97,7 @@ class FusedLinearConv(keras.layers.Layer):
             return train.run_recompute(inputs, self.program, dict(self.branch_weights),
                                             self.algorithm, self.workspace_limit)
         m, bias = self.fused()
-        return algebra.apply_fused(inputs, m, bias, self.algorithm, self.workspace_limit,
+        return steps.apply_fused(inputs, m, bias, self.algorithm, self.workspace_limit,
                                 self.program, dict(self.branch_weights))
 
     def get_config(self):

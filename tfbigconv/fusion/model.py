@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbigconv.fusion import algebra as fuse
+from tfbigconv.fusion import algebra, program as steps
 from tfbigconv.fusion.layers import FusedBiasMap, FusedLinearConv, check_mode
 from tfbigconv.keras.layers import BigConv2D, BigDepthwiseConv2D, check_options
 
@@ -201,7 +201,7 @@ def _program(input_tensor, nodes):
             (t, b), (l, r) = layer.padding
             program.append(dict(op="pad", src=src(ins[0]), pads=[t, b, l, r]))
         elif isinstance(layer, keras.layers.BatchNormalization):
-            scale, shift = fuse.batchnorm_affine(
+            scale, shift = algebra.batchnorm_affine(
                 layer.gamma if layer.scale else None, layer.beta if layer.center else None,
                 layer.moving_mean, layer.moving_variance, layer.epsilon)
             weights[f"{layer.name}_scale"], weights[f"{layer.name}_shift"] = scale, shift
@@ -361,23 +361,23 @@ def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorit
     try:
         if trainable and not measure:  # only the fused map's shapes are needed: trace the
             with tf.Graph().as_default():  # composition in a graph that never runs
-                m = fuse.compose_program(program, {k: tf.zeros(v.shape, tf.float64)
+                m = steps.compose_program(program, {k: tf.zeros(v.shape, tf.float64)
                                                    for k, v in weights.items()},
                                          in_size, channels, tf.float64, patch_borders=True)
         else:
-            m = fuse.compose_program(program, w64, in_size, channels, tf.float64,
+            m = steps.compose_program(program, w64, in_size, channels, tf.float64,
                                      patch_borders=True)
-    except fuse.NotFusable as e:
+    except algebra.NotFusable as e:
         return SubgraphReport(names, "refused", str(e)), None
     out_shape = tuple(nodes[-1].output_tensors[0].shape[1:])
     if m.out_size + (m.out_channels,) != out_shape:  # a layer this module misreads
         return SubgraphReport(names, "refused", f"fused output {m.out_size + (m.out_channels,)}"
                               f" differs from the model's {out_shape}"), None
     use_map = m.bias_padded and not m.patched
-    bmap = fuse.bias_map(program, w64, in_size, channels, tf.float64) if use_map else None
-    pads = fuse.fused_padding(m)
+    bmap = steps.bias_map(program, w64, in_size, channels, tf.float64) if use_map else None
+    pads = algebra.fused_padding(m)
     if m.patched:
-        (top, bottom, rows), (left, right, cols) = fuse.border_strips(m)
+        (top, bottom, rows), (left, right, cols) = algebra.border_strips(m)
         exact = (f"borders patched: the kernel does not reproduce the intermediates' zero "
                  f"padding, so the output rows/columns within {top}/{m.out_size[0] - bottom} "
                  f"(top/bottom) and {left}/{m.out_size[1] - right} (left/right) of the borders "
@@ -418,7 +418,7 @@ def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorit
         vector = m.bias is not None and not m.bias_padded
 
         def build(x):
-            same = fuse.same_pads(in_size, m.kernel_size, m.strides)
+            same = algebra.same_pads(in_size, m.kernel_size, m.strides)
             padding = "valid"
             if pads == same and any(pads):
                 padding = "same"
@@ -445,10 +445,10 @@ def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorit
         x = tf.constant(np.random.default_rng(0).standard_normal(
             (measure,) + in_size + (channels,)).astype(np.float32))
         w32 = {k: tf.constant(v.astype(np.float32)) for k, v in weights.items()}
-        report.seconds_before = _time(tf.function(lambda x: fuse.run_program(program, w32, x)), x)
+        report.seconds_before = _time(tf.function(lambda x: steps.run_program(program, w32, x)), x)
         m32 = dataclasses.replace(m, kernel=tf.constant(m.kernel.numpy().astype(np.float32)))
         b32 = tf.cast(bmap if bmap is not None else (m.bias if m.bias is not None else 0.0),
                       tf.float32)
         report.seconds_after = _time(tf.function(
-            lambda x: fuse.apply_fused(x, m32, b32, algorithm, workspace_limit, program, w32)), x)
+            lambda x: steps.apply_fused(x, m32, b32, algorithm, workspace_limit, program, w32)), x)
     return report, build

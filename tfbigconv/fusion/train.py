@@ -4,7 +4,7 @@ A linear subgraph (a program, see tfbigconv.fuse) keeps only its input for
 backprop in either mode:
 
   "fused": the kernel is composed from the branch weights on every step
-    (fuse.compose_program) and one convolution runs (fuse.apply_fused). Its cost
+    (steps.compose_program) and one convolution runs (steps.apply_fused). Its cost
     is the fused convolution's, which can be several times the branches' (the
     seed block's 1x1 reduction C -> C/2 folded into its KxK conv makes it C -> C),
     plus the composition.
@@ -31,9 +31,9 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from tfbigconv import _core, arguments, host
-from tfbigconv.fusion import algebra as fuse
-from tfbigconv.planning import candidates, planner
+from tfbigconv import _core, host
+from tfbigconv.fusion import algebra, program as steps
+from tfbigconv.planning import planner
 from tfbigconv.planning.explain import explain
 
 __all__ = ["MODES", "ModeChoice", "FusedConvShape", "recomputed_values", "run_recompute",
@@ -49,7 +49,7 @@ estimated seconds per step (training: forward and backward; else forward)}."""
 def recomputed_values(program):
     """The intermediate values (step indices) recompute mode recomputes in backward: those
     a live convolution or affine map reads (their weight gradients need them)."""
-    live = fuse.live_values(program, [len(program)])
+    live = steps.live_values(program, [len(program)])
     return sorted({program[i - 1]["src"] for i in live
                    if i and program[i - 1]["op"] in ("conv", "affine")} - {0})
 
@@ -61,7 +61,7 @@ def run_recompute(x, program, weights, algorithm="auto", workspace_limit=0):
 
     @tf.custom_gradient
     def subgraph(x, *values):
-        y = fuse.run_program(program, dict(zip(names, values)), x, algorithm, workspace_limit)
+        y = steps.run_program(program, dict(zip(names, values)), x, algorithm, workspace_limit)
 
         def grad(dy):  # closes over x and the weights only
             dx, dw = _backprop(program, dict(zip(names, values)), x, dy, algorithm,
@@ -75,92 +75,9 @@ def run_recompute(x, program, weights, algorithm="auto", workspace_limit=0):
 
 def _backprop(program, weights, x, dy, algorithm, workspace_limit):
     """(dL/dx, {weight name: dL/dweight}) for the program's output gradient dy."""
-    values = fuse.run_values(program, weights, x, recomputed_values(program), algorithm,
-                             workspace_limit)
-    channels = _value_channels(program, weights, int(x.shape[-1]))
-    grads = {len(program): [dy]}
-    wgrads = {name: [] for name in weights}
-
-    def send(v, g):
-        grads.setdefault(v, []).append(g)
-
-    for i in range(len(program), 0, -1):
-        if i not in grads:
-            continue
-        g = tf.add_n(grads.pop(i))
-        step = program[i - 1]
-        op = step["op"]
-        if op == "conv":
-            src = values[step["src"]]
-            kernel, _ = fuse.conv_kernel(step, weights)
-            dsrc, dkernel = _conv_gradients(src, tf.cast(kernel, src.dtype), g, step, algorithm,
-                                            workspace_limit)
-            send(step["src"], dsrc)
-            w = weights[step["kernel"]]
-            wgrads[step["kernel"]].append(tf.cast(tf.reshape(dkernel, w.shape), w.dtype))
-            if step["bias"]:
-                wgrads[step["bias"]].append(
-                    tf.cast(tf.reduce_sum(g, (0, 1, 2)), weights[step["bias"]].dtype))
-        elif op == "pad":
-            t, b, l, r = step["pads"]
-            h, w = (tf.shape(g)[i] if g.shape[i] is None else g.shape[i] for i in (1, 2))
-            send(step["src"], g[:, t:h - b, l:w - r])
-        elif op == "add":
-            for v in step["srcs"]:
-                send(v, g)
-        elif op == "subtract":
-            a, b = step["srcs"]
-            send(a, g)
-            send(b, -g)
-        elif op == "concat":
-            sizes = [channels[v] for v in step["srcs"]]
-            for v, part in zip(step["srcs"], tf.split(g, sizes, axis=-1)):
-                send(v, part)
-        elif op == "affine":
-            src = values[step["src"]]
-            scale, shift = weights[step["scale"]], weights[step["shift"]]
-            send(step["src"], g * tf.cast(scale, g.dtype))
-            wgrads[step["scale"]].append(
-                tf.cast(tf.reduce_sum(g * src, (0, 1, 2)), scale.dtype))
-            wgrads[step["shift"]].append(tf.cast(tf.reduce_sum(g, (0, 1, 2)), shift.dtype))
-        else:
-            raise ValueError(f"unknown program step {op!r}")
-    dx = tf.add_n(grads[0]) if 0 in grads else tf.zeros_like(x)
-    return dx, {name: tf.add_n(gs) if gs else tf.zeros_like(weights[name])
-                for name, gs in wgrads.items()}
-
-
-def _value_channels(program, weights, channels):
-    """Every value's channels (what concat's gradient splits by)."""
-    out = [channels]
-    for step in program:
-        if step["op"] == "conv":
-            out.append(int(fuse.conv_kernel(step, weights)[0].shape[-1]))
-        elif step["op"] == "concat":
-            out.append(sum(out[v] for v in step["srcs"]))
-        else:
-            out.append(out[step["srcs"][0] if "srcs" in step else step["src"]])
-    return out
-
-
-def _conv_attrs(step, algorithm, workspace_limit):
-    """bigconv2d's op attributes for a conv step."""
-    pad, explicit = arguments.parse_padding(fuse.conv_padding(step))
-    return dict(strides=arguments.parse_strides(list(step["strides"]), "strides", "NHWC"), padding=pad,
-                explicit_paddings=explicit, data_format="NHWC",
-                dilations=arguments.parse_strides(list(step["dilations"]), "dilations", "NHWC"),
-                algorithm=arguments.requested_algorithm(algorithm),
-                workspace_limit_bytes=int(workspace_limit))
-
-
-def _conv_gradients(src, kernel, dy, step, algorithm, workspace_limit):
-    """(dL/dsrc, dL/dkernel) of bigconv2d(src, kernel) without running it: the same
-    passes, planned the same way, as bigconv2d's registered gradient."""
-    a = _conv_attrs(step, algorithm, workspace_limit)
-    device = host.resolve_device(src) if a["algorithm"] in ("auto", "tf") else None
-    bpi, bpf = planner.choose_gradients(src.shape, kernel.shape, a, src.dtype, device)
-    return (candidates.backprop_input(tf.shape(src), kernel, dy, a, bpi, src.shape, device),
-            candidates.backprop_filter(src, kernel.shape, dy, a, bpf, device))
+    values = steps.run_values(program, weights, x, recomputed_values(program), algorithm,
+                              workspace_limit)
+    return steps.backprop(program, weights, values, x, dy, algorithm, workspace_limit)
 
 
 # ----- shapes and estimates ------------------------------------------------------------
@@ -175,28 +92,7 @@ def _filter_shape(step, weight_shapes):
 
 def value_shapes(program, weight_shapes, in_size, channels):
     """(height, width, channels) of every value of the program (0: its input)."""
-    shapes = [tuple(in_size) + (channels,)]
-    for step in program:
-        op = step["op"]
-        if op == "conv":
-            h, w, _ = shapes[step["src"]]
-            f, _ = _filter_shape(step, weight_shapes)
-            t, b, l, r = fuse._conv_pads(step, (h, w), f[:2])
-            (sh, sw), (dh, dw) = step["strides"], step["dilations"]
-            shapes.append(((h + t + b - (f[0] - 1) * dh - 1) // sh + 1,
-                           (w + l + r - (f[1] - 1) * dw - 1) // sw + 1, f[3]))
-        elif op == "pad":
-            h, w, c = shapes[step["src"]]
-            t, b, l, r = step["pads"]
-            shapes.append((h + t + b, w + l + r, c))
-        elif op == "concat":
-            h, w, _ = shapes[step["srcs"][0]]
-            shapes.append((h, w, sum(shapes[v][2] for v in step["srcs"])))
-        elif op in ("add", "subtract"):
-            shapes.append(shapes[step["srcs"][0]])
-        else:
-            shapes.append(shapes[step["src"]])
-    return shapes
+    return steps.value_shapes(program, weight_shapes, in_size, channels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,15 +116,15 @@ def fused_conv_shape(program, weight_shapes, in_size, channels):
     with tf.Graph().as_default():
         weights = {k: tf.zeros(shape, tf.float32) for k, shape in weight_shapes.items()}
         try:
-            m = fuse.compose_program(program, weights, tuple(in_size), channels,
+            m = steps.compose_program(program, weights, tuple(in_size), channels,
                                      patch_borders=True)
-        except fuse.NotFusable:
+        except algebra.NotFusable:
             return None
         return FusedConvShape(
             filter_shape=tuple(int(d) for d in m.kernel.shape), strides=m.strides,
-            pads=fuse.fused_padding(m), out_size=m.out_size,
+            pads=algebra.fused_padding(m), out_size=m.out_size,
             bias_map=m.bias_padded and not m.patched,
-            strips=fuse.border_strips(m) if m.patched else None, compose_macs=m.compose_macs)
+            strips=algebra.border_strips(m) if m.patched else None, compose_macs=m.compose_macs)
 
 
 def _conv_seconds(input_shape, filter_shape, strides, pads, dilations, passes, algorithm,
@@ -255,15 +151,15 @@ def _branch_seconds(program, weight_shapes, in_size, channels, batch, training, 
     """Estimated seconds of the program run branch-wise (recompute mode) on `batch`
     images of in_size."""
     shapes = value_shapes(program, weight_shapes, in_size, channels)
-    live = fuse.live_values(program, [len(program)])
-    again = fuse.live_values(program, recomputed_values(program)) if training else set()
+    live = steps.live_values(program, [len(program)])
+    again = steps.live_values(program, recomputed_values(program)) if training else set()
     total = 0.0
     for i, step in enumerate(program, 1):
         if step["op"] != "conv" or i not in live:
             continue
         h, w, c = shapes[step["src"]]
         f, _ = _filter_shape(step, weight_shapes)
-        pads = fuse._conv_pads(step, (h, w), f[:2])
+        pads = steps.conv_pads(step, (h, w), f[:2])
         passes = _passes(training) + (("forward",) if i in again else ())
         for p in set(passes):
             total += passes.count(p) * _conv_seconds(
