@@ -52,6 +52,7 @@ def _space_to_batch(a, f_shape, input_hw):
         base = [[e // 2, e - e // 2] for e in extra]
     else:
         base = [[0, 0], [0, 0]]
+    # The twin of plan.cc's TfSpaceToBatchBytes padding, which counts these copies.
     paddings, crops = tf.required_space_to_batch_paddings(input_hw, block, base_paddings=base)
     undilated = dict(tf_attrs(a), padding="VALID", explicit_paddings=[], dilations=[1, 1, 1, 1])
     return block, paddings, crops, undilated

@@ -36,6 +36,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
+from tfbigconv import _core
 from tfbigconv.ops.conv2d import bigconv2d
 
 __all__ = [
@@ -86,13 +87,13 @@ class LinearMap:
 
 
 def same_pads(size, kernel_size, strides, dilations=(1, 1)):
-    """TensorFlow's SAME padding (top, bottom, left, right) for an input of (height, width)."""
-    pads = []
-    for n, k, s, d in zip(size, kernel_size, strides, dilations):
-        out = -(-n // s)
-        total = max((out - 1) * s + (k - 1) * d + 1 - n, 0)
-        pads += [total // 2, total - total // 2]
-    return tuple(pads)
+    """TensorFlow's SAME padding (top, bottom, left, right) for an input of (height,
+    width), from the geometry (_core.conv_geometry: the rule lives there)."""
+    g = _core.conv_geometry([1, int(size[0]), int(size[1]), 1],
+                            [int(kernel_size[0]), int(kernel_size[1]), 1, 1],
+                            [1, int(strides[0]), int(strides[1]), 1], "SAME", [], "NHWC",
+                            [1, int(dilations[0]), int(dilations[1]), 1])
+    return tuple(g[k] for k in ("pad_top", "pad_bottom", "pad_left", "pad_right"))
 
 
 def dilate_kernel(kernel, dilations):

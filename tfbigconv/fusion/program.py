@@ -21,7 +21,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfbigconv import arguments, host
+from tfbigconv import _core, arguments, host
 from tfbigconv.fusion import algebra
 from tfbigconv.ops.conv2d import bigconv2d
 from tfbigconv.planning import candidates, planner
@@ -105,13 +105,14 @@ class Step:
 
 class ConvStep(Step):
     def shape(self, step, shapes, weight_shapes):
-        h, w, _ = shapes[step["src"]]
-        kh, kw, a, c = weight_shapes[step["kernel"]]
-        out = a * c if step["depthwise"] else c
-        t, b, l, r = conv_pads(step, (h, w), (kh, kw))
+        h, w, c = shapes[step["src"]]
+        kh, kw, a, b = weight_shapes[step["kernel"]]
+        f = (kh, kw, 1, a * b) if step["depthwise"] else (kh, kw, a, b)
+        t, bottom, l, r = conv_pads(step, (h, w), (kh, kw))
         (sh, sw), (dh, dw) = step["strides"], step["dilations"]
-        return ((h + t + b - (kh - 1) * dh - 1) // sh + 1,
-                (w + l + r - (kw - 1) * dw - 1) // sw + 1, out)
+        g = _core.conv_geometry([1, h, w, c], [int(d) for d in f], [1, sh, sw, 1], "EXPLICIT",
+                                [0, 0, t, bottom, l, r, 0, 0], "NHWC", [1, dh, dw, 1])
+        return tuple(g["output_shape"][1:])
 
     def channels(self, step, channels, weights):
         return int(conv_kernel(step, weights)[0].shape[-1])
