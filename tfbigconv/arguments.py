@@ -14,6 +14,8 @@ from tfbigconv import errors
 # "im2col" is the earlier name of "tf" (TensorFlow's own kernel), still accepted.
 ALGORITHMS = ("auto", "tf", "direct", "fft", "im2col")
 ENV_ALGORITHM = "TFBIGCONV_ALGORITHM"
+# The passes of a convolution, each planned on its own.
+PASSES = ("forward", "backprop_input", "backprop_filter")
 # The dtypes our kernels run; TF_ONLY_DTYPES: tf.nn.conv2d takes them, and
 # TensorFlow's Conv2D runs them.
 DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)

@@ -16,10 +16,9 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tfbigconv import _core, host, kernels
+from tfbigconv import _core, arguments, host, kernels
 from tfbigconv._native import ops as native
 from tfbigconv.cost_model import profiles
-from tfbigconv.planning import planner
 
 # The im2col table's filter sides and channel products (cost_model.h:
 # kIm2colSideAxis, kIm2colChannelAxis, read from the field names).
@@ -154,7 +153,7 @@ def _dtype_slowdown_fns(target):
     fns = {}
     for prefix, make, (xs, ws) in zip(profiles.DTYPE_SLOWDOWNS, (_im2col_fn, _depthwise_fn),
                                       (conv, depthwise)):
-        for pass_ in planner.PASSES:
+        for pass_ in arguments.PASSES:
             for name in ("float32",) + SLOWDOWN_DTYPES:
                 fns[f"{prefix}{pass_}.{name}"] = make(pass_, xs, ws, "SAME", tf.as_dtype(name))
     return fns
@@ -209,7 +208,7 @@ def channel_block(seconds):
 def _channel_blocks(quick, rounds, budget_s, log):
     """{profile field: block} for every pass and side, timed count by count."""
     values = {}
-    for pass_ in planner.PASSES:
+    for pass_ in arguments.PASSES:
         for side in IM2COL_SIDES:
             seconds = {}
             for c in BLOCK_PROBE:
@@ -274,7 +273,7 @@ def _calibrate_cpu(output, quick, rounds, log):
     cases = [((1, 24, 24, 1), (5, 5, 1, 2), "SAME"), ((1, 24, 24, 4), (3, 3, 4, 4), "SAME"),
              ((1, 32, 32, 2), (9, 9, 2, 2), "VALID")] if quick else KERNEL_CASES
     fns = {(algorithm, pass_, case): _kernel_fn(algorithm, pass_, *case)
-           for algorithm in ("direct", "fft") for case in cases for pass_ in planner.PASSES}
+           for algorithm in ("direct", "fft") for case in cases for pass_ in arguments.PASSES}
     times = _best_times(fns, budget_s, rounds, log)
     fits = {}
     for algorithm in ("direct", "fft"):
@@ -304,7 +303,7 @@ def _calibrate_cpu(output, quick, rounds, log):
     fns, macs = {}, {}
     blocks = _channel_blocks(quick, rounds, budget_s / 3, log)
     values.update(blocks)
-    for pass_ in planner.PASSES:
+    for pass_ in arguments.PASSES:
         for side in IM2COL_SIDES:
             block = int(blocks[f"{profiles.CHANNEL_BLOCK}{pass_}.side{side}"])
             for product in IM2COL_PRODUCTS:
@@ -315,7 +314,7 @@ def _calibrate_cpu(output, quick, rounds, log):
                 macs[key] = _core.conv_geometry(list(x_shape), list(w_shape), padding="SAME",
                                                 **ATTRS)["macs"]
     for table, multiplier in ((profiles.DEPTHWISE_TABLE, 1), (profiles.MULTIPLIER_TABLE, 2)):
-        for pass_ in planner.PASSES:
+        for pass_ in arguments.PASSES:
             for side in IM2COL_SIDES:
                 # TF's depthwise kernels run at ~10 GFLOP/s: a tenth of the work.
                 x_shape, w_shape = _im2col_case(side, 32, 1, target / 10)
@@ -330,7 +329,7 @@ def _calibrate_cpu(output, quick, rounds, log):
         values[key] = 2 * m / times[key]
         log(f"{key}: {values[key] / 1e9:.1f} GFLOP/s")
     for prefix in profiles.DTYPE_SLOWDOWNS:
-        for pass_ in planner.PASSES:
+        for pass_ in arguments.PASSES:
             for name in SLOWDOWN_DTYPES:
                 key, base = f"{prefix}{pass_}.{name}", f"{prefix}{pass_}.float32"
                 values[key] = times[key] / times[base]

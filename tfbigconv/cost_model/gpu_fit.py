@@ -20,9 +20,9 @@ import math
 import numpy as np
 
 from tfbigconv import _core
+from tfbigconv.arguments import PASSES
 
 CANDIDATES = {"cudnn": "tf", "direct": "direct", "fft": "fft"}
-PASSES = ("forward", "backprop_input", "backprop_filter")
 DTYPE_CLASSES = {"float32": "float32", "float64": "float32", "float16": "half",
                  "bfloat16": "half"}
 FEATURES = ("intercept", "log_side", "log_channels", "depthwise", "log_elements", "log_pixels",

@@ -13,9 +13,9 @@ import tensorflow as tf
 from absl import logging
 
 from tfbigconv import _core, errors, host, kernels
+from tfbigconv.arguments import PASSES  # noqa: F401  (planner.PASSES: the passes planned)
 from tfbigconv.planning import autotune as tuner, tf_rules
 
-PASSES = ("forward", "backprop_input", "backprop_filter")
 # With an unknown batch (Keras' usual None), passes are planned for this many
 # images: the choice between algorithms depends little on the batch, and a
 # training batch of 32 is Keras' default.
