@@ -1,5 +1,5 @@
 """Calibrates the cost model on this machine and writes the profile shipped
-with the package (tfbigconv/cost_model.json in the source tree).
+with the package (tfbigconv/cost_model/cost_model.json in the source tree).
 
     python benchmarks/calibrate.py            # then reinstall the package
     python benchmarks/calibrate.py --output /tmp/profile.json
@@ -17,7 +17,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHIPPED = os.path.join(HERE, "..", "tfbigconv", "cost_model.json")
+SHIPPED = os.path.join(HERE, "..", "tfbigconv", "cost_model", "cost_model.json")
 
 
 def main():

@@ -37,7 +37,7 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
         "direct" (the tiled direct convolution) or "fft" (overlap-save FFT
         convolution, tiled and chunked to fit). Where estimates are close or
         not to be trusted, the candidates are timed once and the result is
-        cached (see `tfbigconv.autotune`; TFBIGCONV_AUTOTUNE=0 turns it off).
+        cached (docs/planner.md, section 5; TFBIGCONV_AUTOTUNE=0 turns it off).
         With static shapes the choice is made when the op is built (see
         `tfbigconv.explain`); an unknown batch dimension (Keras' usual None)
         is planned as a batch of 32 images; with other dimensions unknown, the

@@ -1,68 +1,14 @@
 """Measured choices: where the planner's estimates cannot be trusted, time the candidates once.
 
-The cost model is calibrated per machine, but an estimate can still be wrong
-by 10x or more outside the calibration grid (TF's grouped Conv2D on the CPU
-was by 300x). So for algorithm="auto", a pass whose candidates are close, or
-whose TensorFlow kernel's estimate is not trusted, is decided by timing:
-
-- Which candidates: every one that runs and fits whose estimate is within
-  NEAR_FACTOR of the best estimate, plus TF's kernel when its estimate is not
-  trusted and under CROSS_FACTOR x the best, plus TF's kernel and our fastest
-  when their estimates are within CROSS_FACTOR of each other (the two come
-  from different models, and across them estimates have been off by up to
-  ~40x). A candidate estimated
-  further off is never timed, and a TF kernel excluded for precision never
-  is. Nothing is timed when fewer than two remain. When the timings show the
-  estimates were off (the measured best is slower than estimated), a
-  candidate left out whose estimate is within NEAR_FACTOR of the measured
-  best is timed too, once, beside the winner so far (TF's Conv2D dL/dinput
-  on one input channel measured 6x its estimate; direct, left out at 3.04x
-  the estimate, ran 2x faster than it; widened()).
-- Cost: each candidate is traced into its own graph (timed as it runs under
-  tf.function; eager calls favoured our ops on sub-millisecond passes), runs
-  once to warm up and, unless that took over
-  REPEAT_BELOW_S, MIN_ROUNDS more times, interleaved with the other
-  candidates (one call of each per round, so that a burst of load hits all
-  alike; the fastest call counts), and up to MAX_ROUNDS while the rounds so
-  far took under EXTRA_ROUNDS_BELOW_S in all; on a reduced batch: the
-  fewest images (at least TIMING_BATCH) on which the best estimate is
-  MIN_TIMED_S or more, so that per-call overheads do not decide (a batch of 4
-  scaled to 64 once picked a kernel 3x slower at full batch); the whole
-  batch when it is cheaper than that. A candidate estimated over
-  SCREEN_FACTOR x the best, timed only as a check across models, runs on fewer
-  images: as many as keep its estimated call at NEAR_FACTOR x the best's, at
-  least one; if it then comes within CONFIRM_BELOW x of the fastest, it is
-  timed again on the whole timing batch beside the fastest of the others
-  (screening_images). Times are scaled to the real batch. Candidates warm up
-  in the order of their estimates, and one that takes ABANDON_FACTOR x the
-  fastest (per image) is not repeated (judged on a second call
-  where the warm-up took under REPEAT_BELOW_S: a first call can carry
-  one-time costs; again after any second call that lowers the fastest). The first
-  call of a pass so costs about (1 + MIN_ROUNDS) x (candidates) x NEAR_FACTOR x
-  max(MIN_TIMED_S, the best estimate on TIMING_BATCH images) where the
-  estimates hold (more where one image of a screened candidate costs more),
-  plus at most EXTRA_ROUNDS_BELOW_S and one round for the extra
-  rounds, plus the candidates' tracing; once per geometry, dtype, device,
-  thread count and oneDNN setting (TF's CPU kernels are other code with it).
-- Choice: the fastest call wins, but TF's kernel is kept unless ours is
-  TF_MARGIN x faster, and direct over fft likewise (PREFERENCE). A win over TF's kernel by less than CONFIRM_BELOW x is
-  timed once more, the two alone, and stands only if it holds again (a near
-  tie once went to ours on one timing and ran 1.39x slower than TF's kernel;
-  a second timing costs those two candidates' calls once more).
-- Gradients together: the two gradient passes run in one step, where TF's
-  two kernels overlap (a direct dL/dinput measured 1.25x faster than TF's
-  alone gave no gain in the step). So where the per-pass choices are a pair
-  other than TF's two kernels, both measured against TF's, and the pair's
-  measured sum beats TF's by under CONFIRM_BELOW x, the two pairs are timed
-  again together, each as one graph of both passes, and the chosen pair
-  stands only if it is TF_MARGIN x faster there (refine_gradients). That
-  costs two timings of both gradients more, once per key.
-- Memory: remembered in this process and in a JSON cache file beside the
-  cost-model profile ($XDG_CACHE_HOME/tfbigconv/autotune.json, or the file
-  TFBIGCONV_AUTOTUNE_CACHE names). Entries of another format or package
-  version, and corrupt files, are ignored with a warning.
-- Control: TFBIGCONV_AUTOTUNE=0 turns it off (estimates alone decide);
-  explain() shows whether each choice was measured or estimated.
+The rules (which candidates are timed, on how many images, how often, how a
+winner is chosen and confirmed, the gradient pair timed together, the cache
+and its key) are stated once, in docs/planner.md section 5; the constants
+below carry the measurements behind them. In short: candidates within
+NEAR_FACTOR of the best estimate, and TF's kernel where its estimate is not
+trusted, run as traced graphs on a reduced batch, interleaved; the fastest
+wins unless TF's kernel (then direct, then fft: PREFERENCE) is within
+TF_MARGIN of it; the result is remembered in memory and in a JSON cache
+(TFBIGCONV_AUTOTUNE_CACHE). TFBIGCONV_AUTOTUNE=0 turns it off.
 """
 import json
 import math
