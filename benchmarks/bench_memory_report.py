@@ -16,8 +16,21 @@ memory pooled, so the measured step reused the first step's memory (resnet tf,
 batch 4: 0.7 MiB measured with oneDNN, 16.3 MiB without; the baseline was 17 MiB
 higher with it). The report models TF's own kernels' workspace either way.
 
+--onednn measures with oneDNN on (TF's default on this CPU), where RSS cannot
+follow the tensors: oneDNN's CPU allocator is a BFC pool that keeps freed
+memory (the second step's VmHWM grew 8-55 MiB where its tensors peaked at
+35-340 MiB). The measure is then that allocator's own peak of bytes in use
+over the second step (tf.config.experimental.get_memory_info("CPU:0"), which
+only oneDNN's allocator answers): the step's tensors, each rounded up to the
+BFC chunk it got (a free chunk under twice the request is not split), so at
+or above the tensors the report counts. The report predicts oneDNN's kernels
+then (memory_report.py: no patch matrices, MaxPool's workspace). The process's
+RSS additionally holds the pool's growth (its regions double in size), which
+the report does not model.
+
   .venv/bin/python benchmarks/bench_memory_report.py            # all models
   .venv/bin/python benchmarks/bench_memory_report.py unet conv135
+  .venv/bin/python benchmarks/bench_memory_report.py unet_bn unet_bn_wide --onednn
   .venv/bin/python benchmarks/bench_memory_report.py --max-batch # the max-batch check
 """
 import argparse
@@ -27,7 +40,9 @@ import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"  # RSS must follow the live tensors (above)
+# RSS must follow the live tensors (above); --onednn measures TF's allocator instead.
+ONEDNN = "--onednn" in sys.argv
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if ONEDNN else "0"
 
 
 # --- the models ----------------------------------------------------------
@@ -49,6 +64,39 @@ def unet(keras):
         h = L.Conv2D(f, 3, padding="same", activation="relu")(h)
         h = L.Conv2D(f, 3, padding="same", activation="relu")(h)
     return keras.Model(inp, L.Conv2D(9, 1)(h), name="unet")
+
+
+def _unet_bn(keras, shape, filters, big_kernel, outputs, name):
+    """U-Net-style with BatchNorm (training mode), MaxPooling2D, a tfbigconv
+    BigConv2D bottleneck, UpSampling2D and Concatenate skips (issue 36)."""
+    import tfbigconv.keras
+    L = keras.layers
+    inp = keras.Input(shape)
+
+    def conv_bn_relu(h, f):
+        return L.ReLU()(L.BatchNormalization()(L.Conv2D(f, 3, padding="same")(h)))
+
+    skips, h = [], inp
+    for f in filters:
+        h = conv_bn_relu(conv_bn_relu(h, f), f)
+        skips.append(h)
+        h = L.MaxPooling2D()(h)
+    h = tfbigconv.keras.BigConv2D(2 * filters[-1], big_kernel, padding="same")(h)
+    h = L.ReLU()(L.BatchNormalization()(h))
+    for f, skip in zip(reversed(filters), reversed(skips)):
+        h = L.Concatenate()([L.UpSampling2D()(h), skip])
+        h = conv_bn_relu(h, f)
+    return keras.Model(inp, L.Conv2D(outputs, 1)(h), name=name)
+
+
+def unet_bn(keras):
+    """(B,128,128,3), 2 levels of 16/32 filters, a 15x15 BigConv2D at 32x32x64."""
+    return _unet_bn(keras, (128, 128, 3), (16, 32), 15, 3, "unet_bn")
+
+
+def unet_bn_wide(keras):
+    """(B,96,160,4) frames, 2 levels of 24/48 filters, a 31x31 BigConv2D at 24x40x96."""
+    return _unet_bn(keras, (96, 160, 4), (24, 48), 31, 2, "unet_bn_wide")
 
 
 def resnet(keras):
@@ -102,7 +150,8 @@ def conv135(keras):
 
 
 MODELS = {"unet": (unet, (2, 4)), "resnet": (resnet, (4, 8)), "replknet": (replknet, (2, 4)),
-          "subtracted": (subtracted, (2, 4)), "conv135": (conv135, (1, 2))}
+          "subtracted": (subtracted, (2, 4)), "conv135": (conv135, (1, 2)),
+          "unet_bn": (unet_bn, (2, 16)), "unet_bn_wide": (unet_bn_wide, (2, 16))}
 VARIANTS = ("tf", "bigconv")
 
 
@@ -137,14 +186,23 @@ def measure_here(name, variant, batch):
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
     before = _status("VmRSS")
+    if ONEDNN:  # oneDNN's pooled allocator: its own peak of bytes in use
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        in_use = tf.config.experimental.get_memory_info("CPU:0")["current"]
     model.train_on_batch(x, t)
-    print(json.dumps({"measured": _status("VmHWM") - before, "baseline": before}))
+    rss = _status("VmHWM") - before
+    if ONEDNN:
+        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - in_use
+        print(json.dumps({"measured": peak, "rss": rss, "baseline": before}))
+        return
+    print(json.dumps({"measured": rss, "baseline": before}))
 
 
 def measure(name, variant, batch):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", MALLOC_MMAP_THRESHOLD_="65536",
                TFBIGCONV_AUTOTUNE="0")
-    r = subprocess.run([sys.executable, __file__, "--measure", name, variant, str(batch)],
+    r = subprocess.run([sys.executable, __file__, "--measure", name, variant, str(batch)]
+                       + (["--onednn"] if ONEDNN else []),
                        env=env, capture_output=True, text=True)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
@@ -167,6 +225,8 @@ def main():
     parser.add_argument("--measure", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--max-batch", action="store_true",
                         help="check max_batch_size: a budget, its suggested batch, and +25%%")
+    parser.add_argument("--onednn", action="store_true",
+                        help="oneDNN on; measure TF's allocator's peak bytes in use (above)")
     args = parser.parse_args()
     if args.measure:
         name, variant, batch = args.measure
@@ -175,12 +235,16 @@ def main():
     os.environ["TFBIGCONV_AUTOTUNE"] = "0"
     if args.max_batch:
         return check_max_batch(args.models)
+    if ONEDNN:
+        print("oneDNN on: measured = TF allocator's peak bytes in use over the step")
     print("| model | variant | batch | predicted step peak MiB | measured MiB | error | "
           "predicted total MiB | peak at |")
     print("|---|---|---|---|---|---|---|---|")
     worst = 0.0
+    slopes = []
     for name in args.models:
         for variant in VARIANTS:
+            pairs = []
             for batch in MODELS[name][1]:
                 report = predict(name, variant, batch)
                 m = measure(name, variant, batch)
@@ -191,10 +255,18 @@ def main():
                 err = report.step_peak_bytes / m["measured"] - 1
                 worst = max(worst, abs(err))
                 s = report.peak_step
+                pairs.append((batch, report.step_peak_bytes, m["measured"]))
                 print(f"| {name} | {variant} | {batch} | {mib(report.step_peak_bytes)} | "
                       f"{mib(m['measured'])} | {100 * err:+.0f}% | {mib(report.peak_bytes)} | "
                       f"{s.phase} {s.layer} |", flush=True)
+            if len(pairs) == 2 and pairs[1][2] != pairs[0][2]:
+                (b0, p0, m0), (b1, p1, m1) = pairs
+                slopes.append(f"{name} {variant}: batch {b0} -> {b1} adds {mib(p1 - p0)} MiB "
+                              f"predicted, {mib(m1 - m0)} measured "
+                              f"({(p1 - p0) / (m1 - m0):.2f} of it)")
     print(f"worst |error|: {100 * worst:.0f}%")
+    for line in slopes:  # the batch-dependent part (issue 36 compared these)
+        print(line)
 
 
 def check_max_batch(names):

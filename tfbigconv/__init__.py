@@ -29,7 +29,7 @@ from tfbigconv.planning.explain import explain
 
 from tfbigconv import keras  # registers the Keras layers (needs Keras 3, a TensorFlow dependency)
 from tfbigconv.keras.convert import convert_model
-from tfbigconv.memory_report import MemoryReport, explain_oom, memory_report
+from tfbigconv.memory import MemoryReport, explain_oom, memory_report
 from tfbigconv import fusion as fuse
 from tfbigconv.fusion import train as fuse_train
 from tfbigconv.fusion.model import SubgraphReport, fuse_linear

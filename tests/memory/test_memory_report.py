@@ -3,6 +3,7 @@ functions, the liveness simulation on small hand-checked models, shared
 layers, unknown batch, advice, the CLI and explain_oom on a real
 ResourceExhaustedError."""
 import io
+import re
 
 import keras
 import numpy as np
@@ -11,10 +12,31 @@ import tensorflow as tf
 from tensorflow.python.framework import func_graph, op_def_registry
 
 import tfbigconv
-from tfbigconv import dispatch
-from tfbigconv.memory_report import SAVED_FOR_BACKWARD, _VARIADIC_NOTHING, _fmt_bytes
+from tfbigconv import host
+from tfbigconv.cli import main as cli_main
+from tfbigconv.memory import report as MR
+from tfbigconv.memory.rules import (CUDNN_WORKSPACE_LIMIT, SAVED_FOR_BACKWARD,
+                                    VARIADIC_NOTHING, fmt_bytes)
+from tfbigconv.planning import planner, tf_rules
 
 F32 = tf.float32
+
+
+@pytest.fixture
+def eigen_kernels(monkeypatch):
+    """The report as for TF's CPU kernels without oneDNN (TF_ENABLE_ONEDNN_OPTS=0):
+    Conv2D's gradients with their col_buffer (the bench measures that way)."""
+    with host.use(host.Host(onednn=False)):
+        yield
+
+
+@pytest.fixture
+def onednn_kernels(monkeypatch):
+    """The report as for TF running oneDNN, as the probe finds it on an AVX-512
+    CPU: Conv2D through oneDNN but for EXPLICIT padding."""
+    with host.use(host.Host(onednn=True,
+                            onednn_runs=lambda kernel, dtype, explicit, data_format: not explicit)):
+        yield
 
 
 def _ph(shape, dtype=F32):
@@ -58,6 +80,9 @@ def _build(op_type):
         "MatMul": lambda: _raw("MatMul", _ph([3, 4]), _ph([4, 5])),
         "BatchMatMulV2": lambda: _raw("BatchMatMulV2", _ph([2, 3, 4]), _ph([2, 4, 5])),
         "AddN": lambda: tf.raw_ops.AddN(inputs=[_ph([2, 3]), _ph([2, 3])]),
+        "FusedBatchNormV3": lambda: tf.raw_ops.FusedBatchNormV3(
+            x=x4, scale=_ph([3]), offset=_ph([3]), mean=_ph([0]), variance=_ph([0]),
+            is_training=True)[0],
         "MaxPool": lambda: _raw("MaxPool", x4, ksize=[1, 2, 2, 1], strides=[1, 2, 2, 1],
                                 padding="VALID"),
         "AvgPool": lambda: _raw("AvgPool", x4, ksize=[1, 2, 2, 1], strides=[1, 2, 2, 1],
@@ -130,7 +155,7 @@ def test_saved_for_backward_rule_matches_tf_gradient(op_type):
     reads = {i: _gradient_reads(op_type, i)[0] for i in float_inputs}
     with_gradient = [i for i in float_inputs if reads[i] is not None]
     rule = SAVED_FOR_BACKWARD[op_type]
-    if op_type in _VARIADIC_NOTHING:
+    if op_type in VARIADIC_NOTHING:
         assert rule == {}
     else:
         assert sorted(rule) == with_gradient, "a rule for every input that gets a gradient"
@@ -242,14 +267,14 @@ def _bigfilter_model():
     return keras.Model(inp, keras.layers.Conv2D(2, 25, name="big")(h))
 
 
-def test_conv_workspaces_come_from_the_planner():
+def test_conv_workspaces_come_from_the_planner(eigen_kernels):
     model = _bigfilter_model()
     r = tfbigconv.memory_report(model, 4, device="CPU", advice=False)
     row = next(row for row in r.rows if row.layer == "big" and row.op == "Conv2D")
     attrs = dict(strides=[1, 1, 1, 1], padding="VALID", explicit_paddings=[],
                  data_format="NHWC", dilations=[1, 1, 1, 1])
-    ws = {p: dispatch.plan(p, [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", "auto", 0)
-          for p in dispatch.PASSES}
+    ws = {p: planner.plan(p, [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", "auto", 0)
+          for p in planner.PASSES}
     # TF's CPU gradient kernels' col_buffer, as the planner estimates it: the
     # filter gradient's holds all 4 images, the input gradient's one
     # (tests/test_plan.py checks the rule).
@@ -260,9 +285,9 @@ def test_conv_workspaces_come_from_the_planner():
     # tfbigconv plans an unknown batch as ASSUMED_BATCH images, then runs that
     # algorithm on the real batch.
     def chosen(p):
-        algorithm = dispatch.plan(p, [dispatch.ASSUMED_BATCH, 48, 48, 3], [25, 25, 3, 2], attrs,
+        algorithm = planner.plan(p, [planner.ASSUMED_BATCH, 48, 48, 3], [25, 25, 3, 2], attrs,
                                   "float32", "auto", 0)["chosen"]
-        return dispatch.plan(p, [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", algorithm,
+        return planner.plan(p, [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", algorithm,
                              0)[algorithm]["workspace_bytes"]
 
     assert row.bigconv_workspace == (chosen("forward"),
@@ -272,7 +297,7 @@ def test_conv_workspaces_come_from_the_planner():
 
 
 
-def test_a_tf_ops_gradient_workspace_is_its_own_kernels():
+def test_a_tf_ops_gradient_workspace_is_its_own_kernels(eigen_kernels):
     """tf.nn.conv2d with a dilated depthwise filter is TF's grouped Conv2D,
     whose registered gradients run Conv2DBackprop* (col_buffer), not the
     depthwise kernels bigconv2d plans for such filters (SpaceToBatchND)."""
@@ -290,21 +315,20 @@ def test_a_tf_ops_gradient_workspace_is_its_own_kernels():
     attrs = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[],
                  data_format="NHWC", dilations=[1, 2, 2, 1])
     args = ([2, 32, 32, 8], [3, 3, 1, 8], attrs, "float32", "tf", 0, "CPU")
-    ws = {p: dispatch.plan(p, *args, kernel="Conv2D")["tf"]["workspace_bytes"]
-          for p in dispatch.PASSES}
-    planned = [dispatch.plan(p, *args)["tf"] for p in dispatch.PASSES[1:]]
-    assert [p["workspace_bytes"] for p in planned] != [ws[p] for p in dispatch.PASSES[1:]]
+    ws = {p: planner.plan(p, *args, kernel="Conv2D")["tf"]["workspace_bytes"]
+          for p in planner.PASSES}
+    planned = [planner.plan(p, *args)["tf"] for p in planner.PASSES[1:]]
+    assert [p["workspace_bytes"] for p in planned] != [ws[p] for p in planner.PASSES[1:]]
     assert row.tf_workspace == (ws["forward"], ws["backprop_input"] + ws["backprop_filter"])
 
 def test_gpu_report_needs_no_gpu():
     """device="GPU": cuDNN's workspace is estimated as TF's patch matrix (one
     image), capped at TF's cuDNN limit; tfbigconv's plan is the GPU planner's."""
-    from tfbigconv.memory_report import CUDNN_WORKSPACE_LIMIT
     r = tfbigconv.memory_report(_bigfilter_model(), 4, device="GPU", advice=False)
     row = next(row for row in r.rows if row.layer == "big" and row.op == "Conv2D")
     attrs = dict(strides=[1, 1, 1, 1], padding="VALID", explicit_paddings=[],
                  data_format="NHWC", dilations=[1, 1, 1, 1])
-    patch = dispatch.plan("forward", [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", "tf",
+    patch = planner.plan("forward", [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", "tf",
                           0)["tf"]["workspace_bytes"]
     assert row.tf_workspace[0] == min(patch, CUDNN_WORKSPACE_LIMIT)
     assert "device GPU" in str(r)
@@ -313,7 +337,7 @@ def test_gpu_report_needs_no_gpu():
                                                                device="CPU", advice=False).notes)
 
 
-def test_advice_conversion_batch_and_mixed_precision():
+def test_advice_conversion_batch_and_mixed_precision(eigen_kernels):
     model = _bigfilter_model()
     r = tfbigconv.memory_report(model, 4, device="CPU", budget=64 << 20)
     each, together, helping = r.conversion_effect()
@@ -351,7 +375,7 @@ def test_recompute_advice_frees_a_layers_internal_tensors():
 # --- CLI and explain_oom ---------------------------------------------------
 
 def test_cli_memory(tmp_path, capsys):
-    from tfbigconv.__main__ import main
+    main = cli_main
     path = str(tmp_path / "m.keras")
     model = _bigfilter_model()
     model.compile(optimizer="adam", loss="mse")
@@ -361,7 +385,7 @@ def test_cli_memory(tmp_path, capsys):
     expected = tfbigconv.memory_report(keras.models.load_model(path), 4, device="CPU",
                                        budget=64 << 20, advice=False)
     assert "optimizer Adam (2 slots per weight)" in out
-    assert f"Peak: {_fmt_bytes(expected.peak_bytes)} = " in out
+    assert f"Peak: {fmt_bytes(expected.peak_bytes)} = " in out
     assert f"largest batch within 64.0 MiB: {expected.max_batch_size()}" in out
     assert main(["memory", path, "--batch", "0"]) == 2
 
@@ -440,7 +464,7 @@ def test_planning_only_holds_for_the_reports_trace_alone():
     thread.join()
     assert isinstance(seen["error"], tf.errors.ResourceExhaustedError)
     assert not any("workspace_limit" in n for n in r.notes)
-    with dispatch.planning_only() as failures:  # the report's own mode, in this thread
+    with planner.planning_only() as failures:  # the report's own mode, in this thread
         _trace_tight_bigconv()
     assert len(failures) == 1 and "limit" in failures[0]
 
@@ -465,20 +489,21 @@ def test_custom_gradient_identity_n_shares_its_inputs_buffers():
     assert not [a for a in r.alive_at_peak if a.what.startswith("IdentityN output")]
 
 
-def test_routed_gradients_are_counted_as_the_planner_runs_them(monkeypatch, model):
+def test_routed_gradients_are_counted_as_the_planner_runs_them(monkeypatch, model,
+                                                              eigen_kernels):
     """bigconv2d may run TF's forward kernel with its own gradient plan (routed
     by tf.custom_gradient). The report used to charge TF's gradient
     workspaces for them: unet's converted step at +94% of its measured peak
     (bench_memory_report.py). Here TF's forward is made the planner's choice
     and TF's gradients unavailable to auto."""
     model("im2col_flops_per_second", 100)
-    real = dispatch.tf_kernel
+    real = tf_rules.tf_kernel
 
     def no_tf_gradients(pass_, *args):
         kernel, for_auto, note = real(pass_, *args)
         return (kernel, for_auto, note) if pass_ == "forward" else (kernel, "never", "test")
 
-    monkeypatch.setattr(dispatch, "tf_kernel", no_tf_gradients)
+    monkeypatch.setattr(tf_rules, "tf_kernel", no_tf_gradients)
     inp = keras.Input((64, 64, 96))
     out = keras.layers.Conv2D(32, 3, padding="same", name="c")(inp)
     converted = tfbigconv.convert_model(keras.Model(inp, out), min_kernel_size=1)
@@ -490,7 +515,136 @@ def test_routed_gradients_are_counted_as_the_planner_runs_them(monkeypatch, mode
     # planner's kernels (about 1 MiB) it peaks at TF's forward patch matrix.
     attrs = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[],
                  data_format="NHWC", dilations=[1, 1, 1, 1])
-    tf_bpf = dispatch.plan("backprop_filter", [2, 64, 64, 96], [3, 3, 96, 32], attrs,
+    tf_bpf = planner.plan("backprop_filter", [2, 64, 64, 96], [3, 3, 96, 32], attrs,
                            "float32", "tf", 0)["tf"]["workspace_bytes"]
     assert r.step_peak_bytes < tf_bpf, (r.step_peak_bytes, tf_bpf, r.peak_step)
     assert not any("gradient" in a.what and "tf.Conv2D" in a.what for a in r.alive_at_peak)
+
+
+# --- oneDNN's kernels (issue 36) --------------------------------------------
+
+def test_onednn_conv_kernels_hold_no_patch_matrices(onednn_kernels):
+    """Where TF runs Conv2D through oneDNN (its default here), the graph's Conv2D
+    and its gradients become _MklNativeConv2D* ops that allocate their outputs
+    and no col_buffer: TF's allocator log of U-Net-style steps showed none, and
+    the report, which charged the Eigen kernels' col_buffer, predicted 113.8
+    MiB at batch 2 for a step whose tensors peaked at 34.9 MiB
+    (bench_memory_report.py unet_bn --onednn). EXPLICIT padding still runs TF's
+    Eigen kernels (the planner's probe, tf_cpu_onednn)."""
+    r = tfbigconv.memory_report(_bigfilter_model(), 4, device="CPU", advice=False)
+    row = next(row for row in r.rows if row.layer == "big" and row.op == "Conv2D")
+    assert row.tf_workspace == (0, 0)
+    assert not any("tf.Conv2D" in a.what for a in r.alive_at_peak)
+    assert any("its Conv2D kernels hold no patch matrices" in n for n in r.notes)
+
+    class Explicit(keras.layers.Layer):
+        def build(self, shape):
+            self.w = self.add_weight(shape=(3, 3, 8, 8))
+
+        def call(self, x):
+            return tf.nn.conv2d(x, self.w, 1, [[0, 0], [1, 1], [1, 1], [0, 0]])
+
+    inp = keras.Input((32, 32, 8))
+    model = keras.Model(inp, Explicit(name="explicit")(keras.layers.Conv2D(8, 1)(inp)))
+    r = tfbigconv.memory_report(model, 2, device="CPU", advice=False)
+    row = next(row for row in r.rows if row.layer == "explicit" and row.op == "Conv2D")
+    assert row.tf_workspace[1] > 0
+
+
+def test_onednn_maxpool_keeps_its_workspace_until_its_gradient(onednn_kernels, monkeypatch):
+    """With oneDNN, TF rewrites a MaxPool whose gradient is in the graph to
+    _MklNativeMaxPool(workspace_enabled=true): a second output, one uint8 per
+    output element for windows up to 255, that MaxPoolGrad reads (measured: 1.0
+    MiB of DT_UINT8 for a 16x64x64x16 pool output). It lives from the forward
+    pass until the pool's gradient, here across the peak at c2's gradient."""
+    def model():
+        inp = keras.Input((64, 64, 4))
+        h = keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="c1")(inp)
+        h = keras.layers.MaxPooling2D(name="pool")(h)
+        h = keras.layers.UpSampling2D(4)(h)
+        return keras.Model(inp, keras.layers.Conv2D(4, 3, padding="same", name="c2")(h))
+
+    ws = 4 * 32 * 32 * 16
+    r = tfbigconv.memory_report(model(), 4, device="CPU", advice=False)
+    assert (r.peak_step.phase, r.peak_step.layer) == ("backward", "c2")
+    assert [a.bytes for a in r.alive_at_peak if a.what == "oneDNN MaxPool workspace"] == [ws]
+    assert any("MaxPool keeps a workspace" in n for n in r.notes)
+    inference = tfbigconv.memory_report(model(), 4, device="CPU", advice=False, training=False)
+    assert not any("workspace" in a.what and "MaxPool" in a.what
+                   for a in inference.alive_at_peak)
+    monkeypatch.setattr(MR, "onednn_maxpool_workspace", lambda op: 0)
+    without = tfbigconv.memory_report(model(), 4, device="CPU", advice=False)
+    assert r.step_peak_bytes - without.step_peak_bytes == ws
+    pool = lambda report: next(row for row in report.rows if row.layer == "pool" and not row.op)
+    assert pool(r).kept_bytes - pool(without).kept_bytes == ws
+
+
+# --- advice that adds up (issue 36) -------------------------------------------
+
+def _conv135():
+    inp = keras.Input((321, 481, 1))
+    return keras.Model(inp, keras.layers.Conv2D(3, 135, name="conv")(inp), name="conv135")
+
+
+def test_growth_line_adds_up_at_the_reports_batch(eigen_kernels):
+    """At batch 2 the 135x135 step peaks at TF's 4.4 GiB filter-gradient
+    col_buffer; at the largest batch within 20 GiB, activations decide. The
+    advice once put "the peak is 640.8 KiB + 2.8 MiB per example" (the line
+    near batch 6058) beside "Peak: 4.4 GiB" at batch 2. Now its numbers add up
+    at the batch they name, and it says when the peak is not affine."""
+    r = tfbigconv.memory_report(_conv135(), 2, device="CPU", optimizer="adam",
+                                budget=20 << 30)
+    fixed, each = r.per_example_bytes(2)
+    assert fixed + 2 * each == r.peak_bytes
+    fits = r.max_batch_size()
+    fixed_n, each_n = r.per_example_bytes(fits)
+    assert fixed_n + fits * each_n == r.peak_at(fits)
+    assert abs(fixed + fits * each - r.peak_at(fits)) > 0.01 * r.peak_at(fits)  # not affine
+    line = next(line for line in r.advice if line.startswith("largest batch within 20.0 GiB"))
+    assert "not affine in the batch" in line
+    assert (f"{fmt_bytes(fixed)} + {fmt_bytes(each)} per example near batch 2 "
+            f"({fmt_bytes(r.peak_bytes)} at 2)") in line
+    assert (f"{fmt_bytes(fixed_n)} + {fmt_bytes(each_n)} per example near batch {fits} "
+            f"({fmt_bytes(r.peak_at(fits))} at {fits})") in line
+    # Where one line holds from the report's batch to the budget's, it is given once.
+    text = r.growth_text(8)
+    assert text == (f"the peak is {fmt_bytes(fixed)} + {fmt_bytes(each)} per example near "
+                    f"batch 2 ({fmt_bytes(r.peak_bytes)} at 2), and "
+                    f"{fmt_bytes(r.peak_at(8))} at 8")
+
+
+def test_explain_oom_summary_and_advice_give_one_largest_batch(monkeypatch):
+    """Without a budget both use the free memory, which moves as the process
+    allocates: read once for the advice and again for the summary, they said
+    6158 and 6144. Now the report reads it once and both use batch_fit()."""
+    calls = iter(range(1000))
+    monkeypatch.setattr(MR, "free_memory", lambda device: (1 << 30) - next(calls) * (8 << 20))
+    out = io.StringIO()
+    explainer = tfbigconv.explain_oom(_bigfilter_model(), 4, file=out)
+    with pytest.raises(tf.errors.ResourceExhaustedError):
+        with explainer:
+            raise tf.errors.ResourceExhaustedError(None, None, "out of memory")
+    text = out.getvalue()
+    summary = re.search(r"largest batch that fits: (\d+) \(within 1\.0 GiB\)", text)
+    advice = re.search(r"largest batch within 1\.0 GiB: (\d+)", text)
+    assert summary and advice, text
+    assert summary.group(1) == advice.group(1)
+    assert explainer.report.max_batch_size() == int(advice.group(1))
+
+
+def test_max_batch_size_says_why_when_not_even_one_example_fits(eigen_kernels):
+    """max_batch_size(5 GiB) of the 135x135 step returned 0 silently: batch 1
+    peaks at 4.4 GiB (TF's filter-gradient col_buffer, whatever the batch), 5.3
+    GiB with the 20% margin. It still returns 0 (an int, as callers use it) and
+    warns why; the advice says the same instead of "largest batch ...: 0"."""
+    r = tfbigconv.memory_report(_conv135(), 2, device="CPU", optimizer="adam", budget=5 << 30)
+    with pytest.warns(UserWarning, match="not even batch 1 fits 5.0 GiB") as caught:
+        assert r.max_batch_size() == 0
+    message = str(caught[0].message)
+    fixed, _ = r.per_example_bytes(1)
+    assert f"its simulated peak is {fmt_bytes(r.peak_at(1))}" in message
+    assert f"{fmt_bytes(fixed)} of it does not depend on the batch" in message
+    assert "backprop_filter (tf.Conv2D) of conv" in message
+    line = next(line for line in r.advice if line.startswith("largest batch within 5.0 GiB"))
+    assert line.startswith("largest batch within 5.0 GiB: none, not even batch 1 fits")
+    assert r.max_batch_size(8 << 30) > 0  # no warning where a batch fits

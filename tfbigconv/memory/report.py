@@ -1,0 +1,598 @@
+"""memory_report(): which tensors a Keras model's training step keeps, its peak, and what to change.
+
+How it works:
+- The model is traced symbolically into a graph of TensorFlow ops, with the
+  batch dimension left unknown (as Keras' fit traces it); no data is needed.
+  Each tensor's size at any batch size follows from its static shape.
+- Every op's gradient reads some of the op's inputs and outputs; those are
+  kept from the forward pass until the gradient runs. SAVED_FOR_BACKWARD holds
+  these rules, one entry per op type, as TensorFlow's gradient functions
+  (nn_grad.py, math_grad.py, array_grad.py) and tfbigconv's own define them.
+- A liveness simulation runs the forward ops in graph order, then the gradient
+  ops in reverse order. A tensor lives while a forward op still reads it or a
+  gradient rule keeps it. Gradients live until their producer's gradient has
+  used them; the parameters' gradients until the optimizer's update. Each
+  convolution adds its transient workspace while it runs: TensorFlow's kernel
+  (CPU: the gradient kernels' col_buffer, as tfbigconv's planner estimates
+  it; none where TF runs oneDNN, its default on many CPUs, whose MaxPool
+  instead keeps a workspace for its gradient) or tfbigconv's planned
+  algorithm. The largest total is the peak.
+- Advice re-runs the simulation with one change at a time: a layer converted
+  by `convert_model`, a batch size, a mixed-precision clone of the model, a
+  layer wrapped in `tf.recompute_grad`.
+"""
+import collections
+import contextlib
+import math
+import sys
+import warnings
+
+import tensorflow as tf
+
+from tfbigconv import _core, host
+from tfbigconv.memory.rules import (ALIASES, CONVS, NO_GRADIENT, SAFETY_MARGIN, fmt_bytes,
+                                    optimizer_slots)
+from tfbigconv.memory.trace import Trace
+from tfbigconv.memory.workspaces import (ConvPlans, decode, onednn_maxpool_workspace,
+                                         tf_conv2d_onednn)
+from tfbigconv.memory.simulate import simulate
+
+# ---------------------------------------------------------------------------
+# The report
+
+Row = collections.namedtuple(
+    "Row", "layer op output_shape output_bytes param_bytes grad_bytes slot_bytes kept_bytes "
+           "kept tf_workspace bigconv_workspace note")
+
+
+class MemoryReport:
+    """Where a training step's memory goes; print it for the table.
+
+    Attributes:
+      peak_bytes: the simulated peak of one step: weights, optimizer slots and
+        the batch, plus the step's activations, gradients and workspaces at
+        their largest.
+      step_peak_bytes: peak_bytes less what lives across steps (weights,
+        slots, the batch): what one step adds.
+      peak_step: Step(phase "forward"/"backward"/"update", layer, op).
+      alive_at_peak: [Alive(bytes, what, layer, shape)], largest first.
+      rows: [Row] one per layer call (op "") then one per op that allocates
+        batch-sized tensors or a workspace (when the layer has several ops or
+        a convolution). output_shape at batch_size;
+        param/grad/slot bytes on a layer's first call; kept_bytes and kept:
+        the tensors this op's gradient reads (inputs, outputs); tf_workspace
+        and bigconv_workspace: (forward, backward) bytes under TensorFlow's
+        kernel and tfbigconv's plan (None for non-convolutions; a layer row
+        sums its ops'); backward counts the gradient passes that run.
+      batch_size, device, training, optimizer, notes.
+      advice: list of lines, computed (see `advise`).
+    """
+
+    def __init__(self, trace, batch_size, device, training, optimizer, budget, advise=True,
+                 model=None, input_shape=None):
+        self._trace, self.batch_size, self.device = trace, batch_size, device
+        self.training, self.budget = training, budget
+        self._model, self._input_shape, self._optimizer = model, input_shape, optimizer
+        self.slots_per_weight, self.optimizer = optimizer_slots(optimizer) if training else (0, "")
+        self._plans = ConvPlans(trace, device)
+        self.param_bytes = sum(var_bytes(v) for v in trace.weights)
+        trainable = [v for v in trace.weights if id(v) in trace.trainable]
+        self.slot_bytes = self.slots_per_weight * sum(var_bytes(v) for v in trainable)
+        self.notes = []
+        if device == "CPU" and host.current().runs_onednn():
+            trace.add_onednn_workspaces(onednn_maxpool_workspace)
+            onednn_convs = any(
+                tf_conv2d_onednn(op.tf_op.get_attr("T").name,
+                                  decode(op.tf_op.get_attr("padding")) == "EXPLICIT")
+                for op in trace.ops if op.type in ("Conv2D", "Conv2DBackpropInput"))
+            what = (["its Conv2D kernels hold no patch matrices"] if onednn_convs else []) + \
+                (["MaxPool keeps a workspace for its gradient"] if trace.extra_outputs else [])
+            if what:
+                self.notes.append("TensorFlow runs oneDNN here (TF_ENABLE_ONEDNN_OPTS=0 turns it "
+                                  "off): " + "; ".join(what))
+        unknown = sorted({op.type for op in trace.ops if not trace.saved(op)[1]})
+        if unknown:
+            self.notes.append("no saved-for-backward rule for " + ", ".join(unknown) +
+                              ": assumed to keep all their inputs and outputs")
+        if device == "GPU":
+            self.notes.append("GPU: cuDNN's and tfbigconv's workspaces are estimates, and the "
+                              "simulation has not been checked against measured GPU peaks")
+        for message in dict.fromkeys(trace.plan_failures):
+            self.notes.append(f"a tfbigconv layer does not fit its workspace_limit: {message}")
+        result = self._run(batch_size)
+        self.peak_bytes = result.peak
+        self.step_peak_bytes = result.peak - self._persistent(batch_size)
+        self.peak_step, self.alive_at_peak = result.step, result.alive
+        self.rows = self._rows(batch_size)
+        self.notes = list(dict.fromkeys(self.notes))
+        self.advice = self.advise() if advise else []
+
+    def persistent_bytes(self, batch_size=None):
+        """What lives across steps: weights, optimizer slots and the input batch."""
+        batch = batch_size or self.batch_size
+        data = sum(self._trace.tensors[n].bytes(batch) for n in self._trace.input_names)
+        return self.param_bytes + self.slot_bytes + data
+
+    _persistent = persistent_bytes
+
+    def _run(self, batch, **kw):
+        trace = self._trace
+        if not self.training:
+            trace = inference_view(trace)
+        return simulate(trace, self._plans, batch, self._persistent(batch),
+                         slots=self.slots_per_weight, **kw)
+
+    def peak_at(self, batch_size, convert=(), recompute=()):
+        """The simulated peak in bytes at another batch size, optionally with the
+        Keras layers `convert` run by tfbigconv and the layer calls `recompute`
+        (from recompute_effect) under tf.recompute_grad."""
+        return self._run(batch_size, convert={id(layer) for layer in convert},
+                         recompute=recompute).peak
+
+    def default_budget(self):
+        """The budget of the advice and of max_batch_size when given none: the
+        one given to memory_report, else the device's free memory (None if
+        unknown), read once per report. Read again later, the free memory has
+        moved with the process's own allocations: explain_oom's summary once
+        said 6144 where the advice beside it said 6158."""
+        if self.budget:
+            return self.budget
+        if "_free" not in self.__dict__:
+            self._free = free_memory(self.device)
+        return self._free
+
+    def batch_fit(self, budget_bytes=None, margin=SAFETY_MARGIN):
+        """(budget, largest batch) as max_batch_size finds it, without its
+        warning: the one computation behind the advice's "largest batch" and
+        explain_oom's summary. (None, None) when no budget is known."""
+        budget = budget_bytes or self.default_budget()
+        if budget is None:
+            return None, None
+        cache = self.__dict__.setdefault("_batch_fits", {})
+        if (budget, margin) not in cache:
+            cache[budget, margin] = self._largest_batch(budget, margin)
+        return budget, cache[budget, margin]
+
+    def _largest_batch(self, budget, margin):
+        fits = lambda b: self._run(b).peak * (1 + margin) <= budget
+        if not fits(1):
+            return 0
+        lo, hi = 1, 2
+        while fits(hi):
+            lo, hi = hi, hi * 2
+            if hi > 1 << 24:
+                return lo
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def max_batch_size(self, budget_bytes=None, margin=SAFETY_MARGIN):
+        """The largest batch size whose simulated peak, plus `margin` of it,
+        fits budget_bytes (default: default_budget(), the budget given to
+        memory_report, else the device's free memory). The margin covers the
+        simulation's error against measured peaks (see SAFETY_MARGIN).
+
+        Returns 0 when not even one example fits, and then also warns (a
+        UserWarning, through `warnings`) why: the peak at batch 1 with the
+        margin against the budget, and how much of that peak does not depend
+        on the batch (no_batch_fits_reason; the advice prints the same).
+        Raises ValueError when no budget is given and the free memory is
+        unknown."""
+        budget, fits = self.batch_fit(budget_bytes, margin)
+        if budget is None:
+            raise ValueError("max_batch_size: no budget given, and the free memory of "
+                             f"{self.device} is unknown here")
+        if fits == 0:
+            warnings.warn("max_batch_size returns 0: " + self.no_batch_fits_reason(budget, margin),
+                          stacklevel=2)
+        return fits
+
+    def no_batch_fits_reason(self, budget_bytes, margin=SAFETY_MARGIN):
+        """Why not even batch 1 fits budget_bytes (text): its peak, with the
+        margin, and the part of it that does not depend on the batch."""
+        one = self._run(1)
+        fixed, _ = self.per_example_bytes(1)
+        text = (f"not even batch 1 fits {fmt_bytes(budget_bytes)}: its simulated peak is "
+                f"{fmt_bytes(one.peak)}, {fmt_bytes(one.peak * (1 + margin))} with the "
+                f"{margin:.0%} margin kept in reserve; {fmt_bytes(fixed)} of it does not "
+                f"depend on the batch (weights {fmt_bytes(self.param_bytes)}, optimizer "
+                f"slots {fmt_bytes(self.slot_bytes)}")
+        top = one.alive[0] if one.alive else None
+        if top is not None:
+            text += (f"; the largest tensor then: {top.what} of {top.layer}, "
+                     f"{fmt_bytes(top.bytes)}")
+        return text + ")"
+
+    def growth_text(self, other_batch=None):
+        """How the peak grows with the batch, in numbers that add up: near a
+        batch b, peak(b) = fixed + b * per_example exactly (per_example_bytes).
+        Given at the report's batch; if that line misses the peak at
+        other_batch by more than 1%, the peak is not affine in the batch (a
+        batch-sized tensor overtakes a fixed workspace, or the peak moves to
+        another step), and the text says so and gives the line near each."""
+        b = self.batch_size
+        fixed, each = self.per_example_bytes(b)
+        line = lambda f, e, n, p: (f"{fmt_bytes(f)} + {fmt_bytes(e)} per example near batch "
+                                   f"{n} ({fmt_bytes(p)} at {n})")
+        here = line(fixed, each, b, self.peak_bytes)
+        if other_batch is None or other_batch == b:
+            return "the peak is " + here
+        there = self._run(other_batch).peak
+        if abs(fixed + other_batch * each - there) <= 0.01 * there:
+            return "the peak is " + here + f", and {fmt_bytes(there)} at {other_batch}"
+        fixed2, each2 = self.per_example_bytes(other_batch)
+        return ("the peak is not affine in the batch: " + here + "; " +
+                line(fixed2, each2, other_batch, there))
+
+    def per_example_bytes(self, batch_size=None):
+        """(batch-independent bytes, bytes per example) of the peak near
+        batch_size: peak(b) = fixed + b * per_example, from peak(b) and peak(b + 1)."""
+        b = batch_size or self.batch_size
+        p0, p1 = self._run(b).peak, self._run(b + 1).peak
+        return p0 - b * (p1 - p0), p1 - p0
+
+    # --- advice -----------------------------------------------------------
+
+    def convertible_layers(self):
+        """Layers convert_model would swap for tfbigconv's (exact Conv2D and
+        DepthwiseConv2D), in model order."""
+        import keras
+        seen, out = set(), []
+        for call in self._trace.calls:
+            layer = call.layer
+            if type(layer) in (keras.layers.Conv2D, keras.layers.DepthwiseConv2D) \
+                    and id(layer) not in seen:
+                seen.add(id(layer))
+                out.append(layer)
+        return out
+
+    def conversion_effect(self, batch_size=None):
+        """[(layer, peak after converting only it)] and the peak with all converted
+        whose conversion lowers the peak: ([(layer, bytes)], bytes, [layers])."""
+        b = batch_size or self.batch_size
+        base = self._run(b).peak
+        each = [(layer, self._run(b, convert={id(layer)}).peak)
+                for layer in self.convertible_layers()]
+        helping = [layer for layer, peak in each if peak < base]
+        together = self._run(b, convert={id(l) for l in helping}).peak if helping else base
+        return each, together, helping
+
+    def recompute_effect(self, batch_size=None):
+        """[(layer call, peak with it under tf.recompute_grad)] for calls that keep
+        tensors of their own for the backward pass, lowest peak first."""
+        b = batch_size or self.batch_size
+        out = []
+        for call in self._trace.calls:
+            if hasattr(call.layer, "layers"):  # models: their layers are listed themselves
+                continue
+            own = [op for op in call.ops if self._trace.saved(op)[0]]
+            if not own:
+                continue
+            out.append((call, self._run(b, recompute=[call]).peak))
+        return sorted(out, key=lambda x: x[1])
+
+    def mixed_precision_peak(self, policy=None):
+        """(policy, peak) of a clone of the model under a mixed-precision policy
+        (default: mixed_float16 on the GPU, mixed_bfloat16 on the CPU)."""
+        import keras
+        policy = policy or ("mixed_float16" if self.device == "GPU" else "mixed_bfloat16")
+        if self._model is None:
+            raise ValueError("the report was made without the model")
+
+        def clone(layer):
+            config = layer.get_config()
+            config["dtype"] = policy
+            return layer.__class__.from_config(config)
+
+        copy = keras.models.clone_model(self._model, clone_function=clone)
+        trace = Trace(copy, self._input_shape, self.training)
+        report = MemoryReport(trace, self.batch_size, self.device, self.training,
+                              self._optimizer, self.budget, advise=False)
+        return policy, report.peak_bytes
+
+    def advise(self):
+        lines = []
+        base = self.peak_bytes
+        pct = lambda new: f"{fmt_bytes(base)} -> {fmt_bytes(new)} ({100 * (new - base) / base:+.0f}%)"
+        if self.training:
+            each, together, helping = self.conversion_effect()
+            for layer, peak in sorted(each, key=lambda x: x[1]):
+                if peak < base:
+                    lines.append(f"convert_model: converting {layer.name} "
+                                 f"({layer.kernel_size[0]}x{layer.kernel_size[1]}) lowers the peak "
+                                 f"{pct(peak)}")
+            if len(helping) > 1:
+                k = min(min(l.kernel_size) for l in helping)
+                lines.append(f"convert_model(model, min_kernel_size={k}) converts them; "
+                             f"together: {pct(together)}")
+            if not helping and each:
+                lines.append("convert_model: converting any one convolution leaves the peak "
+                             "as it is or raises it")
+        budget, fits = self.batch_fit()
+        if fits == 0:
+            lines.append(f"largest batch within {fmt_bytes(budget)}: none, "
+                         + self.no_batch_fits_reason(budget))
+        elif fits:
+            line = (f"largest batch within {fmt_bytes(budget)}: {fits} (peak at {fits}: "
+                    f"{fmt_bytes(self._run(fits).peak)}, {SAFETY_MARGIN:.0%} margin "
+                    f"kept); " + self.growth_text(fits))
+            over = -(-5 * fits // 4)
+            if self._run(over).peak <= budget:
+                line += (f"; batch {over} is predicted at {fmt_bytes(self._run(over).peak)}, "
+                         f"also within the budget: only the margin keeps it out")
+            lines.append(line)
+        if self._model is not None and not is_mixed(self._model):
+            try:
+                policy, peak = self.mixed_precision_peak()
+                lines.append(f"mixed precision ({policy}): {pct(peak)}")
+            except Exception as e:  # noqa: BLE001 - e.g. a subclassed model cannot be cloned
+                lines.append(f"mixed precision: not computed ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:100]})")
+        if self.training:
+            best = [(c, p) for c, p in self.recompute_effect() if p < 0.97 * base][:3]
+            for call, peak in best:
+                lines.append(f"tf.recompute_grad around {call.label}: {pct(peak)}")
+            if not best:
+                lines.append("tf.recompute_grad: no single layer lowers the peak by 3% or more")
+        return lines
+
+    # --- rows -------------------------------------------------------------
+
+    def _rows(self, batch):
+        t, rows, seen_layers = self._trace, [], set()
+        slot = self.slots_per_weight if self.training else 0
+        for call in t.calls:
+            if hasattr(call.layer, "layers") and not call.ops:
+                continue
+            first = id(call.layer) not in seen_layers
+            seen_layers.add(id(call.layer))
+            own = [] if hasattr(call.layer, "layers") else call.layer.weights
+            params = sum(var_bytes(v) for v in own) if first else 0
+            trainable = sum(var_bytes(v) for v in own if id(v) in t.trainable) if first else 0
+            grads = trainable if self.training else 0
+            op_rows, kept_all = [], {}
+            made = [op for op in call.ops if op.outputs and op.type not in NO_GRADIENT
+                    and op.type != "ReadVariableOp"]
+            final = t.tensors[made[-1].outputs[0]] if made else None
+            for op in call.ops:
+                if op.type in ("Const", "Placeholder", "ReadVariableOp", "NoOp") or op.type in ALIASES:
+                    continue
+                outs = [t.tensors[o] for o in op.outputs]
+                batched = any(o.dims is not None and None in o.dims for o in outs)
+                kept_names = t.saved(op)[0] if self.training else []
+                kept = [(n, t.tensors[t.tensors[n].base]) for n in kept_names]
+                kept = [(n, k) for n, k in kept if k.kind in ("activation", "workspace")]
+                for n, k in kept:
+                    kept_all[k.name] = k.bytes(batch)
+                tf_ws = big_ws = None
+                if op.type in CONVS:
+                    tf_w = self._plans.tf_workspace(op, batch)
+                    big = self._plans.runs(op, batch, True) if op.type != "Conv2DBackpropInput" \
+                        else None
+                    # The gradient passes that run: the input's only if it needs a gradient.
+                    gi = set(t.grad_inputs(op)) if self.training else set()
+                    grad_passes = [p for p, i in (("backprop_input", 0), ("backprop_filter", 1))
+                                   if i in gi]
+                    tf_ws = (tf_w["forward"], sum(tf_w[p] for p in grad_passes))
+                    if big:
+                        big_ws = (big["forward"][1], sum(big[p][1] for p in grad_passes))
+                    for p, (algorithm, _, note) in (big or {}).items():
+                        if note and op.type == "BigConv2D":
+                            self.notes.append(f"{call.label}, {p} ({algorithm}): {note}")
+                if not batched and tf_ws is None:
+                    continue
+                what = ", ".join(("input " if n in op.inputs else "output " if n in op.outputs
+                                  else "workspace ") + fmt_bytes(k.bytes(batch)) for n, k in kept)
+                op_rows.append(Row(call.label, op.type, outs[0].shape(batch) if outs else None,
+                                   sum(o.bytes(batch) for o in outs), 0, 0, 0,
+                                   sum(k.bytes(batch) for _, k in kept), what, tf_ws, big_ws, ""))
+            total = lambda pairs: (tuple(map(sum, zip(*pairs))) if pairs else None)
+            rows.append(Row(call.label, "", final.shape(batch) if final else None,
+                            t.tensors[final.base].bytes(batch) if final else 0,
+                            params, grads, slot * trainable, sum(kept_all.values()),
+                            type(call.layer).__name__,
+                            total([r.tf_workspace for r in op_rows if r.tf_workspace]),
+                            total([r.bigconv_workspace for r in op_rows if r.bigconv_workspace]),
+                            ""))
+            if len(op_rows) > 1 or any(r.tf_workspace for r in op_rows):
+                rows.extend(op_rows)
+        return rows
+
+    def table(self, max_alive=10, ops=True):
+        """The report as text: the table (ops=False: layer rows only), the peak,
+        the max_alive largest tensors alive at it, the advice and notes."""
+        head = ["layer / op", "output shape", "output", "params", "grads", "opt. slots",
+                "kept for backward", "workspace TF (fwd/bwd)", "workspace tfbigconv (fwd/bwd)"]
+        b = lambda n: fmt_bytes(n) if n else "-"
+        pair = lambda p: f"{fmt_bytes(p[0])} / {fmt_bytes(p[1])}" if p else ""
+        lines = []
+        for r in self.rows:
+            if r.op and not ops:
+                continue
+            if r.op:
+                name = "  " + r.op
+                kept = r.kept or "-"
+            else:
+                name = f"{r.layer} ({r.kept})"
+                kept = b(r.kept_bytes)
+            shape = "x".join(str(d) for d in r.output_shape) if r.output_shape else ""
+            lines.append([name, shape, b(r.output_bytes), b(r.param_bytes), b(r.grad_bytes),
+                          b(r.slot_bytes), kept, pair(r.tf_workspace), pair(r.bigconv_workspace)])
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+        fmt = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+        out = [f"Memory report: batch {self.batch_size}, "
+               f"{'training' if self.training else 'inference'}, device {self.device}"
+               + (f", optimizer {self.optimizer} ({self.slots_per_weight} slots per weight)"
+                  if self.training else ""),
+               fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+        out += [fmt(line) for line in lines]
+        s = self.peak_step
+        out.append(f"Peak: {fmt_bytes(self.peak_bytes)} = weights {fmt_bytes(self.param_bytes)}"
+                   f" + optimizer slots {fmt_bytes(self.slot_bytes)} + batch "
+                   f"{fmt_bytes(self._persistent(self.batch_size) - self.param_bytes - self.slot_bytes)}"
+                   f" + step {fmt_bytes(self.step_peak_bytes)}; at the {s.phase} step of "
+                   f"{s.layer} ({s.op})")
+        out.append("Alive at the peak, largest first:")
+        for a in self.alive_at_peak[:max_alive]:
+            shape = f" {'x'.join(map(str, a.shape))}" if a.shape else ""
+            out.append(f"  {fmt_bytes(a.bytes):>10}  {a.layer}: {a.what}{shape}")
+        if len(self.alive_at_peak) > max_alive:
+            rest = sum(a.bytes for a in self.alive_at_peak[max_alive:])
+            out.append(f"  {fmt_bytes(rest):>10}  {len(self.alive_at_peak) - max_alive} more")
+        if self.advice:
+            out.append("Advice:")
+            out += [f"  - {line}" for line in self.advice]
+        out += [f"Note: {n}" for n in self.notes]
+        return "\n".join(out)
+
+    __str__ = table
+
+    def __repr__(self):
+        return f"<MemoryReport batch={self.batch_size} peak={fmt_bytes(self.peak_bytes)}>"
+
+
+def var_bytes(v):
+    return int(math.prod(v.shape)) * tf.as_dtype(v.dtype).size
+
+
+def is_mixed(model):
+    policy = getattr(model, "dtype_policy", None)
+    return policy is not None and getattr(policy, "compute_dtype", "float32") != \
+        getattr(policy, "variable_dtype", "float32")
+
+
+def inference_view(trace):
+    """The trace with no gradients: nothing kept for backward."""
+    view = object.__new__(Trace)
+    view.__dict__.update(trace.__dict__)
+    view.has_grad, view.needs_grad = set(), set()
+    view._grad_inputs = {op.name: [] for op in trace.ops}
+    view._saved = {op.name: ([], True) for op in trace.ops}
+    return view
+
+
+def free_memory(device):
+    """Free bytes on the device: host memory (cgroup-aware) for the CPU; for a
+    GPU, TensorFlow's allocator limit less what it uses (None if unknown)."""
+    if device == "CPU":
+        return int(_core.free_host_memory())
+    try:
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            return None
+        info = tf.config.experimental.get_memory_info("GPU:0")
+        details = tf.config.experimental.get_device_details(gpus[0])
+        total = details.get("memory_limit") or None
+        return None if total is None else int(total - info["current"])
+    except (ValueError, tf.errors.OpError):
+        return None
+
+
+def memory_report(model, batch_size, training=True, optimizer=None, device=None, *,
+                  budget=None, input_shape=None, advice=True):
+    """Which tensors a Keras model's step keeps, its simulated peak, and what to change.
+
+    Args:
+      model: a built Keras 3 model (Sequential, functional, or subclassed; a
+        subclassed one needs `input_shape`).
+      batch_size: the batch to report on (positive int).
+      training: True for a training step (forward, backward, optimizer
+        update); False for inference (forward only).
+      optimizer: a Keras optimizer or its name, for its slot variables
+        (default: the model's compiled optimizer; none: plain SGD).
+      device: "CPU" or "GPU" (default: a visible GPU, else the CPU). It picks
+        the convolution workspaces (TensorFlow's CPU col_buffer, none where
+        TF runs oneDNN (TF_ENABLE_ONEDNN_OPTS); cuDNN's;
+        tfbigconv's plan for that device) and the default budget. The GPU
+        numbers are estimates that have never been checked against a
+        measured peak: cuDNN's workspace is taken as one image's patch
+        matrix capped at 4 GiB (cuDNN picks its own algorithm and
+        workspace), tfbigconv's GPU fft workspace is its smallest plan (the
+        kernel may take more within its budget), and TensorFlow's GPU
+        allocator's rounding and pooling are not modelled. Only the CPU
+        simulation is validated (benchmarks/RESULTS.md).
+      budget: bytes for the advice's largest batch (default: the device's
+        free memory).
+      input_shape: shape of one example without the batch (a list of shapes
+        for several inputs); needed when the model has no `inputs`.
+      advice: False skips the advice (faster).
+
+    Returns a MemoryReport; print it for the table. Raises ValueError for bad
+    arguments.
+    """
+    import keras
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"memory_report: model must be a Keras model, got {type(model).__name__}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"memory_report: batch_size must be a positive int, got {batch_size!r}")
+    if device is None:
+        device = "GPU" if host.current().has_gpu() else "CPU"
+    device = str(device).upper()
+    if device not in host.DEVICES:
+        raise ValueError(f"memory_report: device must be 'CPU' or 'GPU', got {device!r}")
+    if budget is not None and (not isinstance(budget, int) or budget <= 0):
+        raise ValueError(f"memory_report: budget must be a positive number of bytes, got {budget!r}")
+    if not model.built:
+        raise ValueError("memory_report: the model is not built; call it once or give it an Input")
+    if optimizer is None and training:
+        optimizer = getattr(model, "optimizer", None)
+    trace = Trace(model, input_shape, training)
+    return MemoryReport(trace, batch_size, device, training, optimizer, budget, advice, model,
+                        input_shape)
+
+
+class explain_oom(contextlib.ContextDecorator):
+    """Prints the memory report when a step runs out of memory, then re-raises.
+
+        with tfbigconv.explain_oom(model, batch_size=16):
+            model.fit(x, y, batch_size=16)
+
+    On tf.errors.ResourceExhaustedError (TensorFlow's out-of-memory error,
+    also raised by tfbigconv's ops when nothing fits their workspace_limit)
+    it writes to `file` (default: stderr) the report for `batch_size`: the
+    step and layer at the simulated peak, the tensors alive then, and the
+    largest batch that fits `budget` (default: the device's free memory).
+    The error is re-raised unchanged; a failure while reporting is noted and
+    never replaces it. Other exceptions pass through untouched.
+    """
+
+    def __init__(self, model, batch_size, *, budget=None, optimizer=None, device=None,
+                 input_shape=None, file=None):
+        self.model, self.batch_size, self.budget = model, batch_size, budget
+        self.optimizer, self.device, self.input_shape = optimizer, device, input_shape
+        self.file = file
+        self.report = None  # the MemoryReport printed, after an OOM
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if kind is not None and issubclass(kind, tf.errors.ResourceExhaustedError):
+            out = self.file or sys.stderr
+            try:
+                self.report = memory_report(self.model, self.batch_size, optimizer=self.optimizer,
+                                            device=self.device, budget=self.budget,
+                                            input_shape=self.input_shape)
+                # The advice's own number (one computation, one reading of free memory).
+                budget, fits = self.report.batch_fit()
+                s = self.report.peak_step
+                top = self.report.alive_at_peak[0] if self.report.alive_at_peak else None
+                print(f"tfbigconv.explain_oom: ResourceExhaustedError at batch {self.batch_size}. "
+                      f"Simulated peak {fmt_bytes(self.report.peak_bytes)} at the {s.phase} step "
+                      f"of {s.layer}"
+                      + (f"; largest tensor then: {top.what} of {top.layer} "
+                         f"({fmt_bytes(top.bytes)})" if top else "")
+                      + ("; largest batch that fits: unknown (no budget given, free memory "
+                         "unknown)." if fits is None else
+                         f"; largest batch that fits: {fits} (within {fmt_bytes(budget)}"
+                         + ("; not even batch 1: see the advice)." if fits == 0 else ").")),
+                      file=out)
+                print(self.report, file=out)
+            except Exception as e:  # noqa: BLE001 - never hide the user's error
+                print(f"tfbigconv.explain_oom: could not make the report ({type(e).__name__}: "
+                      f"{e})", file=out)
+        return False  # re-raise

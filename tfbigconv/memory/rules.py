@@ -1,0 +1,128 @@
+"""The memory report's rules: which tensors each op type's gradient keeps
+(SAVED_FOR_BACKWARD), optimizer slots, and the constants the report uses."""
+
+# Op type -> {index of an input that gets a gradient: the op's tensors its
+# gradient reads ("in<i>" for input i, "out<k>" for output k)}. Only data
+# reads count: a gradient that reads a tensor's shape (tf.shape) does not keep
+# its buffer. tests/test_memory_report.py checks every entry against the
+# gradient TensorFlow registers for the op type.
+SAVED_FOR_BACKWARD = {
+    # Convolutions: the input gradient needs the filter, the filter gradient the input.
+    "Conv2D": {0: ("in1",), 1: ("in0",)},
+    "DepthwiseConv2dNative": {0: ("in1",), 1: ("in0",)},
+    "BigConv2D": {0: ("in1",), 1: ("in0",)},
+    "Conv2DBackpropInput": {1: ("in2",), 2: ("in1",)},  # Conv2DTranspose
+    # Training mode (tf.nn.fused_batch_norm, tf.keras 2's BatchNormalization;
+    # Keras 3's runs unfused ops, below): the gradient reads x, the scale and
+    # the per-channel reserve spaces, not y. In inference mode it reads the
+    # moving mean and variance instead of the reserve spaces: as small.
+    "FusedBatchNormV3": {i: ("in0", "in1", "out3", "out4", "out5") for i in (0, 1, 2)},
+    "MatMul": {0: ("in1",), 1: ("in0",)},
+    "BatchMatMulV2": {0: ("in1",), 1: ("in0",)},
+    # Elementwise arithmetic.
+    "BiasAdd": {0: (), 1: ()},
+    "AddV2": {0: (), 1: ()},
+    "Sub": {0: (), 1: ()},
+    "AddN": {},  # every input: nothing (filled in below)
+    "Neg": {0: ()},
+    "Mul": {0: ("in1",), 1: ("in0",)},
+    "RealDiv": {0: ("in1",), 1: ("in0", "in1")},
+    "Maximum": {0: ("in0", "in1"), 1: ("in0", "in1")},
+    "Minimum": {0: ("in0", "in1"), 1: ("in0", "in1")},
+    "SquaredDifference": {0: ("in0", "in1"), 1: ("in0", "in1")},
+    "Square": {0: ("in0",)},
+    "Sqrt": {0: ("out0",)},
+    "Rsqrt": {0: ("out0",)},
+    "Exp": {0: ("out0",)},
+    "Log": {0: ("in0",)},
+    "Abs": {0: ("in0",)},
+    "Erf": {0: ("in0",)},
+    "Erfc": {0: ("in0",)},
+    # Activations.
+    "Relu": {0: ("out0",)},
+    "Relu6": {0: ("out0",)},
+    "Elu": {0: ("out0",)},
+    "Selu": {0: ("out0",)},
+    "LeakyRelu": {0: ("in0",)},
+    "Softplus": {0: ("in0",)},
+    "Sigmoid": {0: ("out0",)},
+    "Tanh": {0: ("out0",)},
+    "Softmax": {0: ("out0",)},
+    "LogSoftmax": {0: ("out0",)},
+    # Pooling, resizing, reductions.
+    "MaxPool": {0: ("in0", "out0")},
+    "AvgPool": {0: ()},
+    "Mean": {0: ()},
+    "Sum": {0: ()},
+    "ResizeNearestNeighbor": {0: ()},
+    "ResizeBilinear": {0: ("in0",)},
+    # Data movement: gradients are slices, pads, sums or reshapes of the incoming one.
+    "ConcatV2": {},  # every value input: nothing (filled in below)
+    "Pack": {},
+    "Tile": {0: ()},
+    "Pad": {0: ()},
+    "PadV2": {0: ()},
+    "MirrorPad": {0: ()},
+    "Slice": {0: ()},
+    "StridedSlice": {0: ()},
+    "Transpose": {0: ()},
+    "Cast": {0: ()},
+    "Identity": {0: ()},
+    "Reshape": {0: ()},
+    "Squeeze": {0: ()},
+    "ExpandDims": {0: ()},
+    "DepthToSpace": {0: ()},
+    "SpaceToDepth": {0: ()},
+}
+VARIADIC_NOTHING = ("AddN", "ConcatV2", "Pack")  # any input index: nothing kept
+
+# Ops whose output shares its input's buffer (TensorFlow forwards it).
+ALIASES = ("Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Snapshot",
+            "PreventGradient")
+# Ops without a gradient, and ops that only read shapes.
+NO_GRADIENT = ("Shape", "ShapeN", "Size", "Rank", "StopGradient", "PreventGradient",
+                "ArgMax", "ArgMin", "ZerosLike", "OnesLike", "Fill", "RandomUniform",
+                "RandomStandardNormal", "StatelessRandomUniformV2", "StatelessRandomNormalV2",
+                "BroadcastGradientArgs", "AssignVariableOp", "AssignAddVariableOp",
+                "AssignSubVariableOp", "NoOp", "Const", "Placeholder", "VarHandleOp")
+CONVS = ("Conv2D", "DepthwiseConv2dNative", "BigConv2D", "Conv2DBackpropInput")
+# max_batch_size keeps this fraction of the simulated peak in reserve: the
+# simulation has been 17% under measured peaks on the CPU (a ResNet-style
+# model at batch 15; benchmarks/RESULTS.md).
+SAFETY_MARGIN = 0.2
+# TensorFlow's default cap on a cuDNN workspace (TF_CUDNN_WORKSPACE_LIMIT_IN_MB).
+CUDNN_WORKSPACE_LIMIT = 4 << 30
+# Optimizer class -> slot variables per trainable weight (Keras 3).
+OPTIMIZER_SLOTS = {"SGD": 0, "Adam": 2, "AdamW": 2, "Adamax": 2, "Nadam": 2, "Lamb": 2,
+                   "Adadelta": 2, "Ftrl": 2, "Adagrad": 1, "RMSprop": 1, "Lion": 1,
+                   "Adafactor": 2}
+
+
+def fmt_bytes(n):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def optimizer_slots(optimizer):
+    """Slot variables per trainable weight that `optimizer` (a Keras optimizer,
+    its name, or None for plain SGD) keeps; (count, note)."""
+    if optimizer is None:
+        return 0, "none (plain SGD assumed)"
+    if isinstance(optimizer, str):
+        import keras
+        optimizer = keras.optimizers.get(optimizer)
+    name = type(optimizer).__name__
+    if name not in OPTIMIZER_SLOTS:
+        return 2, f"{name}: slots unknown, 2 per weight assumed"
+    slots = OPTIMIZER_SLOTS[name]
+    if name == "SGD" and getattr(optimizer, "momentum", 0):
+        slots = 1
+    if name == "RMSprop":
+        slots += bool(getattr(optimizer, "momentum", 0)) + bool(getattr(optimizer, "centered", False))
+    if getattr(optimizer, "amsgrad", False):
+        slots += 1
+    if getattr(optimizer, "use_ema", False):
+        slots += 1
+    return slots, name

@@ -1,0 +1,214 @@
+"""The liveness simulation: the forward ops in graph order, then the gradient
+ops in reverse, with what each keeps; the largest total is the peak."""
+import collections
+
+from tfbigconv.memory.rules import ALIASES, CONVS
+
+# ---------------------------------------------------------------------------
+# Simulation
+
+Alive = collections.namedtuple("Alive", "bytes what layer shape")
+Step = collections.namedtuple("Step", "phase layer op")
+
+
+class Result:
+    def __init__(self):
+        self.peak, self.step, self.alive = -1, None, []
+
+
+def passes_gradient_through(op, index, trace):
+    """Whether the gradient of op's input `index` is the incoming gradient
+    itself (TensorFlow returns it unchanged, no new buffer): aliases, BiasAdd's
+    value, and AddV2/Sub/AddN operands of the output's own shape."""
+    if op.type in ALIASES:
+        return True
+    if op.type == "BiasAdd":
+        return index == 0
+    if (op.type in ("AddV2", "AddN") or (op.type == "Sub" and index == 0)):
+        return trace.tensors[op.inputs[index]].dims == trace.tensors[op.outputs[0]].dims
+    return False
+
+
+def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0):
+    """Live bytes through forward, backward and the optimizer's update.
+
+    persistent: bytes alive throughout (weights, optimizer slots, the batch);
+    convert: layers whose TF convolutions run as tfbigconv's; recompute: layer
+    calls whose internal saved tensors are recomputed in the backward pass.
+    Returns a Result: peak (including persistent), its step, the tensors alive
+    then (largest first).
+    """
+    t = trace
+    live = {}  # buffer key -> (bytes, what, layer call, shape)
+    res = Result()
+    saved_by = collections.defaultdict(list)  # buffer -> backward ops that read it
+    uses = collections.Counter()              # buffer -> forward reads left
+    op_saved = {}
+    recompute_ids = {id(c) for c in recompute}
+    recomputed = collections.defaultdict(list)  # layer call -> buffers it recomputes
+    recomputed_bases = set()
+    for op in t.ops:
+        for name in op.inputs:
+            uses[t.tensors[name].base] += 1
+        names, _ = t.saved(op)
+        op_saved[op.name] = names
+        for name in names:
+            base = t.tensors[name].base
+            saved_by[base].append(op.index)
+    uses[t.tensors[t.loss].base] += 1  # held until the backward pass starts
+
+    for base in list(saved_by):
+        producer = t.tensors[base].op
+        call = producer.layer
+        if call is not None and id(call) in recompute_ids:
+            recomputed[id(call)].append(base)
+            recomputed_bases.add(base)
+
+    def label(op):
+        if op.layer is not None:
+            return op.layer.label
+        return "(loss)" if op.name.startswith("loss/") else "(model)"
+
+    def alloc(key, n, what, op, shape=None):
+        if n > 0:
+            live[key] = Alive(n, what, label(op), shape)
+
+    def check(step):
+        total = persistent + sum(a.bytes for a in live.values())
+        if total > res.peak:
+            res.peak, res.step = total, step
+            res.alive = sorted(live.values(), key=lambda a: -a.bytes)
+
+    # Forward.
+    for op in t.ops:
+        if op.type in CONVS:
+            runs = plans.runs(op, batch, op.layer is not None and
+                              id(op.layer.layer) in convert)
+            key = "backprop_input" if op.type == "Conv2DBackpropInput" else "forward"
+            alloc(("ws", op.name), runs[key][1], f"workspace of {op.type} ({runs[key][0]})", op)
+        for name in op.outputs:
+            tensor = t.tensors[name]
+            if tensor.kind == "activation" and tensor.base == name:
+                alloc(name, tensor.bytes(batch), f"{op.type} output", op, tensor.shape(batch))
+        for name in t.extra_outputs.get(op.name, ()):
+            if name in op_saved[op.name]:  # kept for the gradient (not in inference)
+                tensor = t.tensors[name]
+                alloc(name, tensor.bytes(batch), f"oneDNN {op.type} workspace", op,
+                      tensor.shape(batch))
+        check(Step("forward", label(op), op.name))
+        live.pop(("ws", op.name), None)
+        for name in op.inputs + op.outputs + t.extra_outputs.get(op.name, []):
+            base = t.tensors[name].base
+            if name in op.inputs:
+                uses[base] -= 1
+            if uses[base] <= 0 and (not saved_by.get(base) or base in recomputed_bases):
+                live.pop(base, None)
+    live.pop(t.tensors[t.loss].base, None)
+
+    # Backward: each op's gradient runs once the gradients of all its outputs
+    # are complete, first ready first run (TensorFlow's executor runs ready
+    # ops in that order).
+    grads = {}       # tensor -> its complete gradient's buffer key
+    pending = collections.defaultdict(list)  # tensor -> contributions so far
+    expected = collections.Counter()
+    backward_ops = [op for op in t.ops if t.grad_inputs(op)]
+    for op in backward_ops:
+        for i in t.grad_inputs(op):
+            expected[op.inputs[i]] += 1
+    readers_left = collections.Counter()  # saved buffer -> gradients still to read it
+    for op in backward_ops:
+        for name in op_saved[op.name]:
+            readers_left[t.tensors[name].base] += 1
+    holders = collections.Counter()  # gradient buffer -> tensors whose gradient it is
+    started = set()
+    param_grad_bytes = []
+    grads[t.loss] = None
+    waiting = {op.name: sum(1 for o in op.outputs if expected[o] or o == t.loss)
+               for op in backward_ops}
+    ready = collections.deque(op for op in backward_ops if t.loss in op.outputs)
+
+    def release(key):
+        if key is None:
+            return
+        holders[key] -= 1
+        if holders[key] <= 0 and not (isinstance(key, tuple) and key[0] == "param"):
+            live.pop(key, None)
+
+    while ready:
+        op = ready.popleft()
+        call = op.layer
+        if call is not None and id(call) in recompute_ids and id(call) not in started:
+            started.add(id(call))
+            for base in recomputed[id(call)]:
+                tensor = t.tensors[base]
+                alloc(base, tensor.bytes(batch), f"{tensor.op.type} output (recomputed)",
+                      tensor.op, tensor.shape(batch))
+        if op.type in CONVS:
+            runs = plans.runs(op, batch, call is not None and id(call.layer) in convert)
+            gi = set(t.grad_inputs(op))
+            if op.type == "Conv2DBackpropInput":
+                parts = [("forward", 2 in gi), ("backprop_filter", 1 in gi)]
+            else:
+                parts = [("backprop_input", 0 in gi), ("backprop_filter", 1 in gi)]
+            # Both gradient passes are ready together; TensorFlow's executor
+            # may run them at the same time.
+            ws = sum(runs[p][1] for p, used in parts if used)
+            passes = " + ".join(f"{p} ({runs[p][0]})" for p, used in parts if used)
+            alloc(("ws", op.name), ws, f"workspace of {op.type}'s gradient: {passes}", op)
+        out_grad = grads.get(op.outputs[0]) if op.outputs else None
+        made = []
+        for i in t.grad_inputs(op):
+            name = op.inputs[i]
+            tensor = t.tensors[name]
+            v = t.variable(name)
+            if passes_gradient_through(op, i, t):
+                key = out_grad  # the incoming gradient itself, no new buffer
+            elif v is not None:
+                key = ("param", name, op.name)
+                alloc(key, tensor.bytes(batch), f"gradient of {v.path}", op, tensor.shape(batch))
+                param_grad_bytes.append(tensor.bytes(batch))
+            else:
+                key = ("grad", name, op.name)
+                alloc(key, tensor.bytes(batch), f"gradient of {tensor.op.type} output", op,
+                      tensor.shape(batch))
+            holders[key] += 1
+            pending[name].append(key)
+            made.append(name)
+        check(Step("backward", label(op), op.name))
+        live.pop(("ws", op.name), None)
+        for o in op.outputs:
+            if o in grads:
+                release(grads.pop(o))
+        for name in op_saved[op.name]:
+            base = t.tensors[name].base
+            readers_left[base] -= 1
+            if readers_left[base] <= 0:
+                live.pop(base, None)
+        for name in made:
+            if len(pending[name]) < expected[name]:
+                continue
+            parts = pending.pop(name)
+            if len(parts) > 1:  # AddN of the contributions
+                tensor = t.tensors[name]
+                key = ("grad", name, "sum")
+                alloc(key, tensor.bytes(batch), f"gradient of {tensor.op.type} output (sum)",
+                      op, tensor.shape(batch))
+                check(Step("backward", label(op), f"AddN of {name}'s gradients"))
+                for part in parts:
+                    release(part)
+                holders[key] += 1
+            else:
+                key = parts[0]
+            grads[name] = key
+            producer = t.tensors[name].op
+            if producer.name in waiting:
+                waiting[producer.name] -= 1
+                if waiting[producer.name] == 0:
+                    ready.append(producer)
+    # The optimizer's update: every weight's gradient is alive; a few
+    # temporaries of one weight's size each at a time.
+    if param_grad_bytes:
+        alloc(("optimizer", "temporaries"), (1 + min(slots, 2)) * max(param_grad_bytes),
+              "optimizer update temporaries", t.ops[-1])
+        check(Step("update", "(optimizer)", "apply_gradients"))
+    return res

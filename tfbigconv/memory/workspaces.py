@@ -1,0 +1,165 @@
+"""The transient workspace of each convolution in a traced model: TensorFlow's
+kernel (CPU col_buffer; none where TF runs oneDNN) or tfbigconv's planned
+algorithm, and oneDNN MaxPool's workspace."""
+import tensorflow as tf
+
+from tfbigconv.planning import planner, tf_rules
+from tfbigconv.memory.rules import CUDNN_WORKSPACE_LIMIT
+
+# ---------------------------------------------------------------------------
+# Convolution workspaces
+
+
+def decode(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+class ConvPlans:
+    """Each convolution's transient workspace per pass under TensorFlow's kernel
+    and under tfbigconv's plan, cached per (op, batch, device)."""
+
+    def __init__(self, trace, device):
+        self.trace, self.device = trace, device
+        self.cache = {}
+
+    def geometry(self, op, batch):
+        """(input shape, filter shape in tfbigconv's form, attrs, dtype) or None."""
+        t = self.trace
+        a = op.tf_op
+        attrs = {k: decode(a.get_attr(k)) for k in ("strides", "padding", "data_format",
+                                                         "dilations")}
+        try:
+            attrs["explicit_paddings"] = list(a.get_attr("explicit_paddings"))
+        except ValueError:
+            attrs["explicit_paddings"] = []
+        attrs["strides"], attrs["dilations"] = list(attrs["strides"]), list(attrs["dilations"])
+        if op.type == "Conv2DBackpropInput":  # a transposed conv: the forward conv's geometry
+            x, w = t.tensors[op.outputs[0]], t.tensors[op.inputs[1]]
+        else:
+            x, w = t.tensors[op.inputs[0]], t.tensors[op.inputs[1]]
+        xs, ws = x.shape(batch), w.shape(batch)
+        if xs is None or ws is None or None in xs or None in ws:
+            return None
+        if op.type == "DepthwiseConv2dNative":
+            ws = [ws[0], ws[1], 1, ws[2] * ws[3]]
+        return xs, ws, attrs, x.dtype.name
+
+    def tf_workspace(self, op, batch):
+        """{pass: bytes} of TensorFlow's kernels for the op's geometry."""
+        key = ("tf", op.name, batch)
+        if key not in self.cache:
+            g = self.geometry(op, batch)
+            out = {p: 0 for p in planner.PASSES}
+            if g is not None:
+                # The CPU planner's estimate of TF's kernel: the gradient kernels'
+                # col_buffer (plan.cc, TfColBufferImages). On the GPU, cuDNN's
+                # workspace is estimated, unmeasured, as one image's patch matrix
+                # (the forward estimate), capped as TF caps it.
+                # The op's registered gradients run its own kind of kernel.
+                kernel = "DepthwiseConv2dNative" if op.type == "DepthwiseConv2dNative" else "Conv2D"
+                plans = {p: planner.plan(p, g[0], g[1], g[2], g[3], "tf", 0, "CPU", kernel)
+                         for p in planner.PASSES}
+                # Where TF runs Conv2D through oneDNN (its default on many CPUs),
+                # the graph's Conv2D and its gradients are _MklNativeConv2D* ops,
+                # which allocate their outputs and nothing batch-sized: TF's
+                # allocator log (TF_CPP_VMODULE=log_memory=2) of U-Net-style steps
+                # at batch 16 showed no temporaries from them, and ONEDNN_VERBOSE
+                # showed NHWC operands used in place (only the filters reordered).
+                # The col_buffer above is the Eigen kernels' (oneDNN off).
+                onednn = (self.device == "CPU" and kernel == "Conv2D"
+                          and tf_conv2d_onednn(g[3], g[2]["padding"] == "EXPLICIT"))
+                for p in planner.PASSES:
+                    if self.device == "GPU":
+                        out[p] = min(plans["forward"]["tf"]["workspace_bytes"],
+                                     CUDNN_WORKSPACE_LIMIT)
+                    elif onednn:
+                        out[p] = 0
+                    else:
+                        out[p] = plans[p]["tf"]["workspace_bytes"]
+            self.cache[key] = out
+        return self.cache[key]
+
+    def bigconv(self, op, batch, algorithm="auto", limit=0):
+        """{pass: (algorithm that runs, bytes, note)} under tfbigconv's planner."""
+        key = ("big", op.name, batch, algorithm, limit)
+        if key not in self.cache:
+            g = self.geometry(op, batch)
+            out = {}
+            for p in planner.PASSES:
+                if g is None:
+                    out[p] = ("auto", 0, "shape unknown: planned at run time")
+                    continue
+                xs, ws, attrs, dtype = g
+                # bigconv2d plans an unknown batch as ASSUMED_BATCH, then runs that choice.
+                chosen_for = [planner.ASSUMED_BATCH] + xs[1:]
+                note = ""
+                try:
+                    chosen = (planner.plan(p, chosen_for, ws, attrs, dtype, algorithm, limit,
+                                            self.device)["chosen"]
+                              if algorithm == "auto" else algorithm)
+                except tf.errors.ResourceExhaustedError as e:
+                    chosen, note = algorithm, e.message
+                if chosen in ("tf", "im2col"):
+                    out[p] = (self._tf_name(op), self.tf_workspace(op, batch)[p], note)
+                    continue
+                if chosen == "auto":
+                    chosen = planner.plan(p, xs, ws, attrs, dtype, "auto", 0, self.device)["chosen"]
+                try:
+                    plan = planner.plan(p, xs, ws, attrs, dtype, chosen, limit, self.device)
+                except tf.errors.ResourceExhaustedError as e:
+                    note = note or e.message
+                    plan = planner.plan(p, xs, ws, attrs, dtype, chosen, 0, self.device)
+                out[p] = (chosen, plan[chosen]["workspace_bytes"], note)
+            self.cache[key] = out
+        return self.cache[key]
+
+    @staticmethod
+    def _tf_name(op):
+        return "tf.DepthwiseConv2dNative" if op.type == "DepthwiseConv2dNative" else "tf.Conv2D"
+
+    def runs(self, op, batch, convert):
+        """{pass: (algorithm, bytes, note)} of what runs for op; convert: as
+        tfbigconv's BigConv2D (auto, no limit) instead of TF's kernel."""
+        if op.type == "BigConv2D":
+            a = op.tf_op
+            return self.bigconv(op, batch, decode(a.get_attr("algorithm")),
+                                int(a.get_attr("workspace_limit_bytes")))
+        if convert and op.type in ("Conv2D", "DepthwiseConv2dNative"):
+            return self.bigconv(op, batch)
+        ws = self.tf_workspace(op, batch)
+        name = "cuDNN (est.)" if self.device == "GPU" else self._tf_name(op)
+        runs = {p: (name, ws[p], "") for p in planner.PASSES}
+        if gradients_routed(op):
+            ours = self.bigconv(op, batch)
+            runs.update({p: ours[p] for p in planner.PASSES[1:]})
+        return runs
+
+
+def gradients_routed(op):
+    """Whether a TF convolution's gradients are tfbigconv's: bigconv2d runs TF's
+    forward kernel with its own gradient plan through tf.custom_gradient
+    (ops.conv2d's routed forward), whose IdentityN takes the forward's output."""
+    return op.type in ("Conv2D", "DepthwiseConv2dNative") and any(
+        c.type == "IdentityN" for c in op.tf_op.outputs[0].consumers())
+
+
+def tf_conv2d_onednn(dtype, explicit_padding):
+    """Whether TF's CPU Conv2D kernels run `dtype` through oneDNN on this host
+    (the planner's probe, tf_rules.tf_cpu_onednn: oneDNN on, TF's default on
+    many CPUs, and then not for every dtype, nor for EXPLICIT padding)."""
+    return bool(tf_rules.tf_cpu_onednn("Conv2D", dtype, explicit_padding))
+
+
+def onednn_maxpool_workspace(op):
+    """Bytes per output element of the workspace oneDNN's MaxPool keeps for its
+    gradient, or 0. With oneDNN on, TF rewrites a MaxPool whose gradient is in
+    the graph to _MklNativeMaxPool(workspace_enabled=true): a second output,
+    the argmax of each window, that _MklNativeMaxPoolGrad reads. oneDNN stores
+    it as uint8 for windows of at most 255 elements, else int32. Measured: a
+    16x64x64x16 MaxPool (2x2) at batch 16 allocated 1.0 MiB of DT_UINT8
+    (TF_CPP_VMODULE=log_memory=2), alive until MaxPoolGrad ran."""
+    if op.type != "MaxPool" or op.tf_op.get_attr("T") not in (tf.float32, tf.bfloat16):
+        return 0
+    k = list(op.tf_op.get_attr("ksize"))
+    window = k[1] * k[2] if decode(op.tf_op.get_attr("data_format")) == "NHWC" else k[2] * k[3]
+    return 1 if window <= 255 else 4
