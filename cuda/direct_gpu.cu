@@ -38,17 +38,13 @@ constexpr double kTiledMacsPerSecond = 8e12, kUntiledMacsPerSecond = 1e12;
 constexpr int kDepthwiseCols = 4, kDepthwiseThreads = 256;
 constexpr int64_t kDepthwiseMinGroups = 8;
 
-// Everything the kernels read, precomputed on the host (device code cannot
-// call ConvGeometry's host member functions).
-struct DirectArgs {
+// Everything the kernels read, precomputed on the host: the geometry
+// (GeometryArgs, gpu_common.cuh) and the plan's blocking.
+struct DirectArgs : GeometryArgs {
   const void* in;
   const void* filt;
   void* out;
   void* partial;  // splits x output elements (dense n, group, co, oh, ow), or null
-  TensorView iv, ov;
-  FilterView fv;
-  int64_t batch, groups, cig, cog, out_h, out_w, filter_h, filter_w;
-  int64_t sh, sw, dh, dw, pt, pl, uh, uw, vh, vw;
   int64_t tiles_h, tiles_w, co_blocks;
   int64_t ci_splits, ci_per, kh_splits, kh_per;
   int64_t kb_h, kb_w, patch_max;  // sub-block and its largest patch (elements)
@@ -602,31 +598,11 @@ DirectArgs MakeArgs(const DirectGpuParams& p) {
   const ConvGeometry& g = p.problem.g;
   const DirectGpuPlan& plan = p.plan;
   DirectArgs a;
+  FillGeometryArgs(p.problem, &a);
   a.in = p.input;
   a.filt = p.filter;
   a.out = p.output;
   a.partial = plan.splits() > 1 ? p.workspace : nullptr;
-  a.iv = p.problem.in;
-  a.ov = p.problem.out;
-  a.fv = p.problem.filter;
-  a.batch = g.batch;
-  a.groups = g.groups;
-  a.cig = g.in_c_per_group();
-  a.cog = g.out_c_per_group();
-  a.out_h = g.out_h;
-  a.out_w = g.out_w;
-  a.filter_h = g.filter_h;
-  a.filter_w = g.filter_w;
-  a.sh = g.stride_h;
-  a.sw = g.stride_w;
-  a.dh = g.dilation_h;
-  a.dw = g.dilation_w;
-  a.pt = g.pad_top;
-  a.pl = g.pad_left;
-  a.uh = g.in_dilation_h;
-  a.uw = g.in_dilation_w;
-  a.vh = g.virtual_in_h();
-  a.vw = g.virtual_in_w();
   a.tiles_h = CeilDiv(g.out_h, kTileH);
   a.tiles_w = CeilDiv(g.out_w, kTileW);
   a.co_blocks = CeilDiv(a.cog, plan.tiled ? plan.channels_per_thread : 1);

@@ -18,14 +18,11 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kAlign = 256;
 // Input and output spectra of one chunk beyond which bigger chunks buy
 // nothing: each transform launch is already large enough to fill the GPU.
 constexpr int64_t kChunkTargetBytes = int64_t(1) << 30;
 // Uncalibrated model constants (H100-class): FFT flop rate and memory bandwidth.
 constexpr double kFftFlopsPerSecond = 10e12, kBytesPerSecond = 2e12;
-
-int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // ---- cuFFT plans, cached per (device, stream, size, batch, type) ----------
 
@@ -103,12 +100,9 @@ std::string Exec(const CufftApi& api, cudaStream_t stream, int64_t h, int64_t w,
 }
 
 // The three transform batches of a plan: filter spectra, input spectra,
-// inverse of output spectra.
-struct Batches {
-  int64_t filter, input, output;
-};
-Batches BatchesOf(const ConvGeometry& g, const FftGpuPlan& p) {
-  return {g.out_c * p.ci_block, p.chunk * g.groups * p.ci_block, p.chunk * g.out_c};
+// inverse of output spectra (csrc/core/fft_gpu_layout.h).
+FftGpuBatches BatchesOf(const ConvGeometry& g, const FftGpuPlan& p) {
+  return FftGpuBatchesOf(g, p.chunk, p.ci_block);
 }
 
 // ---- kernels -----------------------------------------------------------
@@ -117,11 +111,8 @@ template <typename T> struct Complex;
 template <> struct Complex<float> { using type = float2; };
 template <> struct Complex<double> { using type = double2; };
 
-struct FftArgs {
-  TensorView iv, ov;
-  FilterView fv;
-  int64_t groups, cig, cog, cout, out_h, out_w, filter_h, filter_w;
-  int64_t sh, sw, dh, dw, pt, pl, uh, uw, vh, vw, eff_h, eff_w;
+// The geometry (GeometryArgs, gpu_common.cuh) and the plan's tiling.
+struct FftArgs : GeometryArgs {
   int64_t tile_h, tile_w, tiles_h, tiles_w, fft_h, fft_w, bins, ci_block, chunk;
 };
 
@@ -140,7 +131,7 @@ TFBIGCONV_HD Tile TileOf(const FftArgs& a, int64_t item) {
   return r;
 }
 
-// The staging check (the workspace's last StagingCheckBytes()): the current
+// The staging check (the workspace's last kFftGpuStagingCheckBytes): the current
 // filter block's largest magnitude, as the bits of the compute type (for
 // non-negative values the bits order as the values; NaN's are the largest),
 // and a flag set when an input window holds a value the FFT must not take.
@@ -148,7 +139,7 @@ struct StagingCheck {
   unsigned long long filter_max_bits;
   unsigned int unsafe;
 };
-static_assert(sizeof(StagingCheck) <= StagingCheckBytes(), "staging check too big");
+static_assert(sizeof(StagingCheck) <= kFftGpuStagingCheckBytes, "staging check too big");
 
 template <typename T>
 TFBIGCONV_HD unsigned long long MagnitudeBits(T v) {
@@ -432,29 +423,7 @@ std::string Run(const FftGpuParams& p, Steps steps) {
   const ConvGeometry& g = p.problem.g;
   const FftGpuPlan& pl = p.plan;
   FftArgs a;
-  a.iv = p.problem.in;
-  a.ov = p.problem.out;
-  a.fv = p.problem.filter;
-  a.groups = g.groups;
-  a.cig = g.in_c_per_group();
-  a.cog = g.out_c_per_group();
-  a.cout = g.out_c;
-  a.out_h = g.out_h;
-  a.out_w = g.out_w;
-  a.filter_h = g.filter_h;
-  a.filter_w = g.filter_w;
-  a.sh = g.stride_h;
-  a.sw = g.stride_w;
-  a.dh = g.dilation_h;
-  a.dw = g.dilation_w;
-  a.pt = g.pad_top;
-  a.pl = g.pad_left;
-  a.uh = g.in_dilation_h;
-  a.uw = g.in_dilation_w;
-  a.vh = g.virtual_in_h();
-  a.vw = g.virtual_in_w();
-  a.eff_h = g.effective_filter_h();
-  a.eff_w = g.effective_filter_w();
+  FillGeometryArgs(p.problem, &a);
   a.tile_h = pl.tile_h;
   a.tile_w = pl.tile_w;
   a.tiles_h = pl.tiles_h;
@@ -466,19 +435,18 @@ std::string Run(const FftGpuParams& p, Steps steps) {
   a.chunk = pl.chunk;
 
   char* ws = static_cast<char*>(p.workspace);
-  C* wspec = reinterpret_cast<C*>(ws);
-  C* xspec = reinterpret_cast<C*>(ws + pl.wspec_bytes);
-  C* yspec = reinterpret_cast<C*>(ws + pl.wspec_bytes + pl.xspec_bytes);
-  T* real = reinterpret_cast<T*>(ws + pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes);
-  steps.work = ws + pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes + pl.real_bytes;
-  StagingCheck* check =
-      reinterpret_cast<StagingCheck*>(ws + pl.workspace_bytes - StagingCheckBytes());
+  C* wspec = reinterpret_cast<C*>(ws + pl.wspec_offset());
+  C* xspec = reinterpret_cast<C*>(ws + pl.xspec_offset());
+  C* yspec = reinterpret_cast<C*>(ws + pl.yspec_offset());
+  T* real = reinterpret_cast<T*>(ws + pl.real_offset());
+  steps.work = ws + pl.work_offset();
+  StagingCheck* check = reinterpret_cast<StagingCheck*>(ws + pl.check_offset());
   steps.dbl = p.dtype == DType::kDouble;
   const cudaStream_t stream = steps.stream;
   std::string err = steps.Zero(check, sizeof(StagingCheck));
   if (!err.empty()) return err;
   S* out = static_cast<S*>(p.output);
-  const Batches b = BatchesOf(g, pl);
+  const FftGpuBatches b = BatchesOf(g, pl);
   const int64_t plane = pl.fft_h * pl.fft_w;
   const int64_t blocks = CeilDiv(a.cig, pl.ci_block);
   const S* in = static_cast<const S*>(p.input);
@@ -556,24 +524,18 @@ std::string Run(const FftGpuParams& p, Steps steps) {
 // ---- planning ----------------------------------------------------------
 
 // Workspace of a plan whose tile, chunk and ci_block are set, with cuFFT's
-// work area taken as `work_bytes`.
+// work area taken as `work_bytes` (the layout: csrc/core/fft_gpu_layout.h).
 void FillBytes(const ConvGeometry& g, DType dtype, int64_t work_bytes, FftGpuPlan* p) {
-  const int64_t rb = ComputeBytes(dtype), cb = 2 * rb, bins = p->bins();
-  const Batches b = BatchesOf(g, *p);
-  p->wspec_bytes = AlignUp(b.filter * bins * cb);
-  p->xspec_bytes = AlignUp(b.input * bins * cb);
-  p->yspec_bytes = AlignUp(b.output * bins * cb);
-  p->real_bytes = AlignUp(std::max({b.filter, b.input, b.output}) * p->fft_h * p->fft_w * rb);
-  p->work_bytes = AlignUp(work_bytes);
-  p->workspace_bytes = p->wspec_bytes + p->xspec_bytes + p->yspec_bytes + p->real_bytes +
-                       p->work_bytes + StagingCheckBytes();
+  static_cast<FftGpuLayout&>(*p) =
+      FftGpuWorkspaceLayout(g, dtype, p->fft_h, p->fft_w, p->chunk, p->ci_block, work_bytes);
 }
 
 // cuFFT's work area is about one complex copy of the largest batch; the
 // exact size comes from the plans once the shape is chosen.
 int64_t WorkEstimate(const ConvGeometry& g, DType dtype, const FftGpuPlan& p) {
-  const Batches b = BatchesOf(g, p);
-  return std::max({b.filter, b.input, b.output}) * p.bins() * 2 * ComputeBytes(dtype);
+  const FftGpuBatches b = BatchesOf(g, p);
+  return SatMul(std::max({b.filter, b.input, b.output}),
+                FftGpuSpectrumBytes(p.fft_h, p.fft_w, dtype));
 }
 
 double Seconds(const ConvGeometry& g, DType dtype, const FftGpuPlan& p) {
@@ -644,7 +606,7 @@ std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t limit, cudaSt
   if (!err.empty()) return err;
   const bool dbl = dtype == DType::kDouble;
   for (;;) {
-    const Batches b = BatchesOf(g, best);
+    const FftGpuBatches b = BatchesOf(g, best);
     size_t work = 0;
     {
       std::lock_guard<std::mutex> lock(PlanMutex());

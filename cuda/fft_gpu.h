@@ -13,23 +13,21 @@
 #include <cuda_runtime_api.h>
 
 #include "dtypes.h"
+#include "fft_gpu_layout.h"
 #include "geometry.h"
 #include "operands_gpu.h"
 
 namespace tfbigconv {
 namespace gpu {
 
-struct FftGpuPlan {
+// The workspace's parts and total (FftGpuLayout, csrc/core/fft_gpu_layout.h:
+// filter, input and output spectra, real staging, cuFFT's work area, the
+// staging check) come from FftGpuWorkspaceLayout on the fields below.
+struct FftGpuPlan : FftGpuLayout {
   int64_t tile_h = 0, tile_w = 0, fft_h = 0, fft_w = 0, tiles_h = 0, tiles_w = 0;
   int64_t items = 0;     // batch * tiles_h * tiles_w (image, tile) pairs
   int64_t chunk = 0;     // items transformed at once
   int64_t ci_block = 0;  // input channels per group whose spectra are held at once
-  // Workspace layout, in this order (each part 256-byte aligned): filter
-  // spectra, input spectra, output spectra, real staging, cuFFT work area,
-  // and the staging check (StagingCheckBytes(): the filter block's largest
-  // magnitude and whether an input window failed; see FftConvGpu).
-  int64_t wspec_bytes = 0, xspec_bytes = 0, yspec_bytes = 0, real_bytes = 0, work_bytes = 0;
-  int64_t workspace_bytes = 0;
   double seconds = 0;  // estimate (uncalibrated model)
 
   int64_t bins_w() const { return fft_w / 2 + 1; }
@@ -50,9 +48,6 @@ std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t workspace_lim
 struct FftGpuParams : GpuOperands {
   FftGpuPlan plan;  // from PlanFftGpu(problem.g, dtype, ...)
 };
-
-// The last part of every plan's workspace.
-constexpr int64_t StagingCheckBytes() { return 256; }
 
 // Enqueues the convolution on `stream`; "" or an error message. NaN, Inf and
 // input values large enough to overflow the transforms (the bound comes from

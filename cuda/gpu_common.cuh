@@ -1,6 +1,7 @@
-// Device helpers shared by the CUDA kernels: storage <-> compute types and
-// launch bookkeeping. Half types are stored as __half / __nv_bfloat16 (same
-// layout as tfbigconv::f16 / bf16 and TF's Eigen types) and compute in float.
+// Device helpers shared by the CUDA kernels: storage <-> compute types, the
+// kernels' geometry arguments and launch bookkeeping. Half types are stored
+// as __half / __nv_bfloat16 (same layout as tfbigconv::f16 / bf16 and TF's
+// Eigen types) and compute in float.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,6 +14,7 @@
 
 #include "checked_math.h"
 #include "dtypes.h"
+#include "geometry.h"
 
 namespace tfbigconv {
 namespace gpu {
@@ -47,6 +49,45 @@ inline int64_t StorageBytes(DType t) {
 inline unsigned GridFor(int64_t work, int threads) {
   constexpr int64_t kMaxBlocks = int64_t(1) << 20;
   return unsigned(std::max<int64_t>(1, std::min(CeilDiv(work, threads), kMaxBlocks)));
+}
+
+// A problem's geometry as the kernels read it, precomputed on the host
+// (device code cannot call ConvGeometry's host member functions): the base of
+// every kernel's arguments (DirectArgs, FftArgs).
+struct GeometryArgs {
+  TensorView iv, ov;
+  FilterView fv;
+  int64_t batch, groups, cig, cog, cout, out_h, out_w, filter_h, filter_w;
+  int64_t sh, sw, dh, dw, pt, pl, uh, uw, vh, vw, eff_h, eff_w;
+};
+
+// Fills the GeometryArgs part of a kernel's arguments from its problem.
+inline void FillGeometryArgs(const ConvProblem& problem, GeometryArgs* a) {
+  const ConvGeometry& g = problem.g;
+  a->iv = problem.in;
+  a->ov = problem.out;
+  a->fv = problem.filter;
+  a->batch = g.batch;
+  a->groups = g.groups;
+  a->cig = g.in_c_per_group();
+  a->cog = g.out_c_per_group();
+  a->cout = g.out_c;
+  a->out_h = g.out_h;
+  a->out_w = g.out_w;
+  a->filter_h = g.filter_h;
+  a->filter_w = g.filter_w;
+  a->sh = g.stride_h;
+  a->sw = g.stride_w;
+  a->dh = g.dilation_h;
+  a->dw = g.dilation_w;
+  a->pt = g.pad_top;
+  a->pl = g.pad_left;
+  a->uh = g.in_dilation_h;
+  a->uw = g.in_dilation_w;
+  a->vh = g.virtual_in_h();
+  a->vw = g.virtual_in_w();
+  a->eff_h = g.effective_filter_h();
+  a->eff_w = g.effective_filter_w();
 }
 
 // "" or the launch error of the last kernel, named.

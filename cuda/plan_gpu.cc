@@ -10,7 +10,7 @@ Status ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, const std::st
     return Status::InvalidArgument("algorithm must be one of 'auto', 'direct' or 'fft', got '" +
                                    requested + "'");
   c->direct = PlanDirectGpu(problem, dtype, limit);
-  c->algorithm = GpuAlgorithm::kDirect;
+  c->algorithm = Algorithm::kDirect;
   if (requested == "direct") {
     c->reason = "requested";
     return Status::Ok();
@@ -22,15 +22,13 @@ Status ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, const std::st
   if (requested == "fft") {
     if (!have_cufft) return Status::Unavailable(fft_err);
     if (!fft_err.empty()) return Status::ResourceExhausted(fft_err);
-    c->algorithm = GpuAlgorithm::kFft;
+    c->algorithm = Algorithm::kFft;
     c->reason = "requested";
     return Status::Ok();
   }
-  Algorithm choice;
   c->reason = ChooseGpuKernel(problem, dtype, fft_err.empty(), &c->direct.seconds,
-                              &c->fft.seconds, &choice);
+                              &c->fft.seconds, &c->algorithm);
   if (!fft_err.empty()) c->reason += " (" + fft_err + ")";
-  c->algorithm = choice == Algorithm::kFft ? GpuAlgorithm::kFft : GpuAlgorithm::kDirect;
   return Status::Ok();
 }
 

@@ -18,15 +18,13 @@
 namespace tfbigconv {
 namespace gpu {
 
-enum class GpuAlgorithm { kDirect, kFft };
-
 struct GpuAlgorithmChoice {
-  GpuAlgorithm algorithm = GpuAlgorithm::kDirect;
+  Algorithm algorithm = Algorithm::kDirect;  // cost_model.h; AlgorithmName names it
   DirectGpuPlan direct;  // always planned (it always fits, without splits)
   FftGpuPlan fft;        // valid when algorithm == kFft
   std::string reason;
   int64_t workspace_bytes() const {
-    return algorithm == GpuAlgorithm::kFft ? fft.workspace_bytes : direct.workspace_bytes;
+    return algorithm == Algorithm::kFft ? fft.workspace_bytes : direct.workspace_bytes;
   }
 };
 

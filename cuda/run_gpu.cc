@@ -5,10 +5,6 @@
 namespace tfbigconv {
 namespace gpu {
 
-const char* GpuAlgorithmName(GpuAlgorithm a) {
-  return a == GpuAlgorithm::kFft ? "fft" : "direct";
-}
-
 Status RunConvGpu(const ConvProblem& problem, DType dtype, const GpuAlgorithmChoice& choice,
                   const void* a, const void* b, void* out, void* workspace, cudaStream_t stream) {
   if (problem.g.output_elements() == 0) return Status::Ok();
@@ -23,7 +19,7 @@ Status RunConvGpu(const ConvProblem& problem, DType dtype, const GpuAlgorithmCho
                                    std::to_string(choice.workspace_bytes()) +
                                    " bytes and none was given");
   const GpuOperands operands{problem, dtype, a, b, out, workspace};
-  const std::string err = choice.algorithm == GpuAlgorithm::kFft
+  const std::string err = choice.algorithm == Algorithm::kFft
                               ? FftConvGpu({operands, choice.fft}, stream)
                               : DirectConvGpu({operands, choice.direct}, stream);
   return err.empty() ? Status::Ok() : Status::Internal(err);

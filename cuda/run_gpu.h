@@ -13,9 +13,6 @@
 namespace tfbigconv {
 namespace gpu {
 
-// "fft" or "direct".
-const char* GpuAlgorithmName(GpuAlgorithm a);
-
 // Enqueues one pass on `stream` with the algorithm and plan of `choice` (from
 // ChooseGpuAlgorithm on problem.g). a, b are the problem's input and filter
 // operands: (input, filter), (out_backprop, filter) or (input, out_backprop)

@@ -4,7 +4,7 @@
 # re-times the depthwise rows of the calibration grids with it, so that the GPU
 # model can be refitted. Then, where TensorFlow is (not the GPU machine):
 #   python benchmarks/gpu_replace_rows.py OUT_DIR/gpu_*.csv --into benchmarks/gpu
-#   python -m tfbigconv fit-gpu benchmarks/gpu/*.csv --output tfbigconv/cost_model.json
+#   python -m tfbigconv fit-gpu benchmarks/gpu/*.csv --output tfbigconv/cost_model/cost_model.json
 #   (cd benchmarks && python gpu_dispatch_regret.py gpu/*.csv --loo --autotune)
 #
 #   scripts/gpu_recalibrate_depthwise.sh OUT_DIR [--skip-matrix]

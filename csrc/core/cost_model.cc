@@ -56,6 +56,8 @@ std::string FormatSeconds(double s) {
   return os.str();
 }
 
+const char* AlgorithmName(Algorithm a) { return a == Algorithm::kFft ? "fft" : "direct"; }
+
 const char* DeviceName(Device d) { return d == Device::kCpu ? "CPU" : "GPU"; }
 
 namespace {

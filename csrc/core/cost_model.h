@@ -14,7 +14,10 @@
 
 namespace tfbigconv {
 
+// Our two kernels, on either device: the CPU planner's and the GPU planner's
+// choice (plan.h, cuda/plan_gpu.h).
 enum class Algorithm { kDirect, kFft };
+const char* AlgorithmName(Algorithm a);  // "direct" or "fft"
 
 // Where a pass runs; each device has its own candidates and cost model.
 enum class Device { kCpu, kGpu };

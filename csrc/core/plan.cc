@@ -10,6 +10,7 @@
 
 #include "checked_math.h"
 #include "direct_cpu.h"
+#include "fft_gpu_layout.h"
 #include "fft_sizes.h"
 #include "isa.h"
 
@@ -304,7 +305,7 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& re
   } else {
     const bool fft = f.fits && (!d.fits || f.seconds < d.seconds);
     c->algorithm = fft ? Algorithm::kFft : Algorithm::kDirect;
-    c->reason = std::string("auto: ") + (fft ? "fft" : "direct") + " is the fastest that fits";
+    c->reason = std::string("auto: ") + AlgorithmName(c->algorithm) + " is the fastest that fits";
   }
   return Status::Ok();
 }
@@ -328,14 +329,6 @@ double DTypeSlowdown(const double (&slowdown)[kSlowdownDTypes], DType dtype) {
   if (dtype == DType::kBFloat16) return slowdown[1];
   if (dtype == DType::kDouble) return slowdown[2];
   return 1;
-}
-
-// The FFT's GPU workspace at its smallest (one item, one input channel at a
-// time, the smallest transform): the run-time plan is at least this big.
-int64_t MinGpuFftWorkspace(const ConvGeometry& g, DType dtype) {
-  const int64_t fh = GoodFftSize(g.effective_filter_h()), fw = GoodFftSize(g.effective_filter_w());
-  const int64_t spectrum = SatMul({fh, fw / 2 + 1, 2 * int64_t(ComputeBytes(dtype))});
-  return SatMul(SatAdd(SatMul(g.out_c, 2), 2), spectrum);
 }
 
 }  // namespace
@@ -364,6 +357,9 @@ int64_t TfSpaceToBatchBytes(const ConvGeometry& ug, DType dtype) {
   // The padded input, rounded up to whole blocks, and the undilated VALID
   // output over it: each pass holds one of each (its operands moved into the
   // batch, or one of them and its result before the move back).
+  // The padding's twin: tfbigconv/kernels.py, _space_to_batch, which builds it
+  // with tf.required_space_to_batch_paddings (base paddings: the convolution's
+  // own, as this geometry holds them; the end padded up to whole blocks).
   const int64_t padded_h = SatAdd(SatAdd(ug.in_h, ug.pad_top), ug.pad_bottom);
   const int64_t padded_w = SatAdd(SatAdd(ug.in_w, ug.pad_left), ug.pad_right);
   const int64_t rows = CeilDiv(padded_h, ug.dilation_h);  // per phase
@@ -449,7 +445,7 @@ namespace {
 Algorithm PlanGpuOurs(const ConvProblem& problem, DType dtype, const ConvGeometry& ug,
                       int64_t limit, PassPlan* p) {
   const int64_t operands = OperandBytes(ug, dtype);
-  const int64_t fft_min = MinGpuFftWorkspace(problem.g, dtype);
+  const int64_t fft_min = FftGpuMinWorkspaceBytes(problem.g, dtype);
   double ds, fs;
   Algorithm choice;
   ChooseGpuKernel(problem, dtype, fft_min <= limit, &ds, &fs, &choice);
@@ -515,7 +511,7 @@ Status PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
     p.chosen = "tf";
     p.reason = "auto: tf, the only algorithm that fits";
   } else {
-    p.chosen = ours == Algorithm::kFft ? "fft" : "direct";
+    p.chosen = AlgorithmName(ours);
     const Estimate& ours_e = ours == Algorithm::kFft ? p.fft : p.direct;
     // A tie goes to TF's kernel (on the GPU, small problems all estimate at
     // their launch floors, and cuDNN is then the safer pick).

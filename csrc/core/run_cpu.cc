@@ -23,8 +23,6 @@ Params WithOperands(const ConvProblem& problem, DType dtype, const void* a, cons
 
 }  // namespace
 
-const char* AlgorithmName(Algorithm a) { return a == Algorithm::kFft ? "fft" : "direct"; }
-
 Status RunConvCpu(const ConvProblem& problem, DType dtype, const AlgorithmChoice& choice,
                   const void* a, const void* b, void* out, void* workspace,
                   const ParallelFor& parallel_for, Isa isa) {

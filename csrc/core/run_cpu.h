@@ -13,9 +13,6 @@
 
 namespace tfbigconv {
 
-// "direct" or "fft".
-const char* AlgorithmName(Algorithm a);
-
 // Runs one pass with the algorithm of `choice` (from ChooseAlgorithm, or a
 // requested algorithm with, for fft, choice.fft_plan from PlanFft). a, b are
 // the problem's operands: (input, filter), (out_backprop, filter) or (input,

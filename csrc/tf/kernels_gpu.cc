@@ -48,7 +48,7 @@ class BigConvGpuBase : public BigConvOpBase<T> {
     OP_REQUIRES_OK(ctx, this->ChooseWithPlan([&](const std::string& requested) {
       return gpu::ChooseGpuAlgorithm(problem, kDType<T>, requested, limit, stream, &choice);
     }));
-    VLOG(1) << this->name() << " (GPU): " << gpu::GpuAlgorithmName(choice.algorithm) << " ("
+    VLOG(1) << this->name() << " (GPU): " << AlgorithmName(choice.algorithm) << " ("
             << choice.reason << ")";
     Tensor workspace;
     void* ws = nullptr;

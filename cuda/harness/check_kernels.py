@@ -654,11 +654,11 @@ def calibrate(be, out_dir, dtypes, k_max, passes, algos, grid=GRID, prefix="gpu_
 
 
 def load_shipped_cost_model():
-    """The package's cost model (tfbigconv/cost_model.json, read as JSON: no TF here),
+    """The package's cost model (tfbigconv/cost_model/cost_model.json, read as JSON: no TF here),
     so that the harness's "auto" decides as the TF ops do after `import tfbigconv`."""
     import json
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tfbigconv",
-                        "cost_model.json")
+                        "cost_model", "cost_model.json")
     with open(path) as f:
         values = json.load(f)["values"]
     H.set_cost_model([float(values[name]) for name in H.cost_model_fields()])

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cost_model.h"
+#include "fft_gpu_layout.h"
 #include "geometry.h"
 #include "plan_gpu.h"
 #include "run_gpu.h"
@@ -105,7 +106,7 @@ struct Job {
   void* out;
   cudaStream_t stream;
   std::string Describe() const {
-    return std::string(gpu::GpuAlgorithmName(choice.algorithm)) + ": " + choice.reason;
+    return std::string(AlgorithmName(choice.algorithm)) + ": " + choice.reason;
   }
   void Launch(void* ws) const {
     const Status s = gpu::RunConvGpu(c.problem, dtype, choice, a, b, out, ws, stream);
@@ -166,7 +167,7 @@ py::tuple Plan(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
   const Job j = MakeJob(pass, a, b, out, input_shape, filter_shape, strides, dilations, padding,
                         explicit_paddings, data_format, dtype_name, algorithm, workspace_limit,
                         stream_handle);
-  return py::make_tuple(std::string(gpu::GpuAlgorithmName(j.choice.algorithm)), j.choice.reason);
+  return py::make_tuple(std::string(AlgorithmName(j.choice.algorithm)), j.choice.reason);
 }
 
 // The direct algorithm's kernel bodies run on the CPU over numpy buffers
@@ -233,16 +234,10 @@ std::string RunFftOnHost(const std::string& pass, py::array a, py::array b, py::
   pl.items = std::max<int64_t>(1, g.batch * pl.tiles_h * pl.tiles_w);
   pl.chunk = std::max<int64_t>(1, std::min(chunk, pl.items));
   pl.ci_block = std::max<int64_t>(1, std::min(ci_block, g.in_c_per_group()));
-  const int64_t rb = ComputeBytes(p.dtype), cb = 2 * rb;
-  const int64_t fb = g.out_c * pl.ci_block, ib = pl.chunk * g.groups * pl.ci_block,
-                ob = pl.chunk * g.out_c;
-  auto align = [](int64_t x) { return (x + 255) / 256 * 256; };
-  pl.wspec_bytes = align(fb * pl.bins() * cb);
-  pl.xspec_bytes = align(ib * pl.bins() * cb);
-  pl.yspec_bytes = align(ob * pl.bins() * cb);
-  pl.real_bytes = align(std::max({fb, ib, ob}) * pl.fft_h * pl.fft_w * rb);
-  pl.workspace_bytes = pl.wspec_bytes + pl.xspec_bytes + pl.yspec_bytes + pl.real_bytes +
-                       gpu::StagingCheckBytes();
+  // The kernel's own layout, without a cuFFT work area (numpy transforms here).
+  static_cast<FftGpuLayout&>(pl) = FftGpuWorkspaceLayout(g, p.dtype, pl.fft_h, pl.fft_w, pl.chunk,
+                                                          pl.ci_block, /*cufft_work_bytes=*/0);
+  const int64_t rb = ComputeBytes(p.dtype);
   std::vector<double> ws(size_t(pl.workspace_bytes / 8), std::nan(""));
   p.input = a.data();
   p.filter = b.data();
@@ -345,7 +340,7 @@ py::dict Time(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
   const bool empty = kernel_ms.empty();
   d["kernel_ms"] = empty ? 0.0 : Median(kernel_ms);
   d["wall_ms"] = empty ? 0.0 : Median(wall_ms);
-  d["algorithm"] = empty ? "empty" : gpu::GpuAlgorithmName(j.choice.algorithm);
+  d["algorithm"] = empty ? "empty" : AlgorithmName(j.choice.algorithm);
   d["reason"] = j.choice.reason;
   d["workspace_bytes"] = j.choice.workspace_bytes();
   return d;
