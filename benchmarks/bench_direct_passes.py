@@ -10,7 +10,7 @@ Sets (--set; NHWC float32, SAME):
 For each pass the direct kernel runs through `_core.run_pass` (TF's ops are not
 involved: this times the kernel and its threading, 2 workers here) on inputs from
 numpy's default_rng; the best of --reps calls after one warm-up counts. The estimate is
-the planner's (dispatch.plan, the active profile) for direct on the same pass; "est/meas"
+the planner's (planner.plan, the active profile) for direct on the same pass; "est/meas"
 near 1 means the model knows the kernel.
 
 Every output of the first case of each stride in the set is checked against the float64
@@ -64,7 +64,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--set", choices=["depthwise", "dense", "all"], default="depthwise")
     args = ap.parse_args()
-    from tfbigconv import _core, dispatch
+    from tfbigconv import _core
+    from tfbigconv.planning import planner
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
     import reference
 
@@ -113,8 +114,8 @@ def main():
                     sys.exit(f"{shape}x{w_shape} s={s} {p}: rel L2 {err:.3g} > {CHECK_TOL}")
         for p in PASSES:
             ms = best_ms(calls[p], args.reps)
-            est = dispatch.plan(p, list(shape), list(w.shape), attrs, "float32", "auto",
-                                1 << 30)["direct"]["seconds"] * 1e3
+            est = planner.plan(p, list(shape), list(w.shape), attrs, "float32", "auto",
+                               1 << 30)["direct"]["seconds"] * 1e3
             print(f"| {shape} | {w_shape} | {s} | {p} | {ms:.1f} | {est:.1f} | {est / ms:.2f} |",
                   flush=True)
 

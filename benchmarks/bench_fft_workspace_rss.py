@@ -31,8 +31,8 @@ def measure_here(batch, threads):
     import numpy as np
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(threads)
-    from tfbigconv import _core, dispatch
-    from tfbigconv._ops import ops
+    from tfbigconv import _core, host
+    from tfbigconv._native import ops
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal((batch, 321, 481, 1), np.float32))
     dy = tf.constant(rng.standard_normal((batch, 187, 347, 3), np.float32))
@@ -52,7 +52,7 @@ def measure_here(batch, threads):
         del r
     # The filter gradient posed as a convolution (geometry.cc): input x with
     # batch and channels swapped, filter dy, output the filter's shape.
-    plan = _core.fft_plan([1, 321, 481, batch], [187, 347, batch, 3], workers=dispatch.workers(),
+    plan = _core.fft_plan([1, 321, 481, batch], [187, 347, batch, 3], workers=host.workers(),
                           dtype="float32", **ATTRS)
     print(json.dumps({"seen": seen, "plan": {k: plan[k] for k in (
         "workspace_bytes", "filter_spectra_bytes", "item_spectra_bytes", "worker_bytes",

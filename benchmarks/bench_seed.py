@@ -190,12 +190,13 @@ def worker(spec):
     else:
         import tensorflow as tf
         import tfbigconv
+        from tfbigconv import host
         result["versions"] = {"tensorflow": tf.__version__, "numpy": np.__version__}
         if method == "fft":
             # The op plans with the intra-op pool's threads as its workers.
             result["fft_plan"] = tfbigconv._core.fft_plan(
                 in_shape, f_shape, [1, 1, 1, 1], padding, [], "NHWC", [1, 1, 1, 1],
-                workers=tfbigconv.dispatch.workers())
+                workers=host.workers())
     print(json.dumps(result))
 
 

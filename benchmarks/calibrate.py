@@ -5,10 +5,10 @@ with the package (tfbigconv/cost_model/cost_model.json in the source tree).
     python benchmarks/calibrate.py --output /tmp/profile.json
 
 A host of another kind (another oneDNN setting or ISA) gets a CPU-only profile
-beside the main one, which cost_model.shipped_for() picks where it suits:
+beside the main one, which cost_model.profiles.shipped_for() picks where it suits:
 
     python benchmarks/calibrate.py --cpu-only \
-        --output tfbigconv/cost_model_cpu_<isa>_<onednn>.json
+        --output tfbigconv/cost_model/cost_model_cpu_<isa>_<onednn>.json
 
 Users calibrate their own machine with `python -m tfbigconv calibrate`.
 """
@@ -30,7 +30,7 @@ def main():
     args.output = os.path.abspath(args.output)
     os.chdir(HERE)  # import the installed package, not the source tree
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(HERE)]
-    from tfbigconv import calibrate
+    from tfbigconv.cost_model import calibrate
     calibrate.calibrate(args.output, quick=args.quick)
     if args.cpu_only:
         import json

@@ -33,7 +33,7 @@ def geometries():
 
 
 def dump(path):
-    from tfbigconv import dispatch
+    from tfbigconv.planning import planner
     plans = {}
     for limit in LIMITS:
         for g in geometries():
@@ -43,8 +43,8 @@ def dump(path):
             for p in PASSES:
                 key = f"{g}|{p}|{limit}"
                 try:
-                    f = dispatch.plan(p, [n, h, w, c], [k, k, c // groups, cout], attrs,
-                                      "float32", "fft", limit)["fft"]
+                    f = planner.plan(p, [n, h, w, c], [k, k, c // groups, cout], attrs,
+                                     "float32", "fft", limit)["fft"]
                 except Exception as e:  # noqa: BLE001 - recorded, compared like a plan
                     plans[key] = type(e).__name__
                     continue

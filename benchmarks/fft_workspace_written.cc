@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   FftParams p;
   p.problem = BackpropFilterProblem(ug);
   p.dtype = DType::kFloat;
-  const int workers = threads;  // as dispatch.workers() and TfParallelFor
+  const int workers = threads;  // as host.current().threads() and TfParallelFor
   if (err.empty()) err = PlanFft(p.problem.g, DType::kFloat, int64_t(1) << 40, workers, &p.plan);
   if (!err.empty()) {
     fprintf(stderr, "%s\n", err.c_str());

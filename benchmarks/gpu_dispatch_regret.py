@@ -43,7 +43,9 @@ import sys
 import numpy as np
 
 import tfbigconv
-from tfbigconv import _core, autotune, dispatch, gpu_fit
+from tfbigconv import _core
+from tfbigconv.cost_model import gpu_fit, profiles
+from tfbigconv.planning import autotune, planner
 
 PASSES = gpu_fit.PASSES
 ALGOS = ("cudnn", "direct", "fft")
@@ -72,7 +74,7 @@ PLAN_TO_ALGO = {"tf": "cudnn", "direct": "direct", "fft": "fft"}
 def gpu_plans(geometry, dtype):
     """{pass: the GPU planner's plan} for a grid geometry (estimates only)."""
     x, f, strides = gpu_fit.shapes(geometry)
-    return {p: dispatch.plan(p, x, f, dict(ATTRS, strides=strides), dtype, "auto", 64 << 30, "GPU")
+    return {p: planner.plan(p, x, f, dict(ATTRS, strides=strides), dtype, "auto", 64 << 30, "GPU")
             for p in PASSES}
 
 
@@ -185,8 +187,8 @@ def main():
     rows = gpu_fit.read_grid(args.grids)
     table = measured_table(rows)
     lines = [f"Command: `python {' '.join(sys.argv)}`", "",
-             f"Cost model: {tfbigconv.cost_model.active_source} "
-             f"({os.path.basename(tfbigconv.cost_model.active_path or 'built-in')}); "
+             f"Cost model: {profiles.active_source} "
+             f"({os.path.basename(profiles.active_path or 'built-in')}); "
              "picks: c = cuDNN (TF's kernel), d = direct, f = fft", ""]
     results = judge(table)
     lines += summary(results, "fitted model (in-sample)")

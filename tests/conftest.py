@@ -1,6 +1,13 @@
-"""Shared test helpers: the float64 reference, tolerances and random data."""
+"""Shared test helpers: the float64 reference, tolerances and random data,
+the host facts the planner reads (tfbigconv.host), and helpers for graphs,
+subprocesses and a fake GPU. Tests in the subfolders import them with
+`from conftest import ...`: pytest puts this folder on sys.path when it loads
+this file, before it collects them."""
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 
 import numpy as np
 import pytest
@@ -14,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tfbigconv-test-cache-")
 for _name in ("TFBIGCONV_ALGORITHM", "TFBIGCONV_COST_MODEL"):
     os.environ.pop(_name, None)
-# Nor on a developer's autotune cache (tfbigconv/autotune.py), nor on timings
+# Nor on a developer's autotune cache (tfbigconv/planning/autotune.py), nor on timings
 # taken during the run: a choice made by timing depends on the machine's load,
 # so the suite plans on the estimates alone unless a test turns autotuning on
 # (the `autotuning` fixture), each such test with its own cache file.
@@ -33,9 +40,9 @@ TOLERANCE = {
 }
 
 
-# The geometry matrix shared by the kernel tests (tests/test_*_cpu.py and
-# test_gradients.py): padding modes, with explicit padding wider than the
-# filter (the gradients then crop), strides and dilations.
+# The geometry matrix shared by the kernel tests (core/test_cpu_kernels.py):
+# padding modes, with explicit padding wider than the filter (the gradients
+# then crop), strides and dilations.
 PADDINGS = [
     ("SAME", ((0, 0), (0, 0))),
     ("VALID", ((0, 0), (0, 0))),
@@ -136,22 +143,163 @@ def model():
 
 
 @pytest.fixture
-def eigen_tf(monkeypatch):
+def eigen_tf():
     """TF's CPU kernels as without oneDNN (its own Eigen kernels: NHWC only, no
     grouped or dilated gradients, half types accumulated in half), whatever
-    this host runs: the dispatcher's oneDNN check answers no."""
-    from tfbigconv import dispatch
-    monkeypatch.setattr(dispatch, "tf_cpu_onednn", lambda *args: False)
+    this host runs: the planner's host facts say TF runs no oneDNN, so its
+    oneDNN check (planning.tf_rules.tf_cpu_onednn) answers no. Yields the Host."""
+    from tfbigconv import host
+    with host.use(host.Host(onednn=False)) as facts:
+        yield facts
+
+
+def onednn_host(answer=True, asked=None):
+    """host.use() of a Host on which TF runs oneDNN and its oneDNN check
+    (onednn_runs) answers `answer` without running anything, appending each
+    question (kernel, dtype, explicit_padding, data_format) to `asked` if given."""
+    from tfbigconv import host
+
+    def runs(*question):
+        if asked is not None:
+            asked.append(question)
+        return answer
+    return host.use(host.Host(onednn=True, onednn_runs=runs))
+
+
+@pytest.fixture
+def onednn_tf():
+    """TF's CPU kernels as where TF runs them all through oneDNN: its oneDNN
+    check answers yes (nothing is run to ask it). Yields the list of the
+    questions asked, (kernel, dtype, explicit_padding, data_format) each."""
+    asked = []
+    with onednn_host(True, asked):
+        yield asked
+
+
+@pytest.fixture
+def gpu_host():
+    """The planner's host facts as on a machine with a GPU (also where there is
+    none: planning and the emitted kernels follow it; nothing runs there)."""
+    from tfbigconv import host
+    with host.use(host.Host(gpu=True)) as facts:
+        yield facts
 
 
 @pytest.fixture
 def autotuning(tmp_path, monkeypatch):
     """Autotuning on (as by default outside the tests), with a fresh cache file
     (its path is returned) and nothing remembered in this process."""
-    from tfbigconv import autotune
+    from tfbigconv.planning import autotune
     path = tmp_path / "autotune.json"
     monkeypatch.setenv("TFBIGCONV_AUTOTUNE", "1")
     monkeypatch.setenv("TFBIGCONV_AUTOTUNE_CACHE", str(path))
     autotune.clear_memory()
     yield path
     autotune.clear_memory()
+
+
+# ---- graphs, subprocesses, a fake GPU ----------------------------------------
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS_DIR)
+CPU = "/CPU:0"  # the CPU's rules and model, also where a GPU is visible
+
+
+def rand(shape, seed):
+    """A float32 tensor of standard normal values."""
+    import tensorflow as tf
+    return tf.constant(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+def graph_ops(fn, *args):
+    import tensorflow as tf
+    return [op for op in tf.function(fn).get_concrete_function(*args).graph.get_operations()]
+
+
+def op_types(fn, *args):
+    return {op.type for op in graph_ops(fn, *args)}
+
+
+def cpu_bigconv2d(*args, **kwargs):
+    """bigconv2d under tf.device("/CPU:0"): explain()'s default device, also
+    where a GPU is visible."""
+    import tensorflow as tf
+    import tfbigconv
+    with tf.device(CPU):
+        return tfbigconv.bigconv2d(*args, **kwargs)
+
+
+def grads_vs_reference(fn, x, w, strides=1, padding="SAME", fmt="NHWC", dil=1):
+    """fn's output and gradients (dy random) against the float64 reference:
+    the three relative L2 errors."""
+    import tensorflow as tf
+    from reference import conv2d_reference_backprop_filter, conv2d_reference_backprop_input
+    s = (strides, strides) if isinstance(strides, int) else tuple(strides)
+    d = (dil, dil) if isinstance(dil, int) else tuple(dil)
+    x64 = tf.cast(x, tf.float64).numpy()
+    w64 = tf.cast(w, tf.float64).numpy()
+    y_ref = conv2d_reference(x64, w64, s, padding, d, fmt)
+    dy = tf.cast(random_case(y_ref.shape, 99, np.float64), x.dtype)
+    dy64 = tf.cast(dy, tf.float64).numpy()
+    with tf.device(CPU):
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            y = fn(x, w)
+        dx, dw = t.gradient(y, [x, w], output_gradients=dy)
+    refs = (y_ref, conv2d_reference_backprop_input(dy64, w64, x64.shape, s, padding, d, fmt),
+            conv2d_reference_backprop_filter(x64, dy64, w64.shape, s, padding, d, fmt))
+    return [rel_l2(tf.cast(g, tf.float64).numpy(), r) for g, r in zip((y, dx, dw), refs)]
+
+
+def tape_types(fn, x_shape, w_shape, dtype=None):
+    """The op types of a traced training step (fn's output and both gradients, on the CPU)."""
+    import tensorflow as tf
+    dtype = dtype or tf.float32
+
+    def step(x, w):
+        with tf.device(CPU), tf.GradientTape() as t:
+            t.watch([x, w])
+            loss = tf.reduce_sum(fn(x, w) ** 2)
+        return t.gradient(loss, [x, w])
+    return op_types(step, tf.TensorSpec(x_shape, dtype), tf.TensorSpec(w_shape, dtype))
+
+
+def run_cli(cmd, **env):
+    """`python <cmd>` (e.g. ["-m", "tfbigconv", "explain", ...]) in a subprocess,
+    run from this folder so that the installed package is imported."""
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env)
+    return subprocess.run([sys.executable] + cmd, env=full_env, capture_output=True, text=True,
+                          cwd=TESTS_DIR)
+
+
+def run_python(code, cwd, env=None):
+    """Runs `code` in a fresh interpreter (inheriting PYTHONPATH), outside the source tree."""
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd,
+                            env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr[-5000:]}"
+    return result.stdout
+
+
+class FakeGpu:
+    """tf.config as it looks with one GPU: its configured memory_limit (MiB or
+    None), the allocator's bytes in use (None: no statistics) and the driver's
+    total memory (0: no driver). For tests about a machine without a GPU."""
+
+    def __init__(self, monkeypatch, memory_limit_mib=None, in_use=None, total=0):
+        import tensorflow as tf
+        from tfbigconv import host
+        gpu = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+        monkeypatch.setattr(tf.config, "list_physical_devices",
+                            lambda kind=None: [gpu] if kind == "GPU" else [])
+        config = ([tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mib)]
+                  if memory_limit_mib else None)
+        monkeypatch.setattr(tf.config, "get_logical_device_configuration", lambda d: config)
+
+        def memory_info(name):
+            if in_use is None:
+                raise ValueError("no statistics")
+            assert name == "GPU:0"
+            return {"current": in_use, "peak": in_use}
+        monkeypatch.setattr(tf.config.experimental, "get_memory_info", memory_info)
+        monkeypatch.setattr(host, "cuda_total_memory", lambda ordinal: total)

@@ -428,7 +428,7 @@ def _trace_tight_bigconv():
 def test_planning_only_holds_for_the_reports_trace_alone():
     """While a report traces a model, another thread traces bigconv2d: that
     trace plans as usual (it raises, nothing fitting its limit), and its
-    failure does not reach the report. A global switch of dispatch.decide, as
+    failure does not reach the report. A global switch of planner.decide, as
     memory_report once used, fails both checks."""
     import threading
     with pytest.raises(tf.errors.ResourceExhaustedError):

@@ -191,7 +191,7 @@ def test_forced_algorithm_that_does_not_fit_states_the_minimum():
     with pytest.raises(ValueError, match="algorithm must be"):
         plan(x, w, algorithm="winograd")
     with pytest.raises(ValueError, match="algorithm must be"):
-        plan(x, w, algorithm="im2col")  # the alias is Python's (dispatch.requested_algorithm)
+        plan(x, w, algorithm="im2col")  # the alias is Python's (arguments.requested_algorithm)
 
 
 def test_forced_algorithms_are_obeyed():

@@ -1,5 +1,8 @@
-"""bigconv2d and the BigConv2D op inside TensorFlow: parity with tf.nn.conv2d
-and the float64 reference, dtypes, eager / tf.function / unknown shapes."""
+"""bigconv2d (tfbigconv/ops/conv2d.py) and the BigConv2D op inside TensorFlow:
+parity with tf.nn.conv2d and the float64 reference, dtypes, eager /
+tf.function / unknown shapes; and what it emits for algorithm "auto" (the
+planner's choice: TensorFlow's Conv2D or DepthwiseConv2dNative, or our op) and
+a forced "tf" (TensorFlow's kernels, exactly)."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -7,7 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tfbigconv
-from conftest import TOLERANCE, explicit_pairs, random_case
+from tfbigconv.planning import planner
+from conftest import (TOLERANCE, cpu_bigconv2d, explicit_pairs, grads_vs_reference, op_types, rand,
+                      random_case, tape_types)
 from reference import conv2d_reference, rel_l2
 
 ALGORITHMS = ["direct", "fft"]
@@ -230,3 +235,112 @@ def test_rank_6_and_unknown_batch_dims_in_tf_function():
                         input_signature=[tf.TensorSpec([None, None, None, 9, 8, 2])])(
                             np.zeros((0, 2, 3, 9, 8, 2), np.float32))
     assert empty.shape == (0, 2, 3, 7, 6, 3)
+
+
+# ---- what auto and a forced "tf" emit ----------------------------------------
+
+SMALL = ((8, 64, 64, 16), (3, 3, 16, 16), "SAME")
+SEED16 = ((4, 321, 481, 1), (135, 135, 1, 3), "VALID")
+DEPTHWISE = ((2, 16, 16, 8), (3, 3, 1, 16))  # multiplier 2; the model picks TF's kernel
+
+
+def test_small_filter_runs_tf_conv2d_and_large_filter_runs_fft():
+    x_shape, w_shape, pad = SMALL
+    e = tfbigconv.explain(x_shape, w_shape, padding=pad)
+    assert e.chosen["forward"] == "tf.Conv2D"
+    x, w = rand(x_shape, 0), rand(w_shape, 1)
+    types = op_types(lambda x: tfbigconv.bigconv2d(x, w, 1, pad), x)
+    assert "Conv2D" in types and "BigConv2D" not in types
+    np.testing.assert_array_equal(tfbigconv.bigconv2d(x, w, 1, pad), tf.nn.conv2d(x, w, 1, pad))
+
+    x_shape, w_shape, pad = SEED16
+    e = tfbigconv.explain(x_shape, w_shape, padding=pad)
+    assert e.chosen == {"forward": "fft", "backprop_input": "fft", "backprop_filter": "fft"}
+    x, w = rand(x_shape, 2), rand(w_shape, 3)
+    types = op_types(lambda x: tfbigconv.bigconv2d(x, w, 1, pad), x)
+    assert "BigConv2D" in types and "Conv2D" not in types
+
+
+def test_unknown_shapes_leave_the_choice_to_the_op():
+    x, w = rand((2, 40, 40, 2), 10), rand((9, 9, 2, 3), 11)
+    f = tf.function(lambda x: tfbigconv.bigconv2d(x, w, 1, "SAME"),
+                    input_signature=[tf.TensorSpec([None, None, None, 2])])
+    ops = [op for op in f.get_concrete_function().graph.get_operations() if op.type == "BigConv2D"]
+    assert len(ops) == 1 and ops[0].get_attr("algorithm") == b"auto"
+    assert ops[0].get_attr("planned_algorithm") == b"none"
+    assert rel_l2(f(x).numpy(), tf.nn.conv2d(x, w, 1, "SAME").numpy()) < 1e-5
+
+
+@pytest.mark.parametrize("algorithm", ["tf", "im2col"])
+def test_forced_tf_is_tf_conv2d(algorithm):
+    """"tf" (and its old name "im2col") is TF's Conv2D, its gradients included."""
+    x, w = rand((2, 12, 13, 3), 14), rand((4, 4, 3, 5), 15)
+
+    def run(conv):
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            y = conv(x, w)
+            loss = tf.reduce_sum(y * tf.sin(y))
+        return [y] + t.gradient(loss, [x, w])
+
+    got = run(lambda x, w: tfbigconv.bigconv2d(x, w, 2, "SAME", algorithm=algorithm))
+    for g, r in zip(got, run(lambda x, w: tf.nn.conv2d(x, w, 2, "SAME"))):
+        np.testing.assert_array_equal(g, r)
+    assert tfbigconv.explain((2, 12, 13, 3), (4, 4, 3, 5), 2, "SAME",
+                             algorithm=algorithm).chosen["forward"] == "tf.Conv2D"
+
+
+def test_nothing_fits_raises_resource_exhausted_with_the_minimum():
+    x, w = rand((2, 64, 64, 1), 16), rand((31, 31, 1, 3), 17)
+    with pytest.raises(tf.errors.ResourceExhaustedError, match=r"at least \d+ bytes"):
+        tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm="fft", workspace_limit=4096)
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="no algorithm fits"):
+        tfbigconv.bigconv2d(x, w, 1, "SAME", workspace_limit=4096)
+    # Unknown shapes: the op itself says so at run time.
+    f = tf.function(lambda x: tfbigconv.bigconv2d(x, w, 1, "SAME", workspace_limit=4096),
+                    input_signature=[tf.TensorSpec([None, 64, 64, 1])])
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="no algorithm fits"):
+        f(x)
+
+
+def test_auto_depthwise_runs_tf_depthwise_kernels():
+    e = tfbigconv.explain(*DEPTHWISE, padding="SAME")
+    assert e.chosen == dict.fromkeys(planner.PASSES, "tf.DepthwiseConv2dNative")
+    ours = lambda x, w: cpu_bigconv2d(x, w, 1, "SAME")  # noqa: E731
+    types = tape_types(ours, *DEPTHWISE)
+    assert {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+            "DepthwiseConv2dNativeBackpropFilter"} <= types
+    assert not types & {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "BigConv2D"}
+    x, w = rand(DEPTHWISE[0], 20), rand(DEPTHWISE[1], 21)
+    for fn in (ours, tf.function(ours)):
+        errors = grads_vs_reference(fn, x, w)
+        assert max(errors) < TOLERANCE["float32"], errors
+
+
+def test_auto_never_runs_grouped_conv2d_for_depthwise():
+    """The issue's trap: TF's grouped Conv2D ran depthwise filters 10-300x
+    slower than DepthwiseConv2dNative. Whatever auto picks, not that."""
+    for x_shape, w_shape in (((2, 24, 24, 16), (15, 15, 1, 16)), ((2, 20, 20, 8), (7, 7, 1, 8))):
+        types = tape_types(lambda x, w: cpu_bigconv2d(x, w, 1, "SAME"), x_shape, w_shape)
+        assert not types & {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"}, types
+        e = tfbigconv.explain(x_shape, w_shape, padding="SAME")
+        assert {r.algorithm for r in e.rows} == {"tf.DepthwiseConv2dNative", "direct", "fft"}
+
+
+@pytest.mark.parametrize("strides", [1, 2])
+def test_forced_tf_depthwise_is_tf_nn_depthwise_conv2d(strides):
+    x, w = rand((2, 13, 15, 6), 24), rand((5, 5, 1, 12), 25)
+    tf_w = tf.reshape(w, (5, 5, 6, 2))
+
+    def run(fn, w):
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            y = fn(x, w)
+            loss = tf.reduce_sum(y * tf.sin(y))
+        return [y] + t.gradient(loss, [x, w])
+
+    got = run(lambda x, w: tfbigconv.bigconv2d(x, w, strides, "SAME", algorithm="tf"), w)
+    want = run(lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, strides, strides, 1], "SAME"), tf_w)
+    want[2] = tf.reshape(want[2], w.shape)
+    for g, r in zip(got, want):
+        np.testing.assert_array_equal(g, r)

@@ -1,4 +1,6 @@
-"""tfbigconv.fuse: the kernel algebra against running the unfused convolutions.
+"""tfbigconv.fuse (the tfbigconv.fusion package: the kernel algebra of
+fusion/algebra.py and the programs of fusion/program.py) against running the
+unfused convolutions.
 
 Every fused map is compared over its whole output, borders included, in
 float64, with the unfused program (fuse.run_program, itself checked against
@@ -10,7 +12,9 @@ import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+import tfbigconv
 from tfbigconv import fuse
+from tfbigconv.fusion import program as fusion_program
 from conftest import random_case
 from reference import conv2d_reference, rel_l2
 
@@ -40,6 +44,17 @@ def check_fused(program, weights, x, patch=False):
     err = rel_l2(got, ref)
     assert err < TOL, f"rel L2 {err}"
     return m
+
+
+def test_tfbigconv_fuse_is_the_fusion_package():
+    """The public names tfbigconv.fuse and tfbigconv.fuse_train are the fusion
+    package (its algebra's and programs' names) and its train module."""
+    from tfbigconv import fusion
+    from tfbigconv.fusion import algebra, train
+    assert tfbigconv.fuse is fusion and tfbigconv.fuse_train is train
+    assert fuse.NotFusable is algebra.NotFusable
+    assert fuse.compose_program is fusion_program.compose_program
+    assert all(hasattr(fuse, name) for name in fuse.__all__)
 
 
 def test_run_program_matches_numpy_reference():
@@ -210,7 +225,8 @@ def programs(draw, stride_one=False):
             padding = draw(st.sampled_from(["same", "same", "valid", "explicit"]))
             if padding == "explicit":
                 padding = [draw(st.integers(0, 3)) for _ in range(4)]
-            pads = fuse._conv_pads(dict(padding=padding, strides=s, dilations=d), (sh, sw), k)
+            pads = fusion_program.conv_pads(dict(padding=padding, strides=s, dilations=d), (sh, sw),
+                                            k)
             eff = [(kk - 1) * dd + 1 for kk, dd in zip(k, d)]
             out = [(n + p0 + p1 - e) // ss + 1
                    for n, p0, p1, e, ss in zip((sh, sw), pads[::2], pads[1::2], eff, s)]

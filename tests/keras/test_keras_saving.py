@@ -1,30 +1,18 @@
-"""Models with tfbigconv layers save and load in a fresh process (.keras and SavedModel),
-and importing tfbigconv refuses a TensorFlow other than the one the ops were built against."""
+"""Models with tfbigconv's Keras layers save and load in a fresh process
+(.keras and SavedModel), also files saved by an earlier version. (Importing
+tfbigconv refuses a TensorFlow other than the one the ops were built against:
+test_native.py.)"""
 import os
-import subprocess
-import sys
-import textwrap
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import tfbigconv
-from tfbigconv import _ops
 from tfbigconv.keras import BigConv2D, BigDepthwiseConv2D
-from conftest import random_case
+from conftest import TESTS_DIR, random_case, run_python
 
 TOL = 1e-5
-
-
-def run_python(code, cwd, env=None):
-    """Runs `code` in a fresh interpreter (inheriting PYTHONPATH), outside the source tree."""
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd,
-                            env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr[-5000:]}"
-    return result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -105,54 +93,10 @@ def test_saved_model_loads_in_fresh_process(saved):
     assert out.startswith("ok")
 
 
-def test_version_check_messages():
-    _ops.check_tf_version("2.21.0", "2.21.0")
-    _ops.check_tf_version(None, "2.21.0")  # not built by setup.py: nothing recorded
-    with pytest.raises(ImportError) as e:
-        _ops.check_tf_version("2.20.0", "2.21.0")
-    message = str(e.value)
-    assert "built against TensorFlow 2.20.0" in message
-    assert "TensorFlow 2.21.0 is installed" in message
-    assert "pip install --no-build-isolation --force-reinstall --no-deps ." in message
-
-
-def test_installed_build_matches_running_tensorflow():
-    if _ops.BUILT_TF_VERSION is None:
-        pytest.skip("this tfbigconv was not built by setup.py, so it records no TF version")
-    assert _ops.BUILT_TF_VERSION == tf.__version__
-
-
-def test_import_refuses_other_tensorflow(tmp_path):
-    """The recorded build version is replaced by another one before tfbigconv is imported."""
-    out = run_python("""
-        import os, sys, types
-        import tensorflow as tf
-        fake = types.ModuleType("tfbigconv._build_info")
-        fake.TF_VERSION = "2.3.0"
-        sys.modules["tfbigconv._build_info"] = fake
-        try:
-            import tfbigconv
-        except ImportError as e:
-            message = str(e)
-        else:
-            raise AssertionError("imported despite the version mismatch")
-        assert "built against TensorFlow 2.3.0" in message, message
-        assert f"TensorFlow {tf.__version__} is installed" in message, message
-        assert "pip install --no-build-isolation --force-reinstall --no-deps ." in message, message
-        # The documented escape hatch.
-        os.environ["TFBIGCONV_SKIP_VERSION_CHECK"] = "1"
-        import tfbigconv
-        assert tfbigconv.bigconv2d(tf.ones((1, 5, 5, 1)), tf.ones((3, 3, 1, 1)), 1,
-                                   "VALID").shape == (1, 3, 3, 1)
-        print("ok")
-    """, cwd=tmp_path)
-    assert out.startswith("ok")
-
-
 def test_files_saved_by_an_earlier_version_load(tmp_path):
     """A .keras file and a SavedModel made by tfbigconv at a6d1a82 (before the
     package was restructured; tests/fixtures) load and give the same outputs."""
-    fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+    fixtures = os.path.join(TESTS_DIR, "fixtures")
     out = run_python(f"""
         import os, numpy as np, keras, tensorflow as tf
         import tfbigconv

@@ -1,4 +1,4 @@
-"""Measured choices (tfbigconv/autotune.py): a wrong cost model is corrected
+"""Measured choices (tfbigconv/planning/autotune.py): a wrong cost model is corrected
 by timing, the cache survives the process and ignores what it cannot trust,
 TFBIGCONV_AUTOTUNE=0 turns timing off, and explain() says which choices were
 measured.
@@ -17,12 +17,12 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
-from tfbigconv import autotune, conv, dispatch
+from tfbigconv.planning import autotune, candidates, planner
 from conftest import TOLERANCE, random_case
 from reference import (conv2d_reference, conv2d_reference_backprop_filter,
                        conv2d_reference_backprop_input, rel_l2)
 
-PASSES = dispatch.PASSES
+PASSES = planner.PASSES
 ATTRS = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[], data_format="NHWC",
              dilations=[1, 1, 1, 1])
 # TF's Conv2D on one input channel and a 31x31 filter is far slower than
@@ -86,9 +86,9 @@ def test_wide_case_has_candidates_to_time_in_every_pass():
     """What the tests below assume of the shipped model (if a recalibration
     changes it, pick another WIDE case)."""
     for p in PASSES:
-        plan = dispatch.plan(p, WIDE[0], WIDE[1], ATTRS, "float32", "auto", 0, "CPU")
+        plan = planner.plan(p, WIDE[0], WIDE[1], ATTRS, "float32", "auto", 0, "CPU")
         assert len(autotune.candidates_to_time(plan)) >= 2, (p, plan["reason"])
-    plan = dispatch.plan("backprop_filter", WIDE[0], WIDE[1], ATTRS, "float32", "auto", 0, "CPU")
+    plan = planner.plan("backprop_filter", WIDE[0], WIDE[1], ATTRS, "float32", "auto", 0, "CPU")
     assert "tf" not in autotune.candidates_to_time(plan), plan["reason"]
 
 
@@ -109,10 +109,15 @@ def test_wrong_estimate_is_corrected_by_timing(model, autotuning, monkeypatch):
     fwd = rows(e, "forward")
     measured = {n: r.measured_seconds for n, r in fwd.items()}
     assert all(s is not None and s > 0 for s in measured.values()), measured
-    assert e.chosen["forward"] == min(measured, key=measured.get)
+    # The fastest, but for a near tie (autotune.PREFERENCE: direct over fft).
+    candidate = {"tf.Conv2D": "tf", "direct": "direct", "fft": "fft"}
+    winner = autotune.fastest({candidate[n]: t for n, t in measured.items()})
+    assert candidate.get(e.chosen["forward"]) == winner, measured
     assert e.chosen["forward"] in ("direct", "fft"), measured
     assert measured["tf.Conv2D"] > autotune.TF_MARGIN * measured[e.chosen["forward"]], measured
-    assert "measured fastest" in e.reasons["forward"]
+    verdict = ("measured fastest" if e.chosen["forward"] == min(measured, key=measured.get)
+               else "kept: ")
+    assert verdict in e.reasons["forward"], e.reasons["forward"]
 
     # bigconv2d makes the same choice, from the cache: nothing is timed again.
     forbid_timing(monkeypatch)
@@ -146,7 +151,7 @@ def train_step(x_shape, w_shape):
     tf.function, on random float64 data; step(x, w) returns [y, dx, dw] and
     checks them against the float64 reference."""
     x, w = random_case(x_shape, 2, np.float64), random_case(w_shape, 3, np.float64)
-    dy = random_case(conv.output_shape(x_shape, w_shape, ATTRS), 4, np.float64)
+    dy = random_case(candidates.output_shape(x_shape, w_shape, ATTRS), 4, np.float64)
 
     @tf.function
     def step(x, w):
@@ -194,13 +199,13 @@ def test_measured_choice_reaches_every_pass_of_the_graph(autotuning, monkeypatch
 
 def test_timing_runs_on_a_reduced_batch_and_scales(autotuning, monkeypatch):
     seen = []
-    real = conv.run_pass
+    real = candidates.run_pass
 
     def spy(pass_, chosen, x, w, dy, a, device=None):
         seen.append((pass_, chosen, int(x.shape[0]), int(dy.shape[0])))
         return real(pass_, chosen, x, w, dy, a, device)
 
-    monkeypatch.setattr(conv, "run_pass", spy)
+    monkeypatch.setattr(candidates, "run_pass", spy)
     x_shape = (32,) + WIDE[0][1:]
     seconds = autotune.measure("backprop_filter", ["direct", "fft"], x_shape, WIDE[1], ATTRS,
                                "float32", "CPU")
@@ -413,8 +418,8 @@ def test_gradient_pair_must_win_timed_together(autotuning, monkeypatch, forward,
 def test_gradient_pairs_are_timed_as_one_graph_of_both_passes(monkeypatch):
     """measure() on GRADIENTS runs each pair's two passes in one graph."""
     traced = []
-    real = conv.run_pass
-    monkeypatch.setattr(conv, "run_pass", lambda pass_, name, *a: traced.append((pass_, name))
+    real = candidates.run_pass
+    monkeypatch.setattr(candidates, "run_pass", lambda pass_, name, *a: traced.append((pass_, name))
                         or real(pass_, name, *a))
     x_shape, w_shape = DENSE
     got = autotune.measure(autotune.GRADIENTS, ["tf+tf", "direct+fft"], x_shape, w_shape, ATTRS,
@@ -611,7 +616,7 @@ CROSS = """
 import json, sys
 import numpy as np, tensorflow as tf
 import tfbigconv
-from tfbigconv import autotune
+from tfbigconv.planning import autotune
 x_shape, w_shape = (1, 64, 64, 1), (31, 31, 1, 2)
 if sys.argv[1] == "read":
     def fail(*args, **kwargs):

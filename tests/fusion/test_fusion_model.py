@@ -1,6 +1,7 @@
-"""tfbigconv.fuse_linear and FusedLinearConv: the issue's blocks fused, compared with the
+"""tfbigconv.fuse_linear (tfbigconv/fusion/model.py) and FusedLinearConv
+(tfbigconv/fusion/layers.py): the issue's blocks fused, compared with the
 unfused Keras model over the whole output (borders included) by relative L2 error.
-Training through FusedLinearConv is tested in test_fuse_train.py."""
+Training through FusedLinearConv is tested in test_fusion_train.py."""
 import keras
 import numpy as np
 import pytest
@@ -63,7 +64,7 @@ def depthwise_chain(h, w, c, padding):
 
 
 def check(model, trainable=False, batch=2, seed=1):
-    """fuse_linear in fused mode (recompute and auto: test_fuse_train.py) against the model."""
+    """fuse_linear in fused mode (recompute and auto: test_fusion_train.py) against the model."""
     fused, reports = tfbigconv.fuse_linear(model, trainable=trainable, mode="fused")
     x = random_case((batch,) + tuple(model.inputs[0].shape[1:]), seed)
     err = rel_l2(fused(x).numpy(), model(x).numpy())

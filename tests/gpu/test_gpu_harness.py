@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")

@@ -1,21 +1,19 @@
-"""Gradients: BigConv2DBackpropInput / BigConv2DBackpropFilter, in the core
-(both algorithms, NaN-poisoned outputs) and through tf.GradientTape (first and
-second order), against float64 references and tf.nn.conv2d's gradients."""
+"""The gradients of bigconv2d and its ops (tfbigconv/ops/gradients.py):
+BigConv2DBackpropInput / BigConv2DBackpropFilter through tf.GradientTape (first
+and second order) against float64 references and tf.nn.conv2d's gradients,
+each gradient pass planned on its own (TF's kernels and ours mixed). The
+kernels' gradient passes through _core: core/test_cpu_kernels.py."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfbigconv
 from tfbigconv import _core
-from conftest import (PADDINGS, TOLERANCE, explicit_pairs, hw_pair, random_case, run_core_pass,
-                      to4)
+from conftest import (TOLERANCE, cpu_bigconv2d, explicit_pairs, grads_vs_reference, op_types, rand,
+                      random_case, tape_types, to4)
 from reference import conv2d_reference_backprop_filter, conv2d_reference_backprop_input, rel_l2
 
 ALGORITHMS = ["direct", "fft"]
-
-
-def tol(dtype, algorithm):
-    return 1e-4 if (dtype == "float32" and algorithm == "fft") else TOLERANCE[dtype]
 
 
 def out_shape(x_shape, w_shape, strides, padding, dil, fmt, pads):
@@ -23,74 +21,6 @@ def out_shape(x_shape, w_shape, strides, padding, dil, fmt, pads):
     return _core.conv_geometry(list(x_shape), list(w_shape), to4(strides, fmt), padding, explicit,
                                fmt, to4(dil, fmt))["output_shape"]
 
-
-def check_core_grads(kind, x_shape, w_shape, strides=1, padding="VALID", dil=1, fmt="NHWC",
-                     pads=((0, 0), (0, 0)), dtype="float32", **kw):
-    x = random_case(x_shape, 1, dtype)
-    w = random_case(w_shape, 2, dtype)
-    dy = random_case(out_shape(x_shape, w_shape, strides, padding, dil, fmt, pads), 3, dtype)
-    args = (hw_pair(strides), padding, hw_pair(dil), fmt, pads)
-    dx = run_core_pass(kind, "backprop_input", dy, w, x_shape, strides, padding, dil, fmt, pads, **kw)
-    dw = run_core_pass(kind, "backprop_filter", x, dy, w_shape, strides, padding, dil, fmt, pads, **kw)
-    assert rel_l2(dx, conv2d_reference_backprop_input(dy, w, x_shape, *args)) <= tol(dtype, kind)
-    assert rel_l2(dw, conv2d_reference_backprop_filter(x, dy, w_shape, *args)) <= tol(dtype, kind)
-
-
-@pytest.mark.parametrize("kind", ALGORITHMS)
-@pytest.mark.parametrize("padding,pads", PADDINGS)
-@pytest.mark.parametrize("strides", [1, 2, 3, (1, 3), (4, 2)])
-@pytest.mark.parametrize("dil", [1, 2, (1, 3)])
-def test_core_padding_strides_dilations(kind, padding, pads, strides, dil):
-    for cout in (2, 40):
-        check_core_grads(kind, (2, 19, 23, 3), (4, 5, 3, cout), strides, padding, dil, pads=pads)
-
-
-@pytest.mark.parametrize("kind", ALGORITHMS)
-@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
-@pytest.mark.parametrize("cin,fin,cout", [(6, 3, 4), (8, 1, 8), (8, 1, 16), (20, 10, 6),
-                                          (4, 1, 64), (64, 32, 64)])
-def test_core_groups_and_layouts(kind, fmt, cin, fin, cout):
-    shape = (2, 15, 17, cin) if fmt == "NHWC" else (2, cin, 15, 17)
-    check_core_grads(kind, shape, (5, 4, fin, cout), 2, "SAME", 1, fmt)
-
-
-@pytest.mark.parametrize("kind", ALGORITHMS)
-@pytest.mark.parametrize("dtype", ["float64", "float16"])
-def test_core_dtypes(kind, dtype):
-    check_core_grads(kind, (2, 21, 18, 3), (7, 6, 3, 5), 1, "SAME", dtype=dtype)
-
-
-@pytest.mark.parametrize("isa", _core.supported_isas())
-def test_core_direct_isas(isa):
-    check_core_grads("direct", (2, 22, 25, 4), (9, 8, 2, 36), (1, 2), "SAME", isa=isa)
-    check_core_grads("direct", (2, 22, 25, 4), (9, 8, 4, 3), 1, "VALID", (2, 1), isa=isa)
-
-
-@pytest.mark.parametrize("kind", ALGORITHMS)
-def test_core_large_filters(kind):
-    check_core_grads(kind, (2, 80, 75, 1), (63, 63, 1, 3), 1, "VALID")
-    check_core_grads(kind, (1, 40, 44, 2), (31, 31, 2, 3), 1, "SAME")
-
-
-@pytest.mark.parametrize("kind", ALGORITHMS)
-def test_core_empty_reductions(kind):
-    """Batch 0: dx is empty and dw must be all zeros."""
-    x = random_case((0, 9, 9, 2), 0)
-    dy = random_case((0, 7, 7, 3), 1)
-    dw = run_core_pass(kind, "backprop_filter", x, dy, (3, 3, 2, 3))
-    np.testing.assert_array_equal(dw, np.zeros((3, 3, 2, 3), np.float32))
-
-
-def test_core_backprop_filter_deterministic_across_threads():
-    x, dy = random_case((4, 30, 33, 8), 0), random_case((4, 30, 33, 8), 1)
-    for kind in ALGORITHMS:
-        outs = [run_core_pass(kind, "backprop_filter", x, dy, (7, 7, 8, 8), 1, "SAME",
-                              num_threads=t) for t in (1, 2, 3)]
-        for o in outs[1:]:
-            np.testing.assert_array_equal(o, outs[0])
-
-
-# ---- through TensorFlow ----------------------------------------------------
 
 def tape_grads(fn, x, w):
     x, w = tf.constant(x), tf.constant(w)
@@ -211,13 +141,78 @@ def test_backprop_op_errors():
                                        strides=[1, 1, 1, 1], padding="VALID")
 
 
-def test_fft_backprop_filter_with_large_batch_fits_small_limit():
-    """dL/dfilter's "input channels" are the batch: a limit far below the
-    spectra of all of dL/doutput runs in reduction blocks."""
-    x, w_shape = random_case((24, 40, 38, 1), 0), (21, 21, 1, 3)
-    dy = random_case((24, 20, 18, 3), 1)
-    limit = 2 << 20
-    dw = run_core_pass("fft", "backprop_filter", x, dy, w_shape, workspace_limit=limit,
-                       num_threads=2)
-    ref = conv2d_reference_backprop_filter(x, dy, w_shape)
-    assert rel_l2(dw, ref) < 1e-4
+# ---- each gradient pass planned on its own (auto) -----------------------------
+
+def test_gradient_passes_are_planned_each_on_their_own(model):
+    """Forward on TF's Conv2D, backprop_filter moved off it by the model: the
+    gradient mixes TF's Conv2DBackpropInput with our BigConv2DBackpropFilter,
+    and first and second order match tf.nn.conv2d's."""
+    model("im2col_flops_per_second.forward", 1e6)
+    model("im2col_flops_per_second.backprop_input", 1e6)
+    model("im2col_flops_per_second.backprop_filter", 1e-6)
+    x_shape, w_shape, pad = (2, 20, 23, 3), (5, 5, 3, 4), "SAME"
+    e = tfbigconv.explain(x_shape, w_shape, padding=pad)
+    assert e.chosen["forward"] == "tf.Conv2D" and e.chosen["backprop_input"] == "tf.Conv2D"
+    assert e.chosen["backprop_filter"] in ("direct", "fft")
+    x, w = rand(x_shape, 4), rand(w_shape, 5)
+
+    def grads(conv, x, w):
+        with tf.GradientTape() as outer:
+            outer.watch(w)
+            with tf.GradientTape() as inner:
+                inner.watch([x, w])
+                y = conv(x, w)
+                loss = tf.reduce_sum(y * tf.sin(y))
+            dx, dw = inner.gradient(loss, [x, w])
+            penalty = tf.reduce_sum(dx * dx) + tf.reduce_sum(dw * dw)
+        return dx, dw, outer.gradient(penalty, w)
+
+    ours = lambda x, w: tfbigconv.bigconv2d(x, w, 1, pad)
+    types = op_types(lambda x, w: grads(ours, x, w), x, w)
+    assert {"Conv2D", "Conv2DBackpropInput", "BigConv2DBackpropFilter"} <= types
+    want = grads(lambda x, w: tf.nn.conv2d(x, w, 1, pad), x, w)
+    for fn in (lambda: grads(ours, x, w), tf.function(lambda: grads(ours, x, w))):
+        for got, ref in zip(fn(), want):
+            assert rel_l2(got.numpy(), ref.numpy()) < 1e-5
+
+
+def test_registered_gradient_uses_tf_where_it_wins(model):
+    """Forward on our op (direct), backprop_input moved to TF's kernel by the model."""
+    model("im2col_flops_per_second.forward", 1e-6)
+    model("im2col_flops_per_second.backprop_input", 1e6)
+    x_shape, w_shape, pad = (2, 20, 23, 3), (5, 5, 3, 4), "VALID"
+    e = tfbigconv.explain(x_shape, w_shape, padding=pad)
+    assert e.chosen["forward"] != "tf.Conv2D" and e.chosen["backprop_input"] == "tf.Conv2D"
+    x, w = rand(x_shape, 6), rand(w_shape, 7)
+
+    def grads(conv, x, w):
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            loss = tf.reduce_sum(conv(x, w) ** 2)
+        return t.gradient(loss, [x, w])
+
+    ours = lambda x, w: tfbigconv.bigconv2d(x, w, 1, pad)
+    types = op_types(lambda x, w: grads(ours, x, w), x, w)
+    assert {"BigConv2D", "Conv2DBackpropInput"} <= types
+    for got, ref in zip(grads(ours, x, w), grads(lambda x, w: tf.nn.conv2d(x, w, 1, pad), x, w)):
+        assert rel_l2(got.numpy(), ref.numpy()) < 1e-5
+
+
+DEPTHWISE = ((2, 16, 16, 8), (3, 3, 1, 16))  # multiplier 2; the model picks TF's kernel
+
+
+def test_depthwise_gradient_passes_mix_tf_and_ours(model):
+    """The model moves depthwise backprop_filter (then forward) off TF: the
+    other passes stay on DepthwiseConv2dNative*, reshaping the filter."""
+    x, w = rand(DEPTHWISE[0], 22), rand(DEPTHWISE[1], 23)
+    ours = lambda x, w: cpu_bigconv2d(x, w, 1, "SAME")  # noqa: E731
+    model("tf_depthwise_multiplier_flops_per_second.backprop_filter", 1e-6)  # DEPTHWISE: multiplier 2
+    types = tape_types(ours, *DEPTHWISE)
+    assert {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+            "BigConv2DBackpropFilter"} <= types
+    assert max(grads_vs_reference(ours, x, w)) < TOLERANCE["float32"]
+    model("tf_depthwise_multiplier_flops_per_second.forward", 1e-6)  # the registered gradient's turn
+    types = tape_types(ours, *DEPTHWISE)
+    assert {"BigConv2D", "DepthwiseConv2dNativeBackpropInput", "BigConv2DBackpropFilter"} <= types
+    assert "DepthwiseConv2dNative" not in types
+    assert max(grads_vs_reference(ours, x, w)) < TOLERANCE["float32"]

@@ -5,7 +5,7 @@ which the rest of the suite has done already, so this runs in a fresh process:
 two logical CPU devices, one model trained with model.fit on one device and
 mirrored on both, from the same initial weights on the same batches.
 """
-from test_saving import run_python
+from conftest import run_python
 
 TOL = 1e-5
 

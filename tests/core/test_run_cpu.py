@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tfbigconv import _core
-from tfbigconv._ops import ops
+from tfbigconv._native import ops
 from conftest import random_case, run_core, run_core_pass
 from reference import rel_l2
 

@@ -1,4 +1,4 @@
-"""tfbigconv.fuse_train: recompute mode's gradients against the float64 reference (the
+"""tfbigconv.fuse_train (tfbigconv/fusion/train.py): recompute mode's gradients against the float64 reference (the
 unfused program differentiated by TensorFlow), what it keeps for backprop, training
 through FusedLinearConv in each mode against the unfused model, and the mode choice."""
 import keras
@@ -12,8 +12,8 @@ from tfbigconv import fuse, fuse_train
 from tfbigconv.keras import FusedLinearConv
 from conftest import TOLERANCE, random_case
 from reference import rel_l2
-from test_fuse import conv_step, programs, weights_for
-from test_fuse_model import randomize, seed_block
+from test_fusion_algebra import conv_step, programs, weights_for
+from test_fusion_model import randomize, seed_block
 
 L = keras.layers
 GRAD_TOL = 1e-5  # float32 gradients against float64, relative L2

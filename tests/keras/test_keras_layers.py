@@ -1,4 +1,5 @@
-"""tfbigconv.keras layers against keras.layers.Conv2D / DepthwiseConv2D, and convert_model.
+"""tfbigconv.keras layers (tfbigconv/keras/layers.py) against keras.layers.Conv2D /
+DepthwiseConv2D (convert_model: test_convert.py).
 
 Parity: the same weights give the same outputs and gradients (input, kernel,
 bias) as the Keras layers, by relative L2 error. Keras' TensorFlow backend
@@ -188,6 +189,19 @@ def test_registered_for_loading():
     assert keras.saving.get_registered_object("tfbigconv>BigDepthwiseConv2D") is BigDepthwiseConv2D
 
 
+def test_the_package_exports_all_four_layers():
+    """tfbigconv.keras holds its own two layers (keras/layers.py) and fuse_linear's
+    two (fusion/layers.py)."""
+    from tfbigconv.fusion import layers as fusion_layers
+    from tfbigconv.keras import layers
+    assert tfbigconv.keras.__all__ == ["BigConv2D", "BigDepthwiseConv2D", "FusedLinearConv",
+                                       "FusedBiasMap"]
+    assert (tfbigconv.keras.BigConv2D, tfbigconv.keras.BigDepthwiseConv2D) == (
+        layers.BigConv2D, layers.BigDepthwiseConv2D) == (BigConv2D, BigDepthwiseConv2D)
+    assert tfbigconv.keras.FusedLinearConv is fusion_layers.FusedLinearConv
+    assert tfbigconv.keras.FusedBiasMap is fusion_layers.FusedBiasMap
+
+
 def test_no_xla():
     layer = BigConv2D(2, 15)
     assert layer.supports_jit is False and BigDepthwiseConv2D(15).supports_jit is False
@@ -267,83 +281,3 @@ def test_mixed_precision(policy, dtype, float32_policy):
     y = tf.nn.conv2d(x, random_case((15, 15, 4, 2), 9) / 30, 1, "SAME").numpy()
     history = model.fit(x, y, epochs=5, verbose=0).history["loss"]
     assert all(np.isfinite(history)) and history[-1] < history[0], history
-
-
-def _conv_model(seed):
-    keras.utils.set_random_seed(seed)
-    inner = keras.Sequential([keras.Input((32, 32, 4)),
-                              keras.layers.Conv2D(4, 21, padding="same", name="inner_big"),
-                              keras.layers.BatchNormalization()], name="inner")
-    inp = keras.Input((32, 32, 3))
-    h = keras.layers.Conv2D(4, 15, padding="same", activation="relu", name="c15")(inp)
-    h = keras.layers.DepthwiseConv2D((17, 19), depth_multiplier=1, padding="same", name="dw")(h)
-    h = inner(h)
-    h = keras.layers.Conv2D(4, 3, padding="same", name="c3")(h)
-    h = keras.layers.Conv2D(2, (3, 31), padding="same", name="c3x31")(h)
-    model = keras.Model(inp, h)
-    # Non-trivial BatchNormalization statistics, so that copying them matters.
-    model.get_layer("inner").layers[1].moving_mean.assign(random_case((4,), seed + 1))
-    return model
-
-
-def _layer_types(model):
-    return {layer.name: type(layer).__name__ for layer in model._flatten_layers(include_self=False)}
-
-
-def test_convert_model():
-    model = _conv_model(0)
-    before = _layer_types(model)
-    x = random_case((2, 32, 32, 3), 11)
-    converted = tfbigconv.convert_model(model, algorithm="direct")
-    types = _layer_types(converted)
-    assert types["c15"] == "BigConv2D" and types["dw"] == "BigDepthwiseConv2D"
-    assert types["inner_big"] == "BigConv2D"
-    assert types["c3"] == "Conv2D" and types["c3x31"] == "Conv2D"
-    assert converted.get_layer("c15").algorithm == "direct"
-    assert _layer_types(model) == before  # the original is untouched
-    assert rel_l2(converted(x).numpy(), model(x).numpy()) < TOL
-
-    only_larger = tfbigconv.convert_model(model, min_kernel_size=(16, 16))
-    types = _layer_types(only_larger)
-    assert types["c15"] == "Conv2D" and types["dw"] == "BigDepthwiseConv2D"
-    assert tfbigconv.convert_model(model, min_kernel_size=(3, 31)).get_layer("c3x31").__class__ \
-        is BigConv2D
-    assert rel_l2(only_larger(x).numpy(), model(x).numpy()) < TOL
-
-
-def test_convert_sequential_and_trains():
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((24, 24, 2)), keras.layers.Conv2D(3, 15),
-                              keras.layers.Flatten(), keras.layers.Dense(1)])
-    converted = tfbigconv.convert_model(model)
-    assert isinstance(converted.layers[0], BigConv2D)
-    x = random_case((8, 24, 24, 2), 12)
-    y = random_case((8, 1), 13)
-    assert rel_l2(converted(x).numpy(), model(x).numpy()) < TOL
-    converted.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
-    history = converted.fit(x, y, epochs=5, verbose=0).history["loss"]
-    assert history[-1] < history[0]
-
-
-def test_convert_model_bad_arguments():
-    model = keras.Sequential([keras.Input((24, 24, 2)), keras.layers.Conv2D(3, 15)])
-    for bad in (0, -3, (15,), "15", 2.5, (15, 0)):
-        with pytest.raises(ValueError, match="min_kernel_size"):
-            tfbigconv.convert_model(model, min_kernel_size=bad)
-    with pytest.raises(ValueError, match="algorithm"):
-        tfbigconv.convert_model(model, algorithm="gemm")
-    with pytest.raises(ValueError, match="model"):
-        tfbigconv.convert_model(keras.layers.Conv2D(3, 15))
-
-    class Subclassed(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.conv = keras.layers.Conv2D(3, 15)
-
-        def call(self, x):
-            return self.conv(x)
-
-    sub = Subclassed()
-    sub(random_case((1, 24, 24, 2), 0))
-    with pytest.raises(ValueError, match="Functional"):
-        tfbigconv.convert_model(sub)

@@ -1,12 +1,14 @@
-"""Every invalid argument raises tf.nn.conv2d's exception class, with a message
-naming the problem: at trace time with static shapes, at run time with unknown
-shapes (conv.py, _graph_error, says which class when)."""
+"""bigconv2d's arguments (tfbigconv/arguments.py): every invalid argument
+raises tf.nn.conv2d's exception class, with a message naming the problem: at
+trace time with static shapes, at run time with unknown shapes
+(arguments.graph_error says which class when); the algorithm and its
+TFBIGCONV_ALGORITHM override (arguments.requested_algorithm)."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfbigconv
-from conftest import random_case
+from conftest import graph_ops, op_types, rand, random_case
 
 X = random_case((1, 8, 8, 2), 0)
 W = random_case((3, 3, 2, 4), 1)
@@ -133,3 +135,18 @@ def test_data_format_none_is_nhwc():
     want = tfbigconv.bigconv2d(X, W, 1, "SAME", data_format="NHWC", algorithm="direct")
     got = tfbigconv.bigconv2d(X, W, 1, "SAME", data_format=None, algorithm="direct")
     np.testing.assert_array_equal(got, want)
+
+
+def test_environment_override(monkeypatch):
+    x, w = rand((1, 16, 16, 2), 12), rand((3, 3, 2, 2), 13)
+    conv = lambda x: tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm="fft")
+    monkeypatch.setenv("TFBIGCONV_ALGORITHM", "direct")
+    ops = [op for op in graph_ops(conv, x) if op.type == "BigConv2D"]
+    assert ops[0].get_attr("algorithm") == b"direct"
+    for name in ("tf", "im2col"):
+        monkeypatch.setenv("TFBIGCONV_ALGORITHM", name)
+        types = op_types(conv, x)
+        assert "Conv2D" in types and "BigConv2D" not in types
+    monkeypatch.setenv("TFBIGCONV_ALGORITHM", "fastest")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="TFBIGCONV_ALGORITHM"):
+        conv(x)

@@ -1,0 +1,98 @@
+"""Calibrating the CPU cost model (tfbigconv/cost_model/calibrate.py;
+`python -m tfbigconv calibrate`): the channel-block probe and the im2col
+table's cases, and the round trip of a measured profile into both compiled
+modules of a fresh process."""
+import json
+
+from tfbigconv import _core, host
+from tfbigconv.cost_model import calibrate, profiles
+from conftest import run_cli as run
+
+
+CHECK_MODEL = """
+import json, sys
+import numpy as np, tensorflow as tf
+import tfbigconv
+from tfbigconv import _core
+from tfbigconv.cost_model import profiles
+# The op's run-time choice (unknown shapes) must follow the loaded model:
+# its output is bitwise that of the algorithm the model makes fastest.
+x = tf.constant(np.random.default_rng(0).standard_normal((2, 40, 40, 2)).astype(np.float32))
+w = tf.constant(np.random.default_rng(1).standard_normal((9, 9, 2, 3)).astype(np.float32))
+spec = [tf.TensorSpec([None, None, None, 2])]
+run = lambda a: tf.function(lambda x: tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm=a),
+                            input_signature=spec)(x).numpy()
+auto = run("auto")
+same = [a for a in ("direct", "fft") if np.array_equal(auto, run(a))]
+print(json.dumps({"source": profiles.active_source, "values": _core.get_cost_model(),
+                  "op_choice": same}))
+"""
+
+
+def test_channel_block_is_the_count_before_the_first_that_costs_more():
+    """calibrate.channel_block, on timings like those measured on the oneDNN and
+    Eigen builds (RESULTS.md): the probe stops at the first count over
+    BLOCK_TOLERANCE x one channel's time, and a faster count after it (oneDNN's
+    filter gradient switching path) does not count."""
+    probe = calibrate.BLOCK_PROBE
+    onednn = dict(zip(probe, (4.33, 4.09, 4.17, 4.33, 4.33, 8.12)))
+    eigen_input = dict(zip(probe, (2.51, 3.19, 4.53, 6.77, 12.72, 27.76)))
+    slow_path = {1: 17.94, 2: 17.92, 4: 35.16}  # stopped at 4
+    slow_then_fast = dict(zip(probe, (14.5, 29.0, 56.0, 112.0, 4.07, 2.51)))
+    assert calibrate.channel_block(onednn) == 16
+    assert calibrate.channel_block(eigen_input) == 2
+    assert calibrate.channel_block(slow_path) == 2
+    assert calibrate.channel_block(slow_then_fast) == 1
+    assert calibrate.channel_block({c: 1.0 * c for c in probe}) == 1
+    assert calibrate.channel_block({c: 1.0 for c in probe}) == probe[-1]
+
+
+def test_im2col_table_cases_fill_the_channel_block():
+    """With a block of 1 the table's cases are the square-ish ones it always
+    had; with 16 the written channels are a whole block wherever the product
+    allows; every case has the product it stands for."""
+    assert calibrate.IM2COL_PRODUCTS == (1, 16, 256, 2048)
+    assert [calibrate.table_case(p, 1) for p in calibrate.IM2COL_PRODUCTS] == \
+        [(1, 1), (4, 4), (16, 16), (32, 64)]
+    assert [calibrate.table_case(p, 16) for p in calibrate.IM2COL_PRODUCTS] == \
+        [(1, 1), (1, 16), (16, 16), (32, 64)]
+    assert [calibrate.table_case(p, 2) for p in calibrate.IM2COL_PRODUCTS] == \
+        [(1, 1), (4, 4), (16, 16), (32, 64)]
+    for block in (1, 2, 4, 8, 16, 32):
+        for p in calibrate.IM2COL_PRODUCTS:
+            other, written = calibrate.table_case(p, block)
+            assert other * written == p
+            assert written % block == 0 or written == p
+
+
+def test_calibration_round_trip(tmp_path):
+    cache = tmp_path / "cache"
+    r = run(["-m", "tfbigconv", "calibrate", "--quick"], XDG_CACHE_HOME=str(cache))
+    assert r.returncode == 0, r.stderr
+    profile = cache / "tfbigconv" / "cost_model.json"
+    doc = json.loads(profile.read_text())
+    assert doc["meta"]["quick"] and doc["meta"]["format"] == profiles.FORMAT
+    assert doc["meta"]["cpu"] == profiles.this_cpu()  # what machine_mismatch compares
+    assert doc["meta"]["tf_onednn"] == host.tf_onednn() is not None
+    _, shipped_meta = profiles.read_profile_and_meta(profiles.SHIPPED_PATH)
+    assert doc["meta"]["gpu_grids"] == shipped_meta["gpu_grids"]
+    fields = _core.cost_model_fields()
+    assert set(doc["values"]) == set(fields)
+    # A fresh process loads the user's profile into _core and the op library.
+    for fast, other in (("direct", "fft"), ("fft", "direct")):
+        values = dict(doc["values"])
+        for name in fields:
+            if name.startswith(other) and "per_unit" not in name and "flops" not in name:
+                values[name] = 1.0  # a second per call: never chosen
+        profile.write_text(json.dumps({"meta": doc["meta"], "values": values}))
+        r = run(["-c", CHECK_MODEL], XDG_CACHE_HOME=str(cache))
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["source"] == "user"
+        assert got["values"] == [values[n] for n in fields]
+        assert got["op_choice"] == [fast]
+    # A broken profile is ignored with a warning, falling back to the shipped one.
+    profile.write_text("{not json")
+    r = run(["-c", CHECK_MODEL], XDG_CACHE_HOME=str(cache))
+    assert r.returncode == 0 and "ignoring cost model" in r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["source"] == "shipped"

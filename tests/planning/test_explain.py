@@ -1,0 +1,58 @@
+"""explain() (tfbigconv/planning/explain.py): the planner's table for a
+convolution, every candidate of every pass with its estimate, workspace and
+note, the choice and why, and where the cost model's constants came from.
+(explain on the GPU: gpu/test_gpu_planning.py; measured choices:
+test_autotune.py; its tables before and after the restructure:
+test_explain_golden.py.)"""
+import pytest
+import tensorflow as tf
+
+import tfbigconv
+from tfbigconv.cost_model import profiles
+
+SEED16 = ((4, 321, 481, 1), (135, 135, 1, 3), "VALID")
+
+
+def test_explain_table():
+    e = tfbigconv.explain(*SEED16[:2], padding="VALID", budget=256 << 20)
+    assert len(e.rows) == 9 and e.budget == 256 << 20
+    for p in ("forward", "backprop_input", "backprop_filter"):
+        rows = [r for r in e.rows if r.pass_ == p]
+        assert [r.algorithm for r in rows] == ["tf.Conv2D", "direct", "fft"]
+        assert sum(r.chosen for r in rows) == 1
+        chosen = next(r for r in rows if r.chosen)
+        assert chosen.fits and chosen.workspace_bytes <= e.budget
+        assert e.reasons[p].startswith("auto: " + chosen.algorithm)
+    # One image's patch matrix of a 135x135 filter is 4.4 GiB: over the budget.
+    conv2d = next(r for r in e.rows if r.algorithm == "tf.Conv2D")
+    assert conv2d.workspace_bytes == 187 * 347 * 135 * 135 * 4 and not conv2d.fits
+    assert e.device == "CPU" and e.how == dict.fromkeys(e.chosen, "estimated")
+    assert all(r.measured_seconds is None for r in e.rows)
+    text = str(e)
+    assert text.count("<==") == 3 and "forward: estimated; auto: fft" in text
+    assert e.geometry["output_shape"] == [4, 187, 347, 3]
+
+
+def test_explain_errors():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="device"):
+        tfbigconv.explain((1, 8, 8, 1), (3, 3, 1, 1), device="TPU")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="budget"):
+        tfbigconv.explain((1, 8, 8, 1), (3, 3, 1, 1), budget=-1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="filter"):
+        tfbigconv.explain((1, 8, 8, 1), (3, 3, 2, 1))
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="at least"):
+        tfbigconv.explain(*SEED16[:2], algorithm="fft", budget=1024)
+
+
+def test_explain_warns_when_the_profile_is_from_another_machine(monkeypatch):
+    here = {"cpu": profiles.this_cpu(), "tensorflow": tf.__version__}
+    warn = "may be off several-fold"
+    monkeypatch.setattr(profiles, "active_meta", here)
+    e = tfbigconv.explain((2, 20, 20, 3), (5, 5, 3, 4), padding="SAME")
+    assert e.cost_model_warning == "" and warn not in e.table()
+    monkeypatch.setattr(profiles, "active_meta", dict(here, cpu=dict(here["cpu"], cpus=999)))
+    e = tfbigconv.explain((2, 20, 20, 3), (5, 5, 3, 4), padding="SAME")
+    assert "999 CPUs" in e.cost_model_warning and warn in e.table()
+    # The GPU's constants are the H100 grids' fit wherever explain runs.
+    e = tfbigconv.explain((2, 20, 20, 3), (5, 5, 3, 4), padding="SAME", device="GPU")
+    assert e.cost_model_warning == "" and warn not in e.table()

@@ -1,0 +1,41 @@
+"""The command line (tfbigconv/cli.py; `python -m tfbigconv` runs its main):
+explain on the CPU and the GPU, and bad arguments, each an exit status of 2
+with a one-line error. Its calibrate and fit-gpu commands are tested with
+what they write (cost_model/test_calibrate.py, cost_model/test_gpu_fit.py),
+and memory with memory_report (memory/test_memory_report.py)."""
+import pytest
+
+from tfbigconv.cli import main as cli
+from conftest import run_cli as run
+
+
+def test_cli():
+    r = run(["-m", "tfbigconv", "explain", "--input", "200,321,481,1", "--filter", "135,135,1,3",
+             "--padding", "VALID", "--budget", "256M"])
+    assert r.returncode == 0, r.stderr
+    assert "forward: estimated; auto: fft" in r.stdout and "workspace budget 256.0 MiB" in r.stdout
+    r = run(["-m", "tfbigconv", "explain", "--input", "1,8,8,1", "--filter", "3,3,2,1"])
+    assert r.returncode == 2 and "error:" in r.stderr
+    r = run(["-m", "tfbigconv", "explain", "--input", "1,8,x,1", "--filter", "3,3,1,1"])
+    assert r.returncode == 2 and "comma-separated ints" in r.stderr
+
+
+def test_cli_explain_gpu():
+    r = run(["-m", "tfbigconv", "explain", "--input", "16,56,56,64", "--filter", "3,3,64,64",
+             "--padding", "SAME", "--device", "GPU"])
+    assert r.returncode == 0, r.stderr
+    assert "device GPU" in r.stdout and "forward: estimated; auto: tf" in r.stdout
+    assert r.stdout.count("tf.Conv2D") >= 3
+
+
+@pytest.mark.parametrize("argv", [
+    ["explain", "--input", f"1,{2**70},5,1", "--filter", "3,3,1,1"],
+    ["explain", "--input", "1,5,5,1", "--filter", "3,3,1,1", "--budget", "99999999999G"],
+    ["explain", "--input", "1,5,5,1", "--filter", "9,9,1,1"],
+    ["calibrate", "--quick", "--output", "/proc/nonexistent/x.json"],
+])
+def test_cli_exits_2_with_one_line(argv, capsys):
+    """Issue 15's findings 6 and 7 on the command line."""
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
