@@ -35,7 +35,7 @@ def requested_algorithm(algorithm):
     return "tf" if algorithm == "im2col" else algorithm
 
 
-# The exception classes are tf.nn.conv2d's (tests/test_errors.py holds the table):
+# The exception classes are tf.nn.conv2d's (tests/test_arguments.py holds the table):
 # - the form of an argument (a padding list of the wrong shape, strides of
 #   length 3): ValueError, which tf.nn.conv2d raises in Python;
 # - what TensorFlow's shape function and op definition check (ranks, depths,

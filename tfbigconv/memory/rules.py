@@ -4,7 +4,7 @@
 # Op type -> {index of an input that gets a gradient: the op's tensors its
 # gradient reads ("in<i>" for input i, "out<k>" for output k)}. Only data
 # reads count: a gradient that reads a tensor's shape (tf.shape) does not keep
-# its buffer. tests/test_memory_report.py checks every entry against the
+# its buffer. tests/memory/test_memory_report.py checks every entry against the
 # gradient TensorFlow registers for the op type.
 SAVED_FOR_BACKWARD = {
     # Convolutions: the input gradient needs the filter, the filter gradient the input.
