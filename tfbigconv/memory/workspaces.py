@@ -90,20 +90,21 @@ class ConvPlans:
                     out[p] = ("auto", 0, "shape unknown: planned at run time")
                     continue
                 xs, ws, attrs, dtype = g
-                # bigconv2d plans an unknown batch as ASSUMED_BATCH, then runs that choice.
-                chosen_for = [planner.ASSUMED_BATCH] + xs[1:]
+                # The choice bigconv2d made when the model was traced with an
+                # unknown batch (planner.planning_shape), from the estimates; a
+                # plan that does not fit `limit` is noted and planned without it.
                 note = ""
-                try:
-                    chosen = (planner.plan(p, chosen_for, ws, attrs, dtype, algorithm, limit,
-                                            self.device)["chosen"]
-                              if algorithm == "auto" else algorithm)
-                except tf.errors.ResourceExhaustedError as e:
-                    chosen, note = algorithm, e.message
+                if algorithm == "auto":
+                    with planner.planning_only() as failures:
+                        chosen = planner.decide(p, planner.planning_shape([None] + xs[1:]), ws,
+                                                attrs, dtype, algorithm, limit,
+                                                self.device)["chosen"]
+                    note = failures[0] if failures else ""
+                else:
+                    chosen = algorithm
                 if chosen in ("tf", "im2col"):
                     out[p] = (self._tf_name(op), self.tf_workspace(op, batch)[p], note)
                     continue
-                if chosen == "auto":
-                    chosen = planner.plan(p, xs, ws, attrs, dtype, "auto", 0, self.device)["chosen"]
                 try:
                     plan = planner.plan(p, xs, ws, attrs, dtype, chosen, limit, self.device)
                 except tf.errors.ResourceExhaustedError as e:
