@@ -7,6 +7,7 @@ then measure_call resets the peak RSS to the current RSS, takes the first real c
 RSS increase as the method's memory (its output plus any workspace) and times the next
 calls. The main process keeps, per (point, method), the round with the smallest median.
 """
+import argparse
 import contextlib
 import datetime
 import json
@@ -237,6 +238,35 @@ def write_json(path, data):
         json.dump(data, f, indent=2)
 
 
+def publish(args, title, header, body, data):
+    """Prints the header line and the body; appends them as section `title` to args.out
+    (append_markdown) and writes data to args.json (write_json), where given."""
+    print(header)
+    print()
+    print(body)
+    if args.out:
+        append_markdown(args.out, title, header, body)
+    if args.json:
+        write_json(args.json, data)
+
+
+def parse_args_or_work(parser, worker):
+    """parser's arguments, with the hidden --worker option added last. With --worker JSON
+    (how run_worker starts a script), runs worker(spec) in this process and exits."""
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(json.loads(args.worker))
+        sys.exit()
+    return args
+
+
+def rel_l2(a, ref):
+    """||a - ref|| / ||ref||."""
+    import numpy as np
+    return float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
+
+
 ENV_AUTOTUNE = "TFBIGCONV_AUTOTUNE"
 ENV_CACHE = "TFBIGCONV_AUTOTUNE_CACHE"
 
@@ -337,10 +367,26 @@ def warm_up(dtype="float32"):
 SELF_CHECK_TOL = 1e-5
 
 
-def run_self_check(script, what):
+def self_check_cases(cases, errors):
+    """The self-check's results: for each (input shape, filter shape, padding) of cases,
+    random float32 x and w (one default_rng(0) for all, drawn in turn) and
+    errors(x, w, padding), a {name: relative L2} dict."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    results = []
+    for in_shape, f_shape, padding in cases:
+        x = rng.standard_normal(in_shape, dtype=np.float32)
+        w = rng.standard_normal(f_shape, dtype=np.float32)
+        results.append({"input_shape": in_shape, "filter_shape": f_shape, "padding": padding,
+                        "rel_l2": errors(x, w, padding)})
+    return results
+
+
+def run_self_check(script, what, then_exit=False):
     """Runs `script`'s worker in self_check mode: its hand-written contenders
     (and references) against TensorFlow's own, worst relative L2 under
-    SELF_CHECK_TOL or the benchmark stops. Returns the per-case results."""
+    SELF_CHECK_TOL or the benchmark stops. Returns the per-case results; with
+    then_exit (the script's --self-check), exits after the check instead."""
     res = run_worker(script, {"method": "self_check"})
     if "error" in res:
         sys.exit(f"self-check failed: {res['error']}")
@@ -349,4 +395,6 @@ def run_self_check(script, what):
           f"(tolerance {SELF_CHECK_TOL:.0e})", file=sys.stderr)
     if worst > SELF_CHECK_TOL:
         sys.exit(f"self-check failed: {json.dumps(res['cases'], indent=1)}")
+    if then_exit:
+        sys.exit()
     return res["cases"]

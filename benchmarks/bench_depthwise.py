@@ -81,10 +81,7 @@ def main():
     p.add_argument("--reps", type=int, default=3, help="timed calls after the first")
     p.add_argument("--out", help="append the result, with the command, to this file")
     p.add_argument("--json", help="write the raw results here")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.worker:
-        return worker(json.loads(args.worker))
+    args = _harness.parse_args_or_work(p, worker)
     import tensorflow as tf
 
     best = {}
@@ -127,12 +124,9 @@ def main():
         line = f"Depthwise case: auto {auto.get('error', 'ok')}, tf {tfr.get('error', 'ok')}"
     _, _, header = _harness.run_header(tf.__version__)
     body = "\n".join([line, ""] + rows)
-    print(header + "\n\n" + body)
-    if args.out:
-        _harness.append_markdown(args.out, "bench_depthwise", header, body)
-    if args.json:
-        raw = {c: {k: v for k, v in r.items() if k != "sample"} for c, r in best.items()}
-        _harness.write_json(args.json, {"x_shape": X_SHAPE, "w_shape": W_SHAPE, "results": raw})
+    raw = {c: {k: v for k, v in r.items() if k != "sample"} for c, r in best.items()}
+    _harness.publish(args, "bench_depthwise", header, body,
+                     {"x_shape": X_SHAPE, "w_shape": W_SHAPE, "results": raw})
 
 
 if __name__ == "__main__":

@@ -130,15 +130,11 @@ def parse_args():
                    help="subprocesses per (point, method); the smallest median counts")
     p.add_argument("--out", help="append the table, with the command and machine, to this file")
     p.add_argument("--json", help="write the raw results to this JSON file")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    return p.parse_args()
+    return _harness.parse_args_or_work(p, worker)
 
 
 def main():
     args = parse_args()
-    if args.worker:
-        worker(json.loads(args.worker))
-        return
     if args.ks:
         ks = [int(k) for k in args.ks.split(",")]
     else:
@@ -166,17 +162,10 @@ def main():
     command, date, header = _harness.run_header(
         tf_version, f", numpy float32 matmul peak {peak:.1f} GFLOP/s")
     body = table(rows, peak)
-    print(header)
-    print()
-    print(body)
-
-    if args.out:
-        _harness.append_markdown(args.out, "bench_direct", header, body)
-    if args.json:
-        _harness.write_json(args.json, {
-            "command": command, "date": date, "tf_version": tf_version,
-            "cpu": _harness.cpu_model(), "cpu_count": os.cpu_count(),
-            "peak_gflops": peak, "peak_gflops_runs": peak_runs, "results": rows})
+    _harness.publish(args, "bench_direct", header, body, {
+        "command": command, "date": date, "tf_version": tf_version,
+        "cpu": _harness.cpu_model(), "cpu_count": os.cpu_count(),
+        "peak_gflops": peak, "peak_gflops_runs": peak_runs, "results": rows})
 
 
 if __name__ == "__main__":

@@ -782,10 +782,7 @@ def main():
     p.add_argument("--no-seed", action="store_true", help="leave out the seed-budget case")
     p.add_argument("--out", help="append the tables, with the command, to this file")
     p.add_argument("--json", help="write the raw results here")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.worker:
-        return worker(json.loads(args.worker))
+    args = _harness.parse_args_or_work(p, worker)
     import tensorflow as tf
     if args.random:
         seed, count = (int(v) for v in args.random.split(","))
@@ -827,11 +824,7 @@ def main():
                      + ["", "Autotuning's first-call cost:", ""] + firsts
                      + ([""] + ["Geometry errors: " + "; ".join(errors)] if errors else [])
                      + ([""] + [seed_line] if seed_line else []) + ["", elapsed, ""] + detail)
-    print(header + "\n\n" + body)
-    if args.out:
-        _harness.append_markdown(args.out, "bench_dispatch", header, body)
-    if args.json:
-        _harness.write_json(args.json, {"grid": raw, "seed_budget": seed})
+    _harness.publish(args, "bench_dispatch", header, body, {"grid": raw, "seed_budget": seed})
 
 
 def seed_budget(timeout):

@@ -111,12 +111,9 @@ def is_depthwise(in_shape, f_shape):
 def tf_fft_depthwise(x, w, padding):
     """Per-channel FFT convolution in plain TF; w is (kh, kw, 1, C), no channel mixing."""
     import tensorflow as tf
-    from bench_seed import same_pads
+    from bench_seed import tf_padded_rfft2d
     kh, kw = w.shape[0], w.shape[1]
-    if padding == "SAME":
-        x = tf.pad(x, [[0, 0], *same_pads(kh, kw), [0, 0]])
-    h, wd = x.shape[1], x.shape[2]
-    xf = tf.signal.rfft2d(tf.transpose(x, [0, 3, 1, 2]))                         # N, C, H, W/2+1
+    xf, h, wd = tf_padded_rfft2d(x, kh, kw, padding)                             # N, C, H, W/2+1
     wf = tf.signal.rfft2d(tf.transpose(w[::-1, ::-1, 0, :], [2, 0, 1]), [h, wd])  # C, H, W/2+1
     y = tf.signal.irfft2d(xf * wf, [h, wd])
     return tf.transpose(y[:, :, kh - 1:, kw - 1:], [0, 2, 3, 1])
@@ -187,30 +184,22 @@ def reference_grads(x, w, padding):
     return y, dx, dw
 
 
-def rel_l2(a, ref):
-    import numpy as np
-    return float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
+rel_l2 = _harness.rel_l2
 
 
 def self_check():
     """Relative L2 errors of reference_grads and the pure-TF FFT gradients against TF's."""
-    import numpy as np
     import tensorflow as tf
-    rng = np.random.default_rng(0)
-    cases = []
-    for in_shape, f_shape, padding in SELF_CHECK_CASES:
-        x = rng.standard_normal(in_shape, dtype=np.float32)
-        w = rng.standard_normal(f_shape, dtype=np.float32)
+
+    def case_errors(x, w, padding):
         xt, wt = tf.constant(x), tf.constant(w)
-        ref_dx, ref_dw = grad_step(conv_fn("tf", in_shape, f_shape, padding), xt, wt)
-        fft_dx, fft_dw = grad_step(conv_fn("tf_fft", in_shape, f_shape, padding), xt, wt)
+        ref_dx, ref_dw = grad_step(conv_fn("tf", x.shape, w.shape, padding), xt, wt)
+        fft_dx, fft_dw = grad_step(conv_fn("tf_fft", x.shape, w.shape, padding), xt, wt)
         _, np_dx, np_dw = reference_grads(x, w, padding)
-        cases.append({"input_shape": in_shape, "filter_shape": f_shape, "padding": padding,
-                      "rel_l2": {"tf_fft dx": rel_l2(fft_dx, ref_dx),
-                                 "tf_fft dw": rel_l2(fft_dw, ref_dw),
-                                 "float64 reference dx": rel_l2(np_dx, ref_dx),
-                                 "float64 reference dw": rel_l2(np_dw, ref_dw)}})
-    return cases
+        return {"tf_fft dx": rel_l2(fft_dx, ref_dx), "tf_fft dw": rel_l2(fft_dw, ref_dw),
+                "float64 reference dx": rel_l2(np_dx, ref_dx),
+                "float64 reference dw": rel_l2(np_dw, ref_dw)}
+    return _harness.self_check_cases(SELF_CHECK_CASES, case_errors)
 
 
 @contextlib.contextmanager
@@ -380,8 +369,7 @@ def parse_args():
     p.add_argument("--self-check", action="store_true",
                    help="only check the float64 reference and the pure-TF FFT gradients "
                         "against TensorFlow's")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = _harness.parse_args_or_work(p, worker)
     args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = set(args.cases) - set(CASES)
     if unknown:
@@ -391,12 +379,8 @@ def parse_args():
 
 def main():
     args = parse_args()
-    if args.worker:
-        worker(json.loads(args.worker))
-        return
-    checks = _harness.run_self_check(__file__, "TensorFlow's gradients")
-    if args.self_check:
-        return
+    checks = _harness.run_self_check(__file__, "TensorFlow's gradients",
+                                     then_exit=args.self_check)
     if args.rounds is None:
         args.rounds = 1 if args.quick else 2
     max_rss = int(args.max_rss_gib * GIB)
@@ -454,18 +438,11 @@ def main():
         sections.append("\n\n".join([title, " ".join(notes), table(case)]
                                     + ([note] if note else [])))
     body = "\n\n".join(sections)
-    print(header)
-    print()
-    print(body)
-
-    if args.out:
-        _harness.append_markdown(args.out, "bench_grad", header, body)
-    if args.json:
-        _harness.write_json(args.json, {
-            "command": command, "date": date, "versions": versions,
-            "cpu": _harness.cpu_model(), "cpu_count": os.cpu_count(),
-            "timeout_s": args.timeout, "max_rss_gib": args.max_rss_gib,
-            "self_check": checks, "cases": cases})
+    _harness.publish(args, "bench_grad", header, body, {
+        "command": command, "date": date, "versions": versions,
+        "cpu": _harness.cpu_model(), "cpu_count": os.cpu_count(),
+        "timeout_s": args.timeout, "max_rss_gib": args.max_rss_gib,
+        "self_check": checks, "cases": cases})
 
 
 if __name__ == "__main__":

@@ -75,14 +75,22 @@ def same_pads(kh, kw):
     return [[(kh - 1) // 2, kh // 2], [(kw - 1) // 2, kw // 2]]
 
 
+def tf_padded_rfft2d(x, kh, kw, padding):
+    """(xf, h, wd): x (NHWC) zero-padded as SAME pads it at stride 1 for a kh x kw filter
+    (VALID: as it is), its height and width then, and its rfft2d over them, channels
+    first (N, C, h, wd/2+1)."""
+    import tensorflow as tf
+    if padding == "SAME":
+        x = tf.pad(x, [[0, 0], *same_pads(kh, kw), [0, 0]])
+    h, wd = x.shape[1], x.shape[2]
+    return tf.signal.rfft2d(tf.transpose(x, [0, 3, 1, 2])), h, wd
+
+
 def tf_fft_conv2d(x, w, padding):
     """FFT convolution in plain TF, the way a user would write it with tf.signal."""
     import tensorflow as tf
     kh, kw = w.shape[0], w.shape[1]
-    if padding == "SAME":
-        x = tf.pad(x, [[0, 0], *same_pads(kh, kw), [0, 0]])
-    h, wd = x.shape[1], x.shape[2]
-    xf = tf.signal.rfft2d(tf.transpose(x, [0, 3, 1, 2]))                   # N, Cin, H, W/2+1
+    xf, h, wd = tf_padded_rfft2d(x, kh, kw, padding)                       # N, Cin, H, W/2+1
     # Correlation is convolution with the flipped filter.
     wf = tf.signal.rfft2d(tf.transpose(w[::-1, ::-1], [2, 3, 0, 1]), [h, wd])  # Cin, Cout, ...
     y = tf.signal.irfft2d(tf.einsum("nchw,cdhw->ndhw", xf, wf), [h, wd])
@@ -133,26 +141,20 @@ def contender(method, x, w, padding):
     return lambda: tfbigconv.bigconv2d(xt, wt, 1, padding, algorithm=method)
 
 
-def rel_l2(y, ref):
-    import numpy as np
-    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+rel_l2 = _harness.rel_l2
 
 
 def self_check():
     """Relative L2 errors of the hand-written convolutions against tf.nn.conv2d."""
     import numpy as np
-    rng = np.random.default_rng(0)
-    cases = []
-    for in_shape, f_shape, padding in SELF_CHECK_CASES:
-        x = rng.standard_normal(in_shape, dtype=np.float32)
-        w = rng.standard_normal(f_shape, dtype=np.float32)
+
+    def case_errors(x, w, padding):
         ref = np.asarray(contender("tf", x, w, padding)())
         errors = {m: rel_l2(np.asarray(contender(m, x, w, padding)()), ref)
                   for m in ("tf_fft", "oaconvolve")}
         errors["float64 reference"] = rel_l2(reference(x, w, padding), ref)
-        cases.append({"input_shape": in_shape, "filter_shape": f_shape, "padding": padding,
-                      "rel_l2": errors})
-    return cases
+        return errors
+    return _harness.self_check_cases(SELF_CHECK_CASES, case_errors)
 
 
 def worker(spec):
@@ -325,18 +327,12 @@ def parse_args():
     p.add_argument("--json", help="write the raw results to this JSON file")
     p.add_argument("--self-check", action="store_true",
                    help="only check the hand-written contenders against tf.nn.conv2d")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    return p.parse_args()
+    return _harness.parse_args_or_work(p, worker)
 
 
 def main():
     args = parse_args()
-    if args.worker:
-        worker(json.loads(args.worker))
-        return
-    checks = _harness.run_self_check(__file__, "tf.nn.conv2d")
-    if args.self_check:
-        return
+    checks = _harness.run_self_check(__file__, "tf.nn.conv2d", then_exit=args.self_check)
     if args.rounds is None:
         args.rounds = 1 if args.quick else 2
     runner = Runner(args.rounds, args.reps)
@@ -392,17 +388,10 @@ def main():
     if args.plot:
         plot(sweep_points, args.plot)
         body += f"\n\nSweep plot: {args.plot}"
-    print(header)
-    print()
-    print(body)
-
-    if args.out:
-        _harness.append_markdown(args.out, "bench_seed", header, body)
-    if args.json:
-        _harness.write_json(args.json, {
-            "command": command, "date": date, "versions": versions,
-            "cpu": _harness.cpu_model(), "cpu_count": os.cpu_count(), "self_check": checks,
-            "seed": seed_points, "sweep": sweep_points, "dense": dense_points})
+    _harness.publish(args, "bench_seed", header, body, {
+        "command": command, "date": date, "versions": versions,
+        "cpu": _harness.cpu_model(), "cpu_count": os.cpu_count(), "self_check": checks,
+        "seed": seed_points, "sweep": sweep_points, "dense": dense_points})
 
 
 if __name__ == "__main__":

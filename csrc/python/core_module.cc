@@ -43,6 +43,26 @@ ConvGeometry Geometry(const std::vector<int64_t>& input_shape,
   return g;
 }
 
+// The arguments that pose a convolution, as conv_geometry, direct_blocking,
+// fft_plan, plan_pass and gpu_terms take them first: GEOMETRY_PARAMS declares
+// them, GEOMETRY_ARGS passes them on and GEOMETRY_PY_ARGS names them for Python.
+#define GEOMETRY_PARAMS                                                              \
+  const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape, \
+      const std::vector<int64_t>& strides, const std::string& padding,               \
+      const std::vector<int64_t>& explicit_paddings, const std::string& data_format, \
+      const std::vector<int64_t>& dilations
+#define GEOMETRY_ARGS                                                                    \
+  input_shape, filter_shape, strides, padding, explicit_paddings, data_format, dilations
+#define GEOMETRY_PY_ARGS                                                                   \
+  py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"), \
+      py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations")
+
+// Validated geometry of those arguments.
+ConvGeometry GeometryOf(GEOMETRY_PARAMS) {
+  return Geometry(input_shape, filter_shape,
+                  MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
+}
+
 py::dict GeometryDict(const ConvGeometry& g) {
   py::dict d;
   d["batch"] = g.batch;
@@ -249,16 +269,8 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "tfbigconv core: geometry and CPU kernels on numpy arrays (no TensorFlow).";
   m.def(
       "conv_geometry",
-      [](const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
-         const std::vector<int64_t>& strides, const std::string& padding,
-         const std::vector<int64_t>& explicit_paddings, const std::string& data_format,
-         const std::vector<int64_t>& dilations) {
-        return GeometryDict(Geometry(
-            input_shape, filter_shape,
-            MakeAttrs(strides, padding, explicit_paddings, data_format, dilations)));
-      },
-      py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
-      py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
+      [](GEOMETRY_PARAMS) { return GeometryDict(GeometryOf(GEOMETRY_ARGS)); },
+      GEOMETRY_PY_ARGS,
       "Validated geometry of a conv2d as a dict; raises ValueError naming the bad argument.");
   m.def(
       "validate_attrs",
@@ -273,14 +285,9 @@ PYBIND11_MODULE(_core, m) {
       py::arg("data_format"), py::arg("dilations"));
   m.def(
       "direct_blocking",
-      [](const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
-         const std::vector<int64_t>& strides, const std::string& padding,
-         const std::vector<int64_t>& explicit_paddings, const std::string& data_format,
-         const std::vector<int64_t>& dilations, const std::string& dtype, const std::string& isa,
+      [](GEOMETRY_PARAMS, const std::string& dtype, const std::string& isa,
          const std::string& pass, int workers) {
-        const ConvGeometry g = Geometry(
-            input_shape, filter_shape,
-            MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
+        const ConvGeometry g = GeometryOf(GEOMETRY_ARGS);
         const DirectBlocking b =
             DirectConvBlocking(PassProblem(g, PassFromName(pass)).g, DTypeFromName(dtype),
                                PickIsa(isa), StdThreadParallelFor(workers).num_workers());
@@ -298,8 +305,7 @@ PYBIND11_MODULE(_core, m) {
         d["scratch_bytes_per_worker"] = b.scratch_bytes_per_worker;
         return d;
       },
-      py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
-      py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
+      GEOMETRY_PY_ARGS,
       py::arg("dtype") = "float32", py::arg("isa") = "", py::arg("pass_") = "forward",
       py::arg("workers") = 0,
       "The direct kernel's blocking of one pass of the (forward) convolution, for workers "
@@ -313,32 +319,20 @@ PYBIND11_MODULE(_core, m) {
         "bfloat16 data is passed as uint16 arrays with dtype='bfloat16'.");
   m.def(
       "fft_plan",
-      [](const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
-         const std::vector<int64_t>& strides, const std::string& padding,
-         const std::vector<int64_t>& explicit_paddings, const std::string& data_format,
-         const std::vector<int64_t>& dilations, const std::string& dtype,
-         int64_t workspace_limit, int workers) {
-        const ConvGeometry g = Geometry(
-            input_shape, filter_shape,
-            MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
+      [](GEOMETRY_PARAMS, const std::string& dtype, int64_t workspace_limit, int workers) {
+        const ConvGeometry g = GeometryOf(GEOMETRY_ARGS);
         return PlanDict(PlanOrThrow(g, DTypeFromName(dtype), workspace_limit, workers));
       },
-      py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
-      py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
+      GEOMETRY_PY_ARGS,
       py::arg("dtype") = "float32", py::arg("workspace_limit") = 0, py::arg("workers") = 1,
       "The FFT plan (tiles, chunk, exact workspace bytes) the forward pass would use; "
       "raises ValueError stating the minimum workspace when the limit is too small.");
   m.def(
       "plan_pass",
-      [](const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
-         const std::vector<int64_t>& strides, const std::string& padding,
-         const std::vector<int64_t>& explicit_paddings, const std::string& data_format,
-         const std::vector<int64_t>& dilations, const std::string& pass, const std::string& dtype,
+      [](GEOMETRY_PARAMS, const std::string& pass, const std::string& dtype,
          const std::string& device, const std::string& algorithm, int64_t workspace_limit,
          int workers, const std::string& tf_kernel, bool tf_trusted, const std::string& tf_note) {
-        const ConvGeometry g = Geometry(
-            input_shape, filter_shape,
-            MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
+        const ConvGeometry g = GeometryOf(GEOMETRY_ARGS);
         if (device != "CPU" && device != "GPU")
           throw py::value_error("device must be 'CPU' or 'GPU', got '" + device + "'");
         TfCandidate tf;
@@ -367,8 +361,7 @@ PYBIND11_MODULE(_core, m) {
         d["reason"] = p.reason;
         return d;
       },
-      py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
-      py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
+      GEOMETRY_PY_ARGS,
       py::arg("pass_"), py::arg("dtype"), py::arg("device"), py::arg("algorithm"),
       py::arg("workspace_limit"), py::arg("workers"), py::arg("tf_kernel"),
       py::arg("tf_trusted") = true, py::arg("tf_note") = "",
@@ -378,14 +371,8 @@ PYBIND11_MODULE(_core, m) {
       "when nothing requested fits the workspace limit (the message states the minimum).");
   m.def(
       "gpu_terms",
-      [](const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
-         const std::vector<int64_t>& strides, const std::string& padding,
-         const std::vector<int64_t>& explicit_paddings, const std::string& data_format,
-         const std::vector<int64_t>& dilations, const std::string& pass,
-         const std::string& candidate) {
-        const ConvGeometry ug = Geometry(
-            input_shape, filter_shape,
-            MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
+      [](GEOMETRY_PARAMS, const std::string& pass, const std::string& candidate) {
+        const ConvGeometry ug = GeometryOf(GEOMETRY_ARGS);
         GpuCandidate c;
         if (candidate == "tf") c = GpuCandidate::kTf;
         else if (candidate == "direct") c = GpuCandidate::kDirect;
@@ -396,8 +383,7 @@ PYBIND11_MODULE(_core, m) {
         const GpuModelTerms t = GpuTerms(g, c);
         return py::make_tuple(t.work, std::vector<double>(t.features, t.features + kGpuFeatures));
       },
-      py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"), py::arg("padding"),
-      py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dilations"),
+      GEOMETRY_PY_ARGS,
       py::arg("pass_"), py::arg("candidate"),
       "(work, features) of the GPU cost model for one candidate and pass (for fitting).");
   m.def("cost_model_fields", &CostModelFields);

@@ -1,7 +1,7 @@
 // The three ops' kernels, shared by the CPU and GPU builds: attributes,
 // validation, output allocation and posing each pass as a ConvProblem. A
-// device base class (BigConvOpBase subclass) supplies Run(), which executes
-// one ConvProblem on that device.
+// device base class (BigConvDeviceBase<Device, T>, a BigConvOpBase subclass)
+// supplies Run(), which executes one ConvProblem on that device.
 #pragma once
 
 #include <string>
@@ -126,6 +126,48 @@ class BigConvOpBase : public OpKernel {
   int64_t workspace_limit_ = 0;
 };
 
+// A device's base class: Run() plans the pass within the workspace limit (the
+// workspace_limit_bytes attribute, else the device's default budget), logs the
+// choice, takes the workspace from TensorFlow's allocator and launches the pass.
+// Device, made per run from the context, supplies the device's part:
+//   using Choice;                   its planner's choice (.algorithm, ...)
+//   int64_t DefaultBudget() const;  asked only where the attribute is 0
+//   Status Choose(const ConvProblem&, DType, const std::string& requested,
+//                 int64_t limit, Choice*) const;
+//   static void Log(const std::string& op_name, const Choice&);  (its VLOG)
+//   static int64_t WorkspaceBytes(const Choice&);
+//   Status Launch(const ConvProblem&, DType, const Choice&, const void* a,
+//                 const void* b, void* out, void* workspace) const;
+template <typename Device, typename T>
+class BigConvDeviceBase : public BigConvOpBase<T> {
+ public:
+  using BigConvOpBase<T>::BigConvOpBase;
+
+ protected:
+  void Run(OpKernelContext* ctx, const ConvProblem& problem, const void* in, const void* filter,
+           void* out) {
+    if (problem.g.output_elements() == 0) return;
+    const Device device(ctx);
+    const int64_t limit =
+        this->workspace_limit_ > 0 ? this->workspace_limit_ : device.DefaultBudget();
+    typename Device::Choice choice;
+    OP_REQUIRES_OK(ctx, this->ChooseWithPlan([&](const std::string& requested) {
+      return device.Choose(problem, kDType<T>, requested, limit, &choice);
+    }));
+    Device::Log(this->name(), choice);
+    Tensor workspace;
+    void* ws = nullptr;
+    const int64_t workspace_bytes = Device::WorkspaceBytes(choice);
+    if (workspace_bytes > 0) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8, TensorShape({workspace_bytes}),
+                                             &workspace));
+      ws = this->Data(&workspace);
+    }
+    OP_REQUIRES_OK(ctx,
+                   ToTfStatus(device.Launch(problem, kDType<T>, choice, in, filter, out, ws)));
+  }
+};
+
 template <class Base>
 class BigConv2DOp : public Base {
  public:
@@ -198,5 +240,15 @@ class BigConv2DBackpropFilterOp : public Base {
                               .TypeConstraint<T>("T")                                     \
                               .HostMemory("filter_sizes"),                                \
                           ::tfbigconv::BigConv2DBackpropFilterOp<BASE<T>>);
+
+// Registers the three ops on DEVICE (tensorflow::DEVICE_CPU, ...) with base
+// class BigConvDeviceBase<DEVICE_PART, T> for each dtype T the ops take.
+#define TFBIGCONV_REGISTER_DEVICE_OPS(DEVICE, DEVICE_PART)                                 \
+  template <typename T>                                                                    \
+  using BigConvDeviceBaseOf##DEVICE_PART = ::tfbigconv::BigConvDeviceBase<DEVICE_PART, T>; \
+  TFBIGCONV_REGISTER_OPS(DEVICE, BigConvDeviceBaseOf##DEVICE_PART, Eigen::half)            \
+  TFBIGCONV_REGISTER_OPS(DEVICE, BigConvDeviceBaseOf##DEVICE_PART, Eigen::bfloat16)        \
+  TFBIGCONV_REGISTER_OPS(DEVICE, BigConvDeviceBaseOf##DEVICE_PART, float)                  \
+  TFBIGCONV_REGISTER_OPS(DEVICE, BigConvDeviceBaseOf##DEVICE_PART, double)
 
 }  // namespace tfbigconv

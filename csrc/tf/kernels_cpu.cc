@@ -1,7 +1,7 @@
-// CPU kernels of the three ops (kernel_base.h): a Run() that plans within
-// the host budget, takes the workspace from TensorFlow's allocator and runs
-// the pass with RunConvCpu (csrc/core/run_cpu.h, the launch _core also runs)
-// on TF's intra-op thread pool.
+// CPU kernels of the three ops (kernel_base.h): BigConvDeviceBase's Run()
+// with CpuDevice, which plans within the host budget and runs the pass with
+// RunConvCpu (csrc/core/run_cpu.h, the launch _core also runs) on TF's
+// intra-op thread pool.
 #include <algorithm>
 #include <string>
 
@@ -32,46 +32,35 @@ ParallelFor TfParallelFor(OpKernelContext* ctx) {
   });
 }
 
-template <typename T>
-class BigConvCpuBase : public BigConvOpBase<T> {
+// The CPU's part of BigConvDeviceBase (kernel_base.h): the host budget, the
+// planner and RunConvCpu on TF's intra-op pool.
+class CpuDevice {
  public:
-  using BigConvOpBase<T>::BigConvOpBase;
-
- protected:
-  void Run(OpKernelContext* ctx, const ConvProblem& problem, const void* in, const void* filter,
-           void* out) {
-    const ConvGeometry& g = problem.g;
-    if (g.output_elements() == 0) return;
-    const ParallelFor pf = TfParallelFor(ctx);
-    const int64_t limit =
-        this->workspace_limit_ > 0 ? this->workspace_limit_ : DefaultHostWorkspaceBudget();
-    AlgorithmChoice choice;
-    OP_REQUIRES_OK(ctx, this->ChooseWithPlan([&](const std::string& requested) {
-      return ChooseAlgorithm(g, kDType<T>, requested, limit, pf.num_workers(), &choice);
-    }));
-    VLOG(1) << this->name() << ": " << AlgorithmName(choice.algorithm) << " (" << choice.reason
-            << ")";
-    // The workspace comes from TF's allocator, within the limit the plan kept to.
-    Tensor workspace;
-    void* ws = nullptr;
-    if (choice.algorithm == Algorithm::kFft && choice.fft_plan.workspace_bytes > 0) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8,
-                                             TensorShape({choice.fft_plan.workspace_bytes}),
-                                             &workspace));
-      ws = this->Data(&workspace);
-    }
-    OP_REQUIRES_OK(ctx, ToTfStatus(RunConvCpu(problem, kDType<T>, choice, in, filter, out, ws, pf,
-                                              ActiveIsa())));
+  using Choice = AlgorithmChoice;
+  explicit CpuDevice(OpKernelContext* ctx) : pf_(TfParallelFor(ctx)) {}
+  int64_t DefaultBudget() const { return DefaultHostWorkspaceBudget(); }
+  Status Choose(const ConvProblem& problem, DType dtype, const std::string& requested,
+                int64_t limit, Choice* choice) const {
+    return ChooseAlgorithm(problem.g, dtype, requested, limit, pf_.num_workers(), choice);
   }
+  static void Log(const std::string& op_name, const Choice& choice) {
+    VLOG(1) << op_name << ": " << AlgorithmName(choice.algorithm) << " (" << choice.reason << ")";
+  }
+  // The workspace comes from TF's allocator, within the limit the plan kept to.
+  static int64_t WorkspaceBytes(const Choice& choice) {
+    return choice.algorithm == Algorithm::kFft ? choice.fft_plan.workspace_bytes : 0;
+  }
+  Status Launch(const ConvProblem& problem, DType dtype, const Choice& choice, const void* a,
+                const void* b, void* out, void* workspace) const {
+    return RunConvCpu(problem, dtype, choice, a, b, out, workspace, pf_, ActiveIsa());
+  }
+
+ private:
+  const ParallelFor pf_;
 };
 
 }  // namespace
 
-#define REGISTER(T) TFBIGCONV_REGISTER_OPS(tensorflow::DEVICE_CPU, BigConvCpuBase, T)
-REGISTER(Eigen::half)
-REGISTER(Eigen::bfloat16)
-REGISTER(float)
-REGISTER(double)
-#undef REGISTER
+TFBIGCONV_REGISTER_DEVICE_OPS(tensorflow::DEVICE_CPU, CpuDevice)
 
 }  // namespace tfbigconv

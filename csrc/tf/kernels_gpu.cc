@@ -1,8 +1,7 @@
 // GPU kernels of the three ops (built with GOOGLE_CUDA): the ops of
-// kernel_base.h with a Run() that plans within the allocator's budget, takes
-// the workspace from TensorFlow's allocator and enqueues the pass with
-// gpu::RunConvGpu (cuda/run_gpu.h, the launch the harness also tests) on the
-// op's stream. The only file where TF meets the CUDA code.
+// kernel_base.h, BigConvDeviceBase's Run() with GpuDevice, which plans within
+// the allocator's budget and enqueues the pass with gpu::RunConvGpu
+// (cuda/run_gpu.h, the launch the harness also tests) on the op's stream. The only file where TF meets the CUDA code.
 #if GOOGLE_CUDA
 
 #include <cuda_runtime_api.h>
@@ -30,46 +29,38 @@ int64_t DefaultGpuWorkspaceBudget(OpKernelContext* ctx) {
   return int64_t(double(free_bytes) * kDefaultBudgetFraction);
 }
 
-template <typename T>
-class BigConvGpuBase : public BigConvOpBase<T> {
+// The GPU's part of BigConvDeviceBase (kernel_base.h): the allocator's
+// budget, the GPU planner and gpu::RunConvGpu on the op's stream.
+class GpuDevice {
  public:
-  using BigConvOpBase<T>::BigConvOpBase;
-
- protected:
-  void Run(OpKernelContext* ctx, const ConvProblem& problem, const void* in, const void* filter,
-           void* out) {
-    const ConvGeometry& g = problem.g;
-    if (g.output_elements() == 0) return;
-    auto* stream = reinterpret_cast<cudaStream_t>(
-        ctx->op_device_context()->stream()->platform_specific_handle().stream);
-    const int64_t limit =
-        this->workspace_limit_ > 0 ? this->workspace_limit_ : DefaultGpuWorkspaceBudget(ctx);
-    gpu::GpuAlgorithmChoice choice;
-    OP_REQUIRES_OK(ctx, this->ChooseWithPlan([&](const std::string& requested) {
-      return gpu::ChooseGpuAlgorithm(problem, kDType<T>, requested, limit, stream, &choice);
-    }));
-    VLOG(1) << this->name() << " (GPU): " << AlgorithmName(choice.algorithm) << " ("
-            << choice.reason << ")";
-    Tensor workspace;
-    void* ws = nullptr;
-    if (choice.workspace_bytes() > 0) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8,
-                                             TensorShape({choice.workspace_bytes()}), &workspace));
-      ws = this->Data(&workspace);
-    }
-    OP_REQUIRES_OK(ctx, ToTfStatus(gpu::RunConvGpu(problem, kDType<T>, choice, in, filter, out,
-                                                   ws, stream)));
+  using Choice = gpu::GpuAlgorithmChoice;
+  explicit GpuDevice(OpKernelContext* ctx)
+      : ctx_(ctx),
+        stream_(reinterpret_cast<cudaStream_t>(
+            ctx->op_device_context()->stream()->platform_specific_handle().stream)) {}
+  int64_t DefaultBudget() const { return DefaultGpuWorkspaceBudget(ctx_); }
+  Status Choose(const ConvProblem& problem, DType dtype, const std::string& requested,
+                int64_t limit, Choice* choice) const {
+    return gpu::ChooseGpuAlgorithm(problem, dtype, requested, limit, stream_, choice);
   }
+  static void Log(const std::string& op_name, const Choice& choice) {
+    VLOG(1) << op_name << " (GPU): " << AlgorithmName(choice.algorithm) << " (" << choice.reason
+            << ")";
+  }
+  static int64_t WorkspaceBytes(const Choice& choice) { return choice.workspace_bytes(); }
+  Status Launch(const ConvProblem& problem, DType dtype, const Choice& choice, const void* a,
+                const void* b, void* out, void* workspace) const {
+    return gpu::RunConvGpu(problem, dtype, choice, a, b, out, workspace, stream_);
+  }
+
+ private:
+  OpKernelContext* const ctx_;
+  const cudaStream_t stream_;
 };
 
 }  // namespace
 
-#define REGISTER(T) TFBIGCONV_REGISTER_OPS(tensorflow::DEVICE_GPU, BigConvGpuBase, T)
-REGISTER(Eigen::half)
-REGISTER(Eigen::bfloat16)
-REGISTER(float)
-REGISTER(double)
-#undef REGISTER
+TFBIGCONV_REGISTER_DEVICE_OPS(tensorflow::DEVICE_GPU, GpuDevice)
 
 }  // namespace tfbigconv
 

@@ -231,11 +231,34 @@ def error_of(got, ref):
     return rel_l2(got, ref) if ref.size and np.any(ref) else (0.0 if np.all(got == 0) else np.inf)
 
 
+class Tally:
+    """Passed and failed counts of one family of host tests."""
+
+    def __init__(self):
+        self.ok = self.failed = 0
+
+    def add(self, err, tol, failure, measure, used):
+        """Counts err <= tol as passed, else as failed, printing
+        "<failure>: <measure>=<err> (<used>)"."""
+        good = err <= tol
+        self.ok += good
+        self.failed += not good
+        if not good:
+            print(f"{failure}: {measure}={err:.3g} ({used})")
+
+
+def run_fft_on_host(pass_, a, b, out, dtype, args, tile, chunk, ci_block):
+    """H.run_fft_on_host on a, b encoded for dtype, with tile x (tile + 2) tiles."""
+    return H.run_fft_on_host(pass_, encode(a, dtype).view(np.uint8),
+                             encode(b, dtype).view(np.uint8), out, *args, tile_h=tile,
+                             tile_w=tile + 2, chunk=chunk, ci_block=ci_block)
+
+
 def run_host_matrix(dtypes=("float32", "float64", "float16")):
     """The direct kernels' bodies on the CPU (H.run_direct_on_host): every
     case and pass whose plan is not the tiled kernel, with and without
     workspace. Needs no GPU."""
-    ok, failed, skipped = 0, 0, 0
+    direct, skipped = Tally(), 0
     rng = np.random.default_rng(4321)
     for case, pass_, dtype, limit in itertools.product(cases(), PASSES, dtypes, [4 << 30, 0]):
         a, b, ref, out_shape, args = operands(rng, case, dtype, pass_)
@@ -249,14 +272,11 @@ def run_host_matrix(dtypes=("float32", "float64", "float16")):
                 skipped += 1
                 continue
             raise
-        err = error_of(decode(out, dtype, out_shape), ref())
-        good = err <= TOLERANCE[dtype]
-        ok += good
-        failed += not good
-        if not good:
-            print(f"FAIL host {pass_} {dtype} limit={limit} {case}: rel_l2={err:.3g} ({used})")
-    print(f"host kernel tests (direct): {ok} passed, {failed} failed, {skipped} skipped (tiled)")
-    fft_ok, fft_failed = 0, 0
+        direct.add(error_of(decode(out, dtype, out_shape), ref()), TOLERANCE[dtype],
+                   f"FAIL host {pass_} {dtype} limit={limit} {case}", "rel_l2", used)
+    print(f"host kernel tests (direct): {direct.ok} passed, {direct.failed} failed, "
+          f"{skipped} skipped (tiled)")
+    fft = Tally()
     # The FFT steps with numpy's FFT for cuFFT: whole-output tiles, and small
     # tiles with chunks and channel blocks smaller than the work.
     for case, pass_, dtype, (tile, chunk, ci_block) in itertools.product(
@@ -266,39 +286,28 @@ def run_host_matrix(dtypes=("float32", "float64", "float16")):
         a, b, ref, out_shape, args = operands(rng, case, dtype, pass_)
         out = np.full(int(np.prod(out_shape)) * ITEM[dtype], 0xFF, np.uint8)
         try:
-            used = H.run_fft_on_host(pass_, encode(a, dtype).view(np.uint8),
-                                     encode(b, dtype).view(np.uint8), out, *args, tile_h=tile,
-                                     tile_w=tile + 2, chunk=chunk, ci_block=ci_block)
+            used = run_fft_on_host(pass_, a, b, out, dtype, args, tile, chunk, ci_block)
         except RuntimeError as e:
             if "empty" in str(e):
                 continue
             raise
-        err = error_of(decode(out, dtype, out_shape), ref())
-        tol = max(TOLERANCE[dtype], FFT_TOLERANCE.get(dtype, 0))
-        good = err <= tol
-        fft_ok += good
-        fft_failed += not good
-        if not good:
-            print(f"FAIL host fft {pass_} {dtype} tile={tile} {case}: rel_l2={err:.3g} ({used})")
-    print(f"host kernel tests (fft): {fft_ok} passed, {fft_failed} failed")
-    nf_ok, nf_failed = 0, 0
+        fft.add(error_of(decode(out, dtype, out_shape), ref()),
+                max(TOLERANCE[dtype], FFT_TOLERANCE.get(dtype, 0)),
+                f"FAIL host fft {pass_} {dtype} tile={tile} {case}", "rel_l2", used)
+    print(f"host kernel tests (fft): {fft.ok} passed, {fft.failed} failed")
+    nf = Tally()
     for (case, dtype, kind), pass_, (tile, chunk, ci_block) in itertools.product(
             non_finite_cases(), PASSES, [(10**6, 10**6, 10**6), (7, 3, 1)]):
         if (dtype == "float16" and tile < 10**6) or (kind == "nan_filter" and pass_ != "forward"):
             continue
-        a, b, ref, out_shape, args = operands(rng, case, dtype, pass_, _poison(kind, nf_ok))
+        a, b, ref, out_shape, args = operands(rng, case, dtype, pass_, _poison(kind, nf.ok))
         out = np.full(int(np.prod(out_shape)) * ITEM[dtype], 0xFF, np.uint8)
-        used = H.run_fft_on_host(pass_, encode(a, dtype).view(np.uint8),
-                                 encode(b, dtype).view(np.uint8), out, *args, tile_h=tile,
-                                 tile_w=tile + 2, chunk=chunk, ci_block=ci_block)
-        err = non_finite_error(decode(out, dtype, out_shape), ref())
-        good = err <= max(TOLERANCE[dtype], FFT_TOLERANCE.get(dtype, 0))
-        nf_ok += good
-        nf_failed += not good
-        if not good:
-            print(f"FAIL host fft {kind} {pass_} {dtype} tile={tile} {case}: error={err:.3g} ({used})")
-    print(f"host kernel tests (fft, non-finite): {nf_ok} passed, {nf_failed} failed")
-    return failed == 0 and fft_failed == 0 and nf_failed == 0
+        used = run_fft_on_host(pass_, a, b, out, dtype, args, tile, chunk, ci_block)
+        nf.add(non_finite_error(decode(out, dtype, out_shape), ref()),
+               max(TOLERANCE[dtype], FFT_TOLERANCE.get(dtype, 0)),
+               f"FAIL host fft {kind} {pass_} {dtype} tile={tile} {case}", "error", used)
+    print(f"host kernel tests (fft, non-finite): {nf.ok} passed, {nf.failed} failed")
+    return direct.failed == 0 and fft.failed == 0 and nf.failed == 0
 
 
 def check_case(be, rng, case, dtype, algorithm, pass_, workspace_limit=4 << 30, poison=None):

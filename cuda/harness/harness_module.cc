@@ -94,6 +94,26 @@ struct CudaEvent {
   CudaEvent& operator=(const CudaEvent&) = delete;
 };
 
+// The arguments that name one pass and its operands, as run, time and plan
+// take them (MakeJob makes a Job of them): JOB_PARAMS declares them, JOB_ARGS
+// passes them on and JOB_PY_ARGS names them for Python.
+#define JOB_PARAMS                                                                       \
+  const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,                      \
+      const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape, \
+      const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,        \
+      const std::string& padding, const std::vector<int64_t>& explicit_paddings,         \
+      const std::string& data_format, const std::string& dtype_name,                     \
+      const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle
+#define JOB_ARGS                                                                              \
+  pass, a, b, out, input_shape, filter_shape, strides, dilations, padding, explicit_paddings, \
+      data_format, dtype_name, algorithm, workspace_limit, stream_handle
+#define JOB_PY_ARGS                                                                          \
+  py::arg("pass_"), py::arg("a"), py::arg("b"), py::arg("out"), py::arg("input_shape"),      \
+      py::arg("filter_shape"), py::arg("strides"), py::arg("dilations"), py::arg("padding"), \
+      py::arg("explicit_paddings"), py::arg("data_format"), py::arg("dtype"),                \
+      py::arg("algorithm"), py::arg("workspace_limit") = int64_t(4) << 30,                   \
+      py::arg("stream") = uintptr_t(0)
+
 // One pass as the harness runs it: the problem, the planned choice, and the
 // operands. a, b are (input, filter), (out_backprop, filter) or (input,
 // out_backprop) for forward, backprop_input, backprop_filter.
@@ -114,12 +134,7 @@ struct Job {
   }
 };
 
-Job MakeJob(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
-            const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
-            const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
-            const std::string& padding, const std::vector<int64_t>& explicit_paddings,
-            const std::string& data_format, const std::string& dtype_name,
-            const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle) {
+Job MakeJob(JOB_PARAMS) {
   Job j{MakeConv(pass, input_shape, filter_shape, strides, dilations, padding, explicit_paddings,
                  data_format),
         ParseDTypeOrThrow(dtype_name),
@@ -138,15 +153,8 @@ Job MakeJob(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
 // Check mode: plans, allocates the workspace and poisons it with NaN bytes
 // (so reads of unwritten workspace show), runs the pass, synchronizes.
 // Returns "<algorithm>: <reason>".
-std::string Run(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
-                const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
-                const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
-                const std::string& padding, const std::vector<int64_t>& explicit_paddings,
-                const std::string& data_format, const std::string& dtype_name,
-                const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle) {
-  const Job j = MakeJob(pass, a, b, out, input_shape, filter_shape, strides, dilations, padding,
-                        explicit_paddings, data_format, dtype_name, algorithm, workspace_limit,
-                        stream_handle);
+std::string Run(JOB_PARAMS) {
+  const Job j = MakeJob(JOB_ARGS);
   if (j.c.problem.g.output_elements() == 0) return "empty";
   DeviceBuffer ws(j.choice.workspace_bytes());
   if (ws.ptr)
@@ -158,15 +166,8 @@ std::string Run(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out
 }
 
 // The planner's choice for a pass, without running it: (algorithm, reason).
-py::tuple Plan(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
-               const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
-               const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
-               const std::string& padding, const std::vector<int64_t>& explicit_paddings,
-               const std::string& data_format, const std::string& dtype_name,
-               const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle) {
-  const Job j = MakeJob(pass, a, b, out, input_shape, filter_shape, strides, dilations, padding,
-                        explicit_paddings, data_format, dtype_name, algorithm, workspace_limit,
-                        stream_handle);
+py::tuple Plan(JOB_PARAMS) {
+  const Job j = MakeJob(JOB_ARGS);
   return py::make_tuple(std::string(AlgorithmName(j.choice.algorithm)), j.choice.reason);
 }
 
@@ -290,21 +291,13 @@ double Median(std::vector<double> v) {
 // call that plans, launches and synchronizes, as a TF op would (without its
 // allocation). Returns a dict with kernel_ms, wall_ms, algorithm, reason and
 // workspace_bytes.
-py::dict Time(const std::string& pass, uintptr_t a, uintptr_t b, uintptr_t out,
-              const std::vector<int64_t>& input_shape, const std::vector<int64_t>& filter_shape,
-              const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
-              const std::string& padding, const std::vector<int64_t>& explicit_paddings,
-              const std::string& data_format, const std::string& dtype_name,
-              const std::string& algorithm, int64_t workspace_limit, uintptr_t stream_handle,
-              int reps) {
+py::dict Time(JOB_PARAMS, int reps) {
   if (reps < 1) throw py::value_error("reps must be at least 1");
   std::vector<double> kernel_ms, wall_ms;
   Job j;
   {
     py::gil_scoped_release release;
-    j = MakeJob(pass, a, b, out, input_shape, filter_shape, strides, dilations, padding,
-                explicit_paddings, data_format, dtype_name, algorithm, workspace_limit,
-                stream_handle);
+    j = MakeJob(JOB_ARGS);
     if (j.c.problem.g.output_elements() > 0) {
       DeviceBuffer ws(j.choice.workspace_bytes());
       j.Launch(ws.ptr);  // warm-up: module load, cuFFT plans
@@ -369,23 +362,9 @@ py::tuple CufftStatus() {
 PYBIND11_MODULE(tfbigconv_gpu_harness, m) {
   using namespace tfbigconv;
   m.doc() = "tfbigconv CUDA launchers on raw device pointers (test harness, no TensorFlow)";
-  m.def("run", &Run, py::arg("pass_"), py::arg("a"), py::arg("b"), py::arg("out"),
-        py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
-        py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
-        py::arg("data_format"), py::arg("dtype"), py::arg("algorithm"),
-        py::arg("workspace_limit") = int64_t(4) << 30, py::arg("stream") = uintptr_t(0),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("time", &Time, py::arg("pass_"), py::arg("a"), py::arg("b"), py::arg("out"),
-        py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
-        py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
-        py::arg("data_format"), py::arg("dtype"), py::arg("algorithm"),
-        py::arg("workspace_limit") = int64_t(4) << 30, py::arg("stream") = uintptr_t(0),
-        py::arg("reps") = 5);
-  m.def("plan", &Plan, py::arg("pass_"), py::arg("a"), py::arg("b"), py::arg("out"),
-        py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
-        py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
-        py::arg("data_format"), py::arg("dtype"), py::arg("algorithm"),
-        py::arg("workspace_limit") = int64_t(4) << 30, py::arg("stream") = uintptr_t(0));
+  m.def("run", &Run, JOB_PY_ARGS, py::call_guard<py::gil_scoped_release>());
+  m.def("time", &Time, JOB_PY_ARGS, py::arg("reps") = 5);
+  m.def("plan", &Plan, JOB_PY_ARGS);
   m.def("run_direct_on_host", &RunDirectOnHost, py::arg("pass_"), py::arg("a"), py::arg("b"),
         py::arg("out"), py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
         py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),

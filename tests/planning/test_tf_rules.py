@@ -145,18 +145,6 @@ HALF_CASES = {
 }
 
 
-# ---- precision: float16 and bfloat16 gradients from auto -------------------
-
-HALF_CASES = {
-    "dense_1ch": ((3, 58, 63, 1), (9, 1, 1, 2), 1, "VALID"),   # the bfloat16 case
-    "dense": ((2, 17, 19, 16), (7, 7, 16, 16), 1, "SAME"),
-    "dense_stride2": ((2, 20, 20, 8), (3, 3, 8, 8), 2, "SAME"),
-    "grouped": ((2, 20, 20, 8), (3, 3, 2, 8), 1, "SAME"),
-    "depthwise": ((2, 24, 24, 4), (7, 7, 1, 8), 1, "SAME"),
-    "big_k": ((1, 48, 44, 1), (31, 31, 1, 2), 1, "SAME"),
-}
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", sorted(HALF_CASES))
 @pytest.mark.parametrize("tuned", [False, True], ids=["estimated", "autotuned"])
