@@ -131,6 +131,15 @@ def test_int32_runs_tensorflows_kernel():
         tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm="fft")
 
 
+def test_int32_ignores_the_debugging_override(monkeypatch):
+    """TFBIGCONV_ALGORITHM forces our kernels for debugging; int32 still runs TF's."""
+    x = np.arange(2 * 6 * 5 * 2, dtype=np.int32).reshape(2, 6, 5, 2) % 7
+    w = np.ones((3, 3, 2, 4), np.int32)
+    monkeypatch.setenv("TFBIGCONV_ALGORITHM", "direct")
+    np.testing.assert_array_equal(tfbigconv.bigconv2d(x, w, 1, "SAME"),
+                                  tf.nn.conv2d(x, w, 1, "SAME"))
+
+
 def test_data_format_none_is_nhwc():
     want = tfbigconv.bigconv2d(X, W, 1, "SAME", data_format="NHWC", algorithm="direct")
     got = tfbigconv.bigconv2d(X, W, 1, "SAME", data_format=None, algorithm="direct")

@@ -104,3 +104,14 @@ def test_no_private_names_across_modules():
                     and node.attr.startswith("_") and not node.attr.startswith("__")):
                 bad.append(f"{m}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
     assert not bad, bad
+
+
+def test_public_modules_keep_their_names():
+    """tfbigconv.fuse and tfbigconv.fuse_train were modules before the package was
+    layered; code that imports them by those names still works."""
+    import importlib
+    fuse = importlib.import_module("tfbigconv.fuse")
+    fuse_train = importlib.import_module("tfbigconv.fuse_train")
+    assert fuse is tfbigconv.fuse and fuse_train is tfbigconv.fuse_train
+    from tfbigconv.fuse import compose_program  # noqa: F401
+    from tfbigconv.fuse_train import choose_mode  # noqa: F401

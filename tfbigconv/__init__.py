@@ -20,6 +20,8 @@ except ImportError as e:  # pragma: no cover - build or path problem
         "If that is the source tree, run from another directory so that the installed "
         "package is imported; otherwise build with: pip install --no-build-isolation ."
     ) from e
+import sys as _sys
+
 from tfbigconv import _native  # checks the TF version, registers the ops
 from tfbigconv._native import ops as _raw_ops  # noqa: F401  (the ops, for tests and power users)
 from tfbigconv.cost_model import profiles as _profiles
@@ -34,6 +36,11 @@ from tfbigconv import fusion as fuse
 from tfbigconv.fusion import train as fuse_train
 from tfbigconv.fusion.model import SubgraphReport, fuse_linear
 from tfbigconv.version import __version__
+
+# tfbigconv.fuse and tfbigconv.fuse_train, public modules before the package was
+# layered, stay importable by those names (import tfbigconv.fuse, from ... import).
+_sys.modules[__name__ + ".fuse"] = fuse
+_sys.modules[__name__ + ".fuse_train"] = fuse_train
 
 # The planner's constants, in both compiled modules (see cost_model/profiles.py).
 _profiles.load_active(_native.LIB_PATH)

@@ -19,6 +19,7 @@ import platform
 import warnings
 
 from tfbigconv import _core
+from tfbigconv import host
 from tfbigconv.host import tf_onednn
 
 SHIPPED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cost_model.json")
@@ -123,7 +124,7 @@ def machine_mismatch(meta=None, cpu=None, tensorflow=None, onednn=None):
     if meta.get("tensorflow") and meta["tensorflow"] != tensorflow:
         reasons.append(f"the profile was measured with TensorFlow {meta['tensorflow']}, this "
                        f"is {tensorflow}")
-    onednn = tf_onednn() if onednn is None else onednn
+    onednn = host.current().runs_onednn() if onednn is None else onednn
     their_onednn = meta.get("tf_onednn")
     if isinstance(their_onednn, bool) and onednn is not None and their_onednn != onednn:
         state = ("off", "on")

@@ -64,10 +64,12 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
       tf.Graph) and tf.errors.InvalidArgumentError eagerly (TypeError and
       InvalidArgumentError for dtypes); tf.errors.UnimplementedError for strides
       in the batch or depth dimension; InvalidArgumentError for dilations there,
-      a filter with no elements, and for `algorithm` and `workspace_limit`.
+      a filter of zero height, width or in_depth (an out_depth of 0 gives an
+      empty output), and for `algorithm` and `workspace_limit`.
     """
     with tf.name_scope(name or "bigconv2d"):
         data_format = arguments.parse_data_format(data_format)
+        asked = algorithm  # before TFBIGCONV_ALGORITHM, which does not apply to int32
         algorithm = arguments.requested_algorithm(algorithm)
         workspace_limit = arguments.parse_byte_count(workspace_limit, "workspace_limit", 0)
         input = tf.convert_to_tensor(input, name="input")
@@ -104,9 +106,9 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
                  data_format=data_format, dilations=dilations, algorithm=algorithm,
                  workspace_limit_bytes=int(workspace_limit))
         if input.dtype in arguments.TF_ONLY_DTYPES:
-            if algorithm not in ("auto", "tf"):
+            if asked not in ("auto", "tf", "im2col"):
                 raise errors.invalid_argument(
-                    f"algorithm {algorithm!r} does not run {input.dtype.name}: only "
+                    f"algorithm {asked!r} does not run {input.dtype.name}: only "
                     f"TensorFlow's kernel does (algorithm 'auto' or 'tf')")
             return tf.raw_ops.Conv2D(input=input, filter=filters, **kernels.tf_attrs(a))
         plan_in = planner.planning_shape(input.shape)

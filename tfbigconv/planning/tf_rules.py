@@ -148,8 +148,12 @@ class Case:
         sizes = ("batch", "in_h", "in_w", "in_c", "filter_h", "filter_w", "out_c", "out_h",
                  "out_w")
         self.empty = any(g[k] == 0 for k in sizes)
-        self.depthwise = uses_depthwise_kernel(self.pass_, g["in_c"], self.filter_shape,
-                                               self.attrs, self.dtype, self.device)
+
+    @functools.cached_property
+    def depthwise(self):
+        """TF's kernel is DepthwiseConv2dNative (uses_depthwise_kernel; may probe oneDNN)."""
+        return uses_depthwise_kernel(self.pass_, self.geometry["in_c"], self.filter_shape,
+                                     self.attrs, self.dtype, self.device)
 
     @functools.cached_property
     def onednn_depthwise(self):
