@@ -216,3 +216,39 @@ def test_depthwise_gradient_passes_mix_tf_and_ours(model):
     assert {"BigConv2D", "DepthwiseConv2dNativeBackpropInput", "BigConv2DBackpropFilter"} <= types
     assert "DepthwiseConv2dNative" not in types
     assert max(grads_vs_reference(ours, x, w)) < TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("wanted", ["filter", "input"])
+def test_a_gradient_the_tape_does_not_want_is_not_planned(monkeypatch, wanted):
+    """A layer's input needs no gradient in training (nor a frozen filter in
+    fine-tuning): that pass is neither planned nor timed, and the other is planned
+    alone (no pair timing). Where the forward pass is our op; a forward routed to
+    TF's kernel plans its gradients when it is built (ops/conv2d.py)."""
+    from tfbigconv.planning import planner
+    planned = []
+    decide = planner.decide
+    monkeypatch.setattr(planner, "decide",
+                        lambda pass_, *args, **kw: planned.append(pass_) or decide(pass_, *args, **kw))
+    monkeypatch.setattr(planner, "decide_gradients",
+                        lambda *args, **kw: pytest.fail("the pair was planned"))
+    x, w = random_case((2, 48, 44, 1), 0), random_case((31, 29, 1, 2), 1)
+    xt, wt = tf.constant(x), tf.Variable(w) if wanted == "filter" else tf.constant(w)
+    source = wt if wanted == "filter" else tf.Variable(x)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            inp = source if wanted == "input" else xt
+            y = tfbigconv.bigconv2d(inp, wt, 1, "SAME")
+            loss = tf.reduce_sum(y * y)
+        return tape.gradient(loss, source)
+
+    got = step()
+    assert "BigConv2D" in {op.type for op in step.get_concrete_function().graph.get_operations()}
+    with tf.GradientTape() as tape:
+        inp = source if wanted == "input" else xt
+        y = tf.nn.conv2d(inp, wt, 1, "SAME")
+        loss = tf.reduce_sum(y * y)
+    want = tape.gradient(loss, source)
+    assert rel_l2(got.numpy(), want.numpy()) < 1e-5
+    assert planned == ["forward", "backprop_" + wanted], planned

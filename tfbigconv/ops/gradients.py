@@ -25,10 +25,15 @@ def _big_conv2d_grad(op, grad):
     a = _attrs(op)
     # Planning and TF's kernels follow it; ours need no device.
     device = _device_of(op) if a["algorithm"] in ("auto", "tf") else None
-    bpi, bpf = planner.choose_gradients(x.shape, w.shape, a, x.dtype, device)
-    return (candidates.backprop_input(tf.shape(x), w, grad, a, bpi, x.shape, device),
+    # A gradient the tape does not want (e.g. a model's input) is neither planned,
+    # timed nor built: the tape's op says so (graph-mode tf.gradients' op does not).
+    skip = set(getattr(op, "skip_input_indices", None) or ())
+    bpi, bpf = planner.choose_gradients(x.shape, w.shape, a, x.dtype, device,
+                                        needed=(0 not in skip, 1 not in skip))
+    return (candidates.backprop_input(tf.shape(x), w, grad, a, bpi, x.shape, device)
+            if bpi else None,
             candidates.backprop_filter(x, w.shape if w.shape.is_fully_defined() else tf.shape(w),
-                                       grad, a, bpf, device))
+                                       grad, a, bpf, device) if bpf else None)
 
 
 @tf.RegisterGradient("BigConv2DBackpropInput")

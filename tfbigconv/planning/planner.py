@@ -138,15 +138,22 @@ def log_choice(op_name, p):
                  how, p["reason"])
 
 
-def choose_gradients(in_shape, f_shape, a, dtype, device):
+def choose_gradients(in_shape, f_shape, a, dtype, device, needed=(True, True)):
     """The algorithms of the two gradient passes (dL/dinput, dL/dfilter) of an op
     with attributes `a` (ours): planned together (decide_gradients) when shapes
-    are static, else the op's."""
+    are static, else the op's. `needed`: which of the two are wanted; one that
+    is not is neither planned nor timed (None), and the other is planned alone
+    (a frozen filter, or a layer whose input needs no gradient)."""
     in_shape, f_shape = planning_shape(in_shape), static_shape(f_shape)
     if a["algorithm"] != "auto" or in_shape is None or f_shape is None:
-        return a["algorithm"], a["algorithm"]
-    plans = decide_gradients(in_shape, f_shape, kernels.tf_attrs(a), dtype.name, a["algorithm"],
-                             a["workspace_limit_bytes"], device)
+        return tuple(a["algorithm"] if n else None for n in needed)
+    args = (in_shape, f_shape, kernels.tf_attrs(a), dtype.name, a["algorithm"],
+            a["workspace_limit_bytes"], device)
+    if all(needed):
+        plans = decide_gradients(*args)
+    else:
+        plans = [decide(p, *args) if n else None for p, n in zip(PASSES[1:], needed)]
     for p in plans:
-        log_choice("bigconv2d", p)
-    return tuple(p["chosen"] for p in plans)
+        if p is not None:
+            log_choice("bigconv2d", p)
+    return tuple(p["chosen"] if p is not None else None for p in plans)
