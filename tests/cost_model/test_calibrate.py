@@ -96,3 +96,21 @@ def test_calibration_round_trip(tmp_path):
     r = run(["-c", CHECK_MODEL], XDG_CACHE_HOME=str(cache))
     assert r.returncode == 0 and "ignoring cost model" in r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["source"] == "shipped"
+
+
+def test_progress_bar_counts_every_measurement(tmp_path, monkeypatch):
+    """The progress bar's total is the calibration's measurements, exactly (its
+    time left is then right), and the per-measurement lines go to absl's log."""
+    seen = {}
+    finish = calibrate._Progress.finish
+
+    def spy(self):
+        seen["done"], seen["total"] = self.done, self.total
+        finish(self)
+
+    monkeypatch.setattr(calibrate._Progress, "finish", spy)
+    lines = []
+    calibrate.calibrate(str(tmp_path / "p.json"), quick=True, log=lines.append, progress=False)
+    assert seen["done"] == seen["total"] > 0
+    assert any("model / measured" in line for line in lines)
+    assert not any(" ms" in line and "x" in line.split(":")[0] for line in lines)  # details

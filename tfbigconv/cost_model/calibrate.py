@@ -13,8 +13,10 @@ import datetime
 import math
 import time
 
+import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tfbigconv import _core, arguments, host, kernels
 from tfbigconv._native import ops as native
@@ -108,17 +110,46 @@ def _kernel_fn(algorithm, pass_, x_shape, w_shape, padding):
                     lambda x, s, dy: native.big_conv2d_backprop_filter(x, s, dy, **a))
 
 
-def _best_times(fns, budget_s, rounds, log):
+class _Progress:
+    """One progress bar over every measurement of a calibration, with the time
+    left (keras.utils.Progbar); silent where `show` is False."""
+
+    def __init__(self, total, show):
+        self.done, self.total = 0, total
+        self.bar = keras.utils.Progbar(total, unit_name="measurement") if show else None
+
+    def advance(self, count=1):
+        if count <= 0:
+            return
+        self.done = min(self.total, self.done + count)
+        if self.bar is not None:
+            self.bar.update(self.done)
+
+    def finish(self):
+        self.advance(self.total - self.done)
+
+
+def _measurements(cases, rounds):
+    """How many measurements calibrate takes at most (its progress bar's total)."""
+    passes, sides = len(arguments.PASSES), len(IM2COL_SIDES)
+    kernels = 2 * len(cases) * passes
+    blocks = passes * sides * len(BLOCK_PROBE)  # the probe stops early where it can
+    tables = (passes * sides * len(IM2COL_PRODUCTS) + 2 * passes * sides
+              + len(profiles.DTYPE_SLOWDOWNS) * passes * (1 + len(SLOWDOWN_DTYPES)))
+    return (kernels + blocks + tables) * rounds
+
+
+def _best_times(fns, budget_s, rounds, progress):
     """{key: the smallest of `rounds` median times of fns[key]}, measured
     round-robin so that the machine's slow minutes spread over all of them."""
     best = {}
     for rnd in range(rounds):
         for key, fn in fns.items():
+            progress.advance()
             if rnd and best[key] > 2.0:
                 continue  # too slow to repeat
             t = _time(fn, budget_s)
             best[key] = min(t, best.get(key, t))
-        log(f"round {rnd + 1} of {rounds} done ({len(fns)} measurements)")
     return best
 
 
@@ -205,16 +236,18 @@ def channel_block(seconds):
     return float(block)
 
 
-def _channel_blocks(quick, rounds, budget_s, log):
+def _channel_blocks(quick, rounds, budget_s, log, progress):
     """{profile field: block} for every pass and side, timed count by count."""
     values = {}
     for pass_ in arguments.PASSES:
         for side in IM2COL_SIDES:
             seconds = {}
-            for c in BLOCK_PROBE:
+            for i, c in enumerate(BLOCK_PROBE):
                 fn = _im2col_fn(pass_, *_block_case(pass_, side, c, quick), "SAME", tf.float32)
                 seconds[c] = min(_time(fn, budget_s) for _ in range(rounds))
+                progress.advance(rounds)
                 if channel_block(seconds) < c:  # past the block: no need to time more
+                    progress.advance(rounds * (len(BLOCK_PROBE) - i - 1))
                     break
             block = channel_block(seconds)
             values[f"{profiles.CHANNEL_BLOCK}{pass_}.side{side}"] = block
@@ -256,36 +289,44 @@ def _model_terms(algorithm, pass_, x_shape, w_shape, padding):
     return p[algorithm]["terms"]
 
 
-def calibrate(output, quick=False, rounds=3, log=print):
+def calibrate(output, quick=False, rounds=3, log=print, progress=True):
     """Measures, fits and writes a profile to `output`; returns its values.
 
     quick: tiny problems and one round, for tests of the round trip (the
     numbers are then not meaningful). rounds: each measurement is the best of
-    this many, taken round-robin.
+    this many, taken round-robin. log: the summary lines (each measurement's
+    result goes to absl's log at verbosity 1). progress: a progress bar with
+    the time left.
     """
     with tf.device("/CPU:0"):
-        return _calibrate_cpu(output, quick, rounds, log)
+        return _calibrate_cpu(output, quick, rounds, log, progress)
 
 
-def _calibrate_cpu(output, quick, rounds, log):
+def _detail(line):
+    logging.vlog(1, "calibrate: %s", line)
+
+
+def _calibrate_cpu(output, quick, rounds, log, show_progress):
     rounds = 1 if quick else rounds
     budget_s = 0.02 if quick else 0.3
     cases = [((1, 24, 24, 1), (5, 5, 1, 2), "SAME"), ((1, 24, 24, 4), (3, 3, 4, 4), "SAME"),
              ((1, 32, 32, 2), (9, 9, 2, 2), "VALID")] if quick else KERNEL_CASES
+    progress = _Progress(_measurements(cases, rounds), show_progress)
+    summary = []  # printed after the progress bar
     fns = {(algorithm, pass_, case): _kernel_fn(algorithm, pass_, *case)
            for algorithm in ("direct", "fft") for case in cases for pass_ in arguments.PASSES}
-    times = _best_times(fns, budget_s, rounds, log)
+    times = _best_times(fns, budget_s, rounds, progress)
     fits = {}
     for algorithm in ("direct", "fft"):
         keys = [k for k in fns if k[0] == algorithm]
         terms = [_model_terms(algorithm, pass_, *case) for _, pass_, case in keys]
         seconds = [times[k] for k in keys]
         for (_, pass_, (x_shape, w_shape, padding)), t in zip(keys, seconds):
-            log(f"{algorithm:6s} {pass_:15s} {x_shape} x {w_shape} {padding}: {t * 1e3:.2f} ms")
+            _detail(f"{algorithm:6s} {pass_:15s} {x_shape} x {w_shape} {padding}: {t * 1e3:.2f} ms")
         fits[algorithm] = _fit(terms, seconds, positive=(0, 1) if algorithm == "direct" else (0,))
         predicted = np.asarray(terms) @ np.asarray(fits[algorithm])
         ratio = predicted / np.asarray(seconds)
-        log(f"{algorithm} model / measured: median {np.median(ratio):.2f}, "
+        summary.append(f"{algorithm} model / measured: median {np.median(ratio):.2f}, "
             f"range {ratio.min():.2f}-{ratio.max():.2f}")
     values = {
         "direct_flops_per_second": 1.0 / fits["direct"][0],
@@ -301,7 +342,7 @@ def _calibrate_cpu(output, quick, rounds, log):
     }
     target = 2e6 if quick else 2e9
     fns, macs = {}, {}
-    blocks = _channel_blocks(quick, rounds, budget_s / 3, log)
+    blocks = _channel_blocks(quick, rounds, budget_s / 3, _detail, progress)
     values.update(blocks)
     for pass_ in arguments.PASSES:
         for side in IM2COL_SIDES:
@@ -324,16 +365,19 @@ def _calibrate_cpu(output, quick, rounds, log):
                 macs[key] = _core.conv_geometry(list(x_shape), [side, side, 1, 32 * multiplier],
                                                 padding="SAME", **ATTRS)["macs"]
     fns.update(_dtype_slowdown_fns(target))
-    times = _best_times(fns, budget_s, rounds, log)
+    times = _best_times(fns, budget_s, rounds, progress)
+    progress.finish()
+    for line in summary:
+        log(line)
     for key, m in macs.items():
         values[key] = 2 * m / times[key]
-        log(f"{key}: {values[key] / 1e9:.1f} GFLOP/s")
+        _detail(f"{key}: {values[key] / 1e9:.1f} GFLOP/s")
     for prefix in profiles.DTYPE_SLOWDOWNS:
         for pass_ in arguments.PASSES:
             for name in SLOWDOWN_DTYPES:
                 key, base = f"{prefix}{pass_}.{name}", f"{prefix}{pass_}.float32"
                 values[key] = times[key] / times[base]
-                log(f"{key}: {values[key]:.2f}x float32's time")
+                _detail(f"{key}: {values[key]:.2f}x float32's time")
     active = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))
     ordered = [values[name] if name in values else active[name]  # GPU: kept
                for name in _core.cost_model_fields()]
