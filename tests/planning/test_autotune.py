@@ -7,6 +7,7 @@ The rest of the suite runs with autotuning off (conftest.py); the tests here
 turn it on with the `autotuning` fixture, each with its own cache file."""
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -821,3 +822,24 @@ def test_dilated_depthwise_measured_fastest_on_tf_runs_its_depthwise_gradients(
             conv2d_reference_backprop_filter(x, dy, w_shape, (1, 1), "SAME", dil))
     for g, r in zip(got, refs):
         assert rel_l2(g.numpy(), r) < TOLERANCE["float32"]
+
+
+def test_a_long_autotuning_says_so_once(autotuning, monkeypatch, caplog):
+    """A pass whose timing is expected to take over ANNOUNCE_ABOVE_S logs one INFO
+    line (absl): what is timed, why, and where the result is cached; a short one
+    logs nothing."""
+    monkeypatch.setattr(autotune, "measure",
+                        lambda pass_, names, *args, **kwargs: {n: 1.0 for n in names})
+    caplog.set_level(logging.INFO, logger="absl")
+    for estimate, lines, width in ((1e-4, 0, 32), (1.0, 1, 33)):  # two cache keys
+        shapes = ((4, 14, width, 1), (13, 13, 1, 32))
+        caplog.clear()
+        p = dict(planned(estimate, estimate * 1.2, estimate * 1.5), chosen="tf",
+                 reason="estimates", **{"pass": "forward"})
+        assert autotune.expected_seconds(p, ["tf", "direct", "fft"], 4, 4, {}) == pytest.approx(
+            (1 + autotune.MIN_ROUNDS) * estimate * 3.7)
+        autotune.refine(p, *shapes, ATTRS, "float32", "CPU", 0)
+        said = [r.getMessage() for r in caplog.records if "autotuning" in r.getMessage()]
+        assert len(said) == lines, said
+        if lines:
+            assert "timing tf, direct, fft" in said[0] and str(autotune.cache_path()) in said[0]

@@ -19,6 +19,7 @@ import warnings
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tfbigconv import host, version
 from tfbigconv.cost_model import profiles
@@ -56,6 +57,9 @@ TF_MARGIN = 1.1
 # lands on every output (README, "Odd input"; a 2x2 filter once went to fft
 # at 0.484 ms against direct's 0.487 ms).
 PREFERENCE = ("tf", "direct", "fft")
+# A pass whose timing is expected to take (or took) longer than this says so in
+# one INFO line on absl's log (docs/planner.md, section 5).
+ANNOUNCE_ABOVE_S = 1.0
 # A measured win over TF's kernel by less than this is timed a second time.
 CONFIRM_BELOW = 2.0
 CANDIDATES = ("tf", "direct", "fft")
@@ -249,6 +253,10 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
                            workspace_limit=workspace_limit, batch=batch, images=images)
 
         screened = screening_images(p, names, batch, best_estimate)
+        start = time.perf_counter()
+        expected = expected_seconds(p, names, input_shape[0], batch, screened)
+        if expected > ANNOUNCE_ABOVE_S:
+            _announce(p, names, device, batch, f"about {expected:.1f} s")
         seconds = timed(names, screened)
         close = [n for n in screened if seconds[n] < CONFIRM_BELOW * min(seconds.values())]
         if close:  # in the race after all: timed again on the batch, beside the best of the rest
@@ -261,7 +269,27 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
         entry = {"chosen": fastest(seconds), "seconds": seconds,
                  "version": _version()}
         _store(key, entry)
+        took = time.perf_counter() - start
+        if took > ANNOUNCE_ABOVE_S and expected <= ANNOUNCE_ABOVE_S:
+            _announce(p, names, device, batch, f"took {took:.1f} s")
     _apply(p, entry)
+
+
+def expected_seconds(p, names, full_batch, batch, images):
+    """What timing `names` should cost, from their estimates: the warm-up and
+    MIN_ROUNDS more calls of each, on `batch` images (fewer for a screened one)."""
+    per_image = {n: p[n]["seconds"] / max(full_batch, 1) for n in names}
+    return (1 + MIN_ROUNDS) * sum(per_image[n] * images.get(n, batch) for n in names)
+
+
+def _announce(p, names, device, batch, cost):
+    """The one INFO line of a pass whose autotuning takes over ANNOUNCE_ABOVE_S."""
+    why = ("TF's kernel's estimate is not trusted" if "tf" in names and not p["tf_trusted"]
+           else f"their estimates are within {NEAR_FACTOR:g}x")
+    logging.info("tfbigconv: autotuning %s on %s: timing %s on %d images (%s), because %s; "
+                 "the result is cached in %s (TFBIGCONV_AUTOTUNE=0 turns autotuning off)",
+                 p["pass"], device, ", ".join(names), batch, cost, why,
+                 cache_path())
 
 
 def cached(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit):
