@@ -149,17 +149,11 @@ def _check_kernel_limits(strides, dilations, data_format, filter_shape):
 def _with_batch_flattened(x, conv):
     """tf.nn.conv2d's input of rank 5 or more: batch_shape + 3 dimensions runs
     as one batch of prod(batch_shape), and the output keeps batch_shape."""
-    outer = x.shape[:-3]
-    count = outer.num_elements() if outer.is_fully_defined() else tf.reduce_prod(tf.shape(x)[:-3])
-    inner = [d if d is not None else tf.shape(x)[i - 3] for i, d in enumerate(x.shape[-3:])]
-    y = conv(tf.reshape(x, tf.stack([count] + inner) if not all(
-        isinstance(d, int) for d in [count] + inner) else [count] + inner))
-    outer_dims = outer.as_list() if outer.is_fully_defined() else tf.shape(x)[:-3]
-    inner_out = y.shape[1:]
-    if outer.is_fully_defined() and inner_out.is_fully_defined():
-        return tf.reshape(y, outer_dims + inner_out.as_list())
-    out = tf.reshape(y, tf.concat([tf.shape(x)[:-3], tf.shape(y)[1:]], axis=0))
-    out.set_shape(outer.concatenate(inner_out))
+    outer, shape = x.shape[:-3], tf.shape(x)
+    count = outer.num_elements() if outer.is_fully_defined() else tf.reduce_prod(shape[:-3])
+    y = conv(tf.reshape(x, tf.concat([[count], shape[-3:]], axis=0)))
+    out = tf.reshape(y, tf.concat([shape[:-3], tf.shape(y)[1:]], axis=0))
+    out.set_shape(outer.concatenate(y.shape[1:]))
     return out
 
 

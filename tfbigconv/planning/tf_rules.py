@@ -216,7 +216,9 @@ TF_KERNEL_RULES = (
     Rule(lambda c: c.depthwise, "DepthwiseConv2dNative", "trusted", "",
          "NCHW: TF's own CPU depthwise kernels reject it, oneDNN's ran it (uses_depthwise_kernel)"),
     # Conv2D.
-    Rule(lambda c: c.device == "GPU", "Conv2D", "trusted", "", "GPU_DEPTHWISE_NOTE"),
+    Rule(lambda c: (c.device == "GPU" and c.geometry["filter_in_c"] == 1
+                    and c.geometry["in_c"] > 1), "Conv2D", "trusted", GPU_DEPTHWISE_NOTE, "GPU_DEPTHWISE_NOTE"),
+    Rule(lambda c: c.device == "GPU", "Conv2D", "trusted", "", "cuDNN, as tf.nn.conv2d runs it"),
     Rule(lambda c: c.needs_onednn_conv2d and c.nchw and not c.onednn_conv2d, "", "never",
          "TensorFlow's CPU Conv2D runs only NHWC", "TF's Eigen Conv2D kernels"),
     Rule(lambda c: c.needs_onednn_conv2d and c.grouped and not c.onednn_conv2d, "", "never",
@@ -255,9 +257,6 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
     case = Case(pass_, geometry, attrs, dtype, device)
     rule = next(r for r in TF_KERNEL_RULES if r.applies(case))
     note = rule.note
-    if rule.kernel == "Conv2D" and device == "GPU":
-        depthwise = geometry["filter_in_c"] == 1 and geometry["in_c"] > 1
-        note = GPU_DEPTHWISE_NOTE if depthwise else ""
     if rule.verdict != "never" and case.relies_on_onednn:
         note = "; ".join(n for n in (note, ONEDNN_NOTE) if n)
     return rule.kernel, rule.verdict, note
