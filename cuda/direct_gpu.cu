@@ -37,6 +37,10 @@ constexpr double kTiledMacsPerSecond = 8e12, kUntiledMacsPerSecond = 1e12;
 // fewest groups (channels) for which lanes along channels fill a warp's loads.
 constexpr int kDepthwiseCols = 4, kDepthwiseThreads = 256;
 constexpr int64_t kDepthwiseMinGroups = 8;
+// ... and at most this many filter taps: beyond 5x5 the tiled and reduction
+// kernels were faster on an H100 (2026-11-26 grid: 7x7 even, 13x13 2.5x,
+// 31x31 3.7x; every dL/dfilter, whose "filter" is dy, 2-10x).
+constexpr int64_t kDepthwiseMaxTaps = 25;
 
 // Everything the kernels read, precomputed on the host: the geometry
 // (GeometryArgs, gpu_common.cuh) and the plan's blocking.
@@ -562,7 +566,7 @@ DirectGpuPlan PlanDirectGpu(const ConvProblem& problem, DType dtype, int64_t lim
   // Groups innermost with unit stride (NHWC, one input or one image per
   // group): a depthwise forward pass, its backprop_input and backprop_filter.
   if (problem.in.g == 1 && problem.out.g == 1 && problem.filter.g == 1 && cog == 1 &&
-      g.groups >= kDepthwiseMinGroups)
+      g.groups >= kDepthwiseMinGroups && g.filter_h * g.filter_w <= kDepthwiseMaxTaps)
     PlanDepthwise(g, dtype, limit, &p);
   else
     PlanReduction(g, dtype, limit, &p);
