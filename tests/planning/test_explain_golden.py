@@ -1,6 +1,9 @@
 """explain() gives the tables held in explain_golden.json (generated before the
-package was restructured, issue 37), on pinned host facts and the shipped
-generic profile: the same choices, estimates and notes."""
+package was restructured, issue 37; the GPU tables regenerated after the GPU
+section's refit of issue 41), on pinned host facts and the shipped generic
+profile: the same choices, estimates and notes. A deliberate change to the
+estimates regenerates it: run explain_golden_cases.py with this test's
+environment and write its output there."""
 import json
 import os
 import subprocess
