@@ -11,23 +11,43 @@ Importing this package loads the custom ops, registers their gradients and the
 Keras layers, so SavedModels and `.keras` files that use them load afterwards.
 Serving code should call `tfbigconv.register_all()` before loading a model.
 """
-try:
-    from tfbigconv import _core
-except ImportError as e:  # pragma: no cover - build or path problem
-    import os as _os
-    raise ImportError(
-        f"tfbigconv's compiled module _core is missing from {_os.path.dirname(__file__)}. "
-        "If that is the source tree, run from another directory so that the installed "
-        "package is imported; otherwise build with: pip install --no-build-isolation ."
-    ) from e
+import os as _os
 import sys as _sys
+import warnings as _warnings
 
-from tfbigconv import _native  # checks the TF version, registers the ops
-from tfbigconv._native import ops as _raw_ops  # noqa: F401  (the ops, for tests and power users)
-from tfbigconv.cost_model import profiles as _profiles
-from tfbigconv.ops import gradients as _gradients  # noqa: F401  (registers the gradients)
-from tfbigconv.ops.conv2d import ALGORITHMS, bigconv2d
-from tfbigconv.planning.explain import explain
+from tfbigconv import _missing
+from tfbigconv.ops import pure_tf as _pure_tf
+
+
+def _load_compiled():
+    """Imports _core and the op library: (why not, the modules that did not load)."""
+    try:
+        from tfbigconv import _core  # noqa: F401
+    except ImportError as e:
+        where = _os.path.dirname(__file__)
+        return (f"its module _core is missing from {where} or does not load: {e}; if that is "
+                "the source tree, run from another directory so that the installed package "
+                "is imported"), ("_core", "_native")
+    try:
+        from tfbigconv import _native  # noqa: F401  (checks the TF version, registers the ops)
+    except ImportError as e:
+        return str(e).splitlines()[0], ("_native",)
+    return "", ()
+
+
+_cause, _not_loaded = _load_compiled()
+if _cause:  # pure TensorFlow instead (ops/pure_tf.py), said once, here
+    _missing.install(_sys.modules[__name__], _not_loaded, _cause)
+    _pure_tf.missing_library = _cause
+    _warnings.warn(_missing.message("tfbigconv's custom ops", _cause), RuntimeWarning,
+                   stacklevel=2)
+
+from tfbigconv import _native  # noqa: E402
+from tfbigconv._native import ops as _raw_ops  # noqa: F401,E402  (the ops, for tests and power users)
+from tfbigconv.cost_model import profiles as _profiles  # noqa: E402
+from tfbigconv.ops import gradients as _gradients  # noqa: F401,E402  (registers the gradients)
+from tfbigconv.ops.conv2d import ALGORITHMS, bigconv2d  # noqa: E402
+from tfbigconv.planning.explain import explain  # noqa: E402
 
 from tfbigconv import keras  # registers the Keras layers (needs Keras 3, a TensorFlow dependency)
 from tfbigconv.keras.convert import convert_model
@@ -43,7 +63,8 @@ _sys.modules[__name__ + ".fuse"] = fuse
 _sys.modules[__name__ + ".fuse_train"] = fuse_train
 
 # The planner's constants, in both compiled modules (see cost_model/profiles.py).
-_profiles.load_active(_native.LIB_PATH)
+if not _cause:
+    _profiles.load_active(_native.LIB_PATH)
 
 __all__ = ["bigconv2d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_train", "fuse_linear",
            "SubgraphReport", "keras", "register_all", "memory_report", "MemoryReport",

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "direct_cpu.h"
+#include "fft_sizes.h"
 #include "memory_info.h"
 #include "plan.h"
 #include "geometry.h"
@@ -404,4 +405,6 @@ PYBIND11_MODULE(_core, m) {
     return v;
   });
   m.def("active_isa", [] { return std::string(IsaName(ActiveIsa())); });
+  m.def("good_fft_size", &GoodFftSize, py::arg("n"),
+        "Smallest size >= n with no prime factor above 7 (the FFT planners' sizes).");
 }

@@ -4,6 +4,7 @@ import tensorflow as tf
 from tfbigconv import _core, arguments, errors, host, kernels
 from tfbigconv._native import ops as native
 from tfbigconv.arguments import ALGORITHMS  # noqa: F401  (tfbigconv.ALGORITHMS)
+from tfbigconv.ops import pure_tf
 from tfbigconv.planning import candidates, planner
 
 
@@ -91,15 +92,22 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
                                             data_format)
         pad, explicit = arguments.parse_padding(padding)
         _check_kernel_limits(strides, dilations, data_format, filters.shape)
+        pure = pure_tf.active()  # under XLA, or without the compiled library
         try:
-            _core.validate_attrs(strides, pad, explicit, data_format, dilations)
+            if pure_tf.missing_library is None:
+                _core.validate_attrs(strides, pad, explicit, data_format, dilations)
             for t, what in ((input, "input"), (filters, "filters")):
                 if t.shape.rank is not None and t.shape.rank != 4:
                     raise ValueError(f"{what} must be rank 4, got rank {t.shape.rank}: shape {t.shape}")
             in_shape = planner.static_shape(input.shape)
             f_shape = planner.static_shape(filters.shape)
             if in_shape is not None and f_shape is not None:
-                _core.conv_geometry(in_shape, f_shape, strides, pad, explicit, data_format, dilations)
+                if pure_tf.missing_library is None:
+                    _core.conv_geometry(in_shape, f_shape, strides, pad, explicit, data_format,
+                                        dilations)
+                else:
+                    pure_tf.check_geometry(in_shape, f_shape, strides, pad, explicit,
+                                           data_format, dilations)
         except ValueError as e:
             raise arguments.graph_error(str(e)) from None
         a = dict(strides=strides, padding=pad, explicit_paddings=explicit,
@@ -111,6 +119,9 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
                     f"algorithm {asked!r} does not run {input.dtype.name}: only "
                     f"TensorFlow's kernel does (algorithm 'auto' or 'tf')")
             return tf.raw_ops.Conv2D(input=input, filter=filters, **kernels.tf_attrs(a))
+        if pure:
+            return pure_tf.conv2d(input, filters, strides, pad, explicit, data_format, dilations,
+                                  algorithm, workspace_limit, why=pure)
         plan_in = planner.planning_shape(input.shape)
         planned = plan_in is not None and f_shape is not None
         device = None  # where the op runs: resolved for planning, and TF's kernel follows it

@@ -1,0 +1,224 @@
+"""bigconv2d as pure TensorFlow (tfbigconv/ops/pure_tf.py): under XLA
+(tf.function(jit_compile=True), Keras' jit_compile=True), forced with
+TFBIGCONV_PURE_TF=1, and where the compiled library does not load."""
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfbigconv
+from conftest import TESTS_DIR, TOLERANCE, random_case, rel_l2, run_python
+from reference import (conv2d_reference, conv2d_reference_backprop_filter,
+                       conv2d_reference_backprop_input)
+from tfbigconv import _core
+from tfbigconv.ops import pure_tf
+
+# The geometry cases: every padding mode, strides, dilations, groups (dense,
+# grouped, depthwise with a multiplier), both layouts.
+CASES = [
+    ((2, 19, 23, 3), (7, 5, 3, 4), 1, 1, "SAME", "NHWC"),
+    ((2, 20, 17, 4), (9, 9, 2, 6), 2, 1, "VALID", "NHWC"),
+    ((1, 31, 29, 6), (5, 7, 1, 12), 1, 2, "SAME", "NHWC"),
+    ((2, 4, 19, 17), (7, 7, 2, 4), (2, 3), (1, 2), [[0, 0], [0, 0], [1, 3], [4, 0]], "NCHW"),
+    ((1, 40, 37, 2), (15, 15, 2, 3), (1, 2), 1, [[0, 0], [6, 0], [0, 7], [0, 0]], "NHWC"),
+    ((1, 3, 26, 30), (11, 13, 3, 2), 1, (2, 1), "SAME", "NCHW"),
+]
+DTYPES = ["float32", "float64", "float16", "bfloat16"]
+# The FFT's rounding error beside the kernels' (float32: up to ~3e-7 x max|y|).
+FFT_TOLERANCE = {"float64": 1e-10, "float32": 2e-5}
+
+
+def _tolerance(dtype):
+    return max(TOLERANCE[dtype], FFT_TOLERANCE.get(dtype, 0))
+
+
+def _nhwc(shape, fmt):
+    return shape if fmt == "NHWC" else (shape[0], shape[2], shape[3], shape[1])
+
+
+def _pairs(padding, fmt):
+    if not isinstance(padding, list):
+        return padding, ((0, 0), (0, 0))
+    p = padding if fmt == "NHWC" else [padding[0], padding[2], padding[3], padding[1]]
+    return "EXPLICIT", (tuple(p[1]), tuple(p[2]))
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def test_good_fft_size_is_the_planners():
+    assert [pure_tf.good_fft_size(n) for n in range(1, 3000)] == \
+        [_core.good_fft_size(n) for n in range(1, 3000)]
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "fft", "direct"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=[str(c[:2]) for c in CASES])
+def test_xla_forward_and_gradients_match_the_reference(case, dtype, algorithm):
+    """Under jit_compile: forward and both gradients against the float64
+    reference, as the kernels are held to outside XLA."""
+    xs, ws, s, d, padding, fmt = case
+    x = tf.cast(random_case(xs, 1, np.float64), dtype)
+    w = tf.cast(random_case(ws, 2, np.float64), dtype)
+    kw = dict(strides=s, padding=padding, data_format=fmt, dilations=d)
+
+    @tf.function(jit_compile=True)
+    def step(x, w, dy):
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            y = tfbigconv.bigconv2d(x, w, algorithm=algorithm, **kw)
+        return (y,) + tuple(t.gradient(y, [x, w], output_gradients=dy))
+
+    pad, pairs = _pairs(padding, fmt)
+    rk = dict(strides=_pair(s), padding=pad, dilations=_pair(d), data_format=fmt, explicit=pairs)
+    x64, w64 = tf.cast(x, tf.float64).numpy(), tf.cast(w, tf.float64).numpy()
+    y_ref = conv2d_reference(x64, w64, **rk)
+    dy = tf.cast(random_case(y_ref.shape, 3, np.float64), dtype)
+    dy64 = tf.cast(dy, tf.float64).numpy()
+    refs = (y_ref, conv2d_reference_backprop_input(dy64, w64, x64.shape, **rk),
+            conv2d_reference_backprop_filter(x64, dy64, w64.shape, **rk))
+    for got, ref, what in zip(step(x, w, dy), refs, ("y", "dL/dx", "dL/dw")):
+        assert got.dtype == dtype and got.shape == ref.shape, what
+        err = rel_l2(tf.cast(got, tf.float64).numpy(), ref)
+        assert err <= _tolerance(dtype), f"{what}: rel L2 {err}"
+
+
+@pytest.mark.parametrize("algorithm", ["fft", "direct"])
+def test_xla_second_order_matches_the_kernels(algorithm):
+    """d/dw of |dL/dx|^2 under XLA equals the same outside it (our ops' registered
+    gradients of gradients)."""
+    x = tf.constant(random_case((2, 16, 18, 2), 4, np.float64))
+    w = tf.constant(random_case((9, 7, 2, 3), 5, np.float64))
+
+    def second(x, w):
+        with tf.GradientTape() as outer:
+            outer.watch(w)
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                y = tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm=algorithm)
+                loss = tf.reduce_sum(y * y)
+            dx = inner.gradient(loss, x)
+            g = tf.reduce_sum(dx * dx)
+        return outer.gradient(g, w)
+
+    got = tf.function(second, jit_compile=True)(x, w).numpy()
+    want = second(x, w).numpy()
+    assert rel_l2(got, want) <= 1e-10
+
+
+def test_xla_builds_no_custom_op_and_outside_xla_the_kernels_run():
+    x, w = tf.TensorSpec((1, 40, 40, 1), tf.float32), tf.TensorSpec((31, 31, 1, 2), tf.float32)
+
+    def fn(x, w):
+        return tfbigconv.bigconv2d(x, w, 1, "SAME", algorithm="fft")
+
+    inside = {op.type for op in tf.function(fn, jit_compile=True).get_concrete_function(x, w)
+              .graph.get_operations()}
+    outside = {op.type for op in tf.function(fn).get_concrete_function(x, w).graph.get_operations()}
+    assert "BigConv2D" not in inside and "IRFFT2D" in inside
+    assert "BigConv2D" in outside
+
+
+def test_xla_with_unknown_spatial_shapes_runs_tf_conv():
+    """Unknown height and width under XLA: TF's convolution (XLA compiles it per
+    shape), never a custom op."""
+    spec = tf.TensorSpec((None, None, None, 2), tf.float32)
+    fn = tf.function(lambda x: tfbigconv.bigconv2d(x, tf.ones((21, 21, 2, 3)), 1, "SAME"),
+                     jit_compile=True, input_signature=[spec])
+    x = random_case((1, 30, 25, 2), 6)
+    got = fn(tf.constant(x)).numpy()
+    assert rel_l2(got, conv2d_reference(x, np.ones((21, 21, 2, 3)), padding="SAME")) <= 1e-5
+    types = {op.type for op in fn.get_concrete_function().graph.get_operations()}
+    assert "BigConv2D" not in types and "Conv2D" in types
+
+
+def test_use_fft_picks_tf_conv_for_small_filters_and_fft_for_large():
+    big = dict(n=16, h=321, w=481, cin=1, cout=3, kh=135, kw=135, groups=1, fft_h=324,
+               fft_w=486, out_h=187, out_w=347)
+    assert pure_tf.use_fft(**big)
+    small = dict(big, kh=3, kw=3, fft_h=324, fft_w=486, out_h=319, out_w=479)
+    assert not pure_tf.use_fft(**small)
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "fft", "direct"])
+def test_forced_pure_tf_builds_no_custom_op(monkeypatch, algorithm):
+    monkeypatch.setenv(pure_tf.PURE_TF_ENV, "1")
+    x, w = random_case((2, 24, 20, 4), 7), random_case((9, 9, 2, 4), 8)
+    fn = tf.function(lambda x, w: tfbigconv.bigconv2d(x, w, 2, "SAME", algorithm=algorithm))
+    types = {op.type for op in fn.get_concrete_function(tf.constant(x), tf.constant(w))
+             .graph.get_operations()}
+    assert not any(t.startswith("BigConv2D") for t in types)
+    got = fn(tf.constant(x), tf.constant(w)).numpy()
+    assert rel_l2(got, conv2d_reference(x, w, (2, 2), "SAME")) <= _tolerance("float32")
+
+
+def test_fft_chunks_over_the_batch_within_the_workspace_limit(monkeypatch):
+    """A workspace_limit smaller than the batch's spectra: the batch runs in
+    chunks (several transforms), with the same result."""
+    monkeypatch.setenv(pure_tf.PURE_TF_ENV, "1")
+    x, w = random_case((5, 30, 30, 2), 9), random_case((15, 15, 2, 2), 10)
+    per_image = (2 + 2) * 30 * 16 * 8  # (cin + cout) spectra of 30 x 30, complex64
+    fn = tf.function(lambda x, w: tfbigconv.bigconv2d(x, w, 1, "VALID", algorithm="fft",
+                                                      workspace_limit=2 * per_image))
+    g = fn.get_concrete_function(tf.constant(x), tf.constant(w)).graph
+    assert sum(op.type == "RFFT2D" for op in g.get_operations()) == 1 + 3  # filter + 3 chunks
+    got = fn(tf.constant(x), tf.constant(w)).numpy()
+    assert rel_l2(got, conv2d_reference(x, w)) <= _tolerance("float32")
+
+
+def test_pure_tf_rejects_a_filter_larger_than_the_input(monkeypatch):
+    with pytest.raises(ValueError, match="exceeds the padded input"):
+        pure_tf.check_geometry((1, 10, 10, 1), (11, 3, 1, 1), [1] * 4, "VALID", [], "NHWC",
+                               [1] * 4)
+    with pytest.raises(ValueError, match="multiple"):
+        pure_tf.check_geometry((1, 10, 10, 3), (3, 3, 2, 1), [1] * 4, "VALID", [], "NHWC",
+                               [1] * 4)
+
+
+def test_without_the_compiled_library_import_warns_and_layers_run(tmp_path):
+    """The package without its compiled modules (as after a TensorFlow upgrade
+    or without a compiler): import tfbigconv warns once with the cause and the
+    rebuild command; a .keras model saved with the library loads and gives the
+    same output; what needs the library says so."""
+    import keras
+    pkg = os.path.dirname(tfbigconv.__file__)
+    copy = tmp_path / "site" / "tfbigconv"
+    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    model = keras.Sequential([keras.Input((24, 24, 2)),
+                              tfbigconv.keras.BigConv2D(3, 15, padding="same"),
+                              tfbigconv.keras.BigDepthwiseConv2D(5, padding="same")])
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    x = random_case((2, 24, 24, 2), 11)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", model(x).numpy())
+    out = run_python(f"""
+        import warnings
+        import numpy as np
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import tfbigconv
+            import tfbigconv.keras
+        said = [str(w.message) for w in caught if "compiled library" in str(w.message)]
+        assert len(said) == 1, said
+        assert "pip install" in said[0] and "_core" in said[0], said[0]
+        assert tfbigconv.__file__.startswith({str(tmp_path)!r})
+        import keras
+        m = keras.models.load_model({path!r})
+        y = m(np.load({str(tmp_path / "x.npy")!r})).numpy()
+        want = np.load({str(tmp_path / "y.npy")!r})
+        print("rel", np.linalg.norm(y - want) / np.linalg.norm(want))
+        try:
+            tfbigconv.explain((1, 8, 8, 1), (3, 3, 1, 1))
+        except ImportError as e:
+            assert "compiled library" in str(e), e
+            print("explain: ImportError")
+        """, cwd=str(tmp_path), env={"PYTHONPATH": str(tmp_path / "site") + os.pathsep +
+                                     os.path.join(TESTS_DIR)})
+    assert "explain: ImportError" in out, out
+    rel = float(out.split("rel ")[1].split()[0])
+    assert rel <= 2e-5, out
