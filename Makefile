@@ -34,8 +34,14 @@ $(VENV)/.install-stamp: $(VENV)/.deps-stamp $(SOURCES)
 
 install: $(VENV)/.install-stamp
 
+# The conformance tests again on bigconv2d's pure-TensorFlow path (XLA's, and
+# what runs without the compiled library); tests marked `native` skip there.
+PURE_TF_TESTS = ops/test_conv2d.py ops/test_gradients.py ops/test_pure_tf.py \
+	ops/test_graph_mode.py test_arguments.py keras
+
 test: install
 	cd tests && ../$(PY) -m pytest -q $(PYTEST_ARGS)
+	cd tests && ../$(PY) -m pytest -q --pure-tf $(PURE_TF_TESTS) $(PYTEST_ARGS)
 
 demo: install
 	$(PY) benchmarks/demo.py

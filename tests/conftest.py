@@ -28,6 +28,35 @@ for _name in ("TFBIGCONV_ALGORITHM", "TFBIGCONV_COST_MODEL"):
 os.environ["TFBIGCONV_AUTOTUNE_CACHE"] = os.path.join(os.environ["XDG_CACHE_HOME"],
                                                       "autotune-session.json")
 os.environ["TFBIGCONV_AUTOTUNE"] = "0"
+os.environ.pop("TFBIGCONV_PURE_TF", None)  # set by --pure-tf only
+
+
+# ---- --pure-tf: the conformance tests on bigconv2d's pure-TensorFlow path ------
+
+def pytest_addoption(parser):
+    parser.addoption("--pure-tf", action="store_true",
+                     help="run with TFBIGCONV_PURE_TF=1 (bigconv2d as pure TensorFlow, as under "
+                          "XLA or without the compiled library); tests marked `native` skip")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "native: checks our compiled kernels or the planner's "
+                                       "choice among them; skipped under --pure-tf")
+    if config.getoption("--pure-tf"):
+        os.environ["TFBIGCONV_PURE_TF"] = "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--pure-tf"):
+        skip = pytest.mark.skip(reason="our kernels or plans (--pure-tf runs pure TensorFlow)")
+        for item in items:
+            if "native" in item.keywords:
+                item.add_marker(skip)
+
+
+def pure_tf_mode():
+    """True under --pure-tf: bigconv2d is pure TensorFlow, with the FFT's error."""
+    return os.environ.get("TFBIGCONV_PURE_TF") == "1"
 
 # Relative L2 error allowed against the float64 reference, per dtype. 16-bit
 # inputs are rounded to the dtype before the reference sees them, so what is

@@ -202,15 +202,29 @@ def test_the_package_exports_all_four_layers():
     assert tfbigconv.keras.FusedBiasMap is fusion_layers.FusedBiasMap
 
 
-def test_no_xla():
+def test_jit_support_declared_where_no_gpu_is_visible(monkeypatch):
+    """CPU only: the layers declare XLA support, so jit_compile=True compiles the
+    model (on the pure-TF path, tests/keras/test_keras_xla.py) and "auto" stays
+    off (Keras' rule on CPU-only machines). With a GPU visible they do not, so
+    Keras' "auto" keeps our kernels and jit_compile=True falls back with a warning."""
     layer = BigConv2D(2, 15)
-    assert layer.supports_jit is False and BigDepthwiseConv2D(15).supports_jit is False
+    assert layer.supports_jit is True and BigDepthwiseConv2D(15).supports_jit is True
     big = keras.Sequential([keras.Input((20, 20, 1)), layer])
-    plain = keras.Sequential([keras.Input((20, 20, 1)), keras.layers.Conv2D(2, 15)])
+    big.compile(loss="mse", jit_compile=True)
+    assert big.jit_compile is True
+    big.compile(loss="mse")
+    assert big.jit_compile is False  # "auto" on a CPU-only machine
+    gpu = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: [gpu] if kind in (None, "GPU") else [])
+    on_gpu = BigConv2D(2, 15)
+    assert on_gpu.supports_jit is False
+    big = keras.Sequential([keras.Input((20, 20, 1)), on_gpu])
     with pytest.warns(UserWarning, match="jit_compile"):
         big.compile(loss="mse", jit_compile=True)
-    plain.compile(loss="mse", jit_compile=True)
-    assert big.jit_compile is False and plain.jit_compile is True
+    assert big.jit_compile is False
+    big.compile(loss="mse")
+    assert big.jit_compile is False
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -66,6 +66,7 @@ def test_keras_file_loads_in_fresh_process(saved):
     assert out.startswith("ok")
 
 
+@pytest.mark.native
 def test_saved_model_loads_in_fresh_process(saved):
     out = run_python(f"""
         import numpy as np, tensorflow as tf

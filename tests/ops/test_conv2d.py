@@ -244,6 +244,7 @@ SEED16 = ((4, 321, 481, 1), (135, 135, 1, 3), "VALID")
 DEPTHWISE = ((2, 16, 16, 8), (3, 3, 1, 16))  # multiplier 2; the model picks TF's kernel
 
 
+@pytest.mark.native
 def test_small_filter_runs_tf_conv2d_and_large_filter_runs_fft():
     x_shape, w_shape, pad = SMALL
     e = tfbigconv.explain(x_shape, w_shape, padding=pad)
@@ -261,6 +262,7 @@ def test_small_filter_runs_tf_conv2d_and_large_filter_runs_fft():
     assert "BigConv2D" in types and "Conv2D" not in types
 
 
+@pytest.mark.native
 def test_unknown_shapes_leave_the_choice_to_the_op():
     x, w = rand((2, 40, 40, 2), 10), rand((9, 9, 2, 3), 11)
     f = tf.function(lambda x: tfbigconv.bigconv2d(x, w, 1, "SAME"),
@@ -290,6 +292,7 @@ def test_forced_tf_is_tf_conv2d(algorithm):
                              algorithm=algorithm).chosen["forward"] == "tf.Conv2D"
 
 
+@pytest.mark.native
 def test_nothing_fits_raises_resource_exhausted_with_the_minimum():
     x, w = rand((2, 64, 64, 1), 16), rand((31, 31, 1, 3), 17)
     with pytest.raises(tf.errors.ResourceExhaustedError, match=r"at least \d+ bytes"):

@@ -143,6 +143,7 @@ def test_backprop_op_errors():
 
 # ---- each gradient pass planned on its own (auto) -----------------------------
 
+@pytest.mark.native
 def test_gradient_passes_are_planned_each_on_their_own(model):
     """Forward on TF's Conv2D, backprop_filter moved off it by the model: the
     gradient mixes TF's Conv2DBackpropInput with our BigConv2DBackpropFilter,
@@ -176,6 +177,7 @@ def test_gradient_passes_are_planned_each_on_their_own(model):
             assert rel_l2(got.numpy(), ref.numpy()) < 1e-5
 
 
+@pytest.mark.native
 def test_registered_gradient_uses_tf_where_it_wins(model):
     """Forward on our op (direct), backprop_input moved to TF's kernel by the model."""
     model("im2col_flops_per_second.forward", 1e-6)
@@ -201,6 +203,7 @@ def test_registered_gradient_uses_tf_where_it_wins(model):
 DEPTHWISE = ((2, 16, 16, 8), (3, 3, 1, 16))  # multiplier 2; the model picks TF's kernel
 
 
+@pytest.mark.native
 def test_depthwise_gradient_passes_mix_tf_and_ours(model):
     """The model moves depthwise backprop_filter (then forward) off TF: the
     other passes stay on DepthwiseConv2dNative*, reshaping the filter."""
@@ -218,6 +221,7 @@ def test_depthwise_gradient_passes_mix_tf_and_ours(model):
     assert max(grads_vs_reference(ours, x, w)) < TOLERANCE["float32"]
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("wanted", ["filter", "input"])
 def test_a_gradient_the_tape_does_not_want_is_not_planned(monkeypatch, wanted):
     """A layer's input needs no gradient in training (nor a frozen filter in

@@ -5,7 +5,7 @@ import keras
 import tensorflow as tf
 
 from tfbigconv.fusion import program as steps, train
-from tfbigconv.keras.layers import check_backend, check_options
+from tfbigconv.keras.layers import check_backend, check_options, declares_jit
 
 __all__ = ["FusedLinearConv", "FusedBiasMap"]
 
@@ -59,7 +59,7 @@ class FusedLinearConv(keras.layers.Layer):
         self.weight_shapes = [[name, [int(d) for d in shape]] for name, shape in weight_shapes]
         self.input_size = tuple(int(v) for v in input_size)
         self.channels = int(channels)
-        self.supports_jit = False
+        self.supports_jit = declares_jit()
         self.branch_weights = {}
         self._choices = {}  # (batch, trainable) -> ModeChoice
 

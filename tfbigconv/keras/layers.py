@@ -12,8 +12,8 @@ serialize the same way; only the convolution itself runs through
 
 Both layers are registered as Keras serializable objects (package "tfbigconv"),
 so `.keras` files load with `keras.models.load_model` once `tfbigconv` has been
-imported. They set `supports_jit = False`: the custom ops cannot be compiled by
-XLA, and Keras would otherwise turn XLA on by default on GPU machines.
+imported. XLA: see `declares_jit` (under `jit_compile=True` the layers run
+bigconv2d's pure-TensorFlow path, which XLA compiles).
 
 Mixed precision: under a "mixed_float16" or "mixed_bfloat16" policy the kernel
 stays float32 and the convolution runs in the compute dtype (the kernels
@@ -46,6 +46,20 @@ def check_backend():
             f"the Keras backend is {keras.backend.backend()!r} (set KERAS_BACKEND=tensorflow)")
 
 
+def declares_jit():
+    """The layers' `supports_jit`: True where no GPU is visible, else False.
+
+    Keras compiles a model with XLA under `jit_compile=True` only when every
+    layer declares support, and under the default `jit_compile="auto"` only on
+    machines with a GPU (Keras 3 turns XLA off on CPU-only machines). Under XLA
+    our layers run bigconv2d's pure-TensorFlow path, slower than our kernels
+    (benchmarks/RESULTS.md, "XLA"). So: on a CPU-only machine they declare it,
+    which lets `jit_compile=True` compile the model and changes nothing by
+    default; where a GPU is visible they do not, so that "auto" keeps our CUDA
+    kernels (the pure-TF path on the GPU has not been measured against them)."""
+    return not tf.config.list_physical_devices("GPU")
+
+
 def check_options(algorithm, workspace_limit):
     """The two arguments the Big layers add, checked as Keras checks its own."""
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
@@ -65,7 +79,7 @@ class _BigConvMixin:
     def _init_big(self, algorithm, workspace_limit):
         check_backend()
         self.algorithm, self.workspace_limit = check_options(algorithm, workspace_limit)
-        self.supports_jit = False
+        self.supports_jit = declares_jit()
 
     def _bigconv(self, inputs, kernel):
         # The kernel variable may be float32 under a mixed policy while the

@@ -102,21 +102,61 @@ def use_fft(n, h, w, cin, cout, kh, kw, groups, fft_h, fft_w, out_h, out_w):
     return fft < conv
 
 
+def output_size(padded, eff, stride):
+    """tf.nn.conv2d's output size (GetWindowedOutputSize, rounded toward zero),
+    negative where the dilated filter is larger than the padded input."""
+    diff = padded - eff
+    return diff // stride + 1 if diff >= 0 else -((-diff - stride) // stride) \
+        if -diff >= stride else 0
+
+
 def check_geometry(in_shape, f_shape, strides, padding, explicit, data_format, dilations):
-    """Raises ValueError, naming the argument, where tf.nn.conv2d would not build
-    (the compiled library's conv_geometry does this when it is there)."""
+    """Raises ValueError, naming the argument, where tf.nn.conv2d would not build,
+    in the compiled library's words (its conv_geometry does this when it is there)."""
     hd, wd, cd = (1, 2, 3) if data_format == "NHWC" else (2, 3, 1)
     cin, (kh, kw, cig, cout) = in_shape[cd], f_shape
     if cig <= 0 or cin % cig:
-        raise ValueError(f"input depth {cin} must be a multiple of the filter's in_depth {cig}")
+        raise ValueError(f"input depth {cin} must be a multiple of the filter's in_depth {cig} "
+                         f"(groups = input depth / filter in_depth); input shape "
+                         f"{list(in_shape)}, filter shape {list(f_shape)}")
     if cout % (cin // cig):
-        raise ValueError(f"filter out_depth {cout} must be a multiple of the groups "
-                         f"{cin // cig} (input depth / filter in_depth)")
+        raise ValueError(f"filter out_depth {cout} must be a multiple of groups {cin // cig} "
+                         f"(input depth {cin} / filter in_depth {cig})")
     for d, k, name in ((hd, kh, "height"), (wd, kw, "width")):
-        pair = (explicit[2 * d], explicit[2 * d + 1]) if padding == "EXPLICIT" else (0, 0)
-        if pads_1d(in_shape[d], k, strides[d], dilations[d], padding, pair)[2] <= 0:
-            raise ValueError(f"the dilated filter's {name} exceeds the padded input's: "
-                             f"input {list(in_shape)}, filters {list(f_shape)}")
+        before, after = (explicit[2 * d], explicit[2 * d + 1]) if padding == "EXPLICIT" else (0, 0)
+        if padding == "SAME":
+            continue
+        eff = (k - 1) * dilations[d] + 1
+        if output_size(in_shape[d] + before + after, eff, strides[d]) < 0:
+            raise ValueError(f"filter is larger than the padded input along {name}: effective "
+                             f"filter size {eff} > padded input size "
+                             f"{in_shape[d] + before + after}")
+
+
+def _runtime_checks(x, f, strides, padding, explicit, data_format, dilations):
+    """The checks of check_geometry as graph assertions, for shapes known only
+    when the graph runs (TF's own Conv2D crashes on some of them: a rank-3
+    input fails a CHECK in TF 2.21)."""
+    hd, wd, cd = (1, 2, 3) if data_format == "NHWC" else (2, 3, 1)
+    checks = [tf.debugging.assert_rank(x, 4, message="input must be rank 4"),
+              tf.debugging.assert_rank(f, 4, message="filter must be rank 4")]
+    with tf.control_dependencies(checks):
+        xs, fs = tf.shape(x, out_type=tf.int64), tf.shape(f, out_type=tf.int64)
+    cin, cig, cout = xs[cd], fs[2], fs[3]
+    checks += [
+        tf.debugging.assert_equal(tf.math.floormod(cin, tf.maximum(cig, 1)), tf.constant(0, tf.int64),
+                                  message="input depth must be a multiple of the filter's in_depth"),
+        tf.debugging.assert_equal(tf.math.floormod(cout, tf.maximum(cin // tf.maximum(cig, 1), 1)),
+                                  tf.constant(0, tf.int64),
+                                  message="filter out_depth must be a multiple of groups")]
+    if padding != "SAME":
+        for d, k in ((hd, 0), (wd, 1)):
+            pad = explicit[2 * d] + explicit[2 * d + 1] if padding == "EXPLICIT" else 0
+            eff = (fs[k] - 1) * dilations[d] + 1
+            checks.append(tf.debugging.assert_greater_equal(
+                xs[d] + pad + strides[d] - 1, eff,
+                message="filter is larger than the padded input"))
+    return checks
 
 
 def conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm="auto",
@@ -126,8 +166,22 @@ def conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm="
     explicit_paddings) from TensorFlow ops. algorithm "fft" forces the FFT,
     "direct" and "tf" TensorFlow's convolution, "auto" chooses (use_fft).
     `why`: the reason the pure-TF path runs, for the log."""
+    # Outside XLA, a batch that is empty or not known when the graph is built gets
+    # one zero image more: oneDNN's Conv2D and DepthwiseConv2dNative forward return
+    # their input for an empty batch (TF 2.21), and TF's FFT kernels reject one.
+    # (A concat: grappler folds a tf.pad before Conv2D into the convolution's
+    # padding, batch padding included, and drops the image.)
+    extra = not in_xla() and (x.shape.rank is None or x.shape[0] in (None, 0))
+    if not in_xla() and not (x.shape.is_fully_defined() and f.shape.is_fully_defined()):
+        with tf.control_dependencies(_runtime_checks(x, f, strides, padding, explicit,
+                                                     data_format, dilations)):
+            x = tf.identity(x)
+    if extra:
+        x = tf.concat([x, tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)], 0)
     y, branch = _conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm,
                         workspace_limit)
+    if extra:
+        y = y[:-1]
     logging.vlog(1, "bigconv2d forward as pure TensorFlow (%s): %s", why, branch)
     return y
 
@@ -139,10 +193,15 @@ def _conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm,
     dh, dw = dilations[hd], dilations[wd]
     pairs = [(explicit[2 * hd], explicit[2 * hd + 1]), (explicit[2 * wd], explicit[2 * wd + 1])] \
         if padding == "EXPLICIT" else [(0, 0), (0, 0)]
+    if x.shape.rank is None or f.shape.rank is None:
+        return _tf_conv(x, f, strides, padding, pairs, data_format, dilations), "TF's convolution"
     shape = x.shape.as_list()
     kh, kw, cig, cout = f.shape.as_list()
     h, w, cin = shape[hd], shape[wd], shape[cd]
-    if None in (h, w, cin, kh, kw, cig, cout) or algorithm in ("direct", "tf", "im2col"):
+    known = None not in (h, w, cin, kh, kw, cig, cout)
+    # TF's CPU kernels have no gradient of a dilated convolution: there the FFT runs.
+    fft_only = known and (dh > 1 or dw > 1) and not in_xla()
+    if not known or (algorithm in ("direct", "tf", "im2col") and not fft_only):
         return _tf_conv(x, f, strides, padding, pairs, data_format, dilations), "TF's convolution"
     groups = cin // cig
     pt, pb, out_h = pads_1d(h, kh, sh, dh, padding, pairs[0])
@@ -150,33 +209,45 @@ def _conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm,
     hp, wp = h + pt + pb, w + pl + pr
     fft_h, fft_w = good_fft_size(hp), good_fft_size(wp)
     n = shape[0] if shape[0] is not None else 32  # Keras' unknown batch, as the planner takes it
-    if algorithm == "auto" and not use_fft(n, h, w, cin, cout, kh, kw, groups, fft_h, fft_w,
-                                           out_h, out_w):
+    per_image = (cin + cout) * fft_h * (fft_w // 2 + 1) * 2 * (8 if x.dtype == tf.float64 else 4)
+    fits = not workspace_limit or per_image <= workspace_limit
+    if algorithm == "auto" and not fft_only and not (
+            fits and use_fft(n, h, w, cin, cout, kh, kw, groups, fft_h, fft_w, out_h, out_w)):
         return _tf_conv(x, f, strides, padding, pairs, data_format, dilations), "TF's convolution"
+    if not fits:
+        raise tf.errors.ResourceExhaustedError(
+            None, None, f"the FFT needs at least {per_image} bytes of workspace (the spectra "
+            f"of one image), over workspace_limit={workspace_limit}")
     if not nhwc:
         x = tf.transpose(x, [0, 2, 3, 1])
     y = _fft_conv_nhwc(x, f, (sh, sw), (pt, pb, pl, pr), (dh, dw), groups, (fft_h, fft_w),
-                       (out_h, out_w), workspace_limit)
+                       (out_h, out_w), per_image, workspace_limit)
     return (y if nhwc else tf.transpose(y, [0, 3, 1, 2])), f"fft {fft_h}x{fft_w}"
 
 
 def _tf_conv(x, f, strides, padding, pairs, data_format, dilations):
-    """TensorFlow's convolution: depthwise where tf.nn.depthwise_conv2d takes the
-    case (XLA and TF's CPU kernels both run it well), else tf.nn.conv2d."""
-    nhwc = data_format == "NHWC"
-    hd, wd, cd = (1, 2, 3) if nhwc else (2, 3, 1)
-    cin = x.shape[cd]
-    kh, kw, cig, cout = f.shape.as_list()
-    pad = [[0, 0], [0, 0], list(pairs[0]), list(pairs[1])] if not nhwc else \
-        [[0, 0], list(pairs[0]), list(pairs[1]), [0, 0]]
-    pad = pad if padding == "EXPLICIT" else padding
-    stride2, rate2 = (strides[hd], strides[wd]), (dilations[hd], dilations[wd])
-    depthwise = cig == 1 and cin is not None and cin > 1 and cout is not None and cout % cin == 0
-    if depthwise and (stride2 == (1, 1) or rate2 == (1, 1)) and padding != "EXPLICIT":
+    """TensorFlow's convolution in NHWC (TF's CPU kernels take no NCHW):
+    tf.nn.depthwise_conv2d for depthwise filters where it takes the strides and
+    dilations (XLA and TF's CPU kernels both run it well), else tf.nn.conv2d."""
+    if data_format == "NCHW":
+        x = tf.transpose(x, [0, 2, 3, 1])
+        strides = [strides[0], strides[2], strides[3], strides[1]]
+        dilations = [dilations[0], dilations[2], dilations[3], dilations[1]]
+    cin = x.shape[3] if x.shape.rank == 4 else None
+    kh, kw, cig, cout = f.shape.as_list() if f.shape.rank == 4 else [None] * 4
+    pad = [[0, 0], list(pairs[0]), list(pairs[1]), [0, 0]] if padding == "EXPLICIT" else padding
+    stride2, rate2 = tuple(strides[1:3]), tuple(dilations[1:3])
+    depthwise = (cig == 1 and cin is not None and cin > 1 and cout is not None and
+                 cout % cin == 0 and None not in (kh, kw))
+    # tf.nn.depthwise_conv2d takes equal strides, and strides or dilations, not both.
+    if (depthwise and stride2[0] == stride2[1] and (stride2 == (1, 1) or rate2 == (1, 1)) and
+            padding != "EXPLICIT"):
         fd = tf.reshape(f, [kh, kw, cin, cout // cin])
-        return tf.nn.depthwise_conv2d(x, fd, [1, stride2[0], stride2[1], 1], padding,
-                                      data_format=data_format, dilations=rate2)
-    return tf.nn.conv2d(x, f, strides, pad, data_format=data_format, dilations=dilations)
+        y = tf.nn.depthwise_conv2d(x, fd, [1, stride2[0], stride2[1], 1], padding,
+                                   dilations=rate2)
+    else:
+        y = tf.nn.conv2d(x, f, strides, pad, dilations=dilations)
+    return tf.transpose(y, [0, 3, 1, 2]) if data_format == "NCHW" else y
 
 
 def _dilate_filter(f, dh, dw):
@@ -192,7 +263,8 @@ def _dilate_filter(f, dh, dw):
     return f
 
 
-def _fft_conv_nhwc(x, f, strides, pads, dilations, groups, fft_size, out_size, workspace_limit):
+def _fft_conv_nhwc(x, f, strides, pads, dilations, groups, fft_size, out_size, per_image,
+                   workspace_limit):
     """Cross-correlation of NHWC x with HWIO f by whole-image real FFTs."""
     dtype = x.dtype
     compute = tf.float64 if dtype == tf.float64 else tf.float32
@@ -214,13 +286,15 @@ def _fft_conv_nhwc(x, f, strides, pads, dilations, groups, fft_size, out_size, w
         n = tf.shape(xc)[0]
         xs = tf.signal.rfft2d(tf.transpose(xc, [0, 3, 1, 2]), fft_length=length)
         xs = tf.reshape(xs, [n, groups, cig, fft_h, fft_w // 2 + 1])
-        ys = tf.einsum("ngcij,cgoij->ngoij", xs, fs)
+        if cig == 1:  # no sum over input channels: a broadcast product, which XLA fuses
+            ys = xs * fs
+        else:
+            ys = tf.einsum("ngcij,cgoij->ngoij", xs, fs)
         y = tf.signal.irfft2d(tf.reshape(ys, [n, cout, fft_h, fft_w // 2 + 1]), fft_length=length)
         y = y[:, :, :rows:sh, :cols:sw]
         return tf.transpose(y, [0, 2, 3, 1])
 
     n = x.shape[0]
-    per_image = (x.shape[3] + cout) * fft_h * (fft_w // 2 + 1) * 2 * compute.size
     budget = workspace_limit or _default_budget()
     step = max(1, budget // max(per_image, 1))
     if n is None or n <= step:
