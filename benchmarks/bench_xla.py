@@ -12,6 +12,7 @@ depthwise (8,56,56,128) x 31^2 fwd+bwd >= 5x faster than
 tf.nn.depthwise_conv2d under jit_compile.
 
     python benchmarks/bench_xla.py [--cases seed,depthwise,dense31] [--keras] [--reps 3]
+    python benchmarks/bench_xla.py --rates   # TF's conv and the FFT under XLA, per layer
 """
 import argparse
 import os
@@ -100,6 +101,41 @@ def keras_worker(spec):
                       "steps_per_s": steps / (time.perf_counter() - start)}))
 
 
+RATE_CASES = [((8, 56, 56, 64), (3, 3, 64, 64)), ((8, 56, 56, 128), (3, 3, 1, 128)),
+              ((8, 56, 56, 128), (7, 7, 1, 128)), ((8, 56, 56, 128), (13, 13, 1, 128)),
+              ((4, 64, 64, 32), (7, 7, 32, 32)), ((4, 64, 64, 32), (15, 15, 32, 32))]
+
+
+def rates(reps_s=1.0):
+    """TF's convolution and the FFT, both under XLA, forward SAME, per layer:
+    the measurements behind pure_tf.estimates (in this process, warm)."""
+    import numpy as np
+    import tensorflow as tf
+    import tfbigconv
+
+    def timed(fn, *a):
+        fn(*a).numpy()
+        start, n = time.perf_counter(), 0
+        while time.perf_counter() - start < reps_s or n < 2:
+            fn(*a).numpy()
+            n += 1
+        return (time.perf_counter() - start) / n
+
+    rows = ["| layer | TF's conv under XLA | GFLOP/s | FFT under XLA | estimates (conv, fft) | "
+            "rule picks |", "|---|---|---|---|---|---|"]
+    for xs, ws in RATE_CASES:
+        x = tf.constant(np.random.default_rng(0).standard_normal(xs).astype(np.float32))
+        w = tf.constant(np.random.default_rng(1).standard_normal(ws).astype(np.float32))
+        t = {alg: timed(tf.function(lambda x, w: tfbigconv.bigconv2d(  # noqa: B023
+            x, w, 1, "SAME", algorithm=alg), jit_compile=True), x, w) for alg in ("direct", "fft")}
+        flops = 2.0 * xs[0] * xs[1] * xs[2] * ws[3] * ws[0] * ws[1] * ws[2]
+        e = tfbigconv.explain(xs, ws, padding="SAME", xla=True)
+        rows.append(f"| {xs}x{ws} | {t['direct'] * 1e3:.1f} ms | {flops / t['direct'] / 1e9:.1f} | "
+                    f"{t['fft'] * 1e3:.1f} ms | {e.tf_seconds * 1e3:.1f}, "
+                    f"{e.fft_seconds * 1e3:.1f} ms | {e.chosen['forward']} |")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="seed,depthwise")
@@ -108,9 +144,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--keras", action="store_true", help="also Keras fit steps/s, jit on and off")
     ap.add_argument("--ks", default="7,31", help="filter sizes of the Keras model")
+    ap.add_argument("--rates", action="store_true",
+                    help="only the per-layer rates behind pure_tf.estimates (one process)")
     args = H.parse_args_or_work(ap, worker)
     import tensorflow as tf
     _, _, header = H.run_header(tf.__version__)
+    if args.rates:
+        print(header + "\n\n" + "\n".join(rates()))
+        return
     rows = [] if not args.cases else ["| case | pass | bigconv2d under XLA | our kernels (no XLA) | TF under XLA | "
             "XLA path vs TF under XLA | XLA path vs our kernels |", "|---|---|---|---|---|---|---|"]
     for name in [c for c in args.cases.split(",") if c]:

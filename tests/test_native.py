@@ -25,28 +25,37 @@ def test_installed_build_matches_running_tensorflow():
     assert _native.BUILT_TF_VERSION == tf.__version__
 
 
-def test_import_refuses_other_tensorflow(tmp_path):
-    """The recorded build version is replaced by another one before tfbigconv is imported."""
-    out = run_python("""
-        import os, sys, types
+def test_ops_of_another_tensorflow_are_not_loaded(tmp_path):
+    """The recorded build version is replaced by another one before tfbigconv is
+    imported: the ops are not loaded, import warns once with the versions and the
+    rebuild command, and bigconv2d runs as pure TensorFlow (issue 39)."""
+    fake_build = """
+        import sys, types, warnings
         import tensorflow as tf
         fake = types.ModuleType("tfbigconv._build_info")
         fake.TF_VERSION = "2.3.0"
         sys.modules["tfbigconv._build_info"] = fake
-        try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             import tfbigconv
-        except ImportError as e:
-            message = str(e)
-        else:
-            raise AssertionError("imported despite the version mismatch")
+        y = tfbigconv.bigconv2d(tf.ones((1, 5, 5, 1)), tf.ones((3, 3, 1, 1)), 1, "VALID")
+        assert y.shape == (1, 3, 3, 1) and float(y[0, 0, 0, 0]) == 9.0
+    """
+    out = run_python(fake_build + """
+        said = [str(w.message) for w in caught if "compiled library" in str(w.message)]
+        assert len(said) == 1, said
+        message = said[0]
         assert "built against TensorFlow 2.3.0" in message, message
         assert f"TensorFlow {tf.__version__} is installed" in message, message
         assert "pip install --no-build-isolation --force-reinstall --no-deps ." in message, message
-        # The documented escape hatch.
-        os.environ["TFBIGCONV_SKIP_VERSION_CHECK"] = "1"
-        import tfbigconv
-        assert tfbigconv.bigconv2d(tf.ones((1, 5, 5, 1)), tf.ones((3, 3, 1, 1)), 1,
-                                   "VALID").shape == (1, 3, 3, 1)
+        assert tfbigconv.pure_tf.missing_library
         print("ok")
     """, cwd=tmp_path)
+    assert out.startswith("ok")
+    # The documented escape hatch loads the ops anyway.
+    out = run_python(fake_build + """
+        assert not caught, [str(w.message) for w in caught]
+        assert tfbigconv.pure_tf.missing_library is None
+        print("ok")
+    """, cwd=tmp_path, env={"TFBIGCONV_SKIP_VERSION_CHECK": "1"})
     assert out.startswith("ok")

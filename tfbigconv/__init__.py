@@ -16,7 +16,7 @@ import sys as _sys
 import warnings as _warnings
 
 from tfbigconv import _missing
-from tfbigconv.ops import pure_tf as _pure_tf
+from tfbigconv import pure_tf as _pure_tf
 
 
 def _load_compiled():
@@ -36,7 +36,7 @@ def _load_compiled():
 
 
 _cause, _not_loaded = _load_compiled()
-if _cause:  # pure TensorFlow instead (ops/pure_tf.py), said once, here
+if _cause:  # pure TensorFlow instead (pure_tf.py), said once, here
     _missing.install(_sys.modules[__name__], _not_loaded, _cause)
     _pure_tf.missing_library = _cause
     _warnings.warn(_missing.message("tfbigconv's custom ops", _cause), RuntimeWarning,

@@ -1,12 +1,12 @@
 """Keras models with tfbigconv layers under XLA: model.compile(jit_compile=True)
-trains on bigconv2d's pure-TensorFlow path (ops/pure_tf.py), with the loss
+trains on bigconv2d's pure-TensorFlow path (pure_tf.py), with the loss
 curve of the same model trained on our kernels outside XLA."""
 import keras
 import numpy as np
 import pytest
 
 import tfbigconv
-from tfbigconv.ops import pure_tf
+from tfbigconv import pure_tf
 
 
 def _model():

@@ -4,7 +4,7 @@ import tensorflow as tf
 from tfbigconv import _core, arguments, errors, host, kernels
 from tfbigconv._native import ops as native
 from tfbigconv.arguments import ALGORITHMS  # noqa: F401  (tfbigconv.ALGORITHMS)
-from tfbigconv.ops import pure_tf
+from tfbigconv import pure_tf
 from tfbigconv.planning import candidates, planner
 
 

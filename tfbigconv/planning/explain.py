@@ -4,7 +4,7 @@ import os
 
 import tensorflow as tf
 
-from tfbigconv import arguments, errors, host
+from tfbigconv import arguments, errors, host, pure_tf
 from tfbigconv.cost_model import profiles
 from tfbigconv.planning import autotune as tuner, planner
 
@@ -107,9 +107,40 @@ class Explanation:
         return f"<Explanation {self.chosen}>"
 
 
+class XlaExplanation:
+    """What bigconv2d builds where XLA compiles it (tf.function(jit_compile=True),
+    Keras' jit_compile=True): pure TensorFlow (tfbigconv/pure_tf.py), every pass.
+
+    Attributes: chosen {pass: "fft" or "tf"} (the gradients are TensorFlow's
+    autodiff of the forward's composition, so they follow it); fft (the transform
+    size); tf_seconds and fft_seconds (pure_tf.estimates); per_image_bytes (the
+    spectra of one image, the chunk's unit); reason."""
+
+    def __init__(self, p, budget):
+        self.chosen = {name: p["branch"] for name in planner.PASSES}
+        self.fft, self.reason = p["fft"], p["reason"]
+        self.tf_seconds, self.fft_seconds = p["tf_seconds"], p["fft_seconds"]
+        self.per_image_bytes, self.budget = p["per_image_bytes"], budget
+
+    def table(self):
+        runs = {"fft": f"FFT convolution (rfft2d/irfft2d {self.fft[0]}x{self.fft[1]}, one tile "
+                       f"per image, batch chunks of {_bytes(self.per_image_bytes)} per image)",
+                "tf": "TensorFlow's convolution (tf.nn.conv2d / tf.nn.depthwise_conv2d)"}
+        return "\n".join([
+            f"under XLA: {runs[self.chosen['forward']]}; {self.reason}",
+            f"estimates: TF's convolution {_seconds(self.tf_seconds)}, FFT "
+            f"{_seconds(self.fft_seconds)} (pure_tf.estimates, per forward pass)",
+            "gradients: TensorFlow's own, of that composition (XLA compiles them too)"])
+
+    __str__ = table
+
+    def __repr__(self):
+        return f"<XlaExplanation {self.chosen}>"
+
+
 def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="NHWC",
             dilations=1, dtype="float32", device="CPU", budget=None, algorithm="auto",
-            autotune=False):
+            autotune=False, xla=False):
     """The planner's estimates for every algorithm and pass of a convolution.
 
     Arguments follow tf.nn.conv2d (input_shape in data_format order, filter
@@ -122,9 +153,10 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
     what bigconv2d would be asked for. autotune: False shows the estimates
     and any cached measurement; True also times what bigconv2d would time
     (on this machine's `device`, which must exist); None follows
-    TFBIGCONV_AUTOTUNE as bigconv2d does.
+    TFBIGCONV_AUTOTUNE as bigconv2d does. xla: True shows what bigconv2d builds
+    where XLA compiles it (an XlaExplanation: pure TensorFlow, no custom op).
 
-    Returns an Explanation; print it for the table. Raises
+    Returns an Explanation (an XlaExplanation with xla=True); print it for the table. Raises
     InvalidArgumentError for bad arguments (autotune=True for a GPU that is
     not here included) and ResourceExhaustedError when a forced algorithm
     does not fit the budget.
@@ -149,6 +181,15 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
     except ValueError as e:
         raise errors.invalid_argument(str(e)) from None
     algorithm = arguments.requested_algorithm(algorithm)
+    if xla:
+        try:
+            pure_tf.check_geometry(input_shape, filter_shape, attrs["strides"], pad, explicit,
+                                   data_format, attrs["dilations"])
+        except ValueError as e:
+            raise errors.invalid_argument(str(e)) from None
+        p = pure_tf.plan(input_shape, filter_shape, attrs["strides"], pad, explicit, data_format,
+                         attrs["dilations"], dtype, algorithm, budget or 0, xla=True)
+        return XlaExplanation(p, budget or 0)
     if autotune is True and algorithm == "auto":
         if not tuner.can_measure(device):
             raise errors.invalid_argument("autotune=True times the candidates on the GPU, and TensorFlow sees "

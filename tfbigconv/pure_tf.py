@@ -29,12 +29,18 @@ PURE_TF_ENV = "TFBIGCONV_PURE_TF"
 # The compiled library's load error, set by tfbigconv/__init__.py when it failed.
 missing_library = None
 
-# use_fft: FFT when its estimated cost is under TF's convolution's. The
-# constants are seconds per unit of work on a 2-core Xeon under XLA
-# (benchmarks/bench_xla.py); only their ratio matters.
-SECONDS_PER_CONV_FLOP = 1 / 60e9
-SECONDS_PER_FFT_FLOP = 1 / 6e9
-SECONDS_PER_MIX_FLOP = 1 / 12e9
+# estimates(): seconds per unit of work, measured on a 2-core Xeon (AVX-512,
+# AMX; benchmarks/RESULTS.md, "XLA"). TF's dense convolution under XLA and on
+# TF's CPU kernels runs at about 230 GFLOP/s once the channels per group
+# (in x out) reach DENSE_CHANNELS, slower with fewer (32 GFLOP/s for 1 -> 3);
+# a depthwise one at 0.5-1.6 GFLOP/s under XLA (XLA's CPU depthwise
+# convolution), about 15 outside it. Real FFTs run at about 6 GFLOP/s of
+# 2.5 n log2 n, the channel mix at 12 GFLOP/s of complex multiply-adds.
+CONV_FLOPS_PER_SECOND = 230e9
+DENSE_CHANNELS = 96
+DEPTHWISE_FLOPS_PER_SECOND = {True: 1e9, False: 15e9}  # {under XLA: rate}
+FFT_FLOPS_PER_SECOND = 6e9
+MIX_FLOPS_PER_SECOND = 12e9
 # Spectra of one batch chunk when no workspace_limit is given and the host's
 # budget is not known (no compiled library).
 DEFAULT_BUDGET_BYTES = 1 << 30
@@ -65,7 +71,7 @@ def active():
 
 def good_fft_size(n):
     """Smallest size >= n with no prime factor above 7 (csrc/core/fft_sizes.h's
-    GoodFftSize, which tests/ops/test_pure_tf.py holds this to)."""
+    GoodFftSize, which tests/test_pure_tf.py holds this to)."""
     m = max(int(n), 1)
     while True:
         r = m
@@ -91,15 +97,60 @@ def pads_1d(size, k, stride, dilation, padding, explicit):
     return before, after, (size + before + after - eff) // stride + 1
 
 
-def use_fft(n, h, w, cin, cout, kh, kw, groups, fft_h, fft_w, out_h, out_w):
-    """FFT (True) or TensorFlow's convolution (False): estimated seconds of each."""
-    cig = cin // groups
-    conv = 2.0 * n * out_h * out_w * cout * kh * kw * cig * SECONDS_PER_CONV_FLOP
+def estimates(n, h, w, cin, cout, kh, kw, groups, fft_h, fft_w, out_h, out_w, xla=True):
+    """(TF's convolution, the FFT): estimated seconds of each."""
+    cig, cog = cin // groups, cout // groups
+    flops = 2.0 * n * out_h * out_w * cout * kh * kw * cig
+    if cig == 1 and groups > 1:
+        rate = DEPTHWISE_FLOPS_PER_SECOND[bool(xla)]
+    else:
+        rate = CONV_FLOPS_PER_SECOND * min(1.0, (cig * cog / DENSE_CHANNELS) ** 0.5)
     points = fft_h * fft_w
     transforms = (n * (cin + cout) + cout * cig) * 2.5 * points * math.log2(max(points, 2))
     mix = 8.0 * n * cout * cig * fft_h * (fft_w // 2 + 1)
-    fft = transforms * SECONDS_PER_FFT_FLOP + mix * SECONDS_PER_MIX_FLOP
+    return flops / rate, transforms / FFT_FLOPS_PER_SECOND + mix / MIX_FLOPS_PER_SECOND
+
+
+def use_fft(*geometry, xla=True):
+    """FFT (True) or TensorFlow's convolution (False), by estimates(*geometry)."""
+    conv, fft = estimates(*geometry, xla=xla)
     return fft < conv
+
+
+def plan(in_shape, f_shape, strides, padding, explicit, data_format, dilations, dtype, algorithm,
+         workspace_limit, xla):
+    """What the pure-TF path runs for a convolution whose spatial and channel
+    dimensions are known (in_shape[0] may be None): a dict with "branch" ("fft"
+    or "tf"), "fft" (the transform size), "per_image_bytes" (spectra of one
+    image), "tf_seconds", "fft_seconds", "fits" and "reason". `xla`: whether
+    XLA compiles it (outside XLA, TF's CPU kernels have no dilated gradient)."""
+    hd, wd, cd = (1, 2, 3) if data_format == "NHWC" else (2, 3, 1)
+    (kh, kw, cig, cout), cin = f_shape, in_shape[cd]
+    pairs = [(explicit[2 * d], explicit[2 * d + 1]) if padding == "EXPLICIT" else (0, 0)
+             for d in (hd, wd)]
+    pt, pb, out_h = pads_1d(in_shape[hd], kh, strides[hd], dilations[hd], padding, pairs[0])
+    pl, pr, out_w = pads_1d(in_shape[wd], kw, strides[wd], dilations[wd], padding, pairs[1])
+    fft = (good_fft_size(in_shape[hd] + pt + pb), good_fft_size(in_shape[wd] + pl + pr))
+    n = in_shape[0] if in_shape[0] is not None else 32  # Keras' unknown batch, as the planner
+    per_image = (cin + cout) * fft[0] * (fft[1] // 2 + 1) * 2 * (8 if dtype == "float64" else 4)
+    fits = not workspace_limit or per_image <= workspace_limit
+    tf_s, fft_s = estimates(n, in_shape[hd], in_shape[wd], cin, cout, kh, kw, cin // cig,
+                            fft[0], fft[1], out_h, out_w, xla)
+    dilated = dilations[hd] > 1 or dilations[wd] > 1
+    if dilated and not xla:
+        branch, reason = "fft", "TF's CPU kernels have no gradient of a dilated convolution"
+    elif algorithm in ("direct", "tf", "im2col"):
+        branch, reason = "tf", f"algorithm {algorithm!r}: TensorFlow's convolution"
+    elif algorithm == "fft":
+        branch, reason = "fft", "requested"
+    elif not fits:
+        branch, reason = "tf", "the FFT's spectra of one image exceed workspace_limit"
+    else:
+        branch = "fft" if fft_s < tf_s else "tf"
+        reason = "estimated faster"
+    return dict(branch=branch, fft=fft, per_image_bytes=per_image, tf_seconds=tf_s,
+                fft_seconds=fft_s, fits=fits, reason=reason,
+                pads=(pt, pb, pl, pr), out=(out_h, out_w))
 
 
 def output_size(padded, eff, stride):
@@ -188,41 +239,27 @@ def conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm="
 
 def _conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm, workspace_limit):
     nhwc = data_format == "NHWC"
-    hd, wd, cd = (1, 2, 3) if nhwc else (2, 3, 1)
-    sh, sw = strides[hd], strides[wd]
-    dh, dw = dilations[hd], dilations[wd]
+    hd, wd = (1, 2) if nhwc else (2, 3)
     pairs = [(explicit[2 * hd], explicit[2 * hd + 1]), (explicit[2 * wd], explicit[2 * wd + 1])] \
         if padding == "EXPLICIT" else [(0, 0), (0, 0)]
-    if x.shape.rank is None or f.shape.rank is None:
+    known = (x.shape.rank == 4 and f.shape.rank == 4 and None not in x.shape[1:] and
+             f.shape.is_fully_defined())
+    if not known:
         return _tf_conv(x, f, strides, padding, pairs, data_format, dilations), "TF's convolution"
-    shape = x.shape.as_list()
-    kh, kw, cig, cout = f.shape.as_list()
-    h, w, cin = shape[hd], shape[wd], shape[cd]
-    known = None not in (h, w, cin, kh, kw, cig, cout)
-    # TF's CPU kernels have no gradient of a dilated convolution: there the FFT runs.
-    fft_only = known and (dh > 1 or dw > 1) and not in_xla()
-    if not known or (algorithm in ("direct", "tf", "im2col") and not fft_only):
+    p = plan(x.shape.as_list(), f.shape.as_list(), strides, padding, explicit, data_format,
+             dilations, x.dtype.name, algorithm, workspace_limit, in_xla())
+    if p["branch"] == "tf":
         return _tf_conv(x, f, strides, padding, pairs, data_format, dilations), "TF's convolution"
-    groups = cin // cig
-    pt, pb, out_h = pads_1d(h, kh, sh, dh, padding, pairs[0])
-    pl, pr, out_w = pads_1d(w, kw, sw, dw, padding, pairs[1])
-    hp, wp = h + pt + pb, w + pl + pr
-    fft_h, fft_w = good_fft_size(hp), good_fft_size(wp)
-    n = shape[0] if shape[0] is not None else 32  # Keras' unknown batch, as the planner takes it
-    per_image = (cin + cout) * fft_h * (fft_w // 2 + 1) * 2 * (8 if x.dtype == tf.float64 else 4)
-    fits = not workspace_limit or per_image <= workspace_limit
-    if algorithm == "auto" and not fft_only and not (
-            fits and use_fft(n, h, w, cin, cout, kh, kw, groups, fft_h, fft_w, out_h, out_w)):
-        return _tf_conv(x, f, strides, padding, pairs, data_format, dilations), "TF's convolution"
-    if not fits:
+    if not p["fits"]:
         raise tf.errors.ResourceExhaustedError(
-            None, None, f"the FFT needs at least {per_image} bytes of workspace (the spectra "
-            f"of one image), over workspace_limit={workspace_limit}")
+            None, None, f"the FFT needs at least {p['per_image_bytes']} bytes of workspace (the "
+            f"spectra of one image), over workspace_limit={workspace_limit}")
     if not nhwc:
         x = tf.transpose(x, [0, 2, 3, 1])
-    y = _fft_conv_nhwc(x, f, (sh, sw), (pt, pb, pl, pr), (dh, dw), groups, (fft_h, fft_w),
-                       (out_h, out_w), per_image, workspace_limit)
-    return (y if nhwc else tf.transpose(y, [0, 3, 1, 2])), f"fft {fft_h}x{fft_w}"
+    y = _fft_conv_nhwc(x, f, (strides[hd], strides[wd]), p["pads"], (dilations[hd], dilations[wd]),
+                       x.shape[3] // f.shape[2], p["fft"], p["out"], p["per_image_bytes"],
+                       workspace_limit)
+    return (y if nhwc else tf.transpose(y, [0, 3, 1, 2])), f"fft {p['fft'][0]}x{p['fft'][1]}"
 
 
 def _tf_conv(x, f, strides, padding, pairs, data_format, dilations):

@@ -1,9 +1,8 @@
-"""bigconv2d as pure TensorFlow (tfbigconv/ops/pure_tf.py): under XLA
+"""bigconv2d as pure TensorFlow (tfbigconv/pure_tf.py): under XLA
 (tf.function(jit_compile=True), Keras' jit_compile=True), forced with
 TFBIGCONV_PURE_TF=1, and where the compiled library does not load."""
 import os
 import shutil
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from conftest import TESTS_DIR, TOLERANCE, random_case, rel_l2, run_python
 from reference import (conv2d_reference, conv2d_reference_backprop_filter,
                        conv2d_reference_backprop_input)
 from tfbigconv import _core
-from tfbigconv.ops import pure_tf
+from tfbigconv import pure_tf
 
 # The geometry cases: every padding mode, strides, dilations, groups (dense,
 # grouped, depthwise with a multiplier), both layouts.
@@ -223,3 +222,45 @@ def test_without_the_compiled_library_import_warns_and_layers_run(tmp_path):
     assert "explain: ImportError" in out, out
     rel = float(out.split("rel ")[1].split()[0])
     assert rel <= 2e-5, out
+
+
+def test_padding_rule_is_the_cores():
+    """pure_tf's Python copies of the shape rules (they must run without _core)
+    agree with _core.conv_geometry: output sizes, and which geometries fail."""
+    rng = np.random.default_rng(12)
+    for _ in range(400):
+        fmt = ["NHWC", "NCHW"][rng.integers(2)]
+        k, s, d = rng.integers(1, 8, 2), rng.integers(1, 4, 2), rng.integers(1, 4, 2)
+        size = rng.integers(1, 20, 2)
+        mode = ["SAME", "VALID", "EXPLICIT"][rng.integers(3)]
+        pads = rng.integers(0, 5, 4)
+        hd, wd = (1, 2) if fmt == "NHWC" else (2, 3)
+        in_shape = [2, 0, 0, 3] if fmt == "NHWC" else [2, 3, 0, 0]
+        in_shape[hd], in_shape[wd] = int(size[0]), int(size[1])
+        strides, dil, explicit = [1] * 4, [1] * 4, [0] * 8
+        strides[hd], strides[wd], dil[hd], dil[wd] = int(s[0]), int(s[1]), int(d[0]), int(d[1])
+        if mode == "EXPLICIT":
+            explicit[2 * hd:2 * hd + 2] = [int(pads[0]), int(pads[1])]
+            explicit[2 * wd:2 * wd + 2] = [int(pads[2]), int(pads[3])]
+        f_shape = [int(k[0]), int(k[1]), 3, 4]
+        args = (in_shape, f_shape, strides, mode, explicit, fmt, dil)
+        try:
+            want = _core.conv_geometry(*args)["output_shape"]
+        except ValueError:
+            with pytest.raises(ValueError):
+                pure_tf.check_geometry(*args)
+            continue
+        pure_tf.check_geometry(*args)
+        got = [pure_tf.pads_1d(in_shape[dd], f_shape[i], strides[dd], dil[dd], mode,
+                               explicit[2 * dd:2 * dd + 2])[2] for i, dd in enumerate((hd, wd))]
+        assert got == [want[hd], want[wd]], args
+
+
+def test_explain_xla_shows_the_pure_tf_plan():
+    big = tfbigconv.explain((16, 321, 481, 1), (135, 135, 1, 3), padding="VALID", xla=True)
+    assert big.chosen == {"forward": "fft", "backprop_input": "fft", "backprop_filter": "fft"}
+    assert "rfft2d/irfft2d 324x486" in str(big)  # good sizes of the 321 x 481 input
+    small = tfbigconv.explain((8, 64, 64, 16), (3, 3, 16, 16), padding="SAME", xla=True)
+    assert set(small.chosen.values()) == {"tf"} and "TensorFlow's convolution" in str(small)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="larger than the padded input"):
+        tfbigconv.explain((1, 8, 8, 1), (9, 3, 1, 1), xla=True)
