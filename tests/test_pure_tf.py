@@ -139,9 +139,14 @@ def test_xla_with_unknown_spatial_shapes_runs_tf_conv():
 def test_use_fft_picks_tf_conv_for_small_filters_and_fft_for_large():
     big = dict(n=16, h=321, w=481, cin=1, cout=3, kh=135, kw=135, groups=1, fft_h=324,
                fft_w=486, out_h=187, out_w=347)
-    assert pure_tf.use_fft(**big)
-    small = dict(big, kh=3, kw=3, fft_h=324, fft_w=486, out_h=319, out_w=479)
-    assert not pure_tf.use_fft(**small)
+    assert pure_tf.use_fft(*big.values())
+    small = dict(big, cin=16, cout=16, kh=3, kw=3, out_h=319, out_w=479)
+    assert not pure_tf.use_fft(*small.values())
+    # XLA's depthwise convolution is slow on the CPU: the FFT wins there even at 3x3.
+    dw = dict(n=8, h=56, w=56, cin=128, cout=128, kh=3, kw=3, groups=128, fft_h=60, fft_w=60,
+              out_h=56, out_w=56)
+    assert pure_tf.use_fft(*dw.values(), xla=True)
+    assert not pure_tf.use_fft(*dw.values(), xla=False)
 
 
 @pytest.mark.parametrize("algorithm", ["auto", "fft", "direct"])
@@ -172,8 +177,10 @@ def test_fft_chunks_over_the_batch_within_the_workspace_limit(monkeypatch):
 
 def test_pure_tf_rejects_a_filter_larger_than_the_input(monkeypatch):
     with pytest.raises(ValueError, match="larger than the padded input"):
-        pure_tf.check_geometry((1, 10, 10, 1), (11, 3, 1, 1), [1] * 4, "VALID", [], "NHWC",
+        pure_tf.check_geometry((1, 10, 10, 1), (12, 3, 1, 1), [1] * 4, "VALID", [], "NHWC",
                                [1] * 4)
+    # One row more than the input is an empty output, as in tf.nn.conv2d.
+    pure_tf.check_geometry((1, 10, 10, 1), (11, 3, 1, 1), [1] * 4, "VALID", [], "NHWC", [1] * 4)
     with pytest.raises(ValueError, match="multiple"):
         pure_tf.check_geometry((1, 10, 10, 3), (3, 3, 2, 1), [1] * 4, "VALID", [], "NHWC",
                                [1] * 4)
@@ -237,9 +244,10 @@ def test_padding_rule_is_the_cores():
         hd, wd = (1, 2) if fmt == "NHWC" else (2, 3)
         in_shape = [2, 0, 0, 3] if fmt == "NHWC" else [2, 3, 0, 0]
         in_shape[hd], in_shape[wd] = int(size[0]), int(size[1])
-        strides, dil, explicit = [1] * 4, [1] * 4, [0] * 8
+        strides, dil, explicit = [1] * 4, [1] * 4, []
         strides[hd], strides[wd], dil[hd], dil[wd] = int(s[0]), int(s[1]), int(d[0]), int(d[1])
         if mode == "EXPLICIT":
+            explicit = [0] * 8
             explicit[2 * hd:2 * hd + 2] = [int(pads[0]), int(pads[1])]
             explicit[2 * wd:2 * wd + 2] = [int(pads[2]), int(pads[3])]
         f_shape = [int(k[0]), int(k[1]), 3, 4]
@@ -263,4 +271,4 @@ def test_explain_xla_shows_the_pure_tf_plan():
     small = tfbigconv.explain((8, 64, 64, 16), (3, 3, 16, 16), padding="SAME", xla=True)
     assert set(small.chosen.values()) == {"tf"} and "TensorFlow's convolution" in str(small)
     with pytest.raises(tf.errors.InvalidArgumentError, match="larger than the padded input"):
-        tfbigconv.explain((1, 8, 8, 1), (9, 3, 1, 1), xla=True)
+        tfbigconv.explain((1, 8, 8, 1), (10, 3, 1, 1), xla=True)

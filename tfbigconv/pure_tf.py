@@ -94,7 +94,7 @@ def pads_1d(size, k, stride, dilation, padding, explicit):
         before, after = total // 2, total - total // 2
     else:
         before, after = explicit
-    return before, after, (size + before + after - eff) // stride + 1
+    return before, after, output_size(size + before + after, eff, stride)
 
 
 def estimates(n, h, w, cin, cout, kh, kw, groups, fft_h, fft_w, out_h, out_w, xla=True):

@@ -240,14 +240,81 @@ class FakeClock:
         return tf.zeros([1])
 
 
-def fake_measure(monkeypatch, seconds, names, order=None):
+def fake_measure(monkeypatch, seconds, names, order=None, budget_s=None):
     clock = FakeClock(seconds)
     monkeypatch.setattr(autotune.time, "perf_counter", clock.perf_counter)
     monkeypatch.setattr(autotune, "_pass_fn",
                         lambda pass_, name, *args: lambda: clock.run_pass(pass_, name, *args))
     result = autotune.measure("forward", names, SMALL[0], SMALL[1], ATTRS, "float32", "CPU",
-                              order=order, batch=SMALL[0][0])
+                              order=order, batch=SMALL[0][0], budget_s=budget_s)
     return clock.calls, result
+
+
+def test_timing_stops_at_its_budget(monkeypatch):
+    """The issue-40 reproducer's shape: a candidate estimated fast that takes far
+    longer. No call starts once the budget is spent; what was never called counts
+    as infinitely slow, and the rest decide."""
+    calls, seconds = fake_measure(monkeypatch, {"direct": 0.05, "tf": 2.0, "fft": 0.06},
+                                  ["direct", "tf", "fft"], budget_s=0.5)
+    assert calls == ["direct", "tf"]  # tf's warm-up spent the budget: fft never runs
+    assert seconds["fft"] == float("inf") and autotune.fastest(seconds) == "direct"
+    # Within the budget, rounds stop when it is spent.
+    calls, _ = fake_measure(monkeypatch, {"direct": 0.1, "fft": 0.1}, ["direct", "fft"],
+                            budget_s=0.35)
+    assert len(calls) == 4
+    # No budget: as before.
+    calls, _ = fake_measure(monkeypatch, {"direct": 0.1, "fft": 0.1}, ["direct", "fft"])
+    assert len(calls) == 2 * (1 + autotune.MIN_ROUNDS)
+
+
+def test_budget_default_and_override(monkeypatch):
+    monkeypatch.delenv(autotune.ENV_BUDGET, raising=False)
+    assert autotune.budget_seconds(0.001, 3) == autotune.MIN_BUDGET_S
+    assert autotune.budget_seconds(1.0, 3) == pytest.approx(autotune.BUDGET_FACTOR * 3.0)
+    monkeypatch.setenv(autotune.ENV_BUDGET, "2.5")
+    assert autotune.budget_seconds(1.0, 3) == 2.5
+    monkeypatch.setenv(autotune.ENV_BUDGET, "soon")
+    with pytest.warns(UserWarning, match=autotune.ENV_BUDGET):
+        assert autotune.budget_seconds(1.0, 3) == pytest.approx(autotune.BUDGET_FACTOR * 3.0)
+
+
+def test_refine_keeps_to_the_budget_and_caches_what_was_not_timed(autotuning, monkeypatch):
+    """refine(): once the budget is spent no further timing (re-timing, confirmation,
+    widening) starts, and the cache entry covers the candidates never called, so
+    the next trace does not time them again."""
+    monkeypatch.setenv(autotune.ENV_BUDGET, "0.2")
+    clock = FakeClock({"tf": 0.5, "direct": 0.01, "fft": 0.01})
+    monkeypatch.setattr(autotune.time, "perf_counter", clock.perf_counter)
+    monkeypatch.setattr(autotune, "_pass_fn",
+                        lambda pass_, name, *args: lambda: clock.run_pass(pass_, name, *args))
+    x, f = WIDE
+    p = planner.plan("forward", x, f, ATTRS, "float32", "auto", 0, "CPU")
+    names = autotune.candidates_to_time(p)
+    assert len(names) >= 2
+    # TF's kernel is called first (its estimate made lowest) and spends the budget.
+    for n in names:
+        p[n]["seconds"] = 1e-4 if n == "tf" else 1e-3
+    autotune.refine(p, x, f, ATTRS, "float32", "CPU", 0, enabled=True)
+    assert clock.calls == ["tf"]
+    assert p["chosen"] == "tf" and "not timed (budget spent)" in p["reason"]
+    clock.calls.clear()
+    autotune.clear_memory()
+    q = planner.plan("forward", x, f, ATTRS, "float32", "auto", 0, "CPU")
+    for n in names:
+        q[n]["seconds"] = 1e-4 if n == "tf" else 1e-3
+    autotune.refine(q, x, f, ATTRS, "float32", "CPU", 0, enabled=True)
+    assert clock.calls == [] and q["chosen"] == "tf"  # from the cache file
+
+
+def test_a_candidate_estimated_1000x_slower_is_never_run():
+    p = {"tf": dict(available=True, fits=True, seconds=2.0),
+         "direct": dict(available=True, fits=True, seconds=0.001),
+         "fft": dict(available=True, fits=True, seconds=0.0015),
+         "tf_trusted": False, "tf_for_auto": "measured"}
+    # Not even when the measured best (5 s) would widen to it: 2000x its estimate.
+    assert "tf" not in autotune.candidates_to_time(p) + autotune.widened(p, {"direct": 5.0})
+    p["tf"]["seconds"] = 0.04  # 40x: a check across models (CROSS_FACTOR)
+    assert "tf" in autotune.candidates_to_time(p)
 
 
 def test_timing_interleaves_candidates_after_their_warm_ups(monkeypatch):

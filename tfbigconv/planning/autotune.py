@@ -60,6 +60,15 @@ PREFERENCE = ("tf", "direct", "fft")
 # A pass whose timing is expected to take (or took) longer than this says so in
 # one INFO line on absl's log (docs/planner.md, section 5).
 ANNOUNCE_ABOVE_S = 1.0
+# A pass's timing stops calling candidates once it has spent its budget:
+# max(MIN_BUDGET_S, BUDGET_FACTOR x the best estimate on the timing batch x the
+# candidates timed), or TFBIGCONV_AUTOTUNE_BUDGET seconds. A call under way is
+# not interrupted; candidates not yet called count as not timed (infinitely slow).
+ENV_BUDGET = "TFBIGCONV_AUTOTUNE_BUDGET"
+MIN_BUDGET_S = 0.5
+BUDGET_FACTOR = 3.0
+# A candidate estimated this much slower than the best is never run.
+NEVER_RUN_FACTOR = 1000.0
 # A measured win over TF's kernel by less than this is timed a second time.
 CONFIRM_BELOW = 2.0
 CANDIDATES = ("tf", "direct", "fft")
@@ -211,6 +220,7 @@ def candidates_to_time(p):
     # An untrusted TF estimate is timed when it is low, however far off, but
     # not when it is over CROSS_FACTOR x our best: TF's grouped filter gradient
     # was estimated at 3.7 s and took 4.1 s to time, for a 4 ms pass of ours.
+    ok = [n for n in ok if est[n] <= NEVER_RUN_FACTOR * best]
     chosen = [n for n in ok if est[n] <= NEAR_FACTOR * best
               or (n == "tf" and n not in trusted and est[n] <= CROSS_FACTOR * best)]
     ours = [n for n in ok if n != "tf"]
@@ -230,7 +240,9 @@ def widened(p, seconds):
     estimates are within NEAR_FACTOR of the measured best: the ones the
     estimates would have timed had the best's estimate been right."""
     best = min(seconds.values())
-    return [n for n in _eligible(p) if n not in seconds and p[n]["seconds"] <= NEAR_FACTOR * best]
+    floor = min(p[n]["seconds"] for n in _eligible(p))
+    return [n for n in _eligible(p) if n not in seconds and p[n]["seconds"] <= NEAR_FACTOR * best
+            and p[n]["seconds"] <= NEVER_RUN_FACTOR * floor]
 
 
 @tf.autograph.experimental.do_not_convert
@@ -247,20 +259,27 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
         best_estimate = min(p[n]["seconds"] for n in names if n != "tf" or p["tf_trusted"])
         batch = timing_batch(input_shape[0], best_estimate)
 
+        budget = budget_seconds(best_estimate * batch / max(input_shape[0], 1), len(names))
+        start = time.perf_counter()
+
         def timed(these, images=None):
+            left = budget - (time.perf_counter() - start)
+            if left <= 0:  # spent: what was timed decides
+                return {}
             return measure(p["pass"], these, input_shape, filter_shape, attrs, dtype, device,
                            order=sorted(these, key=lambda n: p[n]["seconds"]),
-                           workspace_limit=workspace_limit, batch=batch, images=images)
+                           workspace_limit=workspace_limit, batch=batch, images=images,
+                           budget_s=left)
 
         screened = screening_images(p, names, batch, best_estimate)
-        start = time.perf_counter()
         expected = expected_seconds(p, names, input_shape[0], batch, screened)
         if expected > ANNOUNCE_ABOVE_S:
-            _announce(p, names, device, batch, f"about {expected:.1f} s")
+            _announce(p, names, device, batch, f"about {expected:.1f} s", budget)
         seconds = timed(names, screened)
         close = [n for n in screened if seconds[n] < CONFIRM_BELOW * min(seconds.values())]
-        if close:  # in the race after all: timed again on the batch, beside the best of the rest
-            lead = min((n for n in seconds if n not in screened), key=seconds.get)
+        rest = [n for n in seconds if n not in screened and math.isfinite(seconds[n])]
+        if close and rest:  # in the race after all: timed again on the batch, beside the best of the rest
+            lead = min(rest, key=seconds.get)
             seconds = dict(seconds, **timed([lead] + close))
         seconds = confirmed(seconds, timed)
         more = widened(p, seconds)
@@ -271,7 +290,7 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
         _store(key, entry)
         took = time.perf_counter() - start
         if took > ANNOUNCE_ABOVE_S and expected <= ANNOUNCE_ABOVE_S:
-            _announce(p, names, device, batch, f"took {took:.1f} s")
+            _announce(p, names, device, batch, f"took {took:.1f} s", budget)
     _apply(p, entry)
 
 
@@ -282,14 +301,31 @@ def expected_seconds(p, names, full_batch, batch, images):
     return (1 + MIN_ROUNDS) * sum(per_image[n] * images.get(n, batch) for n in names)
 
 
-def _announce(p, names, device, batch, cost):
+def budget_seconds(best_on_batch_s, count):
+    """A pass's timing budget: TFBIGCONV_AUTOTUNE_BUDGET seconds if set (a positive
+    number), else max(MIN_BUDGET_S, BUDGET_FACTOR x the best estimate on the timing
+    batch x the `count` candidates timed)."""
+    value = os.environ.get(ENV_BUDGET, "").strip()
+    if value:
+        try:
+            budget = float(value)
+            if budget > 0 and math.isfinite(budget):
+                return budget
+        except ValueError:
+            pass
+        warnings.warn(f"tfbigconv: ignoring {ENV_BUDGET}={value!r} (not a positive number "
+                      "of seconds)")
+    return max(MIN_BUDGET_S, BUDGET_FACTOR * best_on_batch_s * count)
+
+
+def _announce(p, names, device, batch, cost, budget):
     """The one INFO line of a pass whose autotuning takes over ANNOUNCE_ABOVE_S."""
     why = ("TF's kernel's estimate is not trusted" if "tf" in names and not p["tf_trusted"]
            else f"their estimates are within {NEAR_FACTOR:g}x")
-    logging.info("tfbigconv: autotuning %s on %s: timing %s on %d images (%s), because %s; "
-                 "the result is cached in %s (TFBIGCONV_AUTOTUNE=0 turns autotuning off)",
-                 p["pass"], device, ", ".join(names), batch, cost, why,
-                 cache_path())
+    logging.info("tfbigconv: autotuning %s on %s: timing %s on %d images (%s, budget %.1f s: "
+                 "%s), because %s; the result is cached in %s (TFBIGCONV_AUTOTUNE=0 turns "
+                 "autotuning off)", p["pass"], device, ", ".join(names), batch, cost, budget,
+                 ENV_BUDGET, why, cache_path())
 
 
 def cached(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit):
@@ -317,8 +353,12 @@ def _apply(p, entry):
     verdict = ("measured fastest" if p["chosen"] == best else
                f"kept: {best} measured less than {TF_MARGIN:g}x faster")
     p["reason"] = (f"auto: {p['chosen']} {verdict} ("
-                   + ", ".join(f"{n} {entry['seconds'][n] * 1e3:.3g} ms" for n in names)
+                   + ", ".join(f"{n} {_ms(entry['seconds'][n])}" for n in names)
                    + f"); estimates: {p['reason']}")
+
+
+def _ms(seconds):
+    return f"{seconds * 1e3:.3g} ms" if math.isfinite(seconds) else "not timed (budget spent)"
 
 
 def fastest(seconds, preference=PREFERENCE):
@@ -437,10 +477,11 @@ def timing_batch(batch, best_estimate_s):
 
 @tf.autograph.experimental.do_not_convert
 def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order=None,
-            workspace_limit=0, batch=None, images=None):
+            workspace_limit=0, batch=None, images=None, budget_s=None):
     """{candidate: seconds} for one pass, timed on random data of `batch` images
     (default TIMING_BATCH; `images`: {candidate: fewer images} for some) and
-    scaled to the real batch.
+    scaled to the real batch. With budget_s, no call starts once the calls have
+    taken that long; a candidate never called gets math.inf.
 
     Each candidate runs as its own traced graph (_pass_fn) on `device`, outside
     any tf.function being traced.
@@ -463,13 +504,22 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         calls = {n: _pass_fn(pass_, n, data[count[n]][0], w, data[count[n]][1], a, device)
                  for n in order}
 
+        spent = [0.0]
+
         def timed(name):
             start = time.perf_counter()
             _sync(calls[name]())
-            return time.perf_counter() - start
+            took = time.perf_counter() - start
+            spent[0] += took
+            return took
+
+        def over():
+            return budget_s is not None and spent[0] >= budget_s
 
         best = {}  # name -> shortest call so far
         for name in order:  # warm-up, in the order of the estimates
+            if best and over():
+                break
             best[name] = timed(name)
         # Speeds compare per image: a screened candidate runs fewer; costs
         # (REPEAT_BELOW_S, EXTRA_ROUNDS_BELOW_S) are the calls' own.
@@ -481,10 +531,10 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         # second call that lowers the quickest can make others look slow.
         called_twice = set()
         while True:
-            quickest = min(map(per_batch, order))
-            again = [n for n in order if n not in called_twice
+            quickest = min(map(per_batch, best))
+            again = [n for n in best if n not in called_twice
                      and ABANDON_FACTOR * quickest <= per_batch(n) and best[n] < REPEAT_BELOW_S]
-            if not again:
+            if not again or over():
                 break
             for name in again:
                 best[name] = min(best[name], timed(name))
@@ -494,18 +544,21 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         # counts. Candidates whose calls took REPEAT_BELOW_S, or ABANDON_FACTOR x
         # the best, are not repeated. Rounds go on past MIN_ROUNDS while they are
         # cheap (short calls are the noisy ones), up to MAX_ROUNDS.
-        quickest = min(map(per_batch, order))
-        again = [n for n in order
+        quickest = min(map(per_batch, best))
+        again = [n for n in best
                  if best[n] < REPEAT_BELOW_S and per_batch(n) < ABANDON_FACTOR * quickest]
-        spent = 0.0
+        rounds_spent = 0.0
         for r in range(MAX_ROUNDS if again else 0):
-            if r >= MIN_ROUNDS and spent >= EXTRA_ROUNDS_BELOW_S:
+            if r >= MIN_ROUNDS and rounds_spent >= EXTRA_ROUNDS_BELOW_S:
                 break
             for name in again[r % len(again):] + again[:r % len(again)]:
+                if over():
+                    break
                 t = timed(name)
-                spent += t
+                rounds_spent += t
                 best[name] = min(best[name], t)
-    return {name: per_batch(name) * full / small for name in best}
+    return {name: per_batch(name) * full / small if name in best else math.inf
+            for name in order}
 
 
 def _pass_fn(pass_, name, x, w, dy, a, device):
