@@ -222,7 +222,8 @@ def conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm="
     # their input for an empty batch (TF 2.21), and TF's FFT kernels reject one.
     # (A concat: grappler folds a tf.pad before Conv2D into the convolution's
     # padding, batch padding included, and drops the image.)
-    extra = not in_xla() and (x.shape.rank is None or x.shape[0] in (None, 0))
+    batch = tf.compat.dimension_value(x.shape[0]) if x.shape.rank else None
+    extra = not in_xla() and batch in (None, 0)
     if not in_xla() and not (x.shape.is_fully_defined() and f.shape.is_fully_defined()):
         with tf.control_dependencies(_runtime_checks(x, f, strides, padding, explicit,
                                                      data_format, dilations)):
@@ -242,7 +243,7 @@ def _conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm,
     hd, wd = (1, 2) if nhwc else (2, 3)
     pairs = [(explicit[2 * hd], explicit[2 * hd + 1]), (explicit[2 * wd], explicit[2 * wd + 1])] \
         if padding == "EXPLICIT" else [(0, 0), (0, 0)]
-    known = (x.shape.rank == 4 and f.shape.rank == 4 and None not in x.shape[1:] and
+    known = (x.shape.rank == 4 and f.shape.rank == 4 and x.shape[1:].is_fully_defined() and
              f.shape.is_fully_defined())
     if not known:
         return _tf_conv(x, f, strides, padding, pairs, data_format, dilations), "TF's convolution"
@@ -257,7 +258,8 @@ def _conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm,
     if not nhwc:
         x = tf.transpose(x, [0, 2, 3, 1])
     y = _fft_conv_nhwc(x, f, (strides[hd], strides[wd]), p["pads"], (dilations[hd], dilations[wd]),
-                       x.shape[3] // f.shape[2], p["fft"], p["out"], p["per_image_bytes"],
+                       x.shape.as_list()[3] // f.shape.as_list()[2], p["fft"], p["out"],
+                       p["per_image_bytes"],
                        workspace_limit)
     return (y if nhwc else tf.transpose(y, [0, 3, 1, 2])), f"fft {p['fft'][0]}x{p['fft'][1]}"
 
@@ -270,7 +272,7 @@ def _tf_conv(x, f, strides, padding, pairs, data_format, dilations):
         x = tf.transpose(x, [0, 2, 3, 1])
         strides = [strides[0], strides[2], strides[3], strides[1]]
         dilations = [dilations[0], dilations[2], dilations[3], dilations[1]]
-    cin = x.shape[3] if x.shape.rank == 4 else None
+    cin = tf.compat.dimension_value(x.shape[3]) if x.shape.rank == 4 else None
     kh, kw, cig, cout = f.shape.as_list() if f.shape.rank == 4 else [None] * 4
     pad = [[0, 0], list(pairs[0]), list(pairs[1]), [0, 0]] if padding == "EXPLICIT" else padding
     stride2, rate2 = tuple(strides[1:3]), tuple(dilations[1:3])
@@ -331,7 +333,7 @@ def _fft_conv_nhwc(x, f, strides, pads, dilations, groups, fft_size, out_size, p
         y = y[:, :, :rows:sh, :cols:sw]
         return tf.transpose(y, [0, 2, 3, 1])
 
-    n = x.shape[0]
+    n = tf.compat.dimension_value(x.shape[0])
     budget = workspace_limit or _default_budget()
     step = max(1, budget // max(per_image, 1))
     if n is None or n <= step:
