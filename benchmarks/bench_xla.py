@@ -140,6 +140,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="seed,depthwise")
     ap.add_argument("--passes", default="forward,fwd+bwd")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help="contenders to run (TF under XLA takes minutes on the seed case)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--keras", action="store_true", help="also Keras fit steps/s, jit on and off")
@@ -157,13 +159,14 @@ def main():
     for name in [c for c in args.cases.split(",") if c]:
         xs, ws, padding = CASES[name]
         for pass_ in args.passes.split(","):
+            methods = args.methods.split(",")
             specs = {m: dict(kind="conv", x=xs, w=ws, padding=padding, pass_=None, method=m,
-                             reps=args.reps) for m in METHODS}
+                             reps=args.reps) for m in methods}
             for s in specs.values():
                 s["pass"] = pass_
                 s.pop("pass_")
             best = H.best_of_rounds(__file__, specs, args.rounds, f"{name} {pass_}")
-            t = {m: best[m].get("median_s", float("nan")) if "error" not in best[m]
+            t = {m: best[m].get("median_s", float("nan")) if m in best and "error" not in best[m]
                  else float("nan") for m in METHODS}
             rows.append(f"| {name} {xs}x{ws[:2]} | {pass_} | {1e3 * t['xla']:.1f} ms | "
                         f"{1e3 * t['native']:.1f} ms | {1e3 * t['tf_xla']:.1f} ms | "

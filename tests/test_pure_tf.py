@@ -119,7 +119,7 @@ def test_xla_builds_no_custom_op_and_outside_xla_the_kernels_run():
     inside = {op.type for op in tf.function(fn, jit_compile=True).get_concrete_function(x, w)
               .graph.get_operations()}
     outside = {op.type for op in tf.function(fn).get_concrete_function(x, w).graph.get_operations()}
-    assert "BigConv2D" not in inside and "IRFFT2D" in inside
+    assert "BigConv2D" not in inside and "RFFT2D" in inside
     assert "BigConv2D" in outside
 
 
