@@ -136,17 +136,21 @@ def test_xla_with_unknown_spatial_shapes_runs_tf_conv():
     assert "BigConv2D" not in types and "Conv2D" in types
 
 
-def test_use_fft_picks_tf_conv_for_small_filters_and_fft_for_large():
+def test_estimates_pick_tf_conv_for_small_filters_and_fft_for_large():
+    def fft_wins(geometry, xla=True):
+        conv, fft = pure_tf.estimates(*geometry.values(), xla=xla)
+        return fft < conv
+
     big = dict(n=16, h=321, w=481, cin=1, cout=3, kh=135, kw=135, groups=1, fft_h=324,
                fft_w=486, out_h=187, out_w=347)
-    assert pure_tf.use_fft(*big.values())
+    assert fft_wins(big)
     small = dict(big, cin=16, cout=16, kh=3, kw=3, out_h=319, out_w=479)
-    assert not pure_tf.use_fft(*small.values())
+    assert not fft_wins(small)
     # XLA's depthwise convolution is slow on the CPU: the FFT wins there even at 3x3.
     dw = dict(n=8, h=56, w=56, cin=128, cout=128, kh=3, kw=3, groups=128, fft_h=60, fft_w=60,
               out_h=56, out_w=56)
-    assert pure_tf.use_fft(*dw.values(), xla=True)
-    assert not pure_tf.use_fft(*dw.values(), xla=False)
+    assert fft_wins(dw, xla=True)
+    assert not fft_wins(dw, xla=False)
 
 
 @pytest.mark.parametrize("algorithm", ["auto", "fft", "direct"])

@@ -15,7 +15,7 @@ convolution from ops XLA compiles:
   depthwise filters where it takes the strides and dilations, else
   tf.nn.conv2d, grouped where the filter is).
 
-`use_fft` (a small pure function) chooses between them. Gradients of every
+`plan` and `estimates` (small pure functions) choose between them. Gradients of every
 order are TensorFlow's own, through the composition. Shapes must be static
 except the batch; with other unknown dimensions TensorFlow's convolution runs.
 """
@@ -92,6 +92,13 @@ def good_fft_size(n):
         m += 1
 
 
+def spatial_pairs(padding, explicit, dims):
+    """The (before, after) padding of each of `dims` (indices in data_format
+    order) from the flat explicit_paddings; (0, 0) unless padding is EXPLICIT."""
+    return [(explicit[2 * d], explicit[2 * d + 1]) if padding == "EXPLICIT" else (0, 0)
+            for d in dims]
+
+
 def pads_1d(size, k, stride, dilation, padding, explicit):
     """(before, after, output size) of one spatial dimension, as tf.nn.conv2d pads."""
     eff = (k - 1) * dilation + 1
@@ -120,12 +127,6 @@ def estimates(n, h, w, cin, cout, kh, kw, groups, fft_h, fft_w, out_h, out_w, xl
     return flops / rate, transforms / FFT_FLOPS_PER_SECOND + mix / MIX_FLOPS_PER_SECOND
 
 
-def use_fft(*geometry, xla=True):
-    """FFT (True) or TensorFlow's convolution (False), by estimates(*geometry)."""
-    conv, fft = estimates(*geometry, xla=xla)
-    return fft < conv
-
-
 def plan(in_shape, f_shape, strides, padding, explicit, data_format, dilations, dtype, algorithm,
          workspace_limit, xla):
     """What the pure-TF path runs for a convolution whose spatial and channel
@@ -135,8 +136,7 @@ def plan(in_shape, f_shape, strides, padding, explicit, data_format, dilations, 
     XLA compiles it (outside XLA, TF's CPU kernels have no dilated gradient)."""
     hd, wd, cd = (1, 2, 3) if data_format == "NHWC" else (2, 3, 1)
     (kh, kw, cig, cout), cin = f_shape, in_shape[cd]
-    pairs = [(explicit[2 * d], explicit[2 * d + 1]) if padding == "EXPLICIT" else (0, 0)
-             for d in (hd, wd)]
+    pairs = spatial_pairs(padding, explicit, (hd, wd))
     pt, pb, out_h = pads_1d(in_shape[hd], kh, strides[hd], dilations[hd], padding, pairs[0])
     pl, pr, out_w = pads_1d(in_shape[wd], kw, strides[wd], dilations[wd], padding, pairs[1])
     fft = (good_fft_size(in_shape[hd] + pt + pb), good_fft_size(in_shape[wd] + pl + pr))
@@ -182,15 +182,12 @@ def check_geometry(in_shape, f_shape, strides, padding, explicit, data_format, d
     if cout % (cin // cig):
         raise ValueError(f"filter out_depth {cout} must be a multiple of groups {cin // cig} "
                          f"(input depth {cin} / filter in_depth {cig})")
-    for d, k, name in ((hd, kh, "height"), (wd, kw, "width")):
-        before, after = (explicit[2 * d], explicit[2 * d + 1]) if padding == "EXPLICIT" else (0, 0)
-        if padding == "SAME":
-            continue
-        eff = (k - 1) * dilations[d] + 1
-        if output_size(in_shape[d] + before + after, eff, strides[d]) < 0:
+    for d, k, pair, name in zip((hd, wd), (kh, kw), spatial_pairs(padding, explicit, (hd, wd)),
+                                ("height", "width")):
+        if pads_1d(in_shape[d], k, strides[d], dilations[d], padding, pair)[2] < 0:
             raise ValueError(f"filter is larger than the padded input along {name}: effective "
-                             f"filter size {eff} > padded input size "
-                             f"{in_shape[d] + before + after}")
+                             f"filter size {(k - 1) * dilations[d] + 1} > padded input size "
+                             f"{in_shape[d] + sum(pair)}")
 
 
 def _runtime_checks(x, f, strides, padding, explicit, data_format, dilations):
@@ -210,8 +207,8 @@ def _runtime_checks(x, f, strides, padding, explicit, data_format, dilations):
                                   tf.constant(0, tf.int64),
                                   message="filter out_depth must be a multiple of groups")]
     if padding != "SAME":
-        for d, k in ((hd, 0), (wd, 1)):
-            pad = explicit[2 * d] + explicit[2 * d + 1] if padding == "EXPLICIT" else 0
+        for d, k, pair in zip((hd, wd), (0, 1), spatial_pairs(padding, explicit, (hd, wd))):
+            pad = sum(pair)
             eff = (fs[k] - 1) * dilations[d] + 1
             checks.append(tf.debugging.assert_greater_equal(
                 xs[d] + pad + strides[d] - 1, eff,
@@ -224,7 +221,7 @@ def conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm="
     """tf.nn.conv2d of x and f (arguments as bigconv2d parsed them: strides and
     dilations of 4, padding "SAME"/"VALID"/"EXPLICIT" with the flat 8
     explicit_paddings) from TensorFlow ops. algorithm "fft" forces the FFT,
-    "direct" and "tf" TensorFlow's convolution, "auto" chooses (use_fft).
+    "direct" and "tf" TensorFlow's convolution, "auto" chooses (plan).
     `why`: the reason the pure-TF path runs, for the log."""
     # Outside XLA, a batch that is empty or not known when the graph is built gets
     # one zero image more: oneDNN's Conv2D and DepthwiseConv2dNative forward return
@@ -250,8 +247,7 @@ def conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm="
 def _conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm, workspace_limit):
     nhwc = data_format == "NHWC"
     hd, wd = (1, 2) if nhwc else (2, 3)
-    pairs = [(explicit[2 * hd], explicit[2 * hd + 1]), (explicit[2 * wd], explicit[2 * wd + 1])] \
-        if padding == "EXPLICIT" else [(0, 0), (0, 0)]
+    pairs = spatial_pairs(padding, explicit, (hd, wd))
     known = (x.shape.rank == 4 and f.shape.rank == 4 and x.shape[1:].is_fully_defined() and
              f.shape.is_fully_defined())
     if not known:
