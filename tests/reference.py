@@ -120,3 +120,40 @@ def rel_l2(got, ref):
     if denom == 0:
         return num
     return num / denom
+
+
+def _conv1d_as_2d(padding, k, dilation, explicit):
+    """A 1-D padding (SAME, VALID, CAUSAL or EXPLICIT with an explicit pair) as
+    conv2d_reference's padding and explicit (h, w) pairs, height 1."""
+    if padding == "CAUSAL":
+        return "EXPLICIT", ((0, 0), ((k - 1) * dilation, 0))
+    return padding, ((0, 0), tuple(explicit))
+
+
+def _nwc_to_2d(a, data_format):
+    return a[:, None] if data_format == "NWC" else a[:, :, None]
+
+
+def conv1d_reference(x, w, stride=1, padding="VALID", dilation=1, data_format="NWC",
+                     explicit=(0, 0)):
+    """tf.nn.conv1d (plus Keras' CAUSAL: (k - 1) * dilation zeros before) in float64;
+    x in data_format ("NWC" or "NCW"), w [k, in / groups, out]."""
+    pad, pairs = _conv1d_as_2d(padding, w.shape[0], dilation, explicit)
+    fmt = "NHWC" if data_format == "NWC" else "NCHW"
+    y = conv2d_reference(_nwc_to_2d(np.asarray(x), data_format), np.asarray(w)[None],
+                         (1, stride), pad, (1, dilation), fmt, pairs)
+    return y[:, 0] if data_format == "NWC" else y[:, :, 0]
+
+
+def conv1d_reference_grads(x, w, dy, stride=1, padding="VALID", dilation=1, data_format="NWC",
+                           explicit=(0, 0)):
+    """(dL/dx, dL/dw) of conv1d_reference for the output gradient dy."""
+    pad, pairs = _conv1d_as_2d(padding, w.shape[0], dilation, explicit)
+    fmt = "NHWC" if data_format == "NWC" else "NCHW"
+    x2, dy2, w2 = (_nwc_to_2d(np.asarray(x), data_format),
+                   _nwc_to_2d(np.asarray(dy), data_format), np.asarray(w)[None])
+    dx = conv2d_reference_backprop_input(dy2, w2, x2.shape, (1, stride), pad, (1, dilation),
+                                         fmt, pairs)
+    dw = conv2d_reference_backprop_filter(x2, dy2, w2.shape, (1, stride), pad, (1, dilation),
+                                          fmt, pairs)
+    return (dx[:, 0] if data_format == "NWC" else dx[:, :, 0]), dw[0]

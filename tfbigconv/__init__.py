@@ -1,6 +1,7 @@
-"""tfbigconv: fast, memory-bounded 2-D convolution with large filters for TensorFlow.
+"""tfbigconv: fast, memory-bounded convolution with large filters for TensorFlow.
 
-`bigconv2d` is a drop-in for `tf.nn.conv2d`; `tfbigconv.keras` has the Keras
+`bigconv2d` is a drop-in for `tf.nn.conv2d`, `bigconv1d` for `tf.nn.conv1d` (plus
+CAUSAL padding); `tfbigconv.keras` has the Keras
 layers `BigConv2D` and `BigDepthwiseConv2D`; `convert_model` swaps them into an
 existing Keras model; `memory_report` shows where a model's training step keeps
 its memory (and `explain_oom` prints it when a step runs out); `fuse_linear`
@@ -46,6 +47,7 @@ from tfbigconv import _native  # noqa: E402
 from tfbigconv._native import ops as _raw_ops  # noqa: F401,E402  (the ops, for tests and power users)
 from tfbigconv.cost_model import profiles as _profiles  # noqa: E402
 from tfbigconv.ops import gradients as _gradients  # noqa: F401,E402  (registers the gradients)
+from tfbigconv.ops.conv1d import bigconv1d  # noqa: E402
 from tfbigconv.ops.conv2d import ALGORITHMS, bigconv2d  # noqa: E402
 from tfbigconv.planning.explain import explain  # noqa: E402
 
@@ -66,7 +68,7 @@ _sys.modules[__name__ + ".fuse_train"] = fuse_train
 if not _cause:
     _profiles.load_active(_native.LIB_PATH)
 
-__all__ = ["bigconv2d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_train", "fuse_linear",
+__all__ = ["bigconv1d", "bigconv2d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_train", "fuse_linear",
            "SubgraphReport", "keras", "register_all", "memory_report", "MemoryReport",
            "explain_oom"]
 

@@ -51,6 +51,8 @@ void RealRowsForward(const T* in, int64_t in_stride, int64_t rows, int64_t n,
 template <typename T>
 void ComplexColumns(std::complex<T>* data, int64_t rows, int64_t cols, int64_t row_stride,
                     bool forward) {
+  // A transform of length 1 is the identity: a 1-D problem (height 1) has 1-D FFTs.
+  if (rows == 1) return;
   Pick<T>().complex_columns(data, rows, cols, row_stride, forward);
 }
 

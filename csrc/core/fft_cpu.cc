@@ -39,6 +39,17 @@ void MulConj(const T* __restrict x, const T* __restrict w, T* __restrict y, int6
   }
 }
 
+// Whether n pointers are evenly spaced (*step apart, in elements): planes of
+// height 1 (1-D problems) whose spectra are go to ducc0 as the rows of one
+// call, which it vectorises across.
+template <typename P>
+bool EvenlySpaced(P* const* p, int64_t n, int64_t* step) {
+  *step = n > 1 ? p[1] - p[0] : 0;
+  for (int64_t i = 2; i < n; ++i)
+    if (p[i] - p[i - 1] != *step) return false;
+  return n > 1 && *step > 0;
+}
+
 template <typename S, typename T>
 class FftRunner {
   using C = std::complex<T>;
@@ -231,11 +242,17 @@ class FftRunner {
         }
       }
     if (!finite) return std::numeric_limits<T>::infinity();
+    C* spec[kMaxStagePlanes];
+    for (int64_t p = 0; p < np; ++p) spec[p] = W((i0 + p) % cout, ci0 + (i0 + p) / cout);
+    int64_t step;
+    if (pl_.fft_h == 1 && EvenlySpaced(spec, np, &step)) {
+      fft::RealRowsForward(st, Plane(), np, fw, spec[0], step);
+      return w_max;
+    }
     for (int64_t p = 0; p < np; ++p) {
-      C* spec = W((i0 + p) % cout, ci0 + (i0 + p) / cout);
-      fft::RealRowsForward(st + p * Plane(), fw, eh, fw, spec, bw_);
-      ZeroRows(spec, eh, pl_.fft_h);
-      fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, true);
+      fft::RealRowsForward(st + p * Plane(), fw, eh, fw, spec[p], bw_);
+      ZeroRows(spec[p], eh, pl_.fft_h);
+      fft::ComplexColumns(spec[p], pl_.fft_h, bw_, bw_, true);
     }
     return w_max;
   }
@@ -317,6 +334,11 @@ class FftRunner {
       unsafe_[slot].store(true, std::memory_order_relaxed);
       return;  // its spectra are never used
     }
+    int64_t step;
+    if (pl_.fft_h == 1 && EvenlySpaced(spec, np, &step)) {
+      fft::RealRowsForward(st, Plane(), np, fw, spec[0], step);
+      return;
+    }
     for (int64_t p = 0; p < np; ++p) {
       ZeroRows(spec[p], 0, r_lo);
       ZeroRows(spec[p], r_hi, pl_.fft_h);
@@ -353,17 +375,32 @@ class FftRunner {
     const T scale = T(1) / (T(pl_.fft_h) * T(fw));
     T* st = Staging(worker);
     S* dst[kMaxStagePlanes];
+    C* spec[kMaxStagePlanes];
+    const int64_t np = co1 - co0;
+    // Height 1: a fused mix has a spectrum per plane, and the rows go to ducc0 together.
+    const bool rows_1d = pl_.fft_h == 1;
     for (int64_t co = co0; co < co1; ++co) {
-      C* spec = pl_.fused_mix ? WorkerSpectrum(worker) : Y(slot, co);
-      if (pl_.fused_mix) MixInto(slot, co, 0, bins_, 0, g_.in_c_per_group(), spec);
-      fft::ComplexColumns(spec, pl_.fft_h, bw_, bw_, false);
-      fft::RealRowsBackward(spec, g_.stride_h * bw_, t.vh, fw, st + (co - co0) * Plane(), fw, scale);
-      dst[co - co0] = out_ + t.n * ov_.n + t.oh0 * ov_.h + t.ow0 * ov_.w + (co / cog) * ov_.g +
-                      (co % cog) * ov_.c;
+      const int64_t p = co - co0;
+      C* y = pl_.fused_mix ? WorkerSpectrum(worker) + (rows_1d ? p * bins_ : 0) : Y(slot, co);
+      if (pl_.fused_mix) MixInto(slot, co, 0, bins_, 0, g_.in_c_per_group(), y);
+      spec[p] = y;
+      dst[p] = out_ + t.n * ov_.n + t.oh0 * ov_.h + t.ow0 * ov_.w + (co / cog) * ov_.g +
+               (co % cog) * ov_.c;
+      if (!rows_1d) {
+        fft::ComplexColumns(y, pl_.fft_h, bw_, bw_, false);
+        fft::RealRowsBackward(y, g_.stride_h * bw_, t.vh, fw, st + p * Plane(), fw, scale);
+      }
+    }
+    int64_t step;
+    if (rows_1d && EvenlySpaced(spec, np, &step)) {
+      fft::RealRowsBackward(spec[0], step, np, fw, st, Plane(), scale);
+    } else if (rows_1d) {
+      for (int64_t p = 0; p < np; ++p)
+        fft::RealRowsBackward(spec[p], bw_, 1, fw, st + p * Plane(), fw, scale);
     }
     // Row by row across the block: the channels' pixels share cache lines.
     for (int64_t r = 0; r < t.vh; ++r)
-      for (int64_t p = 0; p < co1 - co0; ++p) {
+      for (int64_t p = 0; p < np; ++p) {
         const T* row = st + p * Plane() + r * fw;
         S* d = dst[p] + r * ov_.h;
         for (int64_t c = 0; c < t.vw; ++c) d[c * ov_.w] = Store<S, T>(row[c * g_.stride_w]);

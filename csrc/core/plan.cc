@@ -41,6 +41,9 @@ int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& 
   // A block's filter planes (out_c * ci_block) are the most planes of any
   // phase (input planes: groups * ci_block; output planes: out_c).
   const int64_t most = g.out_c * p.ci_block;
+  // Planes of height 1 (1-D problems) are transformed as the rows of one call,
+  // which ducc0 vectorises across: a full block whatever their size.
+  if (p.fft_h == 1) return std::max<int64_t>(1, std::min(kMaxStagePlanes, most));
   return std::max<int64_t>(1, std::min({kMaxStagePlanes, most, kStageBytes / std::max<int64_t>(1, plane)}));
 }
 
@@ -61,7 +64,8 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
   p->item_spectra_bytes =
       SatMul(SatAdd(SatMul(g.groups, p->ci_block), p->fused_mix ? 0 : g.out_c), spectrum);
   p->worker_bytes =
-      SatAdd(SatMul({p->stage_planes, p->fft_h, p->fft_w, real}), p->fused_mix ? spectrum : 0);
+      SatAdd(SatMul({p->stage_planes, p->fft_h, p->fft_w, real}),
+             p->fused_mix ? SatMul(p->fft_h == 1 ? p->stage_planes : 1, spectrum) : 0);
   p->workspace_bytes =
       SatAdd(SatAdd(p->filter_spectra_bytes, SatMul(p->chunk, p->item_spectra_bytes)),
              SatMul(int64_t(p->workers), p->worker_bytes));

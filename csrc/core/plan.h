@@ -44,7 +44,7 @@ struct FftPlan {
   // Workspace layout, in this order; all sizes in bytes.
   int64_t filter_spectra_bytes = 0;     // ci_block * out_c spectra
   int64_t item_spectra_bytes = 0;       // groups * ci_block (+ out_c unless fused) spectra of one item
-  int64_t worker_bytes = 0;             // one worker's stage_planes real planes (+ a spectrum if fused)
+  int64_t worker_bytes = 0;             // one worker's stage_planes real planes (+ a spectrum if fused, one per plane at height 1)
   int64_t workspace_bytes = 0;          // the exact total
   // The cost model's inputs: transform and channel-mixing flops, and bytes
   // moved through memory; and their weighted sum, in seconds (CostModel).

@@ -1,10 +1,12 @@
-"""Keras 3 layers on tfbigconv's kernels: drop-in for Conv2D and DepthwiseConv2D.
+"""Keras 3 layers on tfbigconv's kernels: drop-in for Conv1D, Conv2D, DepthwiseConv1D
+and DepthwiseConv2D.
 
-`BigConv2D` and `BigDepthwiseConv2D` subclass `keras.layers.Conv2D` and
-`keras.layers.DepthwiseConv2D`, so they take the same constructor arguments with
-the same defaults, create the same weights (same names, shapes and order), and
-serialize the same way; only the convolution itself runs through
-`tfbigconv.bigconv2d`. Two extra arguments are passed through to it:
+`BigConv1D`, `BigConv2D`, `BigDepthwiseConv1D` and `BigDepthwiseConv2D` subclass
+the Keras layer of the same name without "Big", so they take the same constructor
+arguments with the same defaults, create the same weights (same names, shapes and
+order), and serialize the same way; only the convolution itself runs through
+`tfbigconv.bigconv1d` or `tfbigconv.bigconv2d`. Two extra arguments are passed
+through to it:
 
   algorithm: one of `tfbigconv.ALGORITHMS` ("auto" by default).
   workspace_limit: workspace budget in bytes; 0 (default) means decided from
@@ -27,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from tfbigconv.arguments import ALGORITHMS
+from tfbigconv.ops.conv1d import bigconv1d
 from tfbigconv.ops.conv2d import bigconv2d
 
 if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - depends on the install
@@ -34,9 +37,11 @@ if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - depends on th
         f"tfbigconv.keras needs Keras 3 (found keras {keras.__version__}); "
         "for tf.keras 2 (tf_keras) call tfbigconv.bigconv2d from your own layer")
 
-__all__ = ["BigConv2D", "BigDepthwiseConv2D"]
+__all__ = ["BigConv1D", "BigConv2D", "BigDepthwiseConv1D", "BigDepthwiseConv2D"]
 
-_DATA_FORMATS = {"channels_last": "NHWC", "channels_first": "NCHW"}
+# Keras' rank -> our op and its data formats.
+_OPS = {1: (bigconv1d, {"channels_last": "NWC", "channels_first": "NCW"}),
+        2: (bigconv2d, {"channels_last": "NHWC", "channels_first": "NCHW"})}
 
 
 def check_backend():
@@ -83,12 +88,24 @@ class _BigConvMixin:
 
     def _bigconv(self, inputs, kernel):
         # The kernel variable may be float32 under a mixed policy while the
-        # inputs come in the compute dtype; bigconv2d wants equal dtypes.
+        # inputs come in the compute dtype; our ops want equal dtypes.
         kernel = tf.cast(kernel, inputs.dtype)
-        return bigconv2d(
-            inputs, kernel, strides=list(self.strides), padding=self.padding.upper(),
-            data_format=_DATA_FORMATS[self.data_format], dilations=list(self.dilation_rate),
+        conv, formats = _OPS[self.rank]
+        return conv(
+            inputs, kernel, list(self.strides), self.padding.upper(),
+            data_format=formats[self.data_format], dilations=list(self.dilation_rate),
             algorithm=self.algorithm, workspace_limit=self.workspace_limit)
+
+    def _bias_and_activation(self, outputs):
+        """What Keras' call adds after the convolution."""
+        if self.use_bias:
+            bias = tf.cast(self.bias, outputs.dtype)
+            if self.data_format == "channels_first":
+                bias = tf.reshape(bias, (1, -1) + (1,) * self.rank)
+            outputs = outputs + bias
+        if self.activation is not None:
+            return self.activation(outputs)
+        return outputs
 
     def _big_config(self, config):
         config.update({"algorithm": self.algorithm, "workspace_limit": self.workspace_limit})
@@ -167,17 +184,87 @@ class BigDepthwiseConv2D(_BigConvMixin, keras.layers.DepthwiseConv2D):
         self._init_big(algorithm, workspace_limit)
 
     def call(self, inputs):
-        kh, kw, channels, multiplier = self.kernel.shape
-        kernel = tf.reshape(self.kernel, (kh, kw, 1, channels * multiplier))
-        outputs = self._bigconv(inputs, kernel)
-        if self.use_bias:
-            bias = tf.cast(self.bias, outputs.dtype)
-            if self.data_format == "channels_first":
-                bias = tf.reshape(bias, (1, -1, 1, 1))
-            outputs = outputs + bias
-        if self.activation is not None:
-            return self.activation(outputs)
-        return outputs
+        return _depthwise_call(self, inputs)
+
+    def get_config(self):
+        return self._big_config(super().get_config())
+
+
+def _depthwise_call(layer, inputs):
+    """Keras' depthwise kernel [*kernel_size, channels, multiplier] run as a grouped
+    convolution, one group per channel: filter [*kernel_size, 1, channels * multiplier],
+    whose output channel c * multiplier + m is Keras' (and TensorFlow's) order."""
+    *size, channels, multiplier = layer.kernel.shape
+    kernel = tf.reshape(layer.kernel, (*size, 1, channels * multiplier))
+    return layer._bias_and_activation(layer._bigconv(inputs, kernel))
+
+
+@keras.saving.register_keras_serializable(package="tfbigconv")
+class BigConv1D(_BigConvMixin, keras.layers.Conv1D):
+    """`keras.layers.Conv1D` computed by `tfbigconv.bigconv1d`.
+
+    Same arguments, defaults, weights and outputs as `keras.layers.Conv1D`
+    (filters, kernel_size, strides, padding "valid", "same" or "causal",
+    data_format, dilation_rate, groups, activation, use_bias, the initializers,
+    regularizers and constraints), plus `algorithm` and `workspace_limit` as in
+    `BigConv2D`. Long kernels (a filter as long as the sequence, as in Hyena-style
+    models) run as 1-D FFTs.
+    """
+
+    def __init__(self, filters, kernel_size, strides=1, padding="valid", data_format=None,
+                 dilation_rate=1, groups=1, activation=None, use_bias=True,
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                 kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
+                 kernel_constraint=None, bias_constraint=None, algorithm="auto",
+                 workspace_limit=0, **kwargs):
+        super().__init__(
+            filters=filters, kernel_size=kernel_size, strides=strides, padding=padding,
+            data_format=data_format, dilation_rate=dilation_rate, groups=groups,
+            activation=activation, use_bias=use_bias, kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer, kernel_regularizer=kernel_regularizer,
+            bias_regularizer=bias_regularizer, activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint, bias_constraint=bias_constraint, **kwargs)
+        self._init_big(algorithm, workspace_limit)
+
+    def call(self, inputs):  # Conv1D.call pads "causal" itself; bigconv1d takes it
+        return self._bias_and_activation(self._bigconv(inputs, self.kernel))
+
+    def get_config(self):
+        return self._big_config(super().get_config())
+
+
+@keras.saving.register_keras_serializable(package="tfbigconv")
+class BigDepthwiseConv1D(_BigConvMixin, keras.layers.DepthwiseConv1D):
+    """`keras.layers.DepthwiseConv1D` computed by `tfbigconv.bigconv1d`.
+
+    Same arguments, defaults, weights and outputs as
+    `keras.layers.DepthwiseConv1D`, plus `algorithm` and `workspace_limit` as in
+    `BigConv2D`, and one more padding: "causal" (as Conv1D's: output t sees inputs
+    up to t), for long causal filters such as Hyena's. The kernel keeps Keras'
+    shape [k, channels, depth_multiplier].
+    """
+
+    def __init__(self, kernel_size, strides=1, padding="valid", depth_multiplier=1,
+                 data_format=None, dilation_rate=1, activation=None, use_bias=True,
+                 depthwise_initializer="glorot_uniform", bias_initializer="zeros",
+                 depthwise_regularizer=None, bias_regularizer=None, activity_regularizer=None,
+                 depthwise_constraint=None, bias_constraint=None, algorithm="auto",
+                 workspace_limit=0, **kwargs):
+        causal = isinstance(padding, str) and padding.lower() == "causal"
+        super().__init__(
+            kernel_size=kernel_size, strides=strides, padding="valid" if causal else padding,
+            depth_multiplier=depth_multiplier, data_format=data_format,
+            dilation_rate=dilation_rate, activation=activation, use_bias=use_bias,
+            depthwise_initializer=depthwise_initializer, bias_initializer=bias_initializer,
+            depthwise_regularizer=depthwise_regularizer, bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer, depthwise_constraint=depthwise_constraint,
+            bias_constraint=bias_constraint, **kwargs)
+        if causal:  # Keras' output-shape rule reads "causal" as "same"
+            self.padding = "causal"
+        self._init_big(algorithm, workspace_limit)
+
+    def call(self, inputs):
+        return _depthwise_call(self, inputs)
 
     def get_config(self):
         return self._big_config(super().get_config())
