@@ -20,6 +20,20 @@ def test_cli():
     assert r.returncode == 2 and "comma-separated ints" in r.stderr
 
 
+def test_cli_explain_1d():
+    """A 3-int --input is 1-D (bigconv1d), shown as it runs: height 1, 1-D FFTs."""
+    r = run(["-m", "tfbigconv", "explain", "--input", "4,4096,8", "--filter", "4096,1,8",
+             "--padding", "CAUSAL"])
+    assert r.returncode == 0, r.stderr
+    assert "FFT 1x8192" in r.stdout and "output shape [4, 1, 4096, 8]" in r.stdout
+    r = run(["-m", "tfbigconv", "explain", "--input", "4,8,100", "--filter", "9,8,2",
+             "--padding", "0,0,0,0,4,4", "--data-format", "NCW"])
+    assert r.returncode == 0, r.stderr
+    assert "output shape [4, 2, 1, 100]" in r.stdout
+    r = run(["-m", "tfbigconv", "explain", "--input", "4,100,8", "--filter", "9,9,8,2"])
+    assert r.returncode == 2 and "filter_shape must be [width" in r.stderr
+
+
 def test_cli_explain_gpu():
     r = run(["-m", "tfbigconv", "explain", "--input", "16,56,56,64", "--filter", "3,3,64,64",
              "--padding", "SAME", "--device", "GPU"])

@@ -147,3 +147,69 @@ def parse_padding(padding):
             f"dimension), got {padding!r}")
     return "EXPLICIT", [parse_int(x, "explicit padding", -INT32_MAX - 1, INT32_MAX)
                         for p in pairs for x in p]
+
+
+# tf.nn.conv1d runs tf.nn.conv2d with a height of 1, and so does bigconv1d: its
+# arguments in bigconv2d's terms, here, for it and for explain.
+# 1-D data formats and the 2-D format each runs as (tf.nn.conv1d also takes the 2-D names).
+CONV1D_DATA_FORMATS = {"NWC": "NHWC", "NHWC": "NHWC", "NCW": "NCHW", "NCHW": "NCHW"}
+
+
+def conv1d_data_format(value):
+    """tf.nn.conv1d's data_format ("NWC", "NCW"; None: "NWC") as bigconv2d's."""
+    if value is None:
+        return "NHWC"
+    if not isinstance(value, str) or value.upper() not in CONV1D_DATA_FORMATS:
+        raise ValueError(f"data_format must be 'NWC' or 'NCW', got {value!r}")
+    return CONV1D_DATA_FORMATS[value.upper()]
+
+
+def conv1d_as_conv2d(stride, padding, data_format, dilations, filter_width):
+    """tf.nn.conv1d's stride, padding and dilations (and CAUSAL, as Keras' Conv1D pads)
+    as bigconv2d's (strides, padding, dilations) with a height of 1; data_format is
+    bigconv2d's ("NHWC" or "NCHW", from conv1d_data_format). filter_width may be None
+    (unknown) except for CAUSAL padding."""
+    channels_last = data_format == "NHWC"
+    strides = _conv1d_strides(stride, "stride", channels_last)
+    dils = _conv1d_strides(1 if dilations is None else dilations, "dilations", channels_last)
+    none = [0, 0]
+    if isinstance(padding, str) and padding.upper() == "CAUSAL":
+        if filter_width is None:
+            raise ValueError("CAUSAL padding needs the filter width when the op is built; "
+                             "the filter width is unknown")
+        pair = [(filter_width - 1) * (dils[2] if channels_last else dils[3]), 0]
+        pads = [none, none, pair, none] if channels_last else [none, none, none, pair]
+    elif isinstance(padding, str):
+        pads = padding  # bigconv2d checks the name
+    else:
+        try:
+            pairs = [list(p) for p in padding]
+        except TypeError:
+            pairs = None
+        if pairs is None or isinstance(padding, bytes) or len(pairs) != 3 or any(
+                len(p) != 2 for p in pairs):
+            raise ValueError("padding must be 'SAME', 'VALID', 'CAUSAL' or a list of 3 "
+                             f"[before, after] pairs (one per dimension), got {padding!r}")
+        # bigconv2d checks the batch and channel pairs (zeros), with height [0, 0] added.
+        pads = [pairs[0], none] + pairs[1:] if channels_last else pairs[:2] + [none, pairs[2]]
+    return strides, pads, dils
+
+
+def _conv1d_strides(value, name, channels_last):
+    """A 1-D stride or dilation (an int, or 1 or 3 ints in data_format order) as
+    bigconv2d's 4 ints, height 1."""
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or len(value) not in (1, 3):
+        raise ValueError(f"{name} must be an int or a list of 1 or 3 ints, got {value!r}")
+    value = parse_ints(list(value), name)
+    if len(value) == 1:
+        return [1, 1, value[0], 1] if channels_last else [1, 1, 1, value[0]]
+    n, w, c = value if channels_last else (value[0], value[2], value[1])
+    if (n, c) != (1, 1) and all(v > 0 for v in value):
+        cls = tf.errors.UnimplementedError if name == "stride" else tf.errors.InvalidArgumentError
+        raise cls(None, None, f"Current implementation does not yet support {name} in the "
+                  f"batch and depth dimensions: {name} must be 1 there, got {value}")
+    return [n, 1, w, c] if channels_last else [n, c, 1, w]

@@ -2,6 +2,7 @@
 
   python -m tfbigconv explain --input 200,321,481,1 --filter 135,135,1,3 --padding VALID
   python -m tfbigconv explain ... --device GPU   # the GPU's candidates and cost model
+  python -m tfbigconv explain --input 8,16384,256 --filter 16384,1,256 --padding CAUSAL  # 1-D
   python -m tfbigconv calibrate            # this machine's CPU profile, into the user's cache
   python -m tfbigconv fit-gpu GRID.csv ... # the GPU section from scripts/gpu_check.sh --calibrate
   python -m tfbigconv memory MODEL.keras --batch 16 [--budget 8G] [--device GPU]
@@ -35,25 +36,28 @@ def _bytes(text):
 
 
 def _padding(text):
-    if text.upper() in ("SAME", "VALID"):
+    if text.upper() in ("SAME", "VALID", "CAUSAL"):
         return text.upper()
     v = _ints(text)
-    if len(v) != 8:
-        raise argparse.ArgumentTypeError("explicit padding takes 8 ints: 4 (before, after) pairs")
-    return [v[i:i + 2] for i in range(0, 8, 2)]
+    if len(v) not in (6, 8):
+        raise argparse.ArgumentTypeError("explicit padding takes 8 ints (4 (before, after) "
+                                         "pairs), or 6 for a 1-D input")
+    return [v[i:i + 2] for i in range(0, len(v), 2)]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tfbigconv")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("explain", help="the planner's table for a convolution")
-    ex.add_argument("--input", type=_ints, required=True, help="input shape, e.g. 200,321,481,1")
-    ex.add_argument("--filter", type=_ints, required=True, help="filter shape HWIO, e.g. 135,135,1,3")
+    ex.add_argument("--input", type=_ints, required=True,
+                    help="input shape, e.g. 200,321,481,1 (3 ints: 1-D, e.g. 8,16384,256)")
+    ex.add_argument("--filter", type=_ints, required=True,
+                    help="filter shape HWIO, e.g. 135,135,1,3 (1-D: WIO, e.g. 16384,1,256)")
     ex.add_argument("--strides", type=_ints, default=[1])
     ex.add_argument("--padding", type=_padding, default="VALID",
-                    help="SAME, VALID, or 8 explicit ints")
+                    help="SAME, VALID, CAUSAL (1-D), or 8 explicit ints (6 for 1-D)")
     ex.add_argument("--dilations", type=_ints, default=[1])
-    ex.add_argument("--data-format", default="NHWC", choices=["NHWC", "NCHW"])
+    ex.add_argument("--data-format", default="NHWC", choices=["NHWC", "NCHW", "NWC", "NCW"])
     ex.add_argument("--dtype", default="float32",
                     choices=["float16", "bfloat16", "float32", "float64"])
     ex.add_argument("--budget", type=_bytes, default=None,

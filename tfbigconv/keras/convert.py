@@ -3,12 +3,15 @@ import numbers
 
 import keras
 
-from tfbigconv.keras.layers import BigConv2D, BigDepthwiseConv2D, check_options
+from tfbigconv.keras.layers import (BigConv1D, BigConv2D, BigDepthwiseConv1D, BigDepthwiseConv2D,
+                                    check_options)
 
 # Exact Keras classes -> their tfbigconv counterparts. Subclasses of Conv2D are
 # left alone: they may override call() with something else.
 _REPLACEMENTS = {
+    keras.layers.Conv1D: BigConv1D,
     keras.layers.Conv2D: BigConv2D,
+    keras.layers.DepthwiseConv1D: BigDepthwiseConv1D,
     keras.layers.DepthwiseConv2D: BigDepthwiseConv2D,
 }
 
@@ -33,10 +36,11 @@ def _min_size(min_kernel_size):
 def convert_model(model, min_kernel_size=15, *, algorithm="auto", workspace_limit=0):
     """Returns a copy of `model` whose large-kernel convolutions run on tfbigconv.
 
-    Every `keras.layers.Conv2D` and `keras.layers.DepthwiseConv2D` (exactly
-    those classes, also inside nested Sequential/Functional models) whose
-    kernel is at least `min_kernel_size` in both height and width becomes a
-    `BigConv2D` / `BigDepthwiseConv2D` with the same configuration (name,
+    Every `keras.layers.Conv1D`, `Conv2D`, `DepthwiseConv1D` and
+    `DepthwiseConv2D` (exactly those classes, also inside nested
+    Sequential/Functional models) whose kernel is at least `min_kernel_size`
+    (in both height and width; a 1-D kernel's length against the width) becomes
+    the Big layer of the same name with the same configuration (name,
     dtype policy, trainable, initializers, ...) and the same weights. All other
     layers are cloned with their weights. The result computes the same
     function as `model` (up to floating-point rounding); `model` is not
@@ -45,7 +49,8 @@ def convert_model(model, min_kernel_size=15, *, algorithm="auto", workspace_limi
     Args:
       model: a built Functional or Sequential Keras model. Subclassed models
         cannot be cloned by Keras; construct them with tfbigconv's layers.
-      min_kernel_size: int, or (height, width): the smallest kernel converted.
+      min_kernel_size: int, or (height, width): the smallest kernel converted
+        (1-D kernels: their length against the width).
         Default 15, where tfbigconv starts to pay off.
       algorithm, workspace_limit: passed to every converted layer (see
         `tfbigconv.keras.BigConv2D`).
@@ -70,7 +75,8 @@ def convert_model(model, min_kernel_size=15, *, algorithm="auto", workspace_limi
 
     def clone(layer):
         big = _REPLACEMENTS.get(type(layer))
-        if big is not None and layer.kernel_size[0] >= min_h and layer.kernel_size[1] >= min_w:
+        size = tuple(layer.kernel_size) if big is not None else ()
+        if big is not None and size[-1] >= min_w and (len(size) == 1 or size[0] >= min_h):
             config = layer.get_config()
             config.update(algorithm=algorithm, workspace_limit=workspace_limit)
             new = big.from_config(config)

@@ -5,16 +5,10 @@ every planner rule, kernel, gradient and the XLA path apply unchanged. The FFT k
 plans such a problem with FFTs of height 1, i.e. 1-D transforms (explain shows
 "fft 1xN").
 """
-import numbers
-
-import numpy as np
 import tensorflow as tf
 
 from tfbigconv import arguments
 from tfbigconv.ops.conv2d import bigconv2d
-
-# 1-D data formats and the 2-D format each runs as (tf.nn.conv1d also takes the 2-D names).
-DATA_FORMATS = {"NWC": "NHWC", "NHWC": "NHWC", "NCW": "NCHW", "NCHW": "NCHW"}
 
 
 @tf.autograph.experimental.do_not_convert
@@ -46,8 +40,7 @@ def bigconv1d(input, filters, stride, padding, data_format="NWC", dilations=None
       op is built.
     """
     with tf.name_scope(name or "bigconv1d"):
-        fmt = _data_format(data_format)
-        channels_last = fmt == "NHWC"
+        fmt = arguments.conv1d_data_format(data_format)
         input = tf.convert_to_tensor(input, name="input")
         if input.shape.rank is not None and input.shape.rank < 3:
             raise arguments.graph_error(
@@ -59,65 +52,11 @@ def bigconv1d(input, filters, stride, padding, data_format="NWC", dilations=None
             raise arguments.graph_error(
                 f"filters must be rank 3 [width, in_channels, out_channels], got rank "
                 f"{filters.shape.rank}: shape {filters.shape}")
-        strides = _expand(stride, "stride", channels_last)
-        dils = _expand(1 if dilations is None else dilations, "dilations", channels_last)
-        padding = _padding(padding, filters, dils, channels_last)
+        width = filters.shape[0] if filters.shape.rank == 3 else None
+        strides, padding, dils = arguments.conv1d_as_conv2d(stride, padding, fmt, dilations,
+                                                            width)
         # [N, W, C] -> [N, 1, W, C]; [N, C, W] -> [N, C, 1, W]; filters [1, K, I, O].
-        spatial = -3 if channels_last else -2
+        spatial = -3 if fmt == "NHWC" else -2
         y = bigconv2d(tf.expand_dims(input, spatial), tf.expand_dims(filters, 0), strides,
                       padding, fmt, dils, algorithm=algorithm, workspace_limit=workspace_limit)
         return tf.squeeze(y, [spatial])
-
-
-def _data_format(value):
-    if value is None:
-        return "NHWC"
-    if not isinstance(value, str) or value.upper() not in DATA_FORMATS:
-        raise ValueError(f"data_format must be 'NWC' or 'NCW', got {value!r}")
-    return DATA_FORMATS[value.upper()]
-
-
-def _expand(value, name, channels_last):
-    """A 1-D stride or dilation (int, or 1 or 3 ints in data_format order) as bigconv2d's
-    4 ints, height 1."""
-    if isinstance(value, np.ndarray) and value.ndim == 1:
-        value = value.tolist()
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or len(value) not in (1, 3):
-        raise ValueError(f"{name} must be an int or a list of 1 or 3 ints, got {value!r}")
-    value = arguments.parse_ints(list(value), name)
-    if len(value) == 1:
-        return [1, 1, value[0], 1] if channels_last else [1, 1, 1, value[0]]
-    n, w, c = value if channels_last else (value[0], value[2], value[1])
-    if (n, c) != (1, 1) and all(v > 0 for v in value):
-        cls = tf.errors.UnimplementedError if name == "stride" else tf.errors.InvalidArgumentError
-        raise cls(None, None, f"Current implementation does not yet support {name} in the "
-                  f"batch and depth dimensions: {name} must be 1 there, got {value}")
-    return [n, 1, w, c] if channels_last else [n, c, 1, w]
-
-
-def _padding(padding, filters, dilations, channels_last):
-    """"SAME", "VALID", or bigconv2d's 4 explicit pairs (CAUSAL and 3 pairs)."""
-    if isinstance(padding, str):
-        if padding.upper() != "CAUSAL":
-            return padding  # bigconv2d checks the name
-        width = filters.shape[0] if filters.shape.rank == 3 else None
-        if width is None:
-            raise ValueError("CAUSAL padding needs the filter width when the op is built; "
-                             f"filters has shape {filters.shape}")
-        dilation = dilations[2] if channels_last else dilations[3]
-        pair = [(width - 1) * dilation, 0]
-    else:
-        try:
-            pairs = [list(p) for p in padding]
-        except TypeError:
-            pairs = None
-        if pairs is None or isinstance(padding, bytes) or len(pairs) != 3 or any(
-                len(p) != 2 for p in pairs):
-            raise ValueError("padding must be 'SAME', 'VALID', 'CAUSAL' or a list of 3 "
-                             f"[before, after] pairs (one per dimension), got {padding!r}")
-        # bigconv2d checks the batch and channel pairs (zeros), with height [0, 0] added.
-        return [pairs[0], [0, 0]] + pairs[1:] if channels_last else pairs[:2] + [[0, 0], pairs[2]]
-    none = [0, 0]
-    return [none, none, pair, none] if channels_last else [none, none, none, pair]

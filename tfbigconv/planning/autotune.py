@@ -63,7 +63,10 @@ ANNOUNCE_ABOVE_S = 1.0
 # A pass's timing stops calling candidates once it has spent its budget:
 # max(MIN_BUDGET_S, BUDGET_FACTOR x the best estimate on the timing batch x the
 # candidates timed), or TFBIGCONV_AUTOTUNE_BUDGET seconds. A call under way is
-# not interrupted; candidates not yet called count as not timed (infinitely slow).
+# not interrupted, so a candidate whose estimated call alone is over what is
+# left is not started (TF's depthwise input gradient with a 16384-tap 1-D
+# filter, estimated at 1.9 s on one image, took 80 s); candidates not called
+# count as not timed (infinitely slow).
 ENV_BUDGET = "TFBIGCONV_AUTOTUNE_BUDGET"
 MIN_BUDGET_S = 0.5
 BUDGET_FACTOR = 3.0
@@ -269,7 +272,9 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
             return measure(p["pass"], these, input_shape, filter_shape, attrs, dtype, device,
                            order=sorted(these, key=lambda n: p[n]["seconds"]),
                            workspace_limit=workspace_limit, batch=batch, images=images,
-                           budget_s=left)
+                           budget_s=left,
+                           per_image_s={n: p[n]["seconds"] / max(input_shape[0], 1)
+                                        for n in these})
 
         screened = screening_images(p, names, batch, best_estimate)
         expected = expected_seconds(p, names, input_shape[0], batch, screened)
@@ -477,11 +482,13 @@ def timing_batch(batch, best_estimate_s):
 
 @tf.autograph.experimental.do_not_convert
 def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order=None,
-            workspace_limit=0, batch=None, images=None, budget_s=None):
+            workspace_limit=0, batch=None, images=None, budget_s=None, per_image_s=None):
     """{candidate: seconds} for one pass, timed on random data of `batch` images
     (default TIMING_BATCH; `images`: {candidate: fewer images} for some) and
     scaled to the real batch. With budget_s, no call starts once the calls have
-    taken that long; a candidate never called gets math.inf.
+    taken that long, and with per_image_s ({candidate: estimated seconds per
+    image}) a candidate after the first is not started when its estimated call
+    is over what is left; a candidate never called gets math.inf.
 
     Each candidate runs as its own traced graph (_pass_fn) on `device`, outside
     any tf.function being traced.
@@ -513,13 +520,14 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
             spent[0] += took
             return took
 
-        def over():
-            return budget_s is not None and spent[0] >= budget_s
+        def over(name=None):
+            expected = (per_image_s or {}).get(name, 0.0) * count.get(name, 0)
+            return budget_s is not None and spent[0] + expected >= budget_s
 
         best = {}  # name -> shortest call so far
         for name in order:  # warm-up, in the order of the estimates
-            if best and over():
-                break
+            if best and over(name):
+                continue
             best[name] = timed(name)
         # Speeds compare per image: a screened candidate runs fewer; costs
         # (REPEAT_BELOW_S, EXTRA_ROUNDS_BELOW_S) are the calls' own.

@@ -144,7 +144,9 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
     """The planner's estimates for every algorithm and pass of a convolution.
 
     Arguments follow tf.nn.conv2d (input_shape in data_format order, filter
-    HWIO). device: "CPU" or "GPU" (each has its own candidates and cost
+    HWIO), or bigconv1d for a 1-D input_shape of 3 dimensions (data_format "NWC",
+    the default, or "NCW"; filter [width, in, out]; padding "CAUSAL" too), which
+    is shown as bigconv1d runs it: a 2-D convolution of height 1. device: "CPU" or "GPU" (each has its own candidates and cost
     model; "GPU" needs no GPU here). budget: workspace limit in bytes (None:
     as the ops decide: half of the free host memory on the CPU; on the GPU,
     half of what TensorFlow's allocator can still give, see
@@ -173,6 +175,17 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
     try:  # bigconv2d raises tf.nn.conv2d's classes for these; explain InvalidArgumentError
         input_shape = arguments.parse_shape(input_shape, "input_shape")
         filter_shape = arguments.parse_shape(filter_shape, "filter_shape")
+        if len(input_shape) == 3:  # 1-D, as bigconv1d runs it: height 1
+            if len(filter_shape) != 3:
+                raise ValueError(f"filter_shape must be [width, in_channels, out_channels] for "
+                                 f"a 1-D input_shape, got {filter_shape}")
+            data_format = arguments.conv1d_data_format(
+                None if data_format == "NHWC" else data_format)
+            strides, padding, dilations = arguments.conv1d_as_conv2d(
+                strides, padding, data_format, dilations, filter_shape[0])
+            at = 1 if data_format == "NHWC" else 2
+            input_shape = input_shape[:at] + [1] + input_shape[at:]
+            filter_shape = [1] + filter_shape
         data_format = arguments.parse_data_format(data_format)
         pad, explicit = arguments.parse_padding(padding)
         attrs = dict(strides=arguments.parse_strides(strides, "strides", data_format), padding=pad,
