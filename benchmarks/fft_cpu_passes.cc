@@ -7,7 +7,9 @@
 // (bit-identical results hash alike), and with PHASES 1 the time of each
 // ParallelFor call and each worker's busy time. STAGE=n forces stage_planes;
 // FRESH=1 allocates the workspace anew for every call (as TF's allocator
-// does above glibc's 32 MiB mmap threshold).
+// does above glibc's 32 MiB mmap threshold). L=length times the 1-D causal case
+// x (N, 1, L, C) x w (1, K, CI, C) instead (issue 38's Hyena case: N=8 L=16384
+// C=256 K=16384).
 //
 // Build (after pip install, which leaves the static core library) and run:
 //   g++ -std=c++17 -O2 -Icsrc/core benchmarks/fft_cpu_passes.cc \
@@ -43,9 +45,16 @@ int main(int argc, char** argv) {
   a.strides = {1, 1, 1, 1};
   a.dilations = {1, 1, 1, 1};
   ConvGeometry g;
-  std::string err = ComputeConvGeometry({N, H, H, C}, {K, K, CI, C}, a, &g);
+  // L=length: the 1-D causal case instead, x (N, 1, L, C), w (1, K, CI, C), K - 1 zeros before.
+  const int64_t L = getenv("L") ? atoll(getenv("L")) : 0;
+  if (L > 0) {
+    a.padding = Padding::kExplicit;
+    a.explicit_paddings = {0, 0, 0, 0, K - 1, 0, 0, 0};
+  }
+  std::string err = L > 0 ? ComputeConvGeometry({N, 1, L, C}, {1, K, CI, C}, a, &g)
+                          : ComputeConvGeometry({N, H, H, C}, {K, K, CI, C}, a, &g);
   if (!err.empty()) { fprintf(stderr, "%s\n", err.c_str()); return 1; }
-  std::vector<float> x(N * H * H * C), w(K * K * CI * C), y(g.output_elements()), out(std::max(x.size(), w.size()) * 2);
+  std::vector<float> x(L > 0 ? N * L * C : N * H * H * C), w(L > 0 ? K * CI * C : K * K * CI * C), y(g.output_elements()), out(std::max(x.size(), w.size()) * 2);
   std::mt19937 rng(0);
   std::normal_distribution<float> nd;
   for (float& v : x) v = nd(rng);

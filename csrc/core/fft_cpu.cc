@@ -20,6 +20,10 @@ namespace {
 // Frequency bins per channel-mixing work unit: the x, w and y blocks of one
 // (item, channel) pair stay in L1.
 constexpr int64_t kBinBlock = 256;
+// Columns per block where a block of planes of height 1 is staged or written
+// back: the block's planes share the tensor's cache lines, and each plane's
+// part is one line of floats.
+constexpr int64_t kColumnBlock = 16;
 
 // y = x * conj(w), or y += x * conj(w), over n complex values stored as
 // interleaved (re, im) pairs. Correlation is convolution with conj(W).
@@ -230,17 +234,23 @@ class FftRunner {
     }
     T w_max = 0;
     bool finite = true;
-    // Tap row by tap row across the block: the planes' taps share cache lines.
-    for (int64_t kh = 0; kh < g_.filter_h; ++kh)
-      for (int64_t p = 0; p < np; ++p) {
-        T* row = st + p * Plane() + kh * g_.dilation_h * fw;
-        for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
-          const T v = Load<T>(f[p][kh * fv_.h + kw * fv_.w]);
-          row[kw * g_.dilation_w] = v;
-          w_max = std::max(w_max, std::abs(v));
-          finite &= std::abs(v) <= std::numeric_limits<T>::max();  // false for NaN
-        }
-      }
+    const auto tap = [&](int64_t p, int64_t kh, int64_t kw) {
+      const T v = Load<T>(f[p][kh * fv_.h + kw * fv_.w]);
+      st[p * Plane() + kh * g_.dilation_h * fw + kw * g_.dilation_w] = v;
+      w_max = std::max(w_max, std::abs(v));
+      finite &= std::abs(v) <= std::numeric_limits<T>::max();  // false for NaN
+    };
+    // Across the block, where the planes' taps share cache lines: per tap row,
+    // or at height 1, whose one row can be the whole filter, per column block.
+    if (pl_.fft_h == 1) {
+      for (int64_t k0 = 0; k0 < g_.filter_w; k0 += kColumnBlock)
+        for (int64_t p = 0; p < np; ++p)
+          for (int64_t kw = k0; kw < std::min(g_.filter_w, k0 + kColumnBlock); ++kw) tap(p, 0, kw);
+    } else {
+      for (int64_t kh = 0; kh < g_.filter_h; ++kh)
+        for (int64_t p = 0; p < np; ++p)
+          for (int64_t kw = 0; kw < g_.filter_w; ++kw) tap(p, kh, kw);
+    }
     if (!finite) return std::numeric_limits<T>::infinity();
     C* spec[kMaxStagePlanes];
     for (int64_t p = 0; p < np; ++p) spec[p] = W((i0 + p) % cout, ci0 + (i0 + p) / cout);
@@ -304,8 +314,30 @@ class FftRunner {
     }
     const T limit = x_limit_;
     bool safe = true;
+    // (At height 1 the window's one row is input row ih0: r_lo is 0 here.)
+    const bool one_row = pl_.fft_h == 1 && uw == 1 && ih0 % uh == 0;
+    if (one_row) {
+      // One row per plane, as long as the input can be: in short column blocks
+      // across the block, where the planes' values share cache lines.
+      const S* s0[kMaxStagePlanes];
+      for (int64_t p = 0; p < np; ++p) {
+        T* row = st + p * Plane();
+        std::fill(row, row + c_lo, T(0));
+        std::fill(row + c_hi, row + fw, T(0));
+        s0[p] = src[p] + (ih0 / uh) * iv_.h + (iw0 + c_lo) * iv_.w;
+      }
+      for (int64_t c0 = 0; c0 < c_hi - c_lo; c0 += kColumnBlock)
+        for (int64_t p = 0; p < np; ++p) {
+          T* row = st + p * Plane() + c_lo;
+          for (int64_t c = c0; c < std::min(c_hi - c_lo, c0 + kColumnBlock); ++c) {
+            const T v = Load<T>(s0[p][c * iv_.w]);
+            row[c] = v;
+            safe &= std::abs(v) <= limit;
+          }
+        }
+    }
     // Row by row across the block: the planes' rows share cache lines.
-    for (int64_t r = 0; r < r_hi - r_lo; ++r) {
+    for (int64_t r = 0; r < (one_row ? 0 : r_hi - r_lo); ++r) {
       const int64_t vr = ih0 + r_lo + r;
       for (int64_t p = 0; p < np; ++p) {
         T* row = st + p * Plane() + r * fw;
@@ -397,6 +429,13 @@ class FftRunner {
     } else if (rows_1d) {
       for (int64_t p = 0; p < np; ++p)
         fft::RealRowsBackward(spec[p], bw_, 1, fw, st + p * Plane(), fw, scale);
+    }
+    if (rows_1d) {  // one long row per plane: across the block in short column blocks
+      for (int64_t c0 = 0; c0 < t.vw; c0 += kColumnBlock)
+        for (int64_t p = 0; p < np; ++p)
+          for (int64_t c = c0; c < std::min(t.vw, c0 + kColumnBlock); ++c)
+            dst[p][c * ov_.w] = Store<S, T>(st[p * Plane() + c * g_.stride_w]);
+      return;
     }
     // Row by row across the block: the channels' pixels share cache lines.
     for (int64_t r = 0; r < t.vh; ++r)

@@ -31,7 +31,7 @@ constexpr double kCostSlack = 1.10;
 constexpr int64_t kChunkTargetBytes = 16 << 20;
 
 // Channel planes staged together (FftPlan::stage_planes, at most
-// kMaxStagePlanes: 8 float32 channels are 32 bytes of each pixel's cache
+// kMaxStagePlanes2D: 8 float32 channels are 32 bytes of each pixel's cache
 // line) stay within about 384 KiB, so that they and a spectrum fit in a
 // core's L2.
 constexpr int64_t kStageBytes = 384 << 10;
@@ -44,7 +44,7 @@ int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& 
   // Planes of height 1 (1-D problems) are transformed as the rows of one call,
   // which ducc0 vectorises across: a full block whatever their size.
   if (p.fft_h == 1) return std::max<int64_t>(1, std::min(kMaxStagePlanes, most));
-  return std::max<int64_t>(1, std::min({kMaxStagePlanes, most, kStageBytes / std::max<int64_t>(1, plane)}));
+  return std::max<int64_t>(1, std::min({kMaxStagePlanes2D, most, kStageBytes / std::max<int64_t>(1, plane)}));
 }
 
 }  // namespace

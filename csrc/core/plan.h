@@ -58,8 +58,12 @@ struct FftPlan {
   int64_t bins() const { return fft_h * bins_w(); }
 };
 
-// The most planes FftPlan::stage_planes may hold.
-constexpr int64_t kMaxStagePlanes = 8;
+// The most planes FftPlan::stage_planes may hold: 16 float32 channels fill a
+// pixel's cache line. Plans of height 1 (1-D problems) take up to 16, whose
+// rows ducc0 transforms together; others up to 8, whose planes' rows are
+// staged together within about 384 KiB (plan.cc, kStageBytes).
+constexpr int64_t kMaxStagePlanes = 16;
+constexpr int64_t kMaxStagePlanes2D = 8;
 
 // Input channels per group up to which FftPlan::fused_mix is used.
 constexpr int64_t kFusedMixMaxInChannels = 4;

@@ -519,6 +519,10 @@ def test_stage_planes_planned_and_dropped_under_a_tight_limit():
                  workspace_limit=p["workspace_bytes"] - 1)
     assert tight["stage_planes"] == 1 and tight["workspace_bytes"] < p["workspace_bytes"]
     assert tight["worker_bytes"] == tight["fft_h"] * tight["fft_w"] * 4 + spectrum
+    # Height 1 (1-D): up to 16 planes whatever their size, a spectrum each if fused.
+    long = fft_plan((2, 1, 4096, 32), (1, 4096, 1, 32), workers=2)
+    assert long["fft_h"] == 1 and long["stage_planes"] == 16 and long["fused_mix"]
+    assert long["worker_bytes"] == 16 * long["fft_w"] * 4 + 16 * (long["fft_w"] // 2 + 1) * 8
     # Few channels: no more planes than a task can have; big transforms: fewer.
     assert fft_plan((1, 40, 40, 1), (9, 9, 1, 3))["stage_planes"] == 3
     assert fft_plan((1, 400, 400, 8), (135, 135, 1, 8))["stage_planes"] == 1

@@ -193,3 +193,21 @@ def test_errors_name_the_argument():
 
     with pytest.raises(ValueError, match="CAUSAL"):
         unknown_width(w)
+
+
+def test_nan_and_inf_land_where_tf_puts_them():
+    """The 1-D FFT path stages whole rows at once; a NaN or Inf in the input or the
+    filter still reaches exactly the outputs tf.nn.conv1d gives it."""
+    x = random_case((2, 300, 9), 0)
+    w = random_case((64, 1, 9), 1)
+    x[1, 100, 3] = np.nan
+    x[0, 20, 5] = np.inf
+    got = tfbigconv.bigconv1d(x, w, 1, "SAME", algorithm="fft").numpy()
+    want = tf.nn.depthwise_conv2d(x[:, None], np.reshape(w, (1, 64, 9, 1)), [1, 1, 1, 1],
+                                  "SAME").numpy()[:, 0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    assert rel_l2(got[finite], want[finite]) < 1e-4
+    w[10, 0, 2] = np.nan
+    got = tfbigconv.bigconv1d(random_case((2, 300, 9), 2), w, 1, "SAME", algorithm="fft").numpy()
+    assert np.isnan(got[..., 2]).all() and np.isfinite(got[..., [0, 1, 3]]).all()
