@@ -113,6 +113,11 @@ def cases():
     ]
     for (x, w) in base:
         yield (x, w, (1, 1), (1, 1), "VALID", ((0, 0), (0, 0)), "NHWC")
+    # 1-D: bigconv1d's problems, height 1 (a long causal depthwise filter, dense
+    # with a stride, dilated causal in NCHW)
+    yield ((2, 1, 300, 8), (1, 64, 1, 8), (1, 1), (1, 1), "EXPLICIT", ((0, 0), (63, 0)), "NHWC")
+    yield ((1, 1, 260, 3), (1, 129, 3, 4), (1, 2), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC")
+    yield ((2, 1, 200, 5), (1, 31, 1, 10), (1, 1), (1, 3), "EXPLICIT", ((0, 0), (90, 0)), "NCHW")
     x, w = (2, 37, 41, 4), (9, 7, 2, 6)
     pads = [("SAME", ((0, 0), (0, 0))), ("EXPLICIT", ((0, 3), (2, 1))),
             ("EXPLICIT", ((6, 0), (0, 7)))]
