@@ -157,3 +157,66 @@ def conv1d_reference_grads(x, w, dy, stride=1, padding="VALID", dilation=1, data
     dw = conv2d_reference_backprop_filter(x2, dy2, w2.shape, (1, stride), pad, (1, dilation),
                                           fmt, pairs)
     return (dx[:, 0] if data_format == "NWC" else dx[:, :, 0]), dw[0]
+
+
+def _setup3d(x_shape, w_shape, strides, padding, dilations, explicit):
+    """Output size and (before, after) pads per spatial dimension (NDHWC shapes)."""
+    sizes, pads = [], []
+    for i in range(3):
+        o, b, a = _out_and_pads(x_shape[1 + i], w_shape[i], strides[i], dilations[i], padding,
+                                explicit[i])
+        sizes.append(o)
+        pads.append((b, a))
+    return sizes, pads
+
+
+def _taps3d(w_shape, out, strides, dilations):
+    for k in np.ndindex(*w_shape[:3]):
+        yield k, tuple(slice(k[i] * dilations[i], k[i] * dilations[i] + (out[i] - 1) * strides[i] + 1,
+                             strides[i]) for i in range(3))
+
+
+def _ndhwc(a, data_format):
+    return a.transpose(0, 2, 3, 4, 1) if data_format == "NCDHW" else a
+
+
+def _from_ndhwc(a, data_format):
+    return a.transpose(0, 4, 1, 2, 3) if data_format == "NCDHW" else a
+
+
+def conv3d_reference(x, w, strides=(1, 1, 1), padding="VALID", dilations=(1, 1, 1),
+                     data_format="NDHWC", explicit=((0, 0), (0, 0), (0, 0))):
+    """tf.nn.conv3d's semantics (and groups = in / filter in_depth) in float64; w DHWIO."""
+    x = _ndhwc(np.asarray(x, dtype=np.float64), data_format)
+    w = np.asarray(w, dtype=np.float64)
+    out, pads = _setup3d(x.shape, w.shape, strides, padding, dilations, explicit)
+    groups = x.shape[4] // w.shape[3]
+    cig, cog = w.shape[3], w.shape[4] // groups
+    xp = np.pad(x, [(0, 0)] + pads + [(0, 0)])
+    y = np.zeros([x.shape[0]] + out + [w.shape[4]])
+    for k, sl in _taps3d(w.shape, out, strides, dilations):
+        patch = xp[(slice(None),) + sl]
+        for g in range(groups):
+            y[..., g * cog:(g + 1) * cog] += patch[..., g * cig:(g + 1) * cig] @ w[k][:, g * cog:(g + 1) * cog]
+    return _from_ndhwc(y, data_format)
+
+
+def conv3d_reference_grads(x, w, dy, strides=(1, 1, 1), padding="VALID", dilations=(1, 1, 1),
+                           data_format="NDHWC", explicit=((0, 0), (0, 0), (0, 0))):
+    """(dL/dx, dL/dw) of conv3d_reference for the output gradient dy."""
+    x = _ndhwc(np.asarray(x, dtype=np.float64), data_format)
+    dy = _ndhwc(np.asarray(dy, dtype=np.float64), data_format)
+    w = np.asarray(w, dtype=np.float64)
+    out, pads = _setup3d(x.shape, w.shape, strides, padding, dilations, explicit)
+    groups = x.shape[4] // w.shape[3]
+    cig, cog = w.shape[3], w.shape[4] // groups
+    xp = np.pad(x, [(0, 0)] + pads + [(0, 0)])
+    dxp, dw = np.zeros_like(xp), np.zeros_like(w)
+    for k, sl in _taps3d(w.shape, out, strides, dilations):
+        patch = xp[(slice(None),) + sl]
+        for g in range(groups):
+            gi, go = slice(g * cig, (g + 1) * cig), slice(g * cog, (g + 1) * cog)
+            dxp[(slice(None),) + sl + (gi,)] += dy[..., go] @ w[k][:, go].T
+            dw[k][:, go] = np.einsum("ndhwc,ndhwo->co", patch[..., gi], dy[..., go])
+    crop = tuple(slice(b, b + n) for (b, _), n in zip(pads, x.shape[1:4]))
+    return _from_ndhwc(dxp[(slice(None),) + crop], data_format), dw

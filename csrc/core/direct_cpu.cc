@@ -69,8 +69,19 @@ struct Layout {
   }
 };
 
+// Depth (3-D problems): each (image, output depth) pair is an "image" of the
+// task decomposition, one per task, and the filter's depth taps are an outer
+// reduction loop, each packing its input plane's panels.
+bool HasDepth(const ConvGeometry& g) { return g.in_d != 1 || g.filter_d != 1 || g.out_d != 1; }
+ConvGeometry DepthAsImages(const ConvGeometry& g) {
+  ConvGeometry r = g;
+  r.batch = SatMul(g.batch, g.out_d);
+  return r;
+}
+
 template <typename T>
-Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt, int workers) {
+Layout MakeLayout(const ConvGeometry& g3, const KernelTable<T>& kt, int workers) {
+  const ConvGeometry g = DepthAsImages(g3);
   Layout l;
   const int64_t L = kt.lanes, cog = g.out_c_per_group(), cig = g.in_c_per_group();
   l.lanes = L;
@@ -173,17 +184,19 @@ Layout MakeLayout(const ConvGeometry& g, const KernelTable<T>& kt, int workers) 
   l.panel_elems = SatMul({cib, l.panel_rows_max, g.stride_w, l.qlen, entry});
   l.filter_elems = SatMul({cib, khb, g.filter_w, tile_c});
   l.row_blocks = CeilDiv(g.out_h, l.b.task_rows);
-  // What a task packs: its group's whole filter, and each image's panels.
-  const int64_t filter_per_task = SatMul({g.filter_h, g.filter_w, cig, l.co_pad, entry});
+  // What a task packs: its group's whole filter, and each image's panels
+  // (per depth tap in 3-D).
+  const int64_t filter_per_task =
+      SatMul({g.filter_d, g.filter_h, g.filter_w, cig, l.co_pad, entry});
   const int64_t panels_per_image = SatMul(
-      {CeilDiv(g.filter_h, khb), cig, l.panel_rows_max, g.stride_w, l.qlen, entry});
+      {g.filter_d, CeilDiv(g.filter_h, khb), cig, l.panel_rows_max, g.stride_w, l.qlen, entry});
   // Images per task. Where the output rows are few (a filter gradient's
   // output is the filter), each packed filter element serves few
   // multiply-adds: 9 in a 3x3 filter gradient, which spent most of its time
   // packing. The images of a task then share each packed filter block, up to
   // as many panels as the filter holds (past that, packing at most halves),
   // within the accumulator and panel budgets.
-  const int64_t image_cap = std::max<int64_t>(
+  const int64_t image_cap = HasDepth(g3) ? 1 : std::max<int64_t>(
       1, std::min({CeilDiv(kTaskPixels, l.b.task_rows * l.wo_pad),
                    filter_per_task / std::max<int64_t>(1, panels_per_image),
                    kAccBytes / std::max<int64_t>(1, SatMul(l.acc_elems, int64_t(sizeof(T)))),
@@ -328,10 +341,12 @@ class DirectRunner {
   void RunTask(int64_t task, T* panels, T* filt, T* accs, int64_t* kw_offset) const {
     // Tasks run (block of images, group or block of groups, block of output
     // rows). Each image has its own panel and accumulators in the scratch.
+    // In 3-D an image is an (image, output depth) pair, one per task.
     const int64_t rb = task % l_.row_blocks;
     const int64_t grp = (task / l_.row_blocks) % l_.group_tasks * l_.b.group_block;
-    const int64_t n0 = task / (l_.row_blocks * l_.group_tasks) * l_.b.image_block;
-    const int64_t images = std::min(l_.b.image_block, g_.batch - n0);
+    const int64_t i0 = task / (l_.row_blocks * l_.group_tasks) * l_.b.image_block;
+    const int64_t n0 = i0 / g_.out_d, od = i0 % g_.out_d;
+    const int64_t images = std::min(l_.b.image_block, g_.batch * g_.out_d - i0);
     const int64_t oh0 = rb * l_.b.task_rows;
     const int64_t rows_valid = std::min(l_.b.task_rows, g_.out_h - oh0);
     const int64_t cig = g_.in_c_per_group(), cog = g_.out_c_per_group();
@@ -341,7 +356,6 @@ class DirectRunner {
     const int gv = ng > l_.lanes ? 2 : 1;
     std::fill(accs, accs + images * l_.acc_elems, T(0));
     Block blk;
-    blk.in = in_ + n0 * iv_.n + grp * iv_.g;
     blk.images = images;
     blk.grp = grp;
     blk.rows_valid = rows_valid;
@@ -349,15 +363,23 @@ class DirectRunner {
     blk.filt = filt;
     blk.accs = accs;
     blk.kw_offset = kw_offset;
-    for (blk.ci0 = 0; blk.ci0 < cig; blk.ci0 += l_.b.ci_block) {
-      blk.nci = std::min(l_.b.ci_block, cig - blk.ci0);
-      for (blk.kh0 = 0; blk.kh0 < g_.filter_h; blk.kh0 += l_.b.kh_block) {
-        blk.nkh = std::min(l_.b.kh_block, g_.filter_h - blk.kh0);
-        blk.rows = l_.PanelRows(blk.nkh, g_);
-        blk.ih0 = oh0 * g_.stride_h - g_.pad_top + blk.kh0 * g_.dilation_h;
-        if (l_.b.group_vectors) GroupsBlock(blk, ng, gv);
-        else if (l_.b.channel_vectors) ChansBlock(blk);
-        else ColsBlock(blk);
+    for (int64_t kd = 0; kd < g_.filter_d; ++kd) {
+      // The (virtual, see in_dilation) input plane of this depth tap; taps
+      // on padding or between dilated planes add nothing.
+      const int64_t vd = od * g_.stride_d - g_.pad_front + kd * g_.dilation_d;
+      if (vd < 0 || vd >= g_.virtual_in_d() || vd % g_.in_dilation_d != 0) continue;
+      blk.in = in_ + n0 * iv_.n + (vd / g_.in_dilation_d) * iv_.d + grp * iv_.g;
+      blk.filter = filt_ + fv_.offset + kd * fv_.d;
+      for (blk.ci0 = 0; blk.ci0 < cig; blk.ci0 += l_.b.ci_block) {
+        blk.nci = std::min(l_.b.ci_block, cig - blk.ci0);
+        for (blk.kh0 = 0; blk.kh0 < g_.filter_h; blk.kh0 += l_.b.kh_block) {
+          blk.nkh = std::min(l_.b.kh_block, g_.filter_h - blk.kh0);
+          blk.rows = l_.PanelRows(blk.nkh, g_);
+          blk.ih0 = oh0 * g_.stride_h - g_.pad_top + blk.kh0 * g_.dilation_h;
+          if (l_.b.group_vectors) GroupsBlock(blk, ng, gv);
+          else if (l_.b.channel_vectors) ChansBlock(blk);
+          else ColsBlock(blk);
+        }
       }
     }
     // Write the accumulators out, converting to S.
@@ -365,7 +387,7 @@ class DirectRunner {
     // [co][row][wo_pad] (cols).
     for (int64_t m = 0; m < images; ++m) {
       const T* acc = accs + m * l_.acc_elems;
-      S* out_n = out_ + (n0 + m) * ov_.n + oh0 * ov_.h + grp * ov_.g;
+      S* out_n = out_ + (n0 + m) * ov_.n + od * ov_.d + oh0 * ov_.h + grp * ov_.g;
       for (int64_t r = 0; r < rows_valid; ++r) {
         S* out_r = out_n + r * ov_.h;
         if (l_.b.group_vectors || l_.b.channel_vectors) {
@@ -386,7 +408,8 @@ class DirectRunner {
   // One (input-channel, filter-row) block of a task: what the block kernels
   // pack and run, for each of the task's images.
   struct Block {
-    const S* in;  // image 0 of the task, at its group (or block of groups)
+    const S* in;  // image 0 of the task, at its group (or block of groups) and depth plane
+    const S* filter;  // the filter at the depth tap
     int64_t images, grp, rows_valid;
     int64_t ci0, nci, kh0, nkh;
     int64_t ih0, rows;  // the panel's first input row and its row count
@@ -399,9 +422,11 @@ class DirectRunner {
   T* Panel(const Block& b, int64_t m) const { return b.panels + m * l_.panel_elems; }
   T* Acc(const Block& b, int64_t m) const { return b.accs + m * l_.acc_elems; }
 
-  // Filter tap (kh, kw, ci, co) of group grp; output channels are fv_.o apart.
-  const S* FilterAt(int64_t kh, int64_t kw, int64_t ci, int64_t grp, int64_t co) const {
-    return filt_ + fv_.offset + kh * fv_.h + kw * fv_.w + ci * fv_.i + grp * fv_.g + co * fv_.o;
+  // Filter tap (kh, kw, ci, co) of group grp at the block's depth tap; output
+  // channels are fv_.o apart.
+  const S* FilterAt(const Block& b, int64_t kh, int64_t kw, int64_t ci, int64_t grp,
+                    int64_t co) const {
+    return b.filter + kh * fv_.h + kw * fv_.w + ci * fv_.i + grp * fv_.g + co * fv_.o;
   }
 
   void ColsBlock(const Block& b) const {
@@ -415,7 +440,7 @@ class DirectRunner {
     for (int64_t c0 = 0; c0 < cog; c0 += 4) {
       const int C = int(std::min<int64_t>(4, cog - c0));
       // Filter block [ci][kh][kw][C] for channels c0 .. c0+C.
-      PackFilterByChannel(b.ci0, b.nci, b.kh0, b.nkh, b.grp, c0, fv_.o, C, C, b.filt);
+      PackFilterByChannel(b, c0, fv_.o, C, C);
       const int R = kt_.cols_rows[C];
       ColsTile<T> t;
       t.panel_ci_stride = ci_stride;
@@ -470,7 +495,7 @@ class DirectRunner {
       for (int64_t kh = 0; kh < b.nkh; ++kh)
         for (int64_t kw = 0; kw < KW; ++kw)
           for (int64_t ci = 0; ci < b.nci; ++ci) {
-            f = ConvertN(FilterAt(b.kh0 + kh, kw, b.ci0 + ci, b.grp, c0), fv_.o, n, f);
+            f = ConvertN(FilterAt(b, b.kh0 + kh, kw, b.ci0 + ci, b.grp, c0), fv_.o, n, f);
             f = std::fill_n(f, block - n, T(0));
           }
       t.filter = b.filt;
@@ -484,16 +509,18 @@ class DirectRunner {
     }
   }
 
-  // Filter block [ci][kh][kw][width] of taps (kh0 + kh, kw, ci0 + ci): each
-  // tap's n values from (grp, c0) on, `stride` apart, then zeros to `width`
-  // (the cols kernel's output channels, the groups kernel's groups).
-  void PackFilterByChannel(int64_t ci0, int64_t nci, int64_t kh0, int64_t nkh, int64_t grp,
-                           int64_t c0, int64_t stride, int64_t n, int64_t width, T* f) const {
-    for (int64_t ci = 0; ci < nci; ++ci)
-      for (int64_t kh = 0; kh < nkh; ++kh)
+  // The block's filter [ci][kh][kw][width] of taps (kh0 + kh, kw, ci0 + ci)
+  // into b.filt: each tap's n values from (grp, c0) on, `stride` apart, then
+  // zeros to `width` (the cols kernel's output channels, the groups kernel's groups).
+  void PackFilterByChannel(const Block& b, int64_t c0, int64_t stride, int64_t n,
+                           int64_t width) const {
+    T* f = b.filt;
+    for (int64_t ci = 0; ci < b.nci; ++ci)
+      for (int64_t kh = 0; kh < b.nkh; ++kh)
         for (int64_t kw = 0; kw < g_.filter_w; ++kw)
-          f = std::fill_n(ConvertN(FilterAt(kh0 + kh, kw, ci0 + ci, grp, c0), stride, n, f),
-                          width - n, T(0));
+          f = std::fill_n(
+              ConvertN(FilterAt(b, b.kh0 + kh, kw, b.ci0 + ci, b.grp, c0), stride, n, f),
+              width - n, T(0));
   }
 
   // kw_offset[kw]: where filter column kw's inputs start in a panel row, whose
@@ -520,7 +547,7 @@ class DirectRunner {
       PackPanel<S, T, true>(ImageIn(b, m), iv_, g_, b.ih0, b.rows, -g_.pad_left, b.nci, qlen,
                             ci_stride, row_stride, phase_stride, q_stride, entry, Panel(b, m));
     TapOffsets(phase_stride, q_stride, b.kw_offset);
-    PackFilterByChannel(b.ci0, b.nci, b.kh0, b.nkh, b.grp, 0, fv_.g, ng, gb, b.filt);
+    PackFilterByChannel(b, 0, fv_.g, ng, gb);
     direct::GroupsTile<T> t;
     t.panel_ci_stride = ci_stride;
     t.tap_row_step = g_.dilation_h * row_stride;
@@ -555,11 +582,13 @@ void ZeroView(const ConvProblem& p, S* out) {
   const S zero = Store<S, float>(0.0f);
   const int64_t cog = g.out_c_per_group();
   for (int64_t n = 0; n < g.batch; ++n)
-    for (int64_t h = 0; h < g.out_h; ++h)
-      for (int64_t w = 0; w < g.out_w; ++w)
-        for (int64_t grp = 0; grp < g.groups; ++grp)
-          for (int64_t c = 0; c < cog; ++c)
-            out[n * p.out.n + h * p.out.h + w * p.out.w + grp * p.out.g + c * p.out.c] = zero;
+    for (int64_t d = 0; d < g.out_d; ++d)
+      for (int64_t h = 0; h < g.out_h; ++h)
+        for (int64_t w = 0; w < g.out_w; ++w)
+          for (int64_t grp = 0; grp < g.groups; ++grp)
+            for (int64_t c = 0; c < cog; ++c)
+              out[n * p.out.n + d * p.out.d + h * p.out.h + w * p.out.w + grp * p.out.g +
+                  c * p.out.c] = zero;
 }
 
 template <typename S, typename T>

@@ -54,6 +54,11 @@ bool EvenlySpaced(P* const* p, int64_t n, int64_t* step) {
   return n > 1 && *step > 0;
 }
 
+// Where an item's tile sits: image, first output slice/row/col, valid extent.
+struct Tile {
+  int64_t n, od0, oh0, ow0, vd, vh, vw;
+};
+
 template <typename S, typename T>
 class FftRunner {
   using C = std::complex<T>;
@@ -106,7 +111,7 @@ class FftRunner {
             // the direct kernel places it as tf.nn.conv2d does. Filter blocks
             // are the same in every chunk, so this happens in the first one,
             // before any output is written.
-            DirectConv(Direct(params_.problem, 0, 0), pf, ActiveIsa());
+            DirectConv(Direct(params_.problem), pf, ActiveIsa());
             return;
           }
           x_limit_ = InputLimit(w_max);
@@ -143,15 +148,16 @@ class FftRunner {
 
  private:
   // The largest input magnitude the transforms take safely with filter
-  // values up to w_max: each spectrum value is at most (fft_h * fft_w) x max
+  // values up to w_max: each spectrum value is at most (fft points) x max
   // |x| (or taps x max |w|), the channel sum adds cig products of two such
   // (each of up to 2 real products), and the unscaled inverse transform
-  // multiplies by fft_h * fft_w again. A factor 2 to spare.
+  // multiplies by the points again. A factor 2 to spare.
   T InputLimit(T w_max) const {
     if (w_max == 0) return std::numeric_limits<T>::max();
-    const double points = double(pl_.fft_h) * double(pl_.fft_w);
+    const double points = double(Plane());
     const double growth = 4.0 * points * points * double(g_.in_c_per_group()) *
-                          double(g_.filter_h) * double(g_.filter_w) * double(w_max);
+                          double(g_.filter_d) * double(g_.filter_h) * double(g_.filter_w) *
+                          double(w_max);
     return T(std::min(double(std::numeric_limits<T>::max()),
                       double(std::numeric_limits<T>::max()) / growth));
   }
@@ -164,39 +170,49 @@ class FftRunner {
     }
   }
 
-  // The problem restricted to image n, output rows [oh0, oh0 + vh) and columns
-  // [ow0, ow0 + vw) (the whole output when vh == 0), with pointers to match.
-  DirectParams Direct(const ConvProblem& problem, int64_t vh, int64_t vw, int64_t n = 0,
-                      int64_t oh0 = 0, int64_t ow0 = 0) const {
+  // The problem restricted to a tile: image n, output slices [od0, od0 + vd),
+  // rows [oh0, oh0 + vh) and columns [ow0, ow0 + vw) (the whole output when
+  // there is no tile), with pointers to match.
+  DirectParams Direct(const ConvProblem& problem, const Tile* tile = nullptr) const {
     DirectParams d;
     d.problem = problem;
     d.dtype = params_.dtype;
     d.input = in_;
     d.filter = filt_;
     d.output = out_;
-    if (vh == 0) return d;
+    if (tile == nullptr) return d;
+    const Tile& t = *tile;
     ConvGeometry& g = d.problem.g;
     g.batch = 1;
-    g.out_h = vh;
-    g.out_w = vw;
-    g.pad_top -= oh0 * g.stride_h;  // may turn negative: cropping
-    g.pad_left -= ow0 * g.stride_w;
-    g.pad_bottom = (vh - 1) * g.stride_h + g.effective_filter_h() - g.virtual_in_h() - g.pad_top;
-    g.pad_right = (vw - 1) * g.stride_w + g.effective_filter_w() - g.virtual_in_w() - g.pad_left;
-    d.input = in_ + n * iv_.n;
-    d.output = out_ + n * ov_.n + oh0 * ov_.h + ow0 * ov_.w;
+    g.out_d = t.vd;
+    g.out_h = t.vh;
+    g.out_w = t.vw;
+    g.pad_front -= t.od0 * g.stride_d;  // may turn negative: cropping
+    g.pad_top -= t.oh0 * g.stride_h;
+    g.pad_left -= t.ow0 * g.stride_w;
+    g.pad_back = (t.vd - 1) * g.stride_d + g.effective_filter_d() - g.virtual_in_d() - g.pad_front;
+    g.pad_bottom = (t.vh - 1) * g.stride_h + g.effective_filter_h() - g.virtual_in_h() - g.pad_top;
+    g.pad_right = (t.vw - 1) * g.stride_w + g.effective_filter_w() - g.virtual_in_w() - g.pad_left;
+    d.input = in_ + t.n * iv_.n;
+    d.output = out_ + t.n * ov_.n + t.od0 * ov_.d + t.oh0 * ov_.h + t.ow0 * ov_.w;
     return d;
   }
 
   void DirectTile(int64_t item, const ParallelFor& pf) const {
     const Tile t = TileOf(item);
-    DirectConv(Direct(params_.problem, t.vh, t.vw, t.n, t.oh0, t.ow0), pf, ActiveIsa());
+    DirectConv(Direct(params_.problem, &t), pf, ActiveIsa());
   }
 
   char* Worker(int worker) const { return workers_ + int64_t(worker) * pl_.worker_bytes; }
-  // The worker's stage_planes real planes of fft_h x fft_w, one after another.
+  // The worker's stage_planes real planes of fft_d x fft_h x fft_w (volumes
+  // in 3-D, of slices of fft_h x fft_w), one after another.
   T* Staging(int worker) const { return reinterpret_cast<T*>(Worker(worker)); }
-  int64_t Plane() const { return pl_.fft_h * pl_.fft_w; }
+  int64_t Plane() const { return pl_.fft_d * Slice(); }
+  int64_t Slice() const { return pl_.fft_h * pl_.fft_w; }
+  // Bins of one depth slice of a spectrum.
+  int64_t SliceBins() const { return pl_.fft_h * bw_; }
+  // A problem of height and depth 1 (1-D): one row per plane.
+  bool OneRow() const { return pl_.fft_h == 1 && pl_.fft_d == 1; }
   C* WorkerSpectrum(int worker) const {
     return reinterpret_cast<C*>(Worker(worker) + pl_.stage_planes * Plane() * int64_t(sizeof(T)));
   }
@@ -219,65 +235,81 @@ class FftRunner {
     if (r1 > r0) std::fill(spec + r0 * bw_, spec + r1 * bw_, C(0));
   }
 
+  // The spectrum of a staged plane whose nonzero values lie in slices [z0,
+  // z1) and, in each, rows [r0, r1): staged slice z - z0 row r - r0 at
+  // st + (z - z0) * Slice() + (r - r0) * fft_w. Rows and slices that are zero
+  // skip their transforms; the depth transform (3-D) runs last.
+  void ForwardSpectrum(const T* st, C* spec, int64_t z0, int64_t z1, int64_t r0, int64_t r1) const {
+    const int64_t fw = pl_.fft_w, sb = SliceBins();
+    std::fill(spec, spec + z0 * sb, C(0));
+    std::fill(spec + z1 * sb, spec + pl_.fft_d * sb, C(0));
+    for (int64_t z = z0; z < z1; ++z) {
+      C* slice = spec + z * sb;
+      ZeroRows(slice, 0, r0);
+      fft::RealRowsForward(st + (z - z0) * Slice(), fw, r1 - r0, fw, slice + r0 * bw_, bw_);
+      ZeroRows(slice, r1, pl_.fft_h);
+      fft::ComplexColumns(slice, pl_.fft_h, bw_, bw_, true);
+    }
+    fft::ComplexColumns(spec, pl_.fft_d, sb, sb, true);
+  }
+
   // Spectra of the dilated filter tap planes i in [i0, i1) of the block
   // starting at input channel ci0 (co = i % out_c, ci = ci0 + i / out_c, ci
   // within its group), placed at the origin. Returns their largest magnitude
   // (NaN or Inf if one holds one), found while staging them.
   T FilterSpectra(int64_t i0, int64_t i1, int64_t ci0, T* st) const {
-    const int64_t eh = g_.effective_filter_h(), fw = pl_.fft_w, cog = g_.out_c_per_group();
-    const int64_t cout = g_.out_c, np = i1 - i0;
+    const int64_t ed = g_.effective_filter_d(), eh = g_.effective_filter_h(), fw = pl_.fft_w;
+    const int64_t cog = g_.out_c_per_group(), cout = g_.out_c, np = i1 - i0;
     const S* f[kMaxStagePlanes];
     for (int64_t p = 0; p < np; ++p) {
       const int64_t co = (i0 + p) % cout, ci = ci0 + (i0 + p) / cout;
       f[p] = filt_ + fv_.offset + ci * fv_.i + (co / cog) * fv_.g + (co % cog) * fv_.o;
-      std::fill(st + p * Plane(), st + p * Plane() + eh * fw, T(0));
+      for (int64_t z = 0; z < ed; ++z)
+        std::fill(st + p * Plane() + z * Slice(), st + p * Plane() + z * Slice() + eh * fw, T(0));
     }
     T w_max = 0;
     bool finite = true;
+    int64_t kd = 0;  // the depth tap being staged
     const auto tap = [&](int64_t p, int64_t kh, int64_t kw) {
-      const T v = Load<T>(f[p][kh * fv_.h + kw * fv_.w]);
-      st[p * Plane() + kh * g_.dilation_h * fw + kw * g_.dilation_w] = v;
+      const T v = Load<T>(f[p][kd * fv_.d + kh * fv_.h + kw * fv_.w]);
+      st[p * Plane() + kd * g_.dilation_d * Slice() + kh * g_.dilation_h * fw +
+         kw * g_.dilation_w] = v;
       w_max = std::max(w_max, std::abs(v));
       finite &= std::abs(v) <= std::numeric_limits<T>::max();  // false for NaN
     };
     // Across the block, where the planes' taps share cache lines: per tap row,
     // or at height 1, whose one row can be the whole filter, per column block.
-    if (pl_.fft_h == 1) {
+    if (OneRow()) {
       for (int64_t k0 = 0; k0 < g_.filter_w; k0 += kColumnBlock)
         for (int64_t p = 0; p < np; ++p)
           for (int64_t kw = k0; kw < std::min(g_.filter_w, k0 + kColumnBlock); ++kw) tap(p, 0, kw);
     } else {
-      for (int64_t kh = 0; kh < g_.filter_h; ++kh)
-        for (int64_t p = 0; p < np; ++p)
-          for (int64_t kw = 0; kw < g_.filter_w; ++kw) tap(p, kh, kw);
+      for (kd = 0; kd < g_.filter_d; ++kd)
+        for (int64_t kh = 0; kh < g_.filter_h; ++kh)
+          for (int64_t p = 0; p < np; ++p)
+            for (int64_t kw = 0; kw < g_.filter_w; ++kw) tap(p, kh, kw);
     }
     if (!finite) return std::numeric_limits<T>::infinity();
     C* spec[kMaxStagePlanes];
     for (int64_t p = 0; p < np; ++p) spec[p] = W((i0 + p) % cout, ci0 + (i0 + p) / cout);
     int64_t step;
-    if (pl_.fft_h == 1 && EvenlySpaced(spec, np, &step)) {
+    if (OneRow() && EvenlySpaced(spec, np, &step)) {
       fft::RealRowsForward(st, Plane(), np, fw, spec[0], step);
       return w_max;
     }
-    for (int64_t p = 0; p < np; ++p) {
-      fft::RealRowsForward(st + p * Plane(), fw, eh, fw, spec[p], bw_);
-      ZeroRows(spec[p], eh, pl_.fft_h);
-      fft::ComplexColumns(spec[p], pl_.fft_h, bw_, bw_, true);
-    }
+    for (int64_t p = 0; p < np; ++p) ForwardSpectrum(st + p * Plane(), spec[p], 0, ed, 0, eh);
     return w_max;
   }
 
-  // Where an item's tile sits: image, first output row/col, valid extent.
-  struct Tile {
-    int64_t n, oh0, ow0, vh, vw;
-  };
   Tile TileOf(int64_t item) const {
-    const int64_t per_image = pl_.tiles_h * pl_.tiles_w;
+    const int64_t per_image = pl_.tiles_d * pl_.tiles_h * pl_.tiles_w;
     const int64_t t = item % per_image;
     Tile r;
     r.n = item / per_image;
-    r.oh0 = (t / pl_.tiles_w) * pl_.tile_h;
+    r.od0 = (t / (pl_.tiles_h * pl_.tiles_w)) * pl_.tile_d;
+    r.oh0 = (t / pl_.tiles_w % pl_.tiles_h) * pl_.tile_h;
     r.ow0 = (t % pl_.tiles_w) * pl_.tile_w;
+    r.vd = std::min(pl_.tile_d, g_.out_d - r.od0);
     r.vh = std::min(pl_.tile_h, g_.out_h - r.oh0);
     r.vw = std::min(pl_.tile_w, g_.out_w - r.ow0);
     return r;
@@ -291,11 +323,16 @@ class FftRunner {
   // the direct kernel instead.
   void ForwardItem(int64_t item, int64_t slot, int64_t j0, int64_t j1, int64_t ci0, T* st) const {
     const Tile t = TileOf(item);
-    const int64_t fw = pl_.fft_w, uh = g_.in_dilation_h, uw = g_.in_dilation_w;
+    const int64_t fw = pl_.fft_w, ud = g_.in_dilation_d, uh = g_.in_dilation_h;
+    const int64_t uw = g_.in_dilation_w;
+    const int64_t need_d = (t.vd - 1) * g_.stride_d + g_.effective_filter_d();
     const int64_t need_h = (t.vh - 1) * g_.stride_h + g_.effective_filter_h();
     const int64_t need_w = (t.vw - 1) * g_.stride_w + g_.effective_filter_w();
+    const int64_t id0 = t.od0 * g_.stride_d - g_.pad_front;
     const int64_t ih0 = t.oh0 * g_.stride_h - g_.pad_top;
     const int64_t iw0 = t.ow0 * g_.stride_w - g_.pad_left;
+    const int64_t z_lo = std::min(need_d, std::max<int64_t>(0, -id0));
+    const int64_t z_hi = std::max(z_lo, std::min(need_d, g_.virtual_in_d() - id0));
     const int64_t r_lo = std::min(need_h, std::max<int64_t>(0, -ih0));
     const int64_t r_hi = std::max(r_lo, std::min(need_h, g_.virtual_in_h() - ih0));
     const int64_t c_lo = std::min(need_w, std::max<int64_t>(0, -iw0));
@@ -308,14 +345,15 @@ class FftRunner {
       spec[p] = X(slot, grp, ci);
       src[p] = in_ + t.n * iv_.n + grp * iv_.g + ci * iv_.c;
     }
-    if (r_hi == r_lo || c_hi == c_lo) {  // the window sees only padding
-      for (int64_t p = 0; p < np; ++p) ZeroRows(spec[p], 0, pl_.fft_h);
+    if (z_hi == z_lo || r_hi == r_lo || c_hi == c_lo) {  // the window sees only padding
+      for (int64_t p = 0; p < np; ++p) std::fill(spec[p], spec[p] + bins_, C(0));
       return;
     }
     const T limit = x_limit_;
     bool safe = true;
-    // (At height 1 the window's one row is input row ih0: r_lo is 0 here.)
-    const bool one_row = pl_.fft_h == 1 && uw == 1 && ih0 % uh == 0;
+    // (At height and depth 1 the window's one row is input row ih0 of slice
+    // 0: r_lo and z_lo are 0 here.)
+    const bool one_row = OneRow() && uw == 1 && ih0 % uh == 0;
     if (one_row) {
       // One row per plane, as long as the input can be: in short column blocks
       // across the block, where the planes' values share cache lines.
@@ -336,14 +374,16 @@ class FftRunner {
           }
         }
     }
-    // Row by row across the block: the planes' rows share cache lines.
-    for (int64_t r = 0; r < (one_row ? 0 : r_hi - r_lo); ++r) {
+    // Slice by slice, row by row across the block: the planes' rows share cache lines.
+    for (int64_t z = 0; z < (one_row ? 0 : z_hi - z_lo); ++z) {
+     const int64_t vz = id0 + z_lo + z;
+     for (int64_t r = 0; r < r_hi - r_lo; ++r) {
       const int64_t vr = ih0 + r_lo + r;
       for (int64_t p = 0; p < np; ++p) {
-        T* row = st + p * Plane() + r * fw;
+        T* row = st + p * Plane() + z * Slice() + r * fw;
         std::fill(row, row + fw, T(0));
-        if (vr % uh != 0) continue;
-        const S* s = src[p] + (vr / uh) * iv_.h;
+        if (vr % uh != 0 || vz % ud != 0) continue;
+        const S* s = src[p] + (vz / ud) * iv_.d + (vr / uh) * iv_.h;
         if (uw == 1) {
           const S* s0 = s + (iw0 + c_lo) * iv_.w;
           for (int64_t c = 0; c < c_hi - c_lo; ++c) {
@@ -361,22 +401,19 @@ class FftRunner {
           }
         }
       }
+     }
     }
     if (!safe) {
       unsafe_[slot].store(true, std::memory_order_relaxed);
       return;  // its spectra are never used
     }
     int64_t step;
-    if (pl_.fft_h == 1 && EvenlySpaced(spec, np, &step)) {
+    if (OneRow() && EvenlySpaced(spec, np, &step)) {
       fft::RealRowsForward(st, Plane(), np, fw, spec[0], step);
       return;
     }
-    for (int64_t p = 0; p < np; ++p) {
-      ZeroRows(spec[p], 0, r_lo);
-      ZeroRows(spec[p], r_hi, pl_.fft_h);
-      fft::RealRowsForward(st + p * Plane(), fw, r_hi - r_lo, fw, spec[p] + r_lo * bw_, bw_);
-      fft::ComplexColumns(spec[p], pl_.fft_h, bw_, bw_, true);
-    }
+    for (int64_t p = 0; p < np; ++p)
+      ForwardSpectrum(st + p * Plane(), spec[p], z_lo, z_hi, r_lo, r_hi);
   }
 
   // y[b0, b1) (+)= sum over input channels [ci0, ci0 + nci) of co's group of
@@ -404,23 +441,29 @@ class FftRunner {
   void InverseItem(int64_t item, int64_t slot, int64_t co0, int64_t co1, int worker) const {
     const Tile t = TileOf(item);
     const int64_t fw = pl_.fft_w, cog = g_.out_c_per_group();
-    const T scale = T(1) / (T(pl_.fft_h) * T(fw));
+    const T scale = T(1) / (T(pl_.fft_d) * T(pl_.fft_h) * T(fw));
+    const int64_t sb = SliceBins();
     T* st = Staging(worker);
     S* dst[kMaxStagePlanes];
     C* spec[kMaxStagePlanes];
     const int64_t np = co1 - co0;
     // Height 1: a fused mix has a spectrum per plane, and the rows go to ducc0 together.
-    const bool rows_1d = pl_.fft_h == 1;
+    const bool rows_1d = OneRow();
     for (int64_t co = co0; co < co1; ++co) {
       const int64_t p = co - co0;
       C* y = pl_.fused_mix ? WorkerSpectrum(worker) + (rows_1d ? p * bins_ : 0) : Y(slot, co);
       if (pl_.fused_mix) MixInto(slot, co, 0, bins_, 0, g_.in_c_per_group(), y);
       spec[p] = y;
-      dst[p] = out_ + t.n * ov_.n + t.oh0 * ov_.h + t.ow0 * ov_.w + (co / cog) * ov_.g +
-               (co % cog) * ov_.c;
-      if (!rows_1d) {
-        fft::ComplexColumns(y, pl_.fft_h, bw_, bw_, false);
-        fft::RealRowsBackward(y, g_.stride_h * bw_, t.vh, fw, st + p * Plane(), fw, scale);
+      dst[p] = out_ + t.n * ov_.n + t.od0 * ov_.d + t.oh0 * ov_.h + t.ow0 * ov_.w +
+               (co / cog) * ov_.g + (co % cog) * ov_.c;
+      if (!rows_1d) {  // the depth transform, then the slices the stride keeps
+        fft::ComplexColumns(y, pl_.fft_d, sb, sb, false);
+        for (int64_t z = 0; z < t.vd; ++z) {
+          C* slice = y + z * g_.stride_d * sb;
+          fft::ComplexColumns(slice, pl_.fft_h, bw_, bw_, false);
+          fft::RealRowsBackward(slice, g_.stride_h * bw_, t.vh, fw,
+                                st + p * Plane() + z * Slice(), fw, scale);
+        }
       }
     }
     int64_t step;
@@ -438,12 +481,13 @@ class FftRunner {
       return;
     }
     // Row by row across the block: the channels' pixels share cache lines.
-    for (int64_t r = 0; r < t.vh; ++r)
-      for (int64_t p = 0; p < np; ++p) {
-        const T* row = st + p * Plane() + r * fw;
-        S* d = dst[p] + r * ov_.h;
-        for (int64_t c = 0; c < t.vw; ++c) d[c * ov_.w] = Store<S, T>(row[c * g_.stride_w]);
-      }
+    for (int64_t z = 0; z < t.vd; ++z)
+      for (int64_t r = 0; r < t.vh; ++r)
+        for (int64_t p = 0; p < np; ++p) {
+          const T* row = st + p * Plane() + z * Slice() + r * fw;
+          S* d = dst[p] + z * ov_.d + r * ov_.h;
+          for (int64_t c = 0; c < t.vw; ++c) d[c * ov_.w] = Store<S, T>(row[c * g_.stride_w]);
+        }
   }
 
   const FftParams params_;

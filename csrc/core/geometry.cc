@@ -20,36 +20,55 @@ std::string ListToString(const std::vector<int64_t>& v) {
   return os.str();
 }
 
-// Index of H, W and C in data_format order.
+// Index of D (-1 in 2-D), H, W and C in data_format order.
 struct DimIndex {
-  int h, w, c;
+  int d, h, w, c;
 };
 DimIndex Dims(DataFormat f) {
-  return f == DataFormat::kNHWC ? DimIndex{1, 2, 3} : DimIndex{2, 3, 1};
+  switch (f) {
+    case DataFormat::kNHWC: return {-1, 1, 2, 3};
+    case DataFormat::kNCHW: return {-1, 2, 3, 1};
+    case DataFormat::kNDHWC: return {1, 2, 3, 4};
+    case DataFormat::kNCDHW: return {2, 3, 4, 1};
+  }
+  return {-1, 1, 2, 3};
+}
+
+const char* FormatName(DataFormat f) {
+  static const char* const kNames[] = {"NHWC", "NCHW", "NDHWC", "NCDHW"};
+  return kNames[int(f)];
 }
 
 }  // namespace
 
-Strides4 ConvGeometry::input_strides() const {
-  if (data_format == DataFormat::kNHWC)
-    return {in_h * in_w * in_c, in_w * in_c, in_c, 1};
-  return {in_c * in_h * in_w, in_w, 1, in_h * in_w};
+namespace {
+ImageStrides Strides(DataFormat f, int64_t d, int64_t h, int64_t w, int64_t c) {
+  if (ChannelsLast(f)) return {d * h * w * c, h * w * c, w * c, c, 1};
+  return {c * d * h * w, h * w, w, 1, d * h * w};
+}
+}  // namespace
+
+ImageStrides ConvGeometry::input_strides() const {
+  return Strides(data_format, in_d, in_h, in_w, in_c);
 }
 
-Strides4 ConvGeometry::output_strides() const {
-  if (data_format == DataFormat::kNHWC)
-    return {out_h * out_w * out_c, out_w * out_c, out_c, 1};
-  return {out_c * out_h * out_w, out_w, 1, out_h * out_w};
+ImageStrides ConvGeometry::output_strides() const {
+  return Strides(data_format, out_d, out_h, out_w, out_c);
 }
 
 std::vector<int64_t> ConvGeometry::output_shape() const {
-  if (data_format == DataFormat::kNHWC) return {batch, out_h, out_w, out_c};
-  return {batch, out_c, out_h, out_w};
+  switch (data_format) {
+    case DataFormat::kNHWC: return {batch, out_h, out_w, out_c};
+    case DataFormat::kNCHW: return {batch, out_c, out_h, out_w};
+    case DataFormat::kNDHWC: return {batch, out_d, out_h, out_w, out_c};
+    case DataFormat::kNCDHW: return {batch, out_c, out_d, out_h, out_w};
+  }
+  return {};
 }
 
 namespace {
-TensorView GroupedView(const Strides4& s, int64_t channels_per_group) {
-  return {s.n, s.h, s.w, s.c * channels_per_group, s.c};
+TensorView GroupedView(const ImageStrides& s, int64_t channels_per_group) {
+  return {s.n, s.h, s.w, s.c * channels_per_group, s.c, s.d};
 }
 }  // namespace
 
@@ -65,7 +84,8 @@ ConvProblem ForwardProblem(const ConvGeometry& g) {
   p.in = GroupedView(g.input_strides(), g.in_c_per_group());
   p.out = GroupedView(g.output_strides(), g.out_c_per_group());
   const int64_t cig = g.in_c_per_group(), co = g.out_c;
-  p.filter = {0, g.filter_w * cig * co, cig * co, co, g.out_c_per_group(), 1};
+  p.filter = {0, g.filter_w * cig * co, cig * co, co, g.out_c_per_group(), 1,
+              g.filter_h * g.filter_w * cig * co};
   return p;
 }
 
@@ -82,19 +102,25 @@ ConvProblem BackpropInputProblem(const ConvGeometry& f) {
   g.out_c = f.in_c;
   g.out_h = f.in_h;
   g.out_w = f.in_w;
-  g.stride_h = g.stride_w = 1;
+  g.in_d = f.out_d;
+  g.out_d = f.in_d;
+  g.stride_d = g.stride_h = g.stride_w = 1;
+  g.in_dilation_d = f.stride_d;
   g.in_dilation_h = f.stride_h;
   g.in_dilation_w = f.stride_w;
   // Full correlation with the flipped filter, less the forward padding.
+  g.pad_front = f.effective_filter_d() - 1 - f.pad_front;
   g.pad_top = f.effective_filter_h() - 1 - f.pad_top;
   g.pad_left = f.effective_filter_w() - 1 - f.pad_left;
+  g.pad_back = (g.out_d - 1) + f.effective_filter_d() - g.virtual_in_d() - g.pad_front;
   g.pad_bottom = (g.out_h - 1) + f.effective_filter_h() - g.virtual_in_h() - g.pad_top;
   g.pad_right = (g.out_w - 1) + f.effective_filter_w() - g.virtual_in_w() - g.pad_left;
   p.in = fwd.out;
   p.out = fwd.in;
-  // Flip both spatial axes; swap the in/out channel strides.
+  // Flip every spatial axis; swap the in/out channel strides.
   const FilterView& w = fwd.filter;
-  p.filter = {(f.filter_h - 1) * w.h + (f.filter_w - 1) * w.w, -w.h, -w.w, w.o, w.g, w.i};
+  p.filter = {(f.filter_d - 1) * w.d + (f.filter_h - 1) * w.h + (f.filter_w - 1) * w.w,
+              -w.h, -w.w, w.o, w.g, w.i, -w.d};
   return p;
 }
 
@@ -107,23 +133,28 @@ ConvProblem BackpropFilterProblem(const ConvGeometry& f) {
   g.batch = f.in_c_per_group();
   g.in_c = f.groups * f.batch;
   g.filter_in_c = f.batch;
+  g.filter_d = f.out_d;
   g.filter_h = f.out_h;
   g.filter_w = f.out_w;
+  g.stride_d = f.dilation_d;
   g.stride_h = f.dilation_h;
   g.stride_w = f.dilation_w;
+  g.dilation_d = f.stride_d;
   g.dilation_h = f.stride_h;
   g.dilation_w = f.stride_w;
+  g.out_d = f.filter_d;
   g.out_h = f.filter_h;
   g.out_w = f.filter_w;
+  g.pad_back = (g.out_d - 1) * g.stride_d + g.effective_filter_d() - f.in_d - g.pad_front;
   g.pad_bottom = (g.out_h - 1) * g.stride_h + g.effective_filter_h() - f.in_h - g.pad_top;
   g.pad_right = (g.out_w - 1) * g.stride_w + g.effective_filter_w() - f.in_w - g.pad_left;
   // Input: batch <- channel within group, channel <- batch.
-  p.in = {fwd.in.c, fwd.in.h, fwd.in.w, fwd.in.g, fwd.in.n};
-  // Filter <- dL/doutput: (oh, ow, n, group, co within group).
-  p.filter = {0, fwd.out.h, fwd.out.w, fwd.out.n, fwd.out.g, fwd.out.c};
-  // Output <- dL/dfilter, HWIO: (ci within group, kh, kw, group, co within group).
+  p.in = {fwd.in.c, fwd.in.h, fwd.in.w, fwd.in.g, fwd.in.n, fwd.in.d};
+  // Filter <- dL/doutput: (oh, ow, n, group, co within group, od).
+  p.filter = {0, fwd.out.h, fwd.out.w, fwd.out.n, fwd.out.g, fwd.out.c, fwd.out.d};
+  // Output <- dL/dfilter, (D)HWIO: (ci within group, kh, kw, group, co within group, kd).
   const FilterView& w = fwd.filter;
-  p.out = {w.i, w.h, w.w, w.g, w.o};
+  p.out = {w.i, w.h, w.w, w.g, w.o, w.d};
   return p;
 }
 
@@ -147,19 +178,23 @@ std::string ParsePadding(const std::string& s, Padding* out) {
 std::string ParseDataFormat(const std::string& s, DataFormat* out) {
   if (s == "NHWC") *out = DataFormat::kNHWC;
   else if (s == "NCHW") *out = DataFormat::kNCHW;
-  else return "data_format must be 'NHWC' or 'NCHW', got '" + s + "'";
+  else if (s == "NDHWC") *out = DataFormat::kNDHWC;
+  else if (s == "NCDHW") *out = DataFormat::kNCDHW;
+  else return "data_format must be 'NHWC', 'NCHW', 'NDHWC' or 'NCDHW', got '" + s + "'";
   return "";
 }
 
 std::string ValidateAttrs(const ConvAttrs& a) {
   const DimIndex d = Dims(a.data_format);
-  const char* fmt = a.data_format == DataFormat::kNHWC ? "NHWC" : "NCHW";
+  const char* fmt = FormatName(a.data_format);
+  const size_t rank = 2 + SpatialDims(a.data_format);
   for (int which = 0; which < 2; ++which) {
     const std::vector<int64_t>& v = which == 0 ? a.strides : a.dilations;
     const char* name = which == 0 ? "strides" : "dilations";
-    if (v.size() != 4)
-      return std::string(name) + " must have 4 elements (one per dimension of " + fmt +
-             "), got " + std::to_string(v.size()) + ": " + ListToString(v);
+    if (v.size() != rank)
+      return std::string(name) + " must have " + std::to_string(rank) +
+             " elements (one per dimension of " + fmt + "), got " + std::to_string(v.size()) +
+             ": " + ListToString(v);
     for (int64_t x : v)
       if (x <= 0) return std::string(name) + " must be positive, got " + ListToString(v);
     if (v[0] != 1 || v[d.c] != 1)
@@ -168,9 +203,10 @@ std::string ValidateAttrs(const ConvAttrs& a) {
   }
   if (a.padding == Padding::kExplicit) {
     const auto& p = a.explicit_paddings;
-    if (p.size() != 8)
-      return "explicit_paddings must have 8 elements (before and after for each of the 4 "
-             "dimensions) when padding is 'EXPLICIT', got " + std::to_string(p.size()) + ": " +
+    if (p.size() != 2 * rank)
+      return "explicit_paddings must have " + std::to_string(2 * rank) +
+             " elements (before and after for each of the " + std::to_string(rank) +
+             " dimensions) when padding is 'EXPLICIT', got " + std::to_string(p.size()) + ": " +
              ListToString(p);
     for (int64_t x : p)
       if (x < 0) return "explicit_paddings must be non-negative, got " + ListToString(p);
@@ -241,12 +277,16 @@ std::string ComputeOutputSize(int64_t in, int64_t filter, int64_t stride,
 std::string ComputeConvGeometry(const std::vector<int64_t>& in,
                                 const std::vector<int64_t>& f,
                                 const ConvAttrs& a, ConvGeometry* g) {
-  if (in.size() != 4)
-    return "input must be rank 4, got rank " + std::to_string(in.size()) + ": shape " +
-           ListToString(in);
-  if (f.size() != 4)
-    return "filter must be rank 4 [height, width, in_depth/groups, out_depth], got rank " +
-           std::to_string(f.size()) + ": shape " + ListToString(f);
+  const size_t rank = 2 + SpatialDims(a.data_format);
+  const bool three = rank == 5;
+  if (in.size() != rank)
+    return "input must be rank " + std::to_string(rank) + ", got rank " +
+           std::to_string(in.size()) + ": shape " + ListToString(in);
+  if (f.size() != rank)
+    return std::string("filter must be rank ") + std::to_string(rank) +
+           (three ? " [depth, height, width, in_depth/groups, out_depth]"
+                  : " [height, width, in_depth/groups, out_depth]") +
+           ", got rank " + std::to_string(f.size()) + ": shape " + ListToString(f);
   for (int64_t x : in)
     if (x < 0) return "input shape must be non-negative, got " + ListToString(in);
   for (int64_t x : f)
@@ -261,15 +301,21 @@ std::string ComputeConvGeometry(const std::vector<int64_t>& in,
   r.in_h = in[d.h];
   r.in_w = in[d.w];
   r.in_c = in[d.c];
-  r.filter_h = f[0];
-  r.filter_w = f[1];
-  r.filter_in_c = f[2];
-  r.out_c = f[3];
-  if (r.filter_h < 1 || r.filter_w < 1)
-    return "filter height and width must be at least 1, got filter shape " + ListToString(f);
+  const int fo = three ? 1 : 0;  // the filter's first H dimension
+  if (three) {
+    r.in_d = in[d.d];
+    r.filter_d = f[0];
+  }
+  r.filter_h = f[fo];
+  r.filter_w = f[fo + 1];
+  r.filter_in_c = f[fo + 2];
+  r.out_c = f[fo + 3];
+  if (r.filter_d < 1 || r.filter_h < 1 || r.filter_w < 1)
+    return std::string(three ? "filter depth, height and width" : "filter height and width") +
+           " must be at least 1, got filter shape " + ListToString(f);
   if (r.filter_in_c < 1)
-    return "filter in_depth (dimension 2) must be at least 1, got filter shape " +
-           ListToString(f);
+    return "filter in_depth (dimension " + std::to_string(fo + 2) +
+           ") must be at least 1, got filter shape " + ListToString(f);
   if (r.in_c % r.filter_in_c != 0)
     return "input depth " + std::to_string(r.in_c) +
            " must be a multiple of the filter's in_depth " + std::to_string(r.filter_in_c) +
@@ -289,6 +335,14 @@ std::string ComputeConvGeometry(const std::vector<int64_t>& in,
   r.dilation_w = a.dilations[d.w];
   const auto& p = a.explicit_paddings;
   const bool ex = a.padding == Padding::kExplicit;
+  if (three) {
+    r.stride_d = a.strides[d.d];
+    r.dilation_d = a.dilations[d.d];
+    err = ComputeOutputSize(r.in_d, r.filter_d, r.stride_d, r.dilation_d, a.padding,
+                            ex ? p[2 * d.d] : 0, ex ? p[2 * d.d + 1] : 0, "depth",
+                            &r.out_d, &r.pad_front, &r.pad_back);
+    if (!err.empty()) return err;
+  }
   err = ComputeOutputSize(r.in_h, r.filter_h, r.stride_h, r.dilation_h, a.padding,
                           ex ? p[2 * d.h] : 0, ex ? p[2 * d.h + 1] : 0, "height",
                           &r.out_h, &r.pad_top, &r.pad_bottom);
@@ -305,14 +359,18 @@ std::string ComputeConvGeometry(const std::vector<int64_t>& in,
     const char* what;
     std::vector<int64_t> factors;
   } products[] = {
-      {"the input's size in bytes", {r.batch, r.in_h, r.in_w, r.in_c, kMaxElementBytes}},
-      {"the output's size in bytes", {r.batch, r.out_h, r.out_w, r.out_c, kMaxElementBytes}},
+      {"the input's size in bytes",
+       {r.batch, r.in_d, r.in_h, r.in_w, r.in_c, kMaxElementBytes}},
+      {"the output's size in bytes",
+       {r.batch, r.out_d, r.out_h, r.out_w, r.out_c, kMaxElementBytes}},
       {"the filter's size in bytes",
-       {r.filter_h, r.filter_w, r.filter_in_c, r.out_c, kMaxElementBytes}},
+       {r.filter_d, r.filter_h, r.filter_w, r.filter_in_c, r.out_c, kMaxElementBytes}},
       {"the forward pass's multiply-adds",
-       {r.batch, r.out_h, r.out_w, r.out_c, r.filter_h, r.filter_w, r.filter_in_c, 2}},
+       {r.batch, r.out_d, r.out_h, r.out_w, r.out_c, r.filter_d, r.filter_h, r.filter_w,
+        r.filter_in_c, 2}},
       {"the input gradient's multiply-adds",
-       {r.batch, r.in_h, r.in_w, r.in_c, r.filter_h, r.filter_w, r.out_c_per_group(), 2}},
+       {r.batch, r.in_d, r.in_h, r.in_w, r.in_c, r.filter_d, r.filter_h, r.filter_w,
+        r.out_c_per_group(), 2}},
   };
   for (const auto& p : products) {
     int64_t unused;

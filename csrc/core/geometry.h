@@ -1,4 +1,5 @@
-// ConvGeometry: the single place where tf.nn.conv2d's shape semantics live.
+// ConvGeometry: the single place where tf.nn.conv2d's (and tf.nn.conv3d's) shape
+// semantics live. The core is 3-D: a 2-D problem has a depth of 1.
 // Framework-free: the TF shape function, the kernels and Python (via _core)
 // all call into this file. Errors are returned as strings that name the
 // offending argument; an empty string means success.
@@ -11,11 +12,17 @@
 namespace tfbigconv {
 
 enum class Padding { kSame, kValid, kExplicit };
-enum class DataFormat { kNHWC, kNCHW };
+// Channels last or first, of a 4-D (2-D convolution) or 5-D (3-D) tensor.
+enum class DataFormat { kNHWC, kNCHW, kNDHWC, kNCDHW };
+inline bool ChannelsLast(DataFormat f) { return f == DataFormat::kNHWC || f == DataFormat::kNDHWC; }
+inline int SpatialDims(DataFormat f) {
+  return f == DataFormat::kNDHWC || f == DataFormat::kNCDHW ? 3 : 2;
+}
 
-// Attributes exactly as the op (and tf.nn.conv2d) receives them: strides and
-// dilations have 4 entries in data_format order; explicit_paddings has 8
-// entries (before/after for each dimension, data_format order).
+// Attributes exactly as the op (and tf.nn.conv2d / conv3d) receives them:
+// strides and dilations have 4 (5 in 3-D) entries in data_format order;
+// explicit_paddings has 8 (10) entries (before/after for each dimension,
+// data_format order).
 struct ConvAttrs {
   std::vector<int64_t> strides{1, 1, 1, 1};
   std::vector<int64_t> dilations{1, 1, 1, 1};
@@ -24,21 +31,22 @@ struct ConvAttrs {
   DataFormat data_format = DataFormat::kNHWC;
 };
 
-// Element strides of a 4-D tensor addressed by logical (n, h, w, c).
-struct Strides4 {
-  int64_t n, h, w, c;
+// Element strides of an image tensor addressed by logical (n, d, h, w, c).
+struct ImageStrides {
+  int64_t n, d, h, w, c;
 };
 
 // How a kernel addresses its operands: element strides of an image tensor by
-// (n, h, w, group, channel within group), and of a filter by (kh, kw, input
-// channel within group, group, output channel within group) from an offset.
-// Views let one kernel run the gradients as convolutions over transposed,
-// flipped operands without copying them.
+// (n, h, w, group, channel within group, and depth d), and of a filter by
+// (kh, kw, input channel within group, group, output channel within group,
+// and depth d) from an offset. Views let one kernel run the gradients as
+// convolutions over transposed, flipped operands without copying them. Depth
+// comes last so that 2-D code can leave it out (a 2-D problem has depth 1).
 struct TensorView {
-  int64_t n, h, w, g, c;
+  int64_t n, h, w, g, c, d = 0;
 };
 struct FilterView {
-  int64_t offset, h, w, i, g, o;
+  int64_t offset, h, w, i, g, o, d = 0;
 };
 
 struct ConvGeometry {
@@ -51,28 +59,35 @@ struct ConvGeometry {
   // Zeros inserted between input samples (a transposed convolution's input):
   // the kernels see an input of (in - 1) * in_dilation + 1 samples.
   int64_t in_dilation_h = 1, in_dilation_w = 1;
+  // Depth (3-D convolution, DHWIO filters): 1 and no padding in 2-D.
+  int64_t in_d = 1, filter_d = 1, out_d = 1, stride_d = 1, dilation_d = 1, in_dilation_d = 1;
+  int64_t pad_front = 0, pad_back = 0;
   DataFormat data_format = DataFormat::kNHWC;
 
+  bool is_3d() const { return SpatialDims(data_format) == 3; }
   int64_t in_c_per_group() const { return filter_in_c; }
   int64_t out_c_per_group() const { return out_c / groups; }
+  int64_t effective_filter_d() const { return (filter_d - 1) * dilation_d + 1; }
   int64_t effective_filter_h() const { return (filter_h - 1) * dilation_h + 1; }
   int64_t effective_filter_w() const { return (filter_w - 1) * dilation_w + 1; }
+  int64_t virtual_in_d() const { return in_d == 0 ? 0 : (in_d - 1) * in_dilation_d + 1; }
   int64_t virtual_in_h() const { return in_h == 0 ? 0 : (in_h - 1) * in_dilation_h + 1; }
   int64_t virtual_in_w() const { return in_w == 0 ? 0 : (in_w - 1) * in_dilation_w + 1; }
-  Strides4 input_strides() const;
-  Strides4 output_strides() const;
-  int64_t output_elements() const { return batch * out_h * out_w * out_c; }
+  ImageStrides input_strides() const;
+  ImageStrides output_strides() const;
+  int64_t output_elements() const { return batch * out_d * out_h * out_w * out_c; }
   // Every output is an empty sum (no input channel, no filter tap, or an
   // input without pixels, so that every window reads padding only): the
   // kernels write zeros, as tf.nn.conv2d does.
   bool empty_sums() const {
-    return in_c_per_group() == 0 || filter_h == 0 || filter_w == 0 || in_h == 0 || in_w == 0;
+    return in_c_per_group() == 0 || filter_d == 0 || filter_h == 0 || filter_w == 0 ||
+           in_d == 0 || in_h == 0 || in_w == 0;
   }
   // No arithmetic to plan: an empty output, or zeros to write.
   bool no_work() const { return output_elements() == 0 || empty_sums(); }
   // Multiply-adds of the convolution (each is 2 FLOPs).
   int64_t macs() const {
-    return batch * out_h * out_w * out_c * filter_h * filter_w * filter_in_c;
+    return batch * out_d * out_h * out_w * out_c * filter_d * filter_h * filter_w * filter_in_c;
   }
   // Shape of the output tensor in data_format order.
   std::vector<int64_t> output_shape() const;
@@ -93,7 +108,7 @@ struct ConvProblem {
 };
 
 // The forward pass of a validated geometry on dense tensors (data_format,
-// HWIO filter).
+// HWIO or DHWIO filter).
 ConvProblem ForwardProblem(const ConvGeometry& g);
 // dL/dinput as a convolution: input = dL/doutput upsampled by the strides
 // (in_dilation), filter = the forward filter flipped with in and out channels
@@ -123,7 +138,7 @@ std::string ComputeOutputSize(int64_t in, int64_t filter, int64_t stride,
                               int64_t* out_pad_before, int64_t* out_pad_after);
 
 // The full geometry. input_shape is in data_format order; filter_shape is
-// HWIO. Validates everything, including ValidateAttrs.
+// HWIO (DHWIO for the 3-D formats). Validates everything, including ValidateAttrs.
 std::string ComputeConvGeometry(const std::vector<int64_t>& input_shape,
                                 const std::vector<int64_t>& filter_shape,
                                 const ConvAttrs& attrs, ConvGeometry* g);

@@ -37,13 +37,13 @@ constexpr int64_t kChunkTargetBytes = 16 << 20;
 constexpr int64_t kStageBytes = 384 << 10;
 
 int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& p) {
-  const int64_t plane = p.fft_h * p.fft_w * ComputeBytes(dtype);
+  const int64_t plane = SatMul({p.fft_d, p.fft_h, p.fft_w, ComputeBytes(dtype)});
   // A block's filter planes (out_c * ci_block) are the most planes of any
   // phase (input planes: groups * ci_block; output planes: out_c).
   const int64_t most = g.out_c * p.ci_block;
   // Planes of height 1 (1-D problems) are transformed as the rows of one call,
   // which ducc0 vectorises across: a full block whatever their size.
-  if (p.fft_h == 1) return std::max<int64_t>(1, std::min(kMaxStagePlanes, most));
+  if (p.fft_h == 1 && p.fft_d == 1) return std::max<int64_t>(1, std::min(kMaxStagePlanes, most));
   return std::max<int64_t>(1, std::min({kMaxStagePlanes2D, most, kStageBytes / std::max<int64_t>(1, plane)}));
 }
 
@@ -51,21 +51,23 @@ int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& 
 
 void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
   const int64_t real = ComputeBytes(dtype), cplx = 2 * real;
+  p->tiles_d = CeilDiv(g.out_d, p->tile_d);
   p->tiles_h = CeilDiv(g.out_h, p->tile_h);
   p->tiles_w = CeilDiv(g.out_w, p->tile_w);
-  p->items = g.batch * p->tiles_h * p->tiles_w;
+  p->items = SatMul({g.batch, p->tiles_d, p->tiles_h, p->tiles_w});
   if (p->ci_block <= 0) p->ci_block = std::max<int64_t>(1, g.in_c_per_group());
   if (p->stage_planes <= 0) p->stage_planes = 1;
   p->fused_mix = g.in_c_per_group() <= kFusedMixMaxInChannels &&
                  p->ci_block >= g.in_c_per_group();
   // Saturating: a plan too large to allocate needs a workspace that fits no limit.
-  const int64_t spectrum = SatMul(SatMul(p->fft_h, p->bins_w()), cplx);
+  const int64_t spectrum = SatMul({p->fft_d, p->fft_h, p->bins_w(), cplx});
   p->filter_spectra_bytes = SatMul({p->ci_block, g.out_c, spectrum});
   p->item_spectra_bytes =
       SatMul(SatAdd(SatMul(g.groups, p->ci_block), p->fused_mix ? 0 : g.out_c), spectrum);
+  const bool one_row = p->fft_h == 1 && p->fft_d == 1;
   p->worker_bytes =
-      SatAdd(SatMul({p->stage_planes, p->fft_h, p->fft_w, real}),
-             p->fused_mix ? SatMul(p->fft_h == 1 ? p->stage_planes : 1, spectrum) : 0);
+      SatAdd(SatMul({p->stage_planes, p->fft_d, p->fft_h, p->fft_w, real}),
+             p->fused_mix ? SatMul(one_row ? p->stage_planes : 1, spectrum) : 0);
   p->workspace_bytes =
       SatAdd(SatAdd(p->filter_spectra_bytes, SatMul(p->chunk, p->item_spectra_bytes)),
              SatMul(int64_t(p->workers), p->worker_bytes));
@@ -74,7 +76,9 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
 std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int workers,
                            FftPlan* out) {
   if (workers < 1) workers = 1;
+  const int64_t eff_d = g.effective_filter_d();
   const int64_t eff_h = g.effective_filter_h(), eff_w = g.effective_filter_w();
+  const std::vector<TileCandidate> ds = TileCandidates(std::max<int64_t>(g.out_d, 1), g.stride_d, eff_d);
   const std::vector<TileCandidate> hs = TileCandidates(std::max<int64_t>(g.out_h, 1), g.stride_h, eff_h);
   const std::vector<TileCandidate> ws = TileCandidates(std::max<int64_t>(g.out_w, 1), g.stride_w, eff_w);
   bool found = false;
@@ -94,10 +98,13 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
   const int64_t busy = std::min<int64_t>(g.groups * cig_all, kBusyBlock);
   std::vector<FftPlan> fits;
   const CostModel m = ActiveCostModel();
-  for (const TileCandidate& h : hs) {
+  for (const TileCandidate& d : ds) {
+   for (const TileCandidate& h : hs) {
     for (const TileCandidate& w : ws) {
       for (int64_t cib : blocks) {
         FftPlan p;
+        p.tile_d = d.tile;
+        p.fft_d = d.fft;
         p.tile_h = h.tile;
         p.fft_h = h.fft;
         p.tile_w = w.tile;
@@ -119,14 +126,21 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
         FillFftWorkspace(g, dtype, &p);
         // Cost: transform and channel-mixing flops, and bytes moved through
         // memory, weighted by the calibrated model.
+        // In 3-D: rows and columns per staged slice, then one depth transform
+        // per (row, bin) of the volume (none in 2-D: fft_d = 1).
         const double bw = double(p.bins_w()), bins = double(p.bins());
+        const double slab = double(p.fft_h) * bw * ComplexFftFlops(p.fft_d);
+        const double in_slices = double(std::min(p.fft_d, (p.tile_d - 1) * g.stride_d + eff_d));
         const double in_rows = double(std::min(p.fft_h, (p.tile_h - 1) * g.stride_h + eff_h));
-        const double fwd = cin * (in_rows * 0.5 * ComplexFftFlops(p.fft_w) + bw * ComplexFftFlops(p.fft_h));
-        const double inv = cout * (bw * ComplexFftFlops(p.fft_h) + p.tile_h * 0.5 * ComplexFftFlops(p.fft_w));
+        const double fwd = cin * (in_slices * (in_rows * 0.5 * ComplexFftFlops(p.fft_w) +
+                                               bw * ComplexFftFlops(p.fft_h)) + slab);
+        const double inv = cout * (slab + p.tile_d * (bw * ComplexFftFlops(p.fft_h) +
+                                                      p.tile_h * 0.5 * ComplexFftFlops(p.fft_w)));
         const double mix = cig * cout * bins * 8.0;
         const double chunks = double(CeilDiv(p.items, p.chunk));
         // With several reduction blocks the filter spectra are redone per chunk.
-        const double filt = cig * cout * (eff_h * 0.5 * ComplexFftFlops(p.fft_w) + bw * ComplexFftFlops(p.fft_h)) *
+        const double filt = cig * cout * (eff_d * (eff_h * 0.5 * ComplexFftFlops(p.fft_w) +
+                                                   bw * ComplexFftFlops(p.fft_h)) + slab) *
                             (p.ci_blocks(g) > 1 ? chunks : 1.0);
         // Fused mixing reads every filter spectrum once per item instead.
         const double filter_reads = p.fused_mix ? double(p.items) : chunks * p.ci_blocks(g);
@@ -140,6 +154,7 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
         fits.push_back(p);
       }
     }
+   }
   }
   // Blocks that leave threads idle only as a last resort.
   const bool any_busy = std::any_of(fits.begin(), fits.end(),

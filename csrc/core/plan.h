@@ -16,14 +16,14 @@
 namespace tfbigconv {
 
 // Overlap-save FFT convolution of one pass. The output of each image is cut
-// into tiles of tile_h x tile_w pixels; each tile's input window (with its
-// halo) is transformed at fft_h x fft_w. "Items" are (image, tile) pairs,
-// processed chunk at a time.
+// into tiles of tile_d x tile_h x tile_w pixels (tile_d = fft_d = 1 in 2-D);
+// each tile's input window (with its halo) is transformed at fft_d x fft_h x
+// fft_w. "Items" are (image, tile) pairs, processed chunk at a time.
 struct FftPlan {
-  int64_t tile_h = 0, tile_w = 0;
-  int64_t fft_h = 0, fft_w = 0;
-  int64_t tiles_h = 0, tiles_w = 0;
-  int64_t items = 0;   // batch * tiles_h * tiles_w
+  int64_t tile_d = 1, tile_h = 0, tile_w = 0;
+  int64_t fft_d = 1, fft_h = 0, fft_w = 0;
+  int64_t tiles_d = 1, tiles_h = 0, tiles_w = 0;
+  int64_t items = 0;   // batch * tiles_d * tiles_h * tiles_w
   int64_t chunk = 0;   // items per chunk
   int workers = 0;     // per-worker buffers, one per ParallelFor worker id
   // Input channels per group whose spectra are held at once. Below
@@ -55,7 +55,7 @@ struct FftPlan {
   int64_t ci_blocks(const ConvGeometry& g) const {
     return (g.in_c_per_group() + ci_block - 1) / ci_block;
   }
-  int64_t bins() const { return fft_h * bins_w(); }
+  int64_t bins() const { return fft_d * fft_h * bins_w(); }
 };
 
 // The most planes FftPlan::stage_planes may hold: 16 float32 channels fill a

@@ -85,6 +85,14 @@ py::dict GeometryDict(const ConvGeometry& g) {
   d["pad_right"] = g.pad_right;
   d["out_h"] = g.out_h;
   d["out_w"] = g.out_w;
+  // Depth: 1 (and no padding) in 2-D.
+  d["in_d"] = g.in_d;
+  d["filter_d"] = g.filter_d;
+  d["stride_d"] = g.stride_d;
+  d["dilation_d"] = g.dilation_d;
+  d["pad_front"] = g.pad_front;
+  d["pad_back"] = g.pad_back;
+  d["out_d"] = g.out_d;
   d["output_shape"] = g.output_shape();
   d["macs"] = g.macs();
   return d;
@@ -139,10 +147,13 @@ int64_t BudgetOrDefault(int64_t workspace_limit) {
 
 py::dict PlanDict(const FftPlan& p) {
   py::dict d;
+  d["tile_d"] = p.tile_d;
   d["tile_h"] = p.tile_h;
   d["tile_w"] = p.tile_w;
+  d["fft_d"] = p.fft_d;
   d["fft_h"] = p.fft_h;
   d["fft_w"] = p.fft_w;
+  d["tiles_d"] = p.tiles_d;
   d["tiles_h"] = p.tiles_h;
   d["tiles_w"] = p.tiles_w;
   d["items"] = p.items;
