@@ -1,7 +1,7 @@
 """tfbigconv: fast, memory-bounded convolution with large filters for TensorFlow.
 
 `bigconv2d` is a drop-in for `tf.nn.conv2d`, `bigconv1d` for `tf.nn.conv1d` (plus
-CAUSAL padding); `tfbigconv.keras` has the Keras
+CAUSAL padding), `bigconv3d` for `tf.nn.conv3d` (plus groups); `tfbigconv.keras` has the Keras
 layers `BigConv2D` and `BigDepthwiseConv2D`; `convert_model` swaps them into an
 existing Keras model; `memory_report` shows where a model's training step keeps
 its memory (and `explain_oom` prints it when a step runs out); `fuse_linear`
@@ -49,6 +49,7 @@ from tfbigconv.cost_model import profiles as _profiles  # noqa: E402
 from tfbigconv.ops import gradients as _gradients  # noqa: F401,E402  (registers the gradients)
 from tfbigconv.ops.conv1d import bigconv1d  # noqa: E402
 from tfbigconv.ops.conv2d import ALGORITHMS, bigconv2d  # noqa: E402
+from tfbigconv.ops.conv3d import bigconv3d  # noqa: E402
 from tfbigconv.planning.explain import explain  # noqa: E402
 
 from tfbigconv import keras  # registers the Keras layers (needs Keras 3, a TensorFlow dependency)
@@ -68,7 +69,7 @@ _sys.modules[__name__ + ".fuse_train"] = fuse_train
 if not _cause:
     _profiles.load_active(_native.LIB_PATH)
 
-__all__ = ["bigconv1d", "bigconv2d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_train", "fuse_linear",
+__all__ = ["bigconv1d", "bigconv2d", "bigconv3d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_train", "fuse_linear",
            "SubgraphReport", "keras", "register_all", "memory_report", "MemoryReport",
            "explain_oom"]
 

@@ -54,13 +54,14 @@ inline absl::Status ToTfStatus(const Status& s) {
 }
 
 // Reads a 4-element int32 sizes tensor (input_sizes / filter_sizes).
-inline absl::Status SizesFromTensor(const Tensor& t, const char* name, std::vector<int64_t>* out) {
-  if (t.dims() != 1 || t.NumElements() != 4)
-    return tensorflow::errors::InvalidArgument(name, " must be a 1-D tensor of 4 sizes, got shape ",
-                                               t.shape().DebugString());
+inline absl::Status SizesFromTensor(const Tensor& t, const char* name, int rank,
+                                    std::vector<int64_t>* out) {
+  if (t.dims() != 1 || t.NumElements() != rank)
+    return tensorflow::errors::InvalidArgument(name, " must be a 1-D tensor of ", rank,
+                                               " sizes, got shape ", t.shape().DebugString());
   auto v = t.flat<int32_t>();
-  out->assign(4, 0);
-  for (int i = 0; i < 4; ++i) {
+  out->assign(rank, 0);
+  for (int i = 0; i < rank; ++i) {
     if (v(i) < 0)
       return tensorflow::errors::InvalidArgument(name, " must be non-negative, got ", v(i));
     (*out)[i] = v(i);
@@ -116,6 +117,9 @@ class BigConvOpBase : public OpKernel {
     }
     return ToTfStatus(choose(algorithm_));
   }
+
+  // The tensors' rank: 4, or 5 for the 3-D ops.
+  int Rank() const { return 2 + SpatialDims(attrs_.data_format); }
 
   static const void* Data(const Tensor& t) { return t.tensor_data().data(); }
   static void* Data(Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
@@ -191,7 +195,7 @@ class BigConv2DBackpropInputOp : public Base {
   using Base::Base;
   void Compute(OpKernelContext* ctx) override {
     std::vector<int64_t> input_sizes;
-    OP_REQUIRES_OK(ctx, SizesFromTensor(ctx->input(0), "input_sizes", &input_sizes));
+    OP_REQUIRES_OK(ctx, SizesFromTensor(ctx->input(0), "input_sizes", this->Rank(), &input_sizes));
     const Tensor& filter = ctx->input(1);
     const Tensor& dy = ctx->input(2);
     ConvGeometry g;
@@ -212,7 +216,7 @@ class BigConv2DBackpropFilterOp : public Base {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& input = ctx->input(0);
     std::vector<int64_t> filter_sizes;
-    OP_REQUIRES_OK(ctx, SizesFromTensor(ctx->input(1), "filter_sizes", &filter_sizes));
+    OP_REQUIRES_OK(ctx, SizesFromTensor(ctx->input(1), "filter_sizes", this->Rank(), &filter_sizes));
     const Tensor& dy = ctx->input(2);
     ConvGeometry g;
     OP_REQUIRES_OK(ctx, this->Geometry(Dims(input.shape()), filter_sizes, &g));
@@ -236,6 +240,21 @@ class BigConv2DBackpropFilterOp : public Base {
                               .HostMemory("input_sizes"),                                 \
                           ::tfbigconv::BigConv2DBackpropInputOp<BASE<T>>);                 \
   REGISTER_KERNEL_BUILDER(Name("BigConv2DBackpropFilter")                                 \
+                              .Device(DEVICE)                                             \
+                              .TypeConstraint<T>("T")                                     \
+                              .HostMemory("filter_sizes"),                                \
+                          ::tfbigconv::BigConv2DBackpropFilterOp<BASE<T>>);
+
+// The 3-D ops (BigConv3D*), the same kernel classes, on DEVICE for dtype T.
+#define TFBIGCONV_REGISTER_OPS_3D(DEVICE, BASE, T)                                        \
+  REGISTER_KERNEL_BUILDER(Name("BigConv3D").Device(DEVICE).TypeConstraint<T>("T"),         \
+                          ::tfbigconv::BigConv2DOp<BASE<T>>);                              \
+  REGISTER_KERNEL_BUILDER(Name("BigConv3DBackpropInput")                                  \
+                              .Device(DEVICE)                                             \
+                              .TypeConstraint<T>("T")                                     \
+                              .HostMemory("input_sizes"),                                 \
+                          ::tfbigconv::BigConv2DBackpropInputOp<BASE<T>>);                 \
+  REGISTER_KERNEL_BUILDER(Name("BigConv3DBackpropFilter")                                 \
                               .Device(DEVICE)                                             \
                               .TypeConstraint<T>("T")                                     \
                               .HostMemory("filter_sizes"),                                \

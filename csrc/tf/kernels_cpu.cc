@@ -62,5 +62,9 @@ class CpuDevice {
 }  // namespace
 
 TFBIGCONV_REGISTER_DEVICE_OPS(tensorflow::DEVICE_CPU, CpuDevice)
+TFBIGCONV_REGISTER_OPS_3D(tensorflow::DEVICE_CPU, BigConvDeviceBaseOfCpuDevice, Eigen::half)
+TFBIGCONV_REGISTER_OPS_3D(tensorflow::DEVICE_CPU, BigConvDeviceBaseOfCpuDevice, Eigen::bfloat16)
+TFBIGCONV_REGISTER_OPS_3D(tensorflow::DEVICE_CPU, BigConvDeviceBaseOfCpuDevice, float)
+TFBIGCONV_REGISTER_OPS_3D(tensorflow::DEVICE_CPU, BigConvDeviceBaseOfCpuDevice, double)
 
 }  // namespace tfbigconv

@@ -16,10 +16,10 @@ using tensorflow::shape_inference::DimensionHandle;
 using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
-absl::Status RequireRank4(InferenceContext* c, ShapeHandle s, const char* name) {
-  if (c->RankKnown(s) && c->Rank(s) != 4)
-    return tensorflow::errors::InvalidArgument(name, " must be rank 4, got rank ", c->Rank(s),
-                                               ": shape ", c->DebugString(s));
+absl::Status RequireRank(InferenceContext* c, ShapeHandle s, const char* name, int rank) {
+  if (c->RankKnown(s) && c->Rank(s) != rank)
+    return tensorflow::errors::InvalidArgument(name, " must be rank ", rank, ", got rank ",
+                                               c->Rank(s), ": shape ", c->DebugString(s));
   return absl::OkStatus();
 }
 
@@ -29,32 +29,37 @@ absl::Status ConvOutputShape(InferenceContext* c, ShapeHandle input, ShapeHandle
                              ShapeHandle* out) {
   ConvAttrs a;
   TF_RETURN_IF_ERROR(GetConvAttrs(c, &a));
-  TF_RETURN_IF_ERROR(RequireRank4(c, input, "input"));
-  TF_RETURN_IF_ERROR(RequireRank4(c, filter, "filter"));
-  TF_RETURN_IF_ERROR(c->WithRank(input, 4, &input));
-  TF_RETURN_IF_ERROR(c->WithRank(filter, 4, &filter));
-  const bool nhwc = a.data_format == DataFormat::kNHWC;
-  const int hi = nhwc ? 1 : 2, wi = nhwc ? 2 : 3, ci = nhwc ? 3 : 1;
-  std::vector<int64_t> in_dims(4), f_dims(4);
+  const int spatial = SpatialDims(a.data_format), rank = 2 + spatial;
+  TF_RETURN_IF_ERROR(RequireRank(c, input, "input", rank));
+  TF_RETURN_IF_ERROR(RequireRank(c, filter, "filter", rank));
+  TF_RETURN_IF_ERROR(c->WithRank(input, rank, &input));
+  TF_RETURN_IF_ERROR(c->WithRank(filter, rank, &filter));
+  // Spatial dimensions in data_format order, then the channel dimension.
+  const int first = ChannelsLast(a.data_format) ? 1 : 2;
+  const int ci = ChannelsLast(a.data_format) ? rank - 1 : 1;
+  std::vector<int64_t> in_dims(rank), f_dims(rank);
   bool all_known = true;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < rank; ++i) {
     in_dims[i] = c->Value(c->Dim(input, i));
     f_dims[i] = c->Value(c->Dim(filter, i));
     all_known = all_known && in_dims[i] >= 0 && f_dims[i] >= 0;
   }
-  std::vector<DimensionHandle> o(4);
+  std::vector<DimensionHandle> o(rank);
   if (all_known) {
     ConvGeometry g;
     const std::string err = ComputeConvGeometry(in_dims, f_dims, a, &g);
     if (!err.empty()) return tensorflow::errors::InvalidArgument(err);
     const std::vector<int64_t> s = g.output_shape();
-    for (int i = 0; i < 4; ++i) o[i] = c->MakeDim(s[i]);
+    for (int i = 0; i < rank; ++i) o[i] = c->MakeDim(s[i]);
   } else {
     // Each known spatial pair still gets its size (and its checks).
-    int64_t sizes[2] = {-1, -1};
-    const int idx[2] = {hi, wi};
-    const char* names[2] = {"height", "width"};
-    for (int k = 0; k < 2; ++k) {
+    int64_t sizes[3] = {-1, -1, -1};
+    int idx[3];
+    for (int k = 0; k < spatial; ++k) idx[k] = first + k;
+    const char* const names2[2] = {"height", "width"};
+    const char* const names3[3] = {"depth", "height", "width"};
+    const char* const* names = spatial == 3 ? names3 : names2;
+    for (int k = 0; k < spatial; ++k) {
       const int64_t in = in_dims[idx[k]], f = f_dims[k];
       if (in < 0 || f < 0) continue;
       const bool ex = a.padding == Padding::kExplicit;
@@ -64,7 +69,7 @@ absl::Status ConvOutputShape(InferenceContext* c, ShapeHandle input, ShapeHandle
           names[k], &sizes[k], nullptr, nullptr);
       if (!err.empty()) return tensorflow::errors::InvalidArgument(err);
     }
-    const int64_t in_c = in_dims[ci], f_in = f_dims[2], f_out = f_dims[3];
+    const int64_t in_c = in_dims[ci], f_in = f_dims[spatial], f_out = f_dims[spatial + 1];
     if (in_c >= 0 && f_in > 0 && in_c % f_in != 0)
       return tensorflow::errors::InvalidArgument("input depth ", in_c,
                                                  " must be a multiple of the filter's in_depth ",
@@ -73,25 +78,30 @@ absl::Status ConvOutputShape(InferenceContext* c, ShapeHandle input, ShapeHandle
       return tensorflow::errors::InvalidArgument("filter out_depth ", f_out,
                                                  " must be a multiple of groups ", in_c / f_in);
     o[0] = c->Dim(input, 0);
-    o[hi] = sizes[0] >= 0 ? c->MakeDim(sizes[0]) : c->UnknownDim();
-    o[wi] = sizes[1] >= 0 ? c->MakeDim(sizes[1]) : c->UnknownDim();
-    o[ci] = c->Dim(filter, 3);
+    for (int k = 0; k < spatial; ++k)
+      o[idx[k]] = sizes[k] >= 0 ? c->MakeDim(sizes[k]) : c->UnknownDim();
+    o[ci] = c->Dim(filter, spatial + 1);
   }
   *out = c->MakeShape(o);
   return absl::OkStatus();
 }
 
-// Shape given by a 4-element int32 sizes input (input_sizes/filter_sizes).
+// Shape given by an int32 sizes input (input_sizes/filter_sizes) of 4
+// elements (5 for the 3-D ops).
 absl::Status ShapeFromSizes(InferenceContext* c, int sizes_input, const char* name,
                             ShapeHandle* out) {
+  ConvAttrs a;
+  TF_RETURN_IF_ERROR(GetConvAttrs(c, &a));
+  const int rank = 2 + SpatialDims(a.data_format);
   ShapeHandle sizes = c->input(sizes_input);
   if (c->RankKnown(sizes) && c->Rank(sizes) != 1)
-    return tensorflow::errors::InvalidArgument(name, " must be a 1-D tensor of 4 sizes");
-  if (c->RankKnown(sizes) && c->ValueKnown(c->Dim(sizes, 0)) && c->Value(c->Dim(sizes, 0)) != 4)
-    return tensorflow::errors::InvalidArgument(name, " must have 4 elements, got ",
+    return tensorflow::errors::InvalidArgument(name, " must be a 1-D tensor of ", rank, " sizes");
+  if (c->RankKnown(sizes) && c->ValueKnown(c->Dim(sizes, 0)) &&
+      c->Value(c->Dim(sizes, 0)) != rank)
+    return tensorflow::errors::InvalidArgument(name, " must have ", rank, " elements, got ",
                                                c->Value(c->Dim(sizes, 0)));
   TF_RETURN_IF_ERROR(c->MakeShapeFromShapeTensor(sizes_input, out));
-  return c->WithRank(*out, 4, out);
+  return c->WithRank(*out, rank, out);
 }
 
 }  // namespace
@@ -164,6 +174,69 @@ REGISTER_OP("BigConv2DBackpropFilter")
 Gradient of BigConv2D with respect to its filter: a reduction over batch and
 output pixels for every tap, in a fixed order (deterministic). Same attributes
 as BigConv2D.
+)doc");
+
+// The 3-D ops: the same attributes in NDHWC/NCDHW, filters DHWIO, the same
+// kernels (the core is 3-D); CPU only for now.
+#define TFBIGCONV_CONV3D_ATTRS                                     \
+  Attr("T: {half, bfloat16, float, double}")                       \
+      .Attr("strides: list(int)")                                  \
+      .Attr("padding: {'SAME', 'VALID', 'EXPLICIT'}")              \
+      .Attr("explicit_paddings: list(int) = []")                   \
+      .Attr("data_format: {'NDHWC', 'NCDHW'} = 'NDHWC'")           \
+      .Attr("dilations: list(int) = [1, 1, 1, 1, 1]")              \
+      .Attr("algorithm: {'auto', 'direct', 'fft'} = 'auto'")       \
+      .Attr("planned_algorithm: {'none', 'direct', 'fft'} = 'none'") \
+      .Attr("workspace_limit_bytes: int = 0")
+
+REGISTER_OP("BigConv3D")
+    .Input("input: T")
+    .Input("filter: T")
+    .Output("output: T")
+    .TFBIGCONV_CONV3D_ATTRS
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(tfbigconv::ConvOutputShape(c, c->input(0), c->input(1), &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+3-D convolution with tf.nn.conv3d's semantics plus groups, explicit padding,
+NCDHW and dilations, computed without im2col: BigConv2D's attributes in 3-D.
+filter is [D, H, W, in_depth/groups, out_depth].
+)doc");
+
+REGISTER_OP("BigConv3DBackpropInput")
+    .Input("input_sizes: int32")
+    .Input("filter: T")
+    .Input("out_backprop: T")
+    .Output("output: T")
+    .TFBIGCONV_CONV3D_ATTRS
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(tfbigconv::ShapeFromSizes(c, 0, "input_sizes", &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Gradient of BigConv3D with respect to its input. Same attributes as BigConv3D.
+)doc");
+
+REGISTER_OP("BigConv3DBackpropFilter")
+    .Input("input: T")
+    .Input("filter_sizes: int32")
+    .Input("out_backprop: T")
+    .Output("output: T")
+    .TFBIGCONV_CONV3D_ATTRS
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(tfbigconv::ShapeFromSizes(c, 1, "filter_sizes", &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Gradient of BigConv3D with respect to its filter (deterministic). Same
+attributes as BigConv3D.
 )doc");
 
 // Lets Python set the planner's cost model in this library, which it loads

@@ -183,20 +183,22 @@ def test_registered_for_loading():
     del keras.saving.get_custom_objects()["tfbigconv>BigConv2D"]
     assert keras.saving.get_registered_object("tfbigconv>BigConv2D") is None
     names = tfbigconv.register_all()
-    assert names == ["tfbigconv>BigConv1D", "tfbigconv>BigConv2D", "tfbigconv>BigDepthwiseConv1D",
-                     "tfbigconv>BigDepthwiseConv2D", "tfbigconv>FusedLinearConv",
+    assert names == ["tfbigconv>BigConv1D", "tfbigconv>BigConv2D", "tfbigconv>BigConv3D",
+                     "tfbigconv>BigDepthwiseConv1D", "tfbigconv>BigDepthwiseConv2D",
+                     "tfbigconv>BigDepthwiseConv3D", "tfbigconv>FusedLinearConv",
                      "tfbigconv>FusedBiasMap"]
     assert keras.saving.get_registered_object("tfbigconv>BigConv2D") is BigConv2D
     assert keras.saving.get_registered_object("tfbigconv>BigDepthwiseConv2D") is BigDepthwiseConv2D
 
 
-def test_the_package_exports_all_six_layers():
-    """tfbigconv.keras holds its own four layers (keras/layers.py) and fuse_linear's
+def test_the_package_exports_all_eight_layers():
+    """tfbigconv.keras holds its own six layers (keras/layers.py) and fuse_linear's
     two (fusion/layers.py)."""
     from tfbigconv.fusion import layers as fusion_layers
     from tfbigconv.keras import layers
-    assert tfbigconv.keras.__all__ == ["BigConv1D", "BigConv2D", "BigDepthwiseConv1D",
-                                       "BigDepthwiseConv2D", "FusedLinearConv", "FusedBiasMap"]
+    assert tfbigconv.keras.__all__ == ["BigConv1D", "BigConv2D", "BigConv3D", "BigDepthwiseConv1D",
+                                       "BigDepthwiseConv2D", "BigDepthwiseConv3D",
+                                       "FusedLinearConv", "FusedBiasMap"]
     assert (tfbigconv.keras.BigConv2D, tfbigconv.keras.BigDepthwiseConv2D) == (
         layers.BigConv2D, layers.BigDepthwiseConv2D) == (BigConv2D, BigDepthwiseConv2D)
     assert tfbigconv.keras.FusedLinearConv is fusion_layers.FusedLinearConv

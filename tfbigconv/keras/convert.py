@@ -3,14 +3,15 @@ import numbers
 
 import keras
 
-from tfbigconv.keras.layers import (BigConv1D, BigConv2D, BigDepthwiseConv1D, BigDepthwiseConv2D,
-                                    check_options)
+from tfbigconv.keras.layers import (BigConv1D, BigConv2D, BigConv3D, BigDepthwiseConv1D,
+                                    BigDepthwiseConv2D, check_options)
 
 # Exact Keras classes -> their tfbigconv counterparts. Subclasses of Conv2D are
 # left alone: they may override call() with something else.
 _REPLACEMENTS = {
     keras.layers.Conv1D: BigConv1D,
     keras.layers.Conv2D: BigConv2D,
+    keras.layers.Conv3D: BigConv3D,
     keras.layers.DepthwiseConv1D: BigDepthwiseConv1D,
     keras.layers.DepthwiseConv2D: BigDepthwiseConv2D,
 }
@@ -36,10 +37,11 @@ def _min_size(min_kernel_size):
 def convert_model(model, min_kernel_size=15, *, algorithm="auto", workspace_limit=0):
     """Returns a copy of `model` whose large-kernel convolutions run on tfbigconv.
 
-    Every `keras.layers.Conv1D`, `Conv2D`, `DepthwiseConv1D` and
-    `DepthwiseConv2D` (exactly those classes, also inside nested
-    Sequential/Functional models) whose kernel is at least `min_kernel_size`
-    (in both height and width; a 1-D kernel's length against the width) becomes
+    Every `keras.layers.Conv1D`, `Conv2D`, `Conv3D` (also grouped, which
+    TensorFlow's CPU Conv3D refuses), `DepthwiseConv1D` and `DepthwiseConv2D`
+    (exactly those classes, also inside nested Sequential/Functional models)
+    whose kernel is at least `min_kernel_size` (in both height and width; a 1-D
+    kernel's length against the width; a 3-D kernel's depth is not compared) becomes
     the Big layer of the same name with the same configuration (name,
     dtype policy, trainable, initializers, ...) and the same weights. All other
     layers are cloned with their weights. The result computes the same
@@ -76,7 +78,7 @@ def convert_model(model, min_kernel_size=15, *, algorithm="auto", workspace_limi
     def clone(layer):
         big = _REPLACEMENTS.get(type(layer))
         size = tuple(layer.kernel_size) if big is not None else ()
-        if big is not None and size[-1] >= min_w and (len(size) == 1 or size[0] >= min_h):
+        if big is not None and size[-1] >= min_w and (len(size) == 1 or size[-2] >= min_h):
             config = layer.get_config()
             config.update(algorithm=algorithm, workspace_limit=workspace_limit)
             new = big.from_config(config)

@@ -1,12 +1,13 @@
-"""Keras 3 layers on tfbigconv's kernels: drop-in for Conv1D, Conv2D, DepthwiseConv1D
-and DepthwiseConv2D.
+"""Keras 3 layers on tfbigconv's kernels: drop-in for Conv1D, Conv2D, Conv3D,
+DepthwiseConv1D and DepthwiseConv2D, and the DepthwiseConv3D Keras lacks.
 
-`BigConv1D`, `BigConv2D`, `BigDepthwiseConv1D` and `BigDepthwiseConv2D` subclass
-the Keras layer of the same name without "Big", so they take the same constructor
-arguments with the same defaults, create the same weights (same names, shapes and
-order), and serialize the same way; only the convolution itself runs through
-`tfbigconv.bigconv1d` or `tfbigconv.bigconv2d`. Two extra arguments are passed
-through to it:
+`BigConv1D`, `BigConv2D`, `BigConv3D`, `BigDepthwiseConv1D` and
+`BigDepthwiseConv2D` subclass the Keras layer of the same name without "Big", so
+they take the same constructor arguments with the same defaults, create the same
+weights (same names, shapes and order), and serialize the same way; only the
+convolution itself runs through `tfbigconv.bigconv1d`, `bigconv2d` or `bigconv3d`.
+`BigDepthwiseConv3D` is DepthwiseConv2D's layer in 3-D (Keras' depthwise base class
+with rank 3). Two extra arguments are passed through to the op:
 
   algorithm: one of `tfbigconv.ALGORITHMS` ("auto" by default).
   workspace_limit: workspace budget in bytes; 0 (default) means decided from
@@ -31,17 +32,24 @@ import tensorflow as tf
 from tfbigconv.arguments import ALGORITHMS
 from tfbigconv.ops.conv1d import bigconv1d
 from tfbigconv.ops.conv2d import bigconv2d
+from tfbigconv.ops.conv3d import bigconv3d
+
+# Keras' base class of DepthwiseConv1D/2D, which takes the rank; Keras has no
+# DepthwiseConv3D to subclass.
+from keras.src.layers.convolutional.base_depthwise_conv import BaseDepthwiseConv
 
 if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - depends on the install
     raise ImportError(
         f"tfbigconv.keras needs Keras 3 (found keras {keras.__version__}); "
         "for tf.keras 2 (tf_keras) call tfbigconv.bigconv2d from your own layer")
 
-__all__ = ["BigConv1D", "BigConv2D", "BigDepthwiseConv1D", "BigDepthwiseConv2D"]
+__all__ = ["BigConv1D", "BigConv2D", "BigConv3D", "BigDepthwiseConv1D", "BigDepthwiseConv2D",
+           "BigDepthwiseConv3D"]
 
 # Keras' rank -> our op and its data formats.
 _OPS = {1: (bigconv1d, {"channels_last": "NWC", "channels_first": "NCW"}),
-        2: (bigconv2d, {"channels_last": "NHWC", "channels_first": "NCHW"})}
+        2: (bigconv2d, {"channels_last": "NHWC", "channels_first": "NCHW"}),
+        3: (bigconv3d, {"channels_last": "NDHWC", "channels_first": "NCDHW"})}
 
 
 def check_backend():
@@ -261,6 +269,72 @@ class BigDepthwiseConv1D(_BigConvMixin, keras.layers.DepthwiseConv1D):
             bias_constraint=bias_constraint, **kwargs)
         if causal:  # Keras' output-shape rule reads "causal" as "same"
             self.padding = "causal"
+        self._init_big(algorithm, workspace_limit)
+
+    def call(self, inputs):
+        return _depthwise_call(self, inputs)
+
+    def get_config(self):
+        return self._big_config(super().get_config())
+
+
+@keras.saving.register_keras_serializable(package="tfbigconv")
+class BigConv3D(_BigConvMixin, keras.layers.Conv3D):
+    """`keras.layers.Conv3D` computed by `tfbigconv.bigconv3d`.
+
+    Same arguments, defaults, weights and outputs as `keras.layers.Conv3D`, plus
+    `algorithm` and `workspace_limit` as in `BigConv2D`. Grouped convolution
+    (`groups`), which TensorFlow's CPU Conv3D refuses, runs.
+    """
+
+    def __init__(self, filters, kernel_size, strides=(1, 1, 1), padding="valid",
+                 data_format=None, dilation_rate=(1, 1, 1), groups=1, activation=None,
+                 use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                 kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
+                 kernel_constraint=None, bias_constraint=None, algorithm="auto",
+                 workspace_limit=0, **kwargs):
+        super().__init__(
+            filters=filters, kernel_size=kernel_size, strides=strides, padding=padding,
+            data_format=data_format, dilation_rate=dilation_rate, groups=groups,
+            activation=activation, use_bias=use_bias, kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer, kernel_regularizer=kernel_regularizer,
+            bias_regularizer=bias_regularizer, activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint, bias_constraint=bias_constraint, **kwargs)
+        self._init_big(algorithm, workspace_limit)
+
+    def convolution_op(self, inputs, kernel):
+        return self._bigconv(inputs, kernel)
+
+    def get_config(self):
+        return self._big_config(super().get_config())
+
+
+@keras.saving.register_keras_serializable(package="tfbigconv")
+class BigDepthwiseConv3D(_BigConvMixin, BaseDepthwiseConv):
+    """Depthwise 3-D convolution, which Keras lacks, computed by `tfbigconv.bigconv3d`.
+
+    `keras.layers.DepthwiseConv2D`'s arguments in 3-D: kernel_size (an int or 3
+    ints), strides, padding ("valid" or "same"), depth_multiplier, data_format,
+    dilation_rate, activation, use_bias, the depthwise initializer, regularizer and
+    constraint, the bias's, plus `algorithm` and `workspace_limit` as in
+    `BigConv2D`. Its kernel is [kd, kh, kw, channels, depth_multiplier], its
+    output channel c * depth_multiplier + m, as DepthwiseConv2D's.
+    """
+
+    def __init__(self, kernel_size, strides=(1, 1, 1), padding="valid", depth_multiplier=1,
+                 data_format=None, dilation_rate=(1, 1, 1), activation=None, use_bias=True,
+                 depthwise_initializer="glorot_uniform", bias_initializer="zeros",
+                 depthwise_regularizer=None, bias_regularizer=None, activity_regularizer=None,
+                 depthwise_constraint=None, bias_constraint=None, algorithm="auto",
+                 workspace_limit=0, **kwargs):
+        super().__init__(
+            rank=3, kernel_size=kernel_size, strides=strides, padding=padding,
+            depth_multiplier=depth_multiplier, data_format=data_format,
+            dilation_rate=dilation_rate, activation=activation, use_bias=use_bias,
+            depthwise_initializer=depthwise_initializer, bias_initializer=bias_initializer,
+            depthwise_regularizer=depthwise_regularizer, bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer, depthwise_constraint=depthwise_constraint,
+            bias_constraint=bias_constraint, **kwargs)
         self._init_big(algorithm, workspace_limit)
 
     def call(self, inputs):

@@ -54,3 +54,36 @@ def _big_conv2d_backprop_filter_grad(op, grad):
     return (native.big_conv2d_backprop_input(tf.shape(x), grad, dy, **a),
             None,
             native.big_conv2d(x, grad, **a))
+
+
+# The 3-D ops: each gradient pass is our op, which picks direct or fft when it runs
+# (bigconv3d's "auto" does not plan at trace time yet).
+def _attrs3d(op):
+    return dict(_attrs(op), planned_algorithm="none")
+
+
+@tf.RegisterGradient("BigConv3D")
+def _big_conv3d_grad(op, grad):
+    x, w = op.inputs
+    a = _attrs3d(op)
+    skip = set(getattr(op, "skip_input_indices", None) or ())
+    return (native.big_conv3d_backprop_input(tf.shape(x), w, grad, **a) if 0 not in skip else None,
+            native.big_conv3d_backprop_filter(x, tf.shape(w), grad, **a) if 1 not in skip else None)
+
+
+@tf.RegisterGradient("BigConv3DBackpropInput")
+def _big_conv3d_backprop_input_grad(op, grad):
+    _, w, dy = op.inputs
+    a = _attrs3d(op)
+    return (None,
+            native.big_conv3d_backprop_filter(grad, tf.shape(w), dy, **a),
+            native.big_conv3d(grad, w, **a))
+
+
+@tf.RegisterGradient("BigConv3DBackpropFilter")
+def _big_conv3d_backprop_filter_grad(op, grad):
+    x, _, dy = op.inputs
+    a = _attrs3d(op)
+    return (native.big_conv3d_backprop_input(tf.shape(x), grad, dy, **a),
+            None,
+            native.big_conv3d(x, grad, **a))

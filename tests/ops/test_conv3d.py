@@ -1,0 +1,140 @@
+"""bigconv3d (tfbigconv/ops/conv3d.py) and the BigConv3D ops inside TensorFlow: parity
+with tf.nn.conv3d where TensorFlow runs the case and with the float64 reference where it
+does not (groups, dilations, NCDHW, explicit padding); dtypes, batch 0, unknown shapes,
+gradients of first and second order, algorithm "tf", errors. (The kernels' 3-D
+arithmetic across tiles: tests/core/test_conv3d_core.py.)"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfbigconv
+from conftest import TOLERANCE, random_case
+from reference import conv3d_reference, conv3d_reference_grads, rel_l2
+
+TF_DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32,
+             "float64": tf.float64}
+
+
+def tol(dtype, algorithm):
+    return 1e-4 if (dtype == "float32" and algorithm != "direct") else TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "fft", "auto"])
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+@pytest.mark.parametrize("strides", [1, (2, 1, 3)])
+def test_matches_tf_nn_conv3d(algorithm, padding, strides):
+    x = random_case((2, 11, 12, 10, 3), 0)
+    w = random_case((5, 4, 3, 3, 4), 1)
+    s5 = [1, *((strides,) * 3 if isinstance(strides, int) else strides), 1]
+    got = tfbigconv.bigconv3d(x, w, strides, padding, algorithm=algorithm)
+    want = tf.nn.conv3d(x, w, s5, padding)
+    assert got.shape == want.shape and rel_l2(got, want) < tol("float32", algorithm)
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "fft"])
+@pytest.mark.parametrize("fmt", ["NDHWC", "NCDHW"])
+def test_groups_dilations_explicit_padding(algorithm, fmt):
+    """What TensorFlow's CPU Conv3D refuses, against the reference."""
+    x = random_case((2, 9, 10, 11, 6), 2)
+    w = random_case((3, 5, 3, 2, 9), 3)            # 3 groups
+    pads = ((1, 2), (0, 3), (4, 0))
+    xin = np.ascontiguousarray(x.transpose(0, 4, 1, 2, 3)) if fmt == "NCDHW" else x
+    pairs = [[0, 0], *pads, [0, 0]] if fmt == "NDHWC" else [[0, 0], [0, 0], *pads]
+    got = tfbigconv.bigconv3d(xin, w, [1, 2, 1], pairs, fmt, [2, 1, 2], algorithm=algorithm)
+    if fmt == "NCDHW":
+        got = tf.transpose(got, (0, 2, 3, 4, 1))
+    ref = conv3d_reference(x, w, (1, 2, 1), "EXPLICIT", (2, 1, 2), "NDHWC", pads)
+    assert rel_l2(got, ref) < tol("float32", algorithm)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("algorithm", ["direct", "fft"])
+def test_dtypes(dtype, algorithm):
+    x = tf.cast(random_case((1, 7, 8, 9, 4), 4), TF_DTYPES[dtype])
+    w = tf.cast(random_case((3, 3, 5, 1, 8), 5), TF_DTYPES[dtype])   # depthwise, multiplier 2
+    got = tfbigconv.bigconv3d(x, w, 1, "SAME", algorithm=algorithm)
+    assert got.dtype == TF_DTYPES[dtype]
+    ref = conv3d_reference(tf.cast(x, tf.float64).numpy(), tf.cast(w, tf.float64).numpy(),
+                           padding="SAME")
+    assert rel_l2(tf.cast(got, tf.float64), ref) < tol(dtype, algorithm)
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "fft"])
+def test_gradients_against_reference(algorithm):
+    x = random_case((2, 8, 7, 9, 4), 6)
+    w = random_case((3, 4, 3, 2, 6), 7)
+    xt, wt = tf.constant(x), tf.constant(w)
+    with tf.GradientTape() as tape:
+        tape.watch([xt, wt])
+        y = tfbigconv.bigconv3d(xt, wt, (1, 2, 1), "SAME", dilations=(2, 1, 1),
+                                algorithm=algorithm)
+    dy = random_case(y.shape, 8)
+    dx, dw = tape.gradient(y, [xt, wt], output_gradients=tf.constant(dy))
+    rdx, rdw = conv3d_reference_grads(x, w, dy, (1, 2, 1), "SAME", (2, 1, 1))
+    assert rel_l2(dx, rdx) < tol("float32", algorithm)
+    assert rel_l2(dw, rdw) < tol("float32", algorithm)
+
+
+def test_second_order_gradients_match_tf():
+    x = tf.constant(random_case((1, 6, 7, 5, 2), 9).astype(np.float64))
+    w = tf.constant(random_case((3, 2, 3, 2, 3), 10).astype(np.float64))
+
+    def second(conv):
+        with tf.GradientTape(persistent=True) as outer:
+            outer.watch([x, w])
+            with tf.GradientTape() as inner:
+                inner.watch([x, w])
+                loss = tf.reduce_sum(conv(x, w) ** 2)
+            gx, gw = inner.gradient(loss, [x, w])
+            s = tf.reduce_sum(gx * gx) + tf.reduce_sum(gw * tf.sin(gw))
+        return outer.gradient(s, [x, w])
+
+    ours = second(lambda x, w: tfbigconv.bigconv3d(x, w, 2, "SAME", algorithm="direct"))
+    theirs = second(lambda x, w: tf.nn.conv3d(x, w, [1, 2, 2, 2, 1], "SAME"))
+    for a, b in zip(ours, theirs):
+        assert rel_l2(a, b) < 1e-10
+
+
+def test_batch_zero_and_unknown_shapes():
+    w = random_case((3, 3, 3, 2, 3), 0)
+    assert tfbigconv.bigconv3d(np.zeros((0, 5, 6, 7, 2), np.float32), w, 1, "SAME").shape == \
+        (0, 5, 6, 7, 3)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, None, None, 2], tf.float32)])
+    def f(x):
+        return tfbigconv.bigconv3d(x, w, 1, "SAME")
+
+    x = random_case((2, 5, 6, 7, 2), 1)
+    assert rel_l2(f(x), conv3d_reference(x, w, padding="SAME")) < 1e-4
+    assert f(np.zeros((0, 4, 4, 4, 2), np.float32)).shape == (0, 4, 4, 4, 3)
+
+
+def test_algorithm_tf_is_tf_nn_conv3d_where_tensorflow_runs_it():
+    x = random_case((1, 6, 6, 6, 2), 0)
+    w = random_case((3, 3, 3, 2, 2), 1)
+    assert rel_l2(tfbigconv.bigconv3d(x, w, 1, "VALID", algorithm="tf"),
+                  tf.nn.conv3d(x, w, [1] * 5, "VALID")) == 0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="groups"):
+        tfbigconv.bigconv3d(random_case((1, 6, 6, 6, 4), 2), w, 1, "VALID", algorithm="tf")
+
+
+def test_errors_name_the_argument():
+    x = random_case((1, 6, 6, 6, 2), 0)
+    w = random_case((3, 3, 3, 2, 2), 1)
+    with pytest.raises(ValueError, match="data_format"):
+        tfbigconv.bigconv3d(x, w, 1, "SAME", "NHWC")
+    with pytest.raises(ValueError, match="strides"):
+        tfbigconv.bigconv3d(x, w, [1, 1], "SAME")
+    with pytest.raises(ValueError, match="padding"):
+        tfbigconv.bigconv3d(x, w, 1, [[0, 0]] * 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input must be rank 5"):
+        tfbigconv.bigconv3d(x[0], w, 1, "SAME")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="depth"):
+        tfbigconv.bigconv3d(x, random_case((3, 3, 3, 3, 2), 2), 1, "SAME")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="algorithm"):
+        tfbigconv.bigconv3d(x, w, 1, "SAME", algorithm="winograd")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dtype"):  # TypeError in graphs
+        tfbigconv.bigconv3d(tf.constant(x), tf.constant(w, tf.float64), 1, "SAME")
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="workspace"):
+        tfbigconv.bigconv3d(random_case((1, 30, 30, 30, 2), 3), random_case((9, 9, 9, 2, 2), 4),
+                            1, "SAME", algorithm="fft", workspace_limit=1000)
