@@ -34,6 +34,22 @@ def test_cli_explain_1d():
     assert r.returncode == 2 and "filter_shape must be [width" in r.stderr
 
 
+def test_cli_explain_3d():
+    """5 ints are a 3-D problem (bigconv3d): our kernels' estimates, 3-D FFT tiles."""
+    r = run(["-m", "tfbigconv", "explain", "--input", "2,24,24,24,8", "--filter", "9,9,9,1,8",
+             "--padding", "SAME"])
+    assert r.returncode == 0, r.stderr
+    assert "FFT 32x32x32" in r.stdout or "(FFT " in r.stdout and "x" in r.stdout
+    assert "output shape [2, 24, 24, 24, 8]" in r.stdout and "tf unavailable" in r.stdout
+    r = run(["-m", "tfbigconv", "explain", "--input", "1,2,10,11,12", "--filter", "3,3,3,2,4",
+             "--padding", "0,0,0,0,1,1,1,1,0,2", "--data-format", "NCDHW"])
+    assert r.returncode == 0, r.stderr
+    assert "output shape [1, 4, 10, 11, 12]" in r.stdout
+    r = run(["-m", "tfbigconv", "explain", "--input", "1,10,11,12,2", "--filter", "3,3,3,2,4",
+             "--autotune"])
+    assert r.returncode == 2 and "autotune" in r.stderr
+
+
 def test_cli_explain_gpu():
     r = run(["-m", "tfbigconv", "explain", "--input", "16,56,56,64", "--filter", "3,3,64,64",
              "--padding", "SAME", "--device", "GPU"])

@@ -59,6 +59,24 @@ def parse_data_format(value):
     return value.upper()
 
 
+# The 3-D formats; spatial_dims() tells a format's number of spatial dimensions.
+DATA_FORMATS_3D = ("NDHWC", "NCDHW")
+
+
+def spatial_dims(data_format):
+    return 3 if data_format in DATA_FORMATS_3D else 2
+
+
+def parse_data_format_3d(value):
+    """"NDHWC" or "NCDHW" (None: "NDHWC", as tf.nn.conv3d reads it); ValueError as
+    tf.nn.conv3d raises."""
+    if value is None:
+        return "NDHWC"
+    if not isinstance(value, str) or value.upper() not in DATA_FORMATS_3D:
+        raise ValueError(f"data_format must be 'NDHWC' or 'NCDHW', got {value!r}")
+    return value.upper()
+
+
 # Parsing raises ValueError naming the argument (explain turns it into
 # InvalidArgumentError).
 INT64_MAX = 2**63 - 1
@@ -111,40 +129,43 @@ def parse_shape(value, name):
 
 
 def parse_strides(value, name, data_format):
-    """strides/dilations in tf.nn.conv2d's forms -> 4 ints in data_format order."""
+    """strides/dilations in tf.nn.conv2d's forms -> 4 ints in data_format order (in
+    tf.nn.conv3d's, for a 3-D data_format: 1, 3 or 5 ints -> 5)."""
+    spatial = spatial_dims(data_format)
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         value = [value]
     if isinstance(value, np.ndarray) and value.ndim == 1:
         value = value.tolist()
     if isinstance(value, tf.TensorShape) or not isinstance(value, (list, tuple)) \
-            or len(value) not in (1, 2, 4):
-        raise ValueError(f"{name} must be an int or a list of 1, 2 or 4 ints, got {value!r}")
+            or len(value) not in (1, spatial, spatial + 2):
+        raise ValueError(f"{name} must be an int or a list of 1, {spatial} or {spatial + 2} "
+                         f"ints, got {value!r}")
     value = parse_ints(value, name)
     if len(value) == 1:
-        value = value * 2
-    if len(value) == 2:
-        h, w = value
-        return [1, h, w, 1] if data_format == "NHWC" else [1, 1, h, w]
+        value = value * spatial
+    if len(value) == spatial:
+        return [1, *value, 1] if data_format in ("NHWC", "NDHWC") else [1, 1, *value]
     return value
 
 
-def parse_padding(padding):
-    """'SAME' / 'VALID' / [[before, after]] * 4 -> (padding attr, explicit_paddings)."""
+def parse_padding(padding, dims=4):
+    """'SAME' / 'VALID' / [[before, after]] * dims -> (padding attr, explicit_paddings);
+    dims is 4 (conv2d) or 5 (conv3d)."""
     if isinstance(padding, str):
         if padding.upper() == "EXPLICIT":  # as tf.nn.conv2d: the pairs say it
             raise ValueError("padding 'EXPLICIT' is not a value to pass: for explicit padding, "
-                             "padding must be a list of 4 [before, after] pairs")
+                             f"padding must be a list of {dims} [before, after] pairs")
         return padding.upper(), []
     try:
         pairs = [p for p in padding]
     except TypeError:
         pairs = None
-    if pairs is None or isinstance(padding, bytes) or len(pairs) != 4 or any(
+    if pairs is None or isinstance(padding, bytes) or len(pairs) != dims or any(
             isinstance(p, (str, bytes)) or not hasattr(p, "__len__") or len(p) != 2
             for p in pairs):
         raise ValueError(
-            f"padding must be 'SAME', 'VALID' or a list of 4 [before, after] pairs (one per "
-            f"dimension), got {padding!r}")
+            f"padding must be 'SAME', 'VALID' or a list of {dims} [before, after] pairs (one "
+            f"per dimension), got {padding!r}")
     return "EXPLICIT", [parse_int(x, "explicit padding", -INT32_MAX - 1, INT32_MAX)
                         for p in pairs for x in p]
 

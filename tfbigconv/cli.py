@@ -39,9 +39,9 @@ def _padding(text):
     if text.upper() in ("SAME", "VALID", "CAUSAL"):
         return text.upper()
     v = _ints(text)
-    if len(v) not in (6, 8):
+    if len(v) not in (6, 8, 10):
         raise argparse.ArgumentTypeError("explicit padding takes 8 ints (4 (before, after) "
-                                         "pairs), or 6 for a 1-D input")
+                                         "pairs), 6 for a 1-D input or 10 for a 3-D one")
     return [v[i:i + 2] for i in range(0, len(v), 2)]
 
 
@@ -50,14 +50,17 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("explain", help="the planner's table for a convolution")
     ex.add_argument("--input", type=_ints, required=True,
-                    help="input shape, e.g. 200,321,481,1 (3 ints: 1-D, e.g. 8,16384,256)")
+                    help="input shape, e.g. 200,321,481,1 (3 ints: 1-D, e.g. 8,16384,256; "
+                    "5 ints: 3-D)")
     ex.add_argument("--filter", type=_ints, required=True,
-                    help="filter shape HWIO, e.g. 135,135,1,3 (1-D: WIO, e.g. 16384,1,256)")
+                    help="filter shape HWIO, e.g. 135,135,1,3 (1-D: WIO, e.g. 16384,1,256; "
+                    "3-D: DHWIO)")
     ex.add_argument("--strides", type=_ints, default=[1])
     ex.add_argument("--padding", type=_padding, default="VALID",
-                    help="SAME, VALID, CAUSAL (1-D), or 8 explicit ints (6 for 1-D)")
+                    help="SAME, VALID, CAUSAL (1-D), or 8 explicit ints (6 for 1-D, 10 for 3-D)")
     ex.add_argument("--dilations", type=_ints, default=[1])
-    ex.add_argument("--data-format", default="NHWC", choices=["NHWC", "NCHW", "NWC", "NCW"])
+    ex.add_argument("--data-format", default="NHWC",
+                    choices=["NHWC", "NCHW", "NWC", "NCW", "NDHWC", "NCDHW"])
     ex.add_argument("--dtype", default="float32",
                     choices=["float16", "bfloat16", "float32", "float64"])
     ex.add_argument("--budget", type=_bytes, default=None,

@@ -217,8 +217,8 @@ std::pair<double, double> DirectFlops(const DirectBlocking& b, const ConvGeometr
 
 int64_t OperandBytes(const ConvGeometry& g, DType dtype) {
   // Each tensor's bytes fit (ComputeConvGeometry checks); their sum may not.
-  const int64_t in = g.batch * g.in_h * g.in_w * g.in_c;
-  const int64_t filter = g.filter_h * g.filter_w * g.filter_in_c * g.out_c;
+  const int64_t in = g.batch * g.in_d * g.in_h * g.in_w * g.in_c;
+  const int64_t filter = g.filter_d * g.filter_h * g.filter_w * g.filter_in_c * g.out_c;
   return SatAdd(SatAdd(in * DTypeBytes(dtype), filter * DTypeBytes(dtype)),
                 g.output_elements() * DTypeBytes(dtype));
 }
@@ -293,14 +293,19 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& re
                                                     : PlanFft(g, dtype, limit, workers, &c->fft_plan);
   f.available = f.fits = fft_err.empty();
   if (f.fits) {
-    const double elements = double(g.batch * g.in_h * g.in_w * g.in_c + g.output_elements());
+    const double elements =
+        double(g.batch * g.in_d * g.in_h * g.in_w * g.in_c + g.output_elements());
     const FftPlan& fp = c->fft_plan;
     f.terms = {fp.transform_flops, fp.mix_flops, fp.bytes, elements, 1};
     f.seconds = fp.cost + m.fft_seconds_per_element * elements + m.fft_seconds_per_call;
     f.workspace_bytes = fp.workspace_bytes;
     f.peak_bytes = SatAdd(operands, f.workspace_bytes);
     std::ostringstream os;
-    os << "tile " << fp.tile_h << "x" << fp.tile_w << " (FFT " << fp.fft_h << "x" << fp.fft_w
+    os << "tile ";
+    if (g.is_3d()) os << fp.tile_d << "x";
+    os << fp.tile_h << "x" << fp.tile_w << " (FFT ";
+    if (g.is_3d()) os << fp.fft_d << "x";
+    os << fp.fft_h << "x" << fp.fft_w
        << "), chunk " << fp.chunk << " of " << fp.items << " items";
     f.note = os.str();
   } else {

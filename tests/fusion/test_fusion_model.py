@@ -221,3 +221,22 @@ def test_same_chain_with_batchnorm_patched_for_inference(tmp_path):
     fused.save(path)
     data = random_case((2, 36, 34, 6), 5)
     assert rel_l2(keras.models.load_model(path)(data).numpy(), model(data).numpy()) < TOL
+
+
+@pytest.mark.parametrize("rank", [1, 3])
+def test_chains_of_1d_and_3d_convolutions_are_refused_with_reason(rank):
+    """fuse_linear stays 2-D: a linear chain in another rank is reported, not merged."""
+    conv = keras.layers.Conv1D if rank == 1 else keras.layers.Conv3D
+    shape = (40, 3) if rank == 1 else (8, 9, 10, 3)
+    inp = keras.Input(shape)
+    h = conv(4, 5, padding="same", name="a")(inp)
+    h = tfbigconv.keras.BigConv1D(4, 7, padding="same", name="b")(h) if rank == 1 else \
+        tfbigconv.keras.BigConv3D(4, 3, padding="same", name="b")(h)
+    out = conv(2, 3, padding="same", activation="relu", name="c")(h)
+    model = keras.Model(inp, out)
+    fused, reports = tfbigconv.fuse_linear(model)
+    refused = [r for r in reports if r.status == "refused"]
+    assert [r.layers for r in refused] == [["a", "b"]]
+    assert "2-D convolutions only" in refused[0].reason
+    x = random_case((2,) + shape, 0)
+    assert rel_l2(fused(x), model(x)) < 1e-6

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tfbigconv.fusion import algebra, program as steps
 from tfbigconv.fusion.layers import FusedBiasMap, FusedLinearConv, check_mode
-from tfbigconv.keras.layers import BigConv2D, BigDepthwiseConv2D, check_options
+from tfbigconv.keras.layers import BaseDepthwiseConv, BigConv2D, BigDepthwiseConv2D, check_options
 
 _CONVS = (keras.layers.Conv2D, BigConv2D)
 _DEPTHWISE = (keras.layers.DepthwiseConv2D, BigDepthwiseConv2D)
@@ -84,6 +84,38 @@ def _is_linear(layer, trainable):
         axis = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
         return not trainable and list(axis) in ([-1], [3])
     return False
+
+
+# Convolutions of other ranks: fuse_linear composes 2-D kernels only, and reports
+# chains of these as refused.
+_OTHER_RANKS = (keras.layers.Conv1D, keras.layers.Conv3D, keras.layers.DepthwiseConv1D,
+                BaseDepthwiseConv)
+OTHER_RANK_REASON = ("fuse_linear composes 2-D convolutions only; these 1-D or 3-D "
+                     "convolutions are kept as they are")
+
+
+def _other_rank_chains(graph):
+    """Chains of at least two linear 1-D or 3-D convolutions, each reading only the
+    previous one's output: what fuse_linear would merge in 2-D."""
+    def linear_other(node):
+        layer = node.operation
+        return (isinstance(layer, _OTHER_RANKS) and not isinstance(layer, _DEPTHWISE)
+                and layer.activation is keras.activations.linear)
+    chains, seen = [], set()
+    for node in graph.nodes:
+        if not linear_other(node) or id(node) in seen:
+            continue
+        chain = [node]
+        while True:
+            users = graph.consumers.get(id(chain[-1].output_tensors[0]), [])
+            if len(users) != 1 or not linear_other(users[0]) or \
+                    len(users[0].input_tensors) != 1:
+                break
+            chain.append(users[0])
+        seen.update(id(n) for n in chain)
+        if len(chain) >= 2:
+            chains.append(chain)
+    return chains
 
 
 def _has_regularizer_or_constraint(layer):
@@ -282,7 +314,8 @@ def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algori
       (fused_model, reports): a new, uncompiled Keras model (the original is
       unchanged; other layers are cloned with their weights) and a list of
       SubgraphReport, one per linear subgraph with at least one convolution
-      and two layers.
+      and two layers. Chains of linear 1-D or 3-D convolutions are reported
+      as refused: fuse_linear composes 2-D kernels only.
 
     Raises:
       ValueError: a bad argument (named), or a model that cannot be rebuilt.
@@ -306,6 +339,9 @@ def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algori
     graph = _Graph(functional)
     reports, replace = [], {}  # replace: id(output node) -> (input tensor, build function)
     skip = set()
+    for chain in _other_rank_chains(graph):
+        reports.append(SubgraphReport([n.operation.name for n in chain], "refused",
+                                      OTHER_RANK_REASON))
     for input_tensor, nodes, reason in _regions(graph, trainable):
         names = [n.operation.name for n in nodes]
         if input_tensor is None:

@@ -11,6 +11,8 @@ SAVED_FOR_BACKWARD = {
     "Conv2D": {0: ("in1",), 1: ("in0",)},
     "DepthwiseConv2dNative": {0: ("in1",), 1: ("in0",)},
     "BigConv2D": {0: ("in1",), 1: ("in0",)},
+    "Conv3D": {0: ("in1",), 1: ("in0",)},
+    "BigConv3D": {0: ("in1",), 1: ("in0",)},
     "Conv2DBackpropInput": {1: ("in2",), 2: ("in1",)},  # Conv2DTranspose
     # Training mode (tf.nn.fused_batch_norm, tf.keras 2's BatchNormalization;
     # Keras 3's runs unfused ops, below): the gradient reads x, the scale and

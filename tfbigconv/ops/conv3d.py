@@ -1,14 +1,9 @@
 """bigconv3d: tf.nn.conv3d's interface (plus groups, explicit padding and NCDHW on the
 CPU) on tfbigconv's kernels, whose core is 3-D (a 2-D problem has depth 1)."""
-import numbers
-
-import numpy as np
 import tensorflow as tf
 
 from tfbigconv import _core, arguments, errors, pure_tf
 from tfbigconv._native import ops as native
-
-DATA_FORMATS = ("NDHWC", "NCDHW")
 
 
 @tf.autograph.experimental.do_not_convert
@@ -44,7 +39,7 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
       TensorFlow cannot run the case.
     """
     with tf.name_scope(name or "bigconv3d"):
-        fmt = _data_format(data_format)
+        fmt = arguments.parse_data_format_3d(data_format)
         asked = arguments.requested_algorithm(algorithm)
         workspace_limit = arguments.parse_byte_count(workspace_limit, "workspace_limit", 0)
         input = tf.convert_to_tensor(input, name="input")
@@ -57,9 +52,10 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
                 f"filters dtype {filters.dtype.name} must match input dtype {input.dtype.name}",
                 TypeError)
         filters = tf.convert_to_tensor(filters, dtype=input.dtype, name="filters")
-        strides = _five(strides, "strides", fmt)
-        dilations = _five(1 if dilations is None else dilations, "dilations", fmt)
-        pad, explicit = _padding(padding)
+        strides = arguments.parse_strides(strides, "strides", fmt)
+        dilations = arguments.parse_strides(1 if dilations is None else dilations, "dilations",
+                                            fmt)
+        pad, explicit = arguments.parse_padding(padding, dims=5)
         for t, what in ((input, "input"), (filters, "filters")):
             if t.shape.rank is not None and t.shape.rank != 5:
                 raise arguments.graph_error(
@@ -86,48 +82,6 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
             input=input, filter=filters, strides=strides, padding=pad,
             explicit_paddings=explicit, data_format=fmt, dilations=dilations,
             algorithm=asked, workspace_limit_bytes=int(workspace_limit))
-
-
-def _data_format(value):
-    if value is None:
-        return "NDHWC"
-    if not isinstance(value, str) or value.upper() not in DATA_FORMATS:
-        raise ValueError(f"data_format must be 'NDHWC' or 'NCDHW', got {value!r}")
-    return value.upper()
-
-
-def _five(value, name, fmt):
-    """strides/dilations: an int, or 1, 3 or 5 ints, as 5 in data_format order."""
-    if isinstance(value, np.ndarray) and value.ndim == 1:
-        value = value.tolist()
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or len(value) not in (1, 3, 5):
-        raise ValueError(f"{name} must be an int or a list of 1, 3 or 5 ints, got {value!r}")
-    value = arguments.parse_ints(list(value), name)
-    if len(value) == 1:
-        value = value * 3
-    if len(value) == 3:
-        return [1, *value, 1] if fmt == "NDHWC" else [1, 1, *value]
-    return value
-
-
-def _padding(padding):
-    if isinstance(padding, str):
-        if padding.upper() not in ("SAME", "VALID"):
-            raise ValueError(f"padding must be 'SAME', 'VALID' or a list of 5 [before, after] "
-                             f"pairs, got {padding!r}")
-        return padding.upper(), []
-    try:
-        pairs = [list(p) for p in padding]
-    except TypeError:
-        pairs = None
-    if pairs is None or isinstance(padding, bytes) or len(pairs) != 5 or any(
-            len(p) != 2 for p in pairs):
-        raise ValueError("padding must be 'SAME', 'VALID' or a list of 5 [before, after] pairs "
-                         f"(one per dimension), got {padding!r}")
-    return "EXPLICIT", [arguments.parse_int(v, "explicit padding", 0, arguments.INT32_MAX)
-                        for p in pairs for v in p]
 
 
 def _pairs(flat):

@@ -146,7 +146,9 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
     Arguments follow tf.nn.conv2d (input_shape in data_format order, filter
     HWIO), or bigconv1d for a 1-D input_shape of 3 dimensions (data_format "NWC",
     the default, or "NCW"; filter [width, in, out]; padding "CAUSAL" too), which
-    is shown as bigconv1d runs it: a 2-D convolution of height 1. device: "CPU" or "GPU" (each has its own candidates and cost
+    is shown as bigconv1d runs it: a 2-D convolution of height 1; or bigconv3d
+    for an input_shape of 5 dimensions (data_format "NDHWC", the default, or
+    "NCDHW"; filter DHWIO), whose candidates are our kernels only. device: "CPU" or "GPU" (each has its own candidates and cost
     model; "GPU" needs no GPU here). budget: workspace limit in bytes (None:
     as the ops decide: half of the free host memory on the CPU; on the GPU,
     half of what TensorFlow's allocator can still give, see
@@ -186,8 +188,17 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
             at = 1 if data_format == "NHWC" else 2
             input_shape = input_shape[:at] + [1] + input_shape[at:]
             filter_shape = [1] + filter_shape
-        data_format = arguments.parse_data_format(data_format)
-        pad, explicit = arguments.parse_padding(padding)
+        if len(input_shape) == 5:  # 3-D, as bigconv3d runs it
+            data_format = arguments.parse_data_format_3d(
+                {"NHWC": None, "NCHW": "NCDHW"}.get(data_format, data_format))
+            if autotune is True or xla:
+                raise ValueError("bigconv3d does not autotune (its ops choose between direct "
+                                 "and fft by estimate), and under XLA it is tf.nn.conv3d: "
+                                 "autotune=True and xla=True are for 1-D and 2-D shapes")
+            autotune = False
+        else:
+            data_format = arguments.parse_data_format(data_format)
+        pad, explicit = arguments.parse_padding(padding, dims=len(input_shape))
         attrs = dict(strides=arguments.parse_strides(strides, "strides", data_format), padding=pad,
                      explicit_paddings=explicit, data_format=data_format,
                      dilations=arguments.parse_strides(dilations, "dilations", data_format))

@@ -16,6 +16,10 @@ from tfbigconv import _core, errors, host, kernels
 from tfbigconv.arguments import PASSES  # noqa: F401  (planner.PASSES: the passes planned)
 from tfbigconv.planning import autotune as tuner, tf_rules
 
+# Why TensorFlow's kernel is no candidate of a 3-D pass (explain shows it).
+NO_TF_CANDIDATE_3D = ("bigconv3d's auto weighs only its own kernels (tf.nn.conv3d is "
+                      "algorithm='tf')")
+
 # With an unknown batch (Keras' usual None), passes are planned for this many
 # images: the choice between algorithms depends little on the batch, and a
 # training batch of 32 is Keras' default.
@@ -64,7 +68,10 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
         geometry = _core.conv_geometry(*args)
     except ValueError as e:
         raise errors.invalid_argument(str(e)) from None
-    picked, for_auto, note = tf_rules.tf_kernel(pass_, geometry, attrs, dtype, device)
+    if len(input_shape) == 5:  # bigconv3d: our kernels only (TF_KERNEL_RULES are 2-D)
+        picked, for_auto, note = "", "never", NO_TF_CANDIDATE_3D
+    else:
+        picked, for_auto, note = tf_rules.tf_kernel(pass_, geometry, attrs, dtype, device)
     kernel = kernel or picked
     try:
         p = _core.plan_pass(*args, pass_, dtype, device, algorithm, workspace_limit,
