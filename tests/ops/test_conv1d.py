@@ -211,3 +211,10 @@ def test_nan_and_inf_land_where_tf_puts_them():
     w[10, 0, 2] = np.nan
     got = tfbigconv.bigconv1d(random_case((2, 300, 9), 2), w, 1, "SAME", algorithm="fft").numpy()
     assert np.isnan(got[..., 2]).all() and np.isfinite(got[..., [0, 1, 3]]).all()
+
+
+def test_under_xla_causal():
+    x = random_case((2, 50, 4), 0)
+    w = random_case((9, 1, 4), 1)
+    f = tf.function(lambda x, w: tfbigconv.bigconv1d(x, w, 1, "CAUSAL"), jit_compile=True)
+    assert rel_l2(f(x, w), conv1d_reference(x, w, 1, "CAUSAL")) < 1e-5

@@ -138,3 +138,10 @@ def test_errors_name_the_argument():
     with pytest.raises(tf.errors.ResourceExhaustedError, match="workspace"):
         tfbigconv.bigconv3d(random_case((1, 30, 30, 30, 2), 3), random_case((9, 9, 9, 2, 2), 4),
                             1, "SAME", algorithm="fft", workspace_limit=1000)
+
+
+def test_under_xla_bigconv3d_is_tf_conv3d_with_groups():
+    x = random_case((2, 7, 8, 9, 4), 0)
+    w = random_case((3, 3, 3, 2, 6), 1)
+    f = tf.function(lambda x, w: tfbigconv.bigconv3d(x, w, 1, "SAME"), jit_compile=True)
+    assert rel_l2(f(x, w), conv3d_reference(x, w, padding="SAME")) < 1e-5

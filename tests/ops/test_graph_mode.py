@@ -137,3 +137,26 @@ def test_fuse_linear_on_depthwise_chain(tmp_path):
         report(err=rel(fused(x), model(x)), fused=len(reports))
     """)
     assert r["err"] < 1e-5 and r["fused"] == 1, r
+
+
+def test_tf1_session_bigconv1d_and_bigconv3d_with_placeholders(tmp_path):
+    """The other ranks from a TF1 graph: unknown shapes fed in a Session, a
+    tf.gradients gradient, in a fresh process."""
+    r = run_fresh(tmp_path, """
+        import tfbigconv
+        x3, w3 = np.random.rand(2, 7, 8, 9, 4), np.random.rand(3, 3, 3, 2, 6)
+        x1, w1 = np.random.rand(2, 50, 4), np.random.rand(9, 1, 4)
+        with tf.Graph().as_default():
+            p3 = tf.compat.v1.placeholder(tf.float64, [None, None, None, None, 4])
+            p1 = tf.compat.v1.placeholder(tf.float64, [None, None, 4])
+            y3 = tfbigconv.bigconv3d(p3, w3, 2, "SAME")
+            y1 = tfbigconv.bigconv1d(p1, w1, 1, "CAUSAL")
+            g3 = tf.gradients(tf.reduce_sum(y3 * y3), p3)[0]
+            want3 = tf.nn.conv3d(p3[..., :2], w3[..., :3], [1, 2, 2, 2, 1], "SAME")
+            want1 = tf.nn.depthwise_conv2d(tf.pad(p1, [[0, 0], [8, 0], [0, 0]])[:, None],
+                                           np.reshape(w1, (1, 9, 4, 1)), [1] * 4, "VALID")[:, 0]
+            with tf.compat.v1.Session() as s:
+                a3, b3, a1, c3, c1 = s.run([y3, g3, y1, want3, want1], {p3: x3, p1: x1})
+        report(err3=rel(a3[..., :3], c3), err1=rel(a1, c1), grad_shape=list(b3.shape))
+    """)
+    assert r["err3"] < 1e-12 and r["err1"] < 1e-12 and r["grad_shape"] == [2, 7, 8, 9, 4]
