@@ -77,10 +77,10 @@ __all__ = ["bigconv1d", "bigconv2d", "bigconv3d", "explain", "ALGORITHMS", "conv
 def register_all():
     """Registers everything a model using tfbigconv needs to load; call before loading one.
 
-    That is the custom ops (BigConv2D, BigConv2DBackpropInput,
-    BigConv2DBackpropFilter) for `tf.saved_model.load`, their gradients, and
-    the Keras layers `tfbigconv>BigConv2D`, `tfbigconv>BigDepthwiseConv2D`,
-    `tfbigconv>FusedLinearConv` and `tfbigconv>FusedBiasMap` (fuse_linear's)
+    That is the custom ops (BigConv2D, BigConv3D and their BackpropInput and
+    BackpropFilter ops) for `tf.saved_model.load`, their gradients, and the
+    Keras layers (`tfbigconv>BigConv1D`, ..., `tfbigconv>BigDepthwiseConv3D`,
+    and fuse_linear's `tfbigconv>FusedLinearConv` and `tfbigconv>FusedBiasMap`)
     for `keras.models.load_model`. Importing tfbigconv already does all this
     (and fails with ImportError, saying what to rebuild, when the ops were
     built against another TensorFlow); the call makes a serving script's

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfbigconv
 from tfbigconv.keras import BigConv2D, BigDepthwiseConv2D
 from conftest import TESTS_DIR, random_case, run_python
 
@@ -113,3 +114,34 @@ def test_files_saved_by_an_earlier_version_load(tmp_path):
     """, cwd=str(tmp_path))
     errors = [float(v) for v in out.split("ERRORS")[1].split()]
     assert len(errors) == 3 and max(errors) < TOL, errors
+
+
+@pytest.mark.native
+def test_1d_and_3d_layers_export_and_load_in_fresh_process(tmp_path):
+    """A SavedModel with BigConv1D and BigDepthwiseConv3D serves, gradients included,
+    in a process that only imports tfbigconv."""
+    keras.utils.set_random_seed(1)
+    inp1, inp3 = keras.Input((64, 2)), keras.Input((10, 11, 12, 2))
+    h1 = keras.layers.GlobalAveragePooling1D()(
+        tfbigconv.keras.BigConv1D(3, 17, padding="causal")(inp1))
+    h3 = keras.layers.GlobalAveragePooling3D()(
+        tfbigconv.keras.BigDepthwiseConv3D(5, padding="same", depth_multiplier=2)(inp3))
+    model = keras.Model([inp1, inp3], keras.layers.Concatenate()([h1, h3]))
+    x1, x3 = random_case((2, 64, 2), 2), random_case((2, 10, 11, 12, 2), 3)
+    model.export(str(tmp_path / "sm"), verbose=False)
+    np.savez(tmp_path / "d.npz", x1=x1, x3=x3, out=model([x1, x3]).numpy())
+    out = run_python(f"""
+        import numpy as np, tensorflow as tf, tfbigconv
+        tfbigconv.register_all()
+        d = np.load("d.npz")
+        loaded = tf.saved_model.load("sm")
+        x3 = tf.constant(d["x3"])
+        with tf.GradientTape() as tape:
+            tape.watch(x3)
+            out = loaded.serve([tf.constant(d["x1"]), x3])
+        grad = tape.gradient(out, x3)
+        err = np.linalg.norm(out.numpy() - d["out"]) / np.linalg.norm(d["out"])
+        assert err < {TOL} and grad.shape == x3.shape and np.isfinite(grad.numpy()).all(), err
+        print("ok", err)
+    """, cwd=tmp_path)
+    assert out.startswith("ok")
