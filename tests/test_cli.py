@@ -48,6 +48,9 @@ def test_cli_explain_3d():
     r = run(["-m", "tfbigconv", "explain", "--input", "1,10,11,12,2", "--filter", "3,3,3,2,4",
              "--autotune"])
     assert r.returncode == 2 and "autotune" in r.stderr
+    r = run(["-m", "tfbigconv", "explain", "--input", "1,10,11,12,2", "--filter", "3,3,3,2,4",
+             "--device", "GPU"])
+    assert r.returncode == 2 and "CPU only" in r.stderr
 
 
 def test_cli_explain_gpu():

@@ -68,12 +68,11 @@ def spatial_dims(data_format):
 
 
 def parse_data_format_3d(value):
-    """"NDHWC" or "NCDHW" (None: "NDHWC", as tf.nn.conv3d reads it); ValueError as
-    tf.nn.conv3d raises."""
+    """"NDHWC" or "NCDHW" (None: "NDHWC", as tf.nn.conv3d reads it)."""
     if value is None:
         return "NDHWC"
     if not isinstance(value, str) or value.upper() not in DATA_FORMATS_3D:
-        raise ValueError(f"data_format must be 'NDHWC' or 'NCDHW', got {value!r}")
+        raise graph_error(f"data_format must be 'NDHWC' or 'NCDHW', got {value!r}")
     return value.upper()
 
 

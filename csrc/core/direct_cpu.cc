@@ -86,11 +86,11 @@ Layout MakeLayout(const ConvGeometry& g3, const KernelTable<T>& kt, int workers)
   const int64_t L = kt.lanes, cog = g.out_c_per_group(), cig = g.in_c_per_group();
   l.lanes = L;
   // One output channel per group, channels last, and a vector's worth of
-  // groups (depthwise filters in NHWC, in all three passes): vectors run
+  // groups (depthwise filters in NHWC or NDHWC, in all three passes): vectors run
   // along the groups, whose channels sit side by side. The other kernels
   // pack one group at a time, a value per cache line there, and ran a 3x3
   // depthwise forward at a fifth of their model's rate.
-  l.b.group_vectors = cog == 1 && g.groups >= L && g.data_format == DataFormat::kNHWC;
+  l.b.group_vectors = cog == 1 && g.groups >= L && ChannelsLast(g.data_format);
   // Two channel vectors per tile keep loads under FMAs; below that the
   // column kernel (C=4: 6 loads per 24 FMAs) does better than one vector,
   // except on outputs at most half a vector wide (filter gradients of small

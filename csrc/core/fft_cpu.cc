@@ -352,8 +352,8 @@ class FftRunner {
     const T limit = x_limit_;
     bool safe = true;
     // (At height and depth 1 the window's one row is input row ih0 of slice
-    // 0: r_lo and z_lo are 0 here.)
-    const bool one_row = OneRow() && uw == 1 && ih0 % uh == 0;
+    // id0: r_lo and z_lo are 0 here.)
+    const bool one_row = OneRow() && uw == 1 && ih0 % uh == 0 && id0 % ud == 0;
     if (one_row) {
       // One row per plane, as long as the input can be: in short column blocks
       // across the block, where the planes' values share cache lines.
@@ -362,7 +362,7 @@ class FftRunner {
         T* row = st + p * Plane();
         std::fill(row, row + c_lo, T(0));
         std::fill(row + c_hi, row + fw, T(0));
-        s0[p] = src[p] + (ih0 / uh) * iv_.h + (iw0 + c_lo) * iv_.w;
+        s0[p] = src[p] + (id0 / ud) * iv_.d + (ih0 / uh) * iv_.h + (iw0 + c_lo) * iv_.w;
       }
       for (int64_t c0 = 0; c0 < c_hi - c_lo; c0 += kColumnBlock)
         for (int64_t p = 0; p < np; ++p) {

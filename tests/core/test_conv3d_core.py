@@ -38,6 +38,13 @@ CASES = [  # input NDHWC, filter DHWIO, strides, dilations, padding, explicit pa
     ((1, 10, 10, 10, 6), (5, 5, 5, 1, 6), (1, 1, 1), (1, 1, 1), "SAME", None),   # depthwise
     ((1, 6, 7, 5, 2), (6, 2, 2, 2, 2), (3, 1, 1), (1, 1, 1), "VALID", None),     # deep filter
     ((2, 1, 13, 12, 3), (1, 5, 4, 3, 2), (1, 1, 1), (1, 1, 1), "SAME", None),     # depth 1
+    # height and depth 1 in the filter, deep input: the FFT's one-row path per slice
+    ((1, 4, 1, 64, 1), (1, 1, 9, 1, 1), (1, 1, 1), (1, 1, 1), "VALID", None),
+    ((2, 5, 1, 40, 2), (1, 1, 9, 2, 3), (2, 1, 1), (1, 1, 1), "SAME", None),
+    ((1, 4, 1, 64, 1), (4, 1, 33, 1, 1), (1, 1, 1), (1, 1, 1), "VALID", None),
+    ((1, 5, 6, 7, 2), (1, 1, 1, 2, 2), (1, 1, 1), (1, 1, 1), "VALID", None),      # 1x1x1
+    # 16 groups of one channel, NDHWC: the direct kernel's group vectors
+    ((2, 6, 7, 9, 16), (3, 3, 3, 1, 16), (1, 1, 2), (1, 2, 1), "SAME", None),
 ]
 
 

@@ -121,7 +121,7 @@ def test_algorithm_tf_is_tf_nn_conv3d_where_tensorflow_runs_it():
 def test_errors_name_the_argument():
     x = random_case((1, 6, 6, 6, 2), 0)
     w = random_case((3, 3, 3, 2, 2), 1)
-    with pytest.raises(ValueError, match="data_format"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="data_format"):  # ValueError in graphs
         tfbigconv.bigconv3d(x, w, 1, "SAME", "NHWC")
     with pytest.raises(ValueError, match="strides"):
         tfbigconv.bigconv3d(x, w, [1, 1], "SAME")
@@ -145,3 +145,31 @@ def test_under_xla_bigconv3d_is_tf_conv3d_with_groups():
     w = random_case((3, 3, 3, 2, 6), 1)
     f = tf.function(lambda x, w: tfbigconv.bigconv3d(x, w, 1, "SAME"), jit_compile=True)
     assert rel_l2(f(x, w), conv3d_reference(x, w, padding="SAME")) < 1e-5
+
+
+def test_algorithm_tf_with_unknown_shapes():
+    w = random_case((3, 3, 3, 2, 2), 1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 6, 6, 6, 2], tf.float32)])
+    def f(x):
+        return tfbigconv.bigconv3d(x, w, 1, "SAME", algorithm="tf")
+
+    x = random_case((2, 6, 6, 6, 2), 0)
+    assert rel_l2(f(x), tf.nn.conv3d(x, w, [1] * 5, "SAME")) < 1e-6
+
+
+@pytest.mark.parametrize("fmt", ["NDHWC", "NCDHW"])
+def test_under_xla_explicit_padding_and_layouts(fmt):
+    """The pure-TF path pads explicitly and transposes NCDHW around tf.nn.conv3d."""
+    x = random_case((2, 6, 7, 8, 4), 2)
+    w = random_case((3, 2, 3, 2, 4), 3)
+    pads = ((1, 0), (2, 1), (0, 3))
+    xin = np.ascontiguousarray(x.transpose(0, 4, 1, 2, 3)) if fmt == "NCDHW" else x
+    pairs = [[0, 0], *pads, [0, 0]] if fmt == "NDHWC" else [[0, 0], [0, 0], *pads]
+    f = tf.function(lambda x, w: tfbigconv.bigconv3d(x, w, [1, 2, 1], pairs, fmt),
+                    jit_compile=True)
+    got = f(xin, w)
+    if fmt == "NCDHW":
+        got = tf.transpose(got, (0, 2, 3, 4, 1))
+    ref = conv3d_reference(x, w, (1, 2, 1), "EXPLICIT", (1, 1, 1), "NDHWC", pads)
+    assert rel_l2(got, ref) < 1e-5

@@ -61,7 +61,6 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
                 raise arguments.graph_error(
                     f"{what} must be rank 5, got rank {t.shape.rank}: shape {t.shape}")
         in_shape, f_shape = _static(input.shape), _static(filters.shape)
-        groups = None
         if pure_tf.missing_library is None:
             try:
                 _core.validate_attrs(strides, pad, explicit, fmt, dilations)
@@ -69,23 +68,37 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
                     _core.conv_geometry(in_shape, f_shape, strides, pad, explicit, fmt, dilations)
             except ValueError as e:
                 raise arguments.graph_error(str(e)) from None
-        if in_shape is not None and f_shape is not None:
-            groups = in_shape[4 if fmt == "NDHWC" else 1] // max(f_shape[3], 1)
         if asked == "tf" or pure_tf.active():
-            if asked == "tf" and (groups != 1 or any(d != 1 for d in dilations)):
-                raise errors.invalid_argument(
-                    "algorithm 'tf' runs tf.nn.conv3d, whose CPU kernel takes neither groups "
-                    f"nor dilations: this case has groups {groups} and dilations {dilations}")
-            return tf.nn.conv3d(input, filters, strides, pad if pad != "EXPLICIT" else
-                                _pairs(explicit), fmt, dilations)
+            return _tf_conv3d(input, filters, strides, pad, explicit, fmt, dilations,
+                              check=asked == "tf")
         return native.big_conv3d(
             input=input, filter=filters, strides=strides, padding=pad,
             explicit_paddings=explicit, data_format=fmt, dilations=dilations,
             algorithm=asked, workspace_limit_bytes=int(workspace_limit))
 
 
-def _pairs(flat):
-    return [flat[i:i + 2] for i in range(0, len(flat), 2)]
+def _tf_conv3d(x, w, strides, pad, explicit, fmt, dilations, check):
+    """tf.nn.conv3d for algorithm "tf" (check: refuse what TF's CPU kernel cannot run,
+    where the static channels tell) and for the pure-TF path (XLA runs groups and
+    dilations; explicit padding becomes tf.pad, and NCDHW a transpose, which TF's CPU
+    kernel needs)."""
+    channels = x.shape[4 if fmt == "NDHWC" else 1] if x.shape.rank == 5 else None
+    f_in = w.shape[3] if w.shape.rank == 5 else None
+    groups = channels // f_in if channels is not None and f_in else None
+    if check and ((groups is not None and groups != 1) or any(d != 1 for d in dilations)):
+        raise errors.invalid_argument(
+            "algorithm 'tf' runs tf.nn.conv3d, whose CPU kernel takes neither groups nor "
+            f"dilations: this case has groups {groups} and dilations {dilations}")
+    if fmt == "NCDHW":
+        x = tf.transpose(x, [0, 2, 3, 4, 1])
+        strides = [strides[0], *strides[2:], strides[1]]
+        dilations = [dilations[0], *dilations[2:], dilations[1]]
+        explicit = explicit[:2] + explicit[4:] + explicit[2:4] if explicit else explicit
+    if pad == "EXPLICIT":
+        x = tf.pad(x, [explicit[i:i + 2] for i in range(0, 10, 2)])
+        pad = "VALID"
+    y = tf.nn.conv3d(x, w, strides, pad, "NDHWC", dilations)
+    return tf.transpose(y, [0, 4, 1, 2, 3]) if fmt == "NCDHW" else y
 
 
 def _static(shape):

@@ -68,7 +68,10 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
         geometry = _core.conv_geometry(*args)
     except ValueError as e:
         raise errors.invalid_argument(str(e)) from None
-    if len(input_shape) == 5:  # bigconv3d: our kernels only (TF_KERNEL_RULES are 2-D)
+    if len(input_shape) == 5:  # bigconv3d: our CPU kernels only (TF_KERNEL_RULES are 2-D)
+        if device == "GPU":
+            raise errors.invalid_argument("3-D convolutions run on the CPU only (bigconv3d's "
+                                          "ops have no GPU kernels): device must be 'CPU'")
         picked, for_auto, note = "", "never", NO_TF_CANDIDATE_3D
     else:
         picked, for_auto, note = tf_rules.tf_kernel(pass_, geometry, attrs, dtype, device)
