@@ -195,6 +195,7 @@ def test_errors_name_the_argument():
         unknown_width(w)
 
 
+@pytest.mark.native  # the pure-TF FFT spreads a NaN over its whole transform
 def test_nan_and_inf_land_where_tf_puts_them():
     """The 1-D FFT path stages whole rows at once; a NaN or Inf in the input or the
     filter still reaches exactly the outputs tf.nn.conv1d gives it."""

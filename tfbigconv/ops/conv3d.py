@@ -30,7 +30,8 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
         host memory. ResourceExhaustedError, stating the minimum, if nothing fits.
 
     The ops run on the CPU (a GPU placement runs them on the CPU); under XLA or
-    without the compiled library the convolution is tf.nn.conv3d.
+    without the compiled library the convolution is tf.nn.conv3d (one per group
+    outside XLA, whose CPU kernel has no groups).
 
     Raises:
       ValueError for the form of an argument; for what the shapes get wrong,
@@ -79,9 +80,9 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
 
 def _tf_conv3d(x, w, strides, pad, explicit, fmt, dilations, check):
     """tf.nn.conv3d for algorithm "tf" (check: refuse what TF's CPU kernel cannot run,
-    where the static channels tell) and for the pure-TF path (XLA runs groups and
-    dilations; explicit padding becomes tf.pad, and NCDHW a transpose, which TF's CPU
-    kernel needs)."""
+    where the static channels tell) and for the pure-TF path: explicit padding becomes
+    tf.pad and NCDHW a transpose, which TF's CPU kernel needs, and outside XLA (whose
+    convolution has groups) a grouped filter runs one tf.nn.conv3d per group."""
     channels = x.shape[4 if fmt == "NDHWC" else 1] if x.shape.rank == 5 else None
     f_in = w.shape[3] if w.shape.rank == 5 else None
     groups = channels // f_in if channels is not None and f_in else None
@@ -97,7 +98,21 @@ def _tf_conv3d(x, w, strides, pad, explicit, fmt, dilations, check):
     if pad == "EXPLICIT":
         x = tf.pad(x, [explicit[i:i + 2] for i in range(0, 10, 2)])
         pad = "VALID"
-    y = tf.nn.conv3d(x, w, strides, pad, "NDHWC", dilations)
+    # oneDNN's Conv3D returns its input for an empty batch (TF 2.21), as its Conv2D
+    # does (pure_tf.conv2d): a batch that may be empty gets a zero image more.
+    batch = tf.compat.dimension_value(x.shape[0]) if x.shape.rank else None
+    extra = not pure_tf.in_xla() and batch in (None, 0)
+    if extra:
+        x = tf.concat([x, tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)], 0)
+    if groups is not None and groups > 1 and not pure_tf.in_xla():
+        # TF's CPU Conv3D has no groups (XLA's convolution has): one call per group.
+        xs, ws = tf.split(x, groups, axis=4), tf.split(w, groups, axis=4)
+        y = tf.concat([tf.nn.conv3d(a, b, strides, pad, "NDHWC", dilations)
+                       for a, b in zip(xs, ws)], axis=4)
+    else:
+        y = tf.nn.conv3d(x, w, strides, pad, "NDHWC", dilations)
+    if extra:
+        y = y[:-1]
     return tf.transpose(y, [0, 4, 1, 2, 3]) if fmt == "NCDHW" else y
 
 
