@@ -176,3 +176,13 @@ def test_under_xla_explicit_padding_and_layouts(fmt):
         got = tf.transpose(got, (0, 2, 3, 4, 1))
     ref = conv3d_reference(x, w, (1, 2, 1), "EXPLICIT", (1, 1, 1), "NDHWC", pads)
     assert rel_l2(got, ref) < 1e-5
+
+
+@pytest.mark.native  # the pure-TF path is tf.nn.conv3d, which runs on the GPU
+def test_a_gpu_placement_warns_that_the_ops_run_on_the_cpu(gpu_host, monkeypatch):
+    from tfbigconv.ops import conv3d
+    monkeypatch.setattr(conv3d, "_warned", [])
+    x, w = random_case((1, 5, 5, 5, 2), 0), random_case((3, 3, 3, 2, 2), 1)
+    with pytest.warns(RuntimeWarning, match="no GPU kernels"):
+        y = tfbigconv.bigconv3d(x, w, 1, "SAME")  # still computed, on the CPU
+    assert rel_l2(y, conv3d_reference(x, w, padding="SAME")) < 1e-4

@@ -1,8 +1,10 @@
 """bigconv3d: tf.nn.conv3d's interface (plus groups, explicit padding and NCDHW on the
 CPU) on tfbigconv's kernels, whose core is 3-D (a 2-D problem has depth 1)."""
+import warnings
+
 import tensorflow as tf
 
-from tfbigconv import _core, arguments, errors, pure_tf
+from tfbigconv import _core, arguments, errors, host, pure_tf
 from tfbigconv._native import ops as native
 
 
@@ -29,7 +31,8 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
       workspace_limit: FFT workspace budget in bytes; 0 means half of the free
         host memory. ResourceExhaustedError, stating the minimum, if nothing fits.
 
-    The ops run on the CPU (a GPU placement runs them on the CPU); under XLA or
+    The ops run on the CPU (where the op would run on a GPU, they run on the CPU and
+    a RuntimeWarning says so once per process); under XLA or
     without the compiled library the convolution is tf.nn.conv3d (one per group
     outside XLA, whose CPU kernel has no groups).
 
@@ -72,10 +75,24 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
         if asked == "tf" or pure_tf.active():
             return _tf_conv3d(input, filters, strides, pad, explicit, fmt, dilations,
                               check=asked == "tf")
+        if host.resolve_device(input) == "GPU":
+            _warn_cpu_only()
         return native.big_conv3d(
             input=input, filter=filters, strides=strides, padding=pad,
             explicit_paddings=explicit, data_format=fmt, dilations=dilations,
             algorithm=asked, workspace_limit_bytes=int(workspace_limit))
+
+
+_warned = []
+
+
+def _warn_cpu_only():
+    """Said once per process: a GPU user would not expect the CPU."""
+    if not _warned:
+        _warned.append(True)
+        warnings.warn("tfbigconv: bigconv3d runs on the CPU: its ops have no GPU kernels yet. "
+                      "algorithm='tf' runs tf.nn.conv3d, which runs on the GPU.",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _tf_conv3d(x, w, strides, pad, explicit, fmt, dilations, check):
