@@ -9,7 +9,8 @@
 // FRESH=1 allocates the workspace anew for every call (as TF's allocator
 // does above glibc's 32 MiB mmap threshold). L=length times the 1-D causal case
 // x (N, 1, L, C) x w (1, K, CI, C) instead (issue 38's Hyena case: N=8 L=16384
-// C=256 K=16384).
+// C=256 K=16384). D=depth times the 3-D case x (N, D, H, H, C) x w (K, K, K, CI, C)
+// in NDHWC (issue 38's depthwise 21^3: N=2 D=48 H=48 C=64 K=21).
 //
 // Build (after pip install, which leaves the static core library) and run:
 //   g++ -std=c++17 -O2 -Icsrc/core benchmarks/fft_cpu_passes.cc \
@@ -51,10 +52,18 @@ int main(int argc, char** argv) {
     a.padding = Padding::kExplicit;
     a.explicit_paddings = {0, 0, 0, 0, K - 1, 0, 0, 0};
   }
-  std::string err = L > 0 ? ComputeConvGeometry({N, 1, L, C}, {1, K, CI, C}, a, &g)
-                          : ComputeConvGeometry({N, H, H, C}, {K, K, CI, C}, a, &g);
+  // D=depth: the 3-D case x (N, D, H, H, C), w (K, K, K, CI, C) in NDHWC instead.
+  const int64_t D = getenv("D") ? atoll(getenv("D")) : 0;
+  if (D > 0) {
+    ParseDataFormat("NDHWC", &a.data_format);
+    a.strides = a.dilations = {1, 1, 1, 1, 1};
+  }
+  std::string err = L > 0   ? ComputeConvGeometry({N, 1, L, C}, {1, K, CI, C}, a, &g)
+                    : D > 0 ? ComputeConvGeometry({N, D, H, H, C}, {K, K, K, CI, C}, a, &g)
+                            : ComputeConvGeometry({N, H, H, C}, {K, K, CI, C}, a, &g);
   if (!err.empty()) { fprintf(stderr, "%s\n", err.c_str()); return 1; }
-  std::vector<float> x(L > 0 ? N * L * C : N * H * H * C), w(L > 0 ? K * CI * C : K * K * CI * C), y(g.output_elements()), out(std::max(x.size(), w.size()) * 2);
+  std::vector<float> x(L > 0 ? N * L * C : N * std::max<int64_t>(D, 1) * H * H * C),
+      w(L > 0 ? K * CI * C : K * K * (D > 0 ? K : 1) * CI * C), y(g.output_elements()), out(std::max(x.size(), w.size()) * 2);
   std::mt19937 rng(0);
   std::normal_distribution<float> nd;
   for (float& v : x) v = nd(rng);

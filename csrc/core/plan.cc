@@ -44,6 +44,10 @@ int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& 
   // Planes of height 1 (1-D problems) are transformed as the rows of one call,
   // which ducc0 vectorises across: a full block whatever their size.
   if (p.fft_h == 1 && p.fft_d == 1) return std::max<int64_t>(1, std::min(kMaxStagePlanes, most));
+  // Volumes (3-D) never fit L2, one or many: a full block, so that the block's
+  // channels share the tensor's cache lines where they are staged and written
+  // back (one plane at a time read 4 bytes of every 64-byte line).
+  if (p.fft_d > 1) return std::max<int64_t>(1, std::min(kMaxStagePlanes, most));
   return std::max<int64_t>(1, std::min({kMaxStagePlanes2D, most, kStageBytes / std::max<int64_t>(1, plane)}));
 }
 

@@ -60,8 +60,9 @@ struct FftPlan {
 
 // The most planes FftPlan::stage_planes may hold: 16 float32 channels fill a
 // pixel's cache line. Plans of height 1 (1-D problems) take up to 16, whose
-// rows ducc0 transforms together; others up to 8, whose planes' rows are
-// staged together within about 384 KiB (plan.cc, kStageBytes).
+// rows ducc0 transforms together, and so do 3-D volumes; 2-D plans up to 8,
+// whose planes' rows are staged together within about 384 KiB (plan.cc,
+// kStageBytes).
 constexpr int64_t kMaxStagePlanes = 16;
 constexpr int64_t kMaxStagePlanes2D = 8;
 
