@@ -652,3 +652,21 @@ def test_max_batch_size_says_why_when_not_even_one_example_fits(eigen_kernels):
     line = next(line for line in r.advice if line.startswith("largest batch within 5.0 GiB"))
     assert line.startswith("largest batch within 5.0 GiB: none, not even batch 1 fits")
     assert r.max_batch_size(8 << 30) > 0  # no warning where a batch fits
+
+
+def test_bigconv3d_workspace_is_its_plan():
+    """A BigDepthwiseConv3D layer's workspace is the plan its CPU kernels run (TF's
+    Conv3D workspace is not modelled)."""
+    model = keras.Sequential([keras.Input((16, 16, 16, 4)),
+                              tfbigconv.keras.BigDepthwiseConv3D(9, padding="same", name="dw"),
+                              keras.layers.GlobalAveragePooling3D()])
+    report = tfbigconv.memory_report(model, 2, advice=False)
+    row = [line for line in str(report).splitlines() if line.startswith("|   BigConv3D")]
+    assert row, str(report)
+    tf_ws, big_ws = [c.strip() for c in row[0].strip(" |").split("|")[-2:]]
+    assert tf_ws == "0 B / 0 B" and big_ws != "0 B / 0 B", row[0]
+    # the same plan explain shows for the forward pass
+    fwd = tfbigconv.explain([2, 16, 16, 16, 4], [9, 9, 9, 1, 4], padding="SAME")
+    chosen = [r for r in fwd.rows if r.chosen and r.pass_ == "forward"][0]
+    from tfbigconv.memory.rules import fmt_bytes
+    assert big_ws.startswith(fmt_bytes(chosen.workspace_bytes)), (big_ws, chosen)

@@ -87,7 +87,7 @@ NO_GRADIENT = ("Shape", "ShapeN", "Size", "Rank", "StopGradient", "PreventGradie
                 "RandomStandardNormal", "StatelessRandomUniformV2", "StatelessRandomNormalV2",
                 "BroadcastGradientArgs", "AssignVariableOp", "AssignAddVariableOp",
                 "AssignSubVariableOp", "NoOp", "Const", "Placeholder", "VarHandleOp")
-CONVS = ("Conv2D", "DepthwiseConv2dNative", "BigConv2D", "Conv2DBackpropInput")
+CONVS = ("Conv2D", "DepthwiseConv2dNative", "BigConv2D", "Conv2DBackpropInput", "BigConv3D")
 # max_batch_size keeps this fraction of the simulated peak in reserve: the
 # simulation has been 17% under measured peaks on the CPU (a ResNet-style
 # model at batch 15; benchmarks/RESULTS.md).

@@ -50,7 +50,8 @@ class ConvPlans:
         if key not in self.cache:
             g = self.geometry(op, batch)
             out = {p: 0 for p in planner.PASSES}
-            if g is not None:
+            # TF's Conv3D workspace is not modelled: 0 for the 3-D ops.
+            if g is not None and op.type != "BigConv3D":
                 # The CPU planner's estimate of TF's kernel: the gradient kernels'
                 # col_buffer (plan.cc, TfColBufferImages). On the GPU, cuDNN's
                 # workspace is estimated, unmeasured, as one image's patch matrix
@@ -118,9 +119,34 @@ class ConvPlans:
     def _tf_name(op):
         return "tf.DepthwiseConv2dNative" if op.type == "DepthwiseConv2dNative" else "tf.Conv2D"
 
+    def bigconv3d(self, op, batch):
+        """{pass: (algorithm, bytes, note)} of a BigConv3D op: the plan its kernels
+        run, on the CPU (no TF candidate in 3-D; no GPU kernels)."""
+        key = ("big3d", op.name, batch)
+        if key not in self.cache:
+            g, a = self.geometry(op, batch), op.tf_op
+            algorithm = decode(a.get_attr("algorithm"))
+            limit = int(a.get_attr("workspace_limit_bytes"))
+            out = {}
+            for p in planner.PASSES:
+                if g is None:
+                    out[p] = ("auto", 0, "shape unknown: planned at run time")
+                    continue
+                try:
+                    plan = planner.plan(p, *g[:3], g[3], algorithm, limit, "CPU")
+                except tf.errors.ResourceExhaustedError as e:
+                    out[p] = (algorithm, 0, e.message)
+                    continue
+                note = "runs on the CPU: host memory" if self.device == "GPU" else ""
+                out[p] = (plan["chosen"], plan[plan["chosen"]]["workspace_bytes"], note)
+            self.cache[key] = out
+        return self.cache[key]
+
     def runs(self, op, batch, convert):
         """{pass: (algorithm, bytes, note)} of what runs for op; convert: as
         tfbigconv's BigConv2D (auto, no limit) instead of TF's kernel."""
+        if op.type == "BigConv3D":
+            return self.bigconv3d(op, batch)
         if op.type == "BigConv2D":
             a = op.tf_op
             return self.bigconv(op, batch, decode(a.get_attr("algorithm")),
