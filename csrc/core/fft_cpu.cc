@@ -376,32 +376,32 @@ class FftRunner {
     }
     // Slice by slice, row by row across the block: the planes' rows share cache lines.
     for (int64_t z = 0; z < (one_row ? 0 : z_hi - z_lo); ++z) {
-     const int64_t vz = id0 + z_lo + z;
-     for (int64_t r = 0; r < r_hi - r_lo; ++r) {
-      const int64_t vr = ih0 + r_lo + r;
-      for (int64_t p = 0; p < np; ++p) {
-        T* row = st + p * Plane() + z * Slice() + r * fw;
-        std::fill(row, row + fw, T(0));
-        if (vr % uh != 0 || vz % ud != 0) continue;
-        const S* s = src[p] + (vz / ud) * iv_.d + (vr / uh) * iv_.h;
-        if (uw == 1) {
-          const S* s0 = s + (iw0 + c_lo) * iv_.w;
-          for (int64_t c = 0; c < c_hi - c_lo; ++c) {
-            const T v = Load<T>(s0[c * iv_.w]);
-            row[c_lo + c] = v;
-            safe &= std::abs(v) <= limit;
-          }
-        } else {
-          for (int64_t c = c_lo; c < c_hi; ++c) {
-            const int64_t vc = iw0 + c;
-            if (vc % uw != 0) continue;
-            const T v = Load<T>(s[(vc / uw) * iv_.w]);
-            row[c] = v;
-            safe &= std::abs(v) <= limit;
+      const int64_t vz = id0 + z_lo + z;
+      for (int64_t r = 0; r < r_hi - r_lo; ++r) {
+        const int64_t vr = ih0 + r_lo + r;
+        for (int64_t p = 0; p < np; ++p) {
+          T* row = st + p * Plane() + z * Slice() + r * fw;
+          std::fill(row, row + fw, T(0));
+          if (vr % uh != 0 || vz % ud != 0) continue;
+          const S* s = src[p] + (vz / ud) * iv_.d + (vr / uh) * iv_.h;
+          if (uw == 1) {
+            const S* s0 = s + (iw0 + c_lo) * iv_.w;
+            for (int64_t c = 0; c < c_hi - c_lo; ++c) {
+              const T v = Load<T>(s0[c * iv_.w]);
+              row[c_lo + c] = v;
+              safe &= std::abs(v) <= limit;
+            }
+          } else {
+            for (int64_t c = c_lo; c < c_hi; ++c) {
+              const int64_t vc = iw0 + c;
+              if (vc % uw != 0) continue;
+              const T v = Load<T>(s[(vc / uw) * iv_.w]);
+              row[c] = v;
+              safe &= std::abs(v) <= limit;
+            }
           }
         }
       }
-     }
     }
     if (!safe) {
       unsafe_[slot].store(true, std::memory_order_relaxed);

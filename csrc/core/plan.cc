@@ -103,62 +103,62 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
   std::vector<FftPlan> fits;
   const CostModel m = ActiveCostModel();
   for (const TileCandidate& d : ds) {
-   for (const TileCandidate& h : hs) {
-    for (const TileCandidate& w : ws) {
-      for (int64_t cib : blocks) {
-        FftPlan p;
-        p.tile_d = d.tile;
-        p.fft_d = d.fft;
-        p.tile_h = h.tile;
-        p.fft_h = h.fft;
-        p.tile_w = w.tile;
-        p.fft_w = w.fft;
-        p.workers = workers;
-        p.ci_block = cib;
-        p.chunk = 1;
-        p.stage_planes = 1;
-        FillFftWorkspace(g, dtype, &p);
-        min_needed = std::min(min_needed, p.workspace_bytes);
-        if (p.workspace_bytes > limit) continue;
-        const int64_t per_item = std::max<int64_t>(1, p.item_spectra_bytes);  // 0: no channels
-        const int64_t fit = 1 + (limit - p.workspace_bytes) / per_item;
-        // Each group of an item is transformed and mixed on its own: many
-        // groups keep the threads busy with fewer items.
-        const int64_t target =
-            std::max<int64_t>(CeilDiv(kMinChunk, g.groups), kChunkTargetBytes / per_item);
-        p.chunk = std::max<int64_t>(1, std::min({p.items, fit, target}));
-        FillFftWorkspace(g, dtype, &p);
-        // Cost: transform and channel-mixing flops, and bytes moved through
-        // memory, weighted by the calibrated model.
-        // In 3-D: rows and columns per staged slice, then one depth transform
-        // per (row, bin) of the volume (none in 2-D: fft_d = 1).
-        const double bw = double(p.bins_w()), bins = double(p.bins());
-        const double slab = double(p.fft_h) * bw * ComplexFftFlops(p.fft_d);
-        const double in_slices = double(std::min(p.fft_d, (p.tile_d - 1) * g.stride_d + eff_d));
-        const double in_rows = double(std::min(p.fft_h, (p.tile_h - 1) * g.stride_h + eff_h));
-        const double fwd = cin * (in_slices * (in_rows * 0.5 * ComplexFftFlops(p.fft_w) +
-                                               bw * ComplexFftFlops(p.fft_h)) + slab);
-        const double inv = cout * (slab + p.tile_d * (bw * ComplexFftFlops(p.fft_h) +
-                                                      p.tile_h * 0.5 * ComplexFftFlops(p.fft_w)));
-        const double mix = cig * cout * bins * 8.0;
-        const double chunks = double(CeilDiv(p.items, p.chunk));
-        // With several reduction blocks the filter spectra are redone per chunk.
-        const double filt = cig * cout * (eff_d * (eff_h * 0.5 * ComplexFftFlops(p.fft_w) +
-                                                   bw * ComplexFftFlops(p.fft_h)) + slab) *
-                            (p.ci_blocks(g) > 1 ? chunks : 1.0);
-        // Fused mixing reads every filter spectrum once per item instead.
-        const double filter_reads = p.fused_mix ? double(p.items) : chunks * p.ci_blocks(g);
-        const double bytes = filter_reads * double(p.filter_spectra_bytes) +
-                             3.0 * double(p.items) * double(p.item_spectra_bytes);
-        p.transform_flops = double(p.items) * (fwd + inv) + filt;
-        p.mix_flops = double(p.items) * mix;
-        p.bytes = bytes;
-        p.cost = m.fft_seconds_per_transform_flop * p.transform_flops +
-                 m.fft_seconds_per_mix_flop * p.mix_flops + m.fft_seconds_per_byte * p.bytes;
-        fits.push_back(p);
+    for (const TileCandidate& h : hs) {
+      for (const TileCandidate& w : ws) {
+        for (int64_t cib : blocks) {
+          FftPlan p;
+          p.tile_d = d.tile;
+          p.fft_d = d.fft;
+          p.tile_h = h.tile;
+          p.fft_h = h.fft;
+          p.tile_w = w.tile;
+          p.fft_w = w.fft;
+          p.workers = workers;
+          p.ci_block = cib;
+          p.chunk = 1;
+          p.stage_planes = 1;
+          FillFftWorkspace(g, dtype, &p);
+          min_needed = std::min(min_needed, p.workspace_bytes);
+          if (p.workspace_bytes > limit) continue;
+          const int64_t per_item = std::max<int64_t>(1, p.item_spectra_bytes);  // 0: no channels
+          const int64_t fit = 1 + (limit - p.workspace_bytes) / per_item;
+          // Each group of an item is transformed and mixed on its own: many
+          // groups keep the threads busy with fewer items.
+          const int64_t target =
+              std::max<int64_t>(CeilDiv(kMinChunk, g.groups), kChunkTargetBytes / per_item);
+          p.chunk = std::max<int64_t>(1, std::min({p.items, fit, target}));
+          FillFftWorkspace(g, dtype, &p);
+          // Cost: transform and channel-mixing flops, and bytes moved through
+          // memory, weighted by the calibrated model.
+          // In 3-D: rows and columns per staged slice, then one depth transform
+          // per (row, bin) of the volume (none in 2-D: fft_d = 1).
+          const double bw = double(p.bins_w()), bins = double(p.bins());
+          const double slab = double(p.fft_h) * bw * ComplexFftFlops(p.fft_d);
+          const double in_slices = double(std::min(p.fft_d, (p.tile_d - 1) * g.stride_d + eff_d));
+          const double in_rows = double(std::min(p.fft_h, (p.tile_h - 1) * g.stride_h + eff_h));
+          const double fwd = cin * (in_slices * (in_rows * 0.5 * ComplexFftFlops(p.fft_w) +
+                                                 bw * ComplexFftFlops(p.fft_h)) + slab);
+          const double inv = cout * (slab + p.tile_d * (bw * ComplexFftFlops(p.fft_h) +
+                                                        p.tile_h * 0.5 * ComplexFftFlops(p.fft_w)));
+          const double mix = cig * cout * bins * 8.0;
+          const double chunks = double(CeilDiv(p.items, p.chunk));
+          // With several reduction blocks the filter spectra are redone per chunk.
+          const double filt = cig * cout * (eff_d * (eff_h * 0.5 * ComplexFftFlops(p.fft_w) +
+                                                     bw * ComplexFftFlops(p.fft_h)) + slab) *
+                              (p.ci_blocks(g) > 1 ? chunks : 1.0);
+          // Fused mixing reads every filter spectrum once per item instead.
+          const double filter_reads = p.fused_mix ? double(p.items) : chunks * p.ci_blocks(g);
+          const double bytes = filter_reads * double(p.filter_spectra_bytes) +
+                               3.0 * double(p.items) * double(p.item_spectra_bytes);
+          p.transform_flops = double(p.items) * (fwd + inv) + filt;
+          p.mix_flops = double(p.items) * mix;
+          p.bytes = bytes;
+          p.cost = m.fft_seconds_per_transform_flop * p.transform_flops +
+                   m.fft_seconds_per_mix_flop * p.mix_flops + m.fft_seconds_per_byte * p.bytes;
+          fits.push_back(p);
+        }
       }
     }
-   }
   }
   // Blocks that leave threads idle only as a last resort.
   const bool any_busy = std::any_of(fits.begin(), fits.end(),
