@@ -405,6 +405,11 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
   const CostModel m = ActiveCostModel();
   Estimate e;
   e.available = kernel != TfKernel::kNone;
+  if (ug.is_3d()) {  // the models of TF's kernels are 2-D: a 3-D pass has no TF candidate
+    e.available = e.fits = false;
+    e.peak_bytes = OperandBytes(ug, dtype);
+    return e;
+  }
   const double side = std::sqrt(double(ug.filter_h * ug.filter_w));
   if (device == Device::kGpu) {
     const GpuModelTerms t = GpuTerms(ug, GpuCandidate::kTf);
