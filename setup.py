@@ -74,7 +74,7 @@ if any(a.startswith(("bdist_wheel", "build", "install", "egg_info", "dist_info")
 setup(
     name="tfbigconv",
     version="0.1.0",
-    description="Fast, memory-bounded 2-D convolution with large filters for TensorFlow",
+    description="Fast, memory-bounded 1-D, 2-D and 3-D convolution with large filters for TensorFlow",
     packages=find_packages(include=["tfbigconv", "tfbigconv.*"]),
     package_data={"tfbigconv.cost_model": ["cost_model*.json"]},  # the shipped calibrations
     ext_modules=[CMakeExtension("tfbigconv._bigconv_ops")],
