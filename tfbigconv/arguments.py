@@ -179,9 +179,9 @@ def conv1d_data_format(value):
     """tf.nn.conv1d's data_format ("NWC", "NCW"; None: "NWC") as bigconv2d's."""
     if value is None:
         return "NHWC"
-    if not isinstance(value, str) or value.upper() not in CONV1D_DATA_FORMATS:
+    if not isinstance(value, str) or value not in CONV1D_DATA_FORMATS:  # case as TF's
         raise ValueError(f"data_format must be 'NWC' or 'NCW', got {value!r}")
-    return CONV1D_DATA_FORMATS[value.upper()]
+    return CONV1D_DATA_FORMATS[value]
 
 
 def conv1d_as_conv2d(stride, padding, data_format, dilations, filter_width):

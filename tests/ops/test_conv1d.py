@@ -170,8 +170,9 @@ def test_stride_and_dilation_forms():
 def test_errors_name_the_argument():
     x = random_case((1, 30, 2), 0)
     w = random_case((3, 2, 2), 1)
-    with pytest.raises(ValueError, match="data_format"):
-        tfbigconv.bigconv1d(x, w, 1, "SAME", "NHWDC")
+    for bad in ("NHWDC", "nwc"):  # tf.nn.conv1d is case-sensitive too
+        with pytest.raises(ValueError, match="data_format"):
+            tfbigconv.bigconv1d(x, w, 1, "SAME", bad)
     with pytest.raises(ValueError, match="stride"):
         tfbigconv.bigconv1d(x, w, [1, 1], "SAME")
     with pytest.raises(ValueError, match="padding"):
