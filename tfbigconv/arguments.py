@@ -50,6 +50,21 @@ def graph_error(message, graph_class=ValueError):
     return graph_class(message) if not tf.executing_eagerly() else errors.invalid_argument(message)
 
 
+def convert_operands(input, filters, dtypes):
+    """input and filters as tensors of one dtype among `dtypes`, as the ops' definitions
+    check them (TypeError while a graph is built, InvalidArgumentError eagerly)."""
+    input = tf.convert_to_tensor(input, name="input")
+    if input.dtype not in dtypes:
+        names = [d.name for d in dtypes]
+        raise graph_error(f"input dtype must be one of {', '.join(names[:-1])} or {names[-1]}, "
+                          f"got {input.dtype.name}", TypeError)
+    if isinstance(filters, (tf.Tensor, tf.Variable)) and filters.dtype != input.dtype:
+        raise graph_error(
+            f"filters dtype {filters.dtype.name} must match input dtype {input.dtype.name}",
+            TypeError)
+    return input, tf.convert_to_tensor(filters, dtype=input.dtype, name="filters")
+
+
 def parse_data_format(value):
     """"NHWC" or "NCHW" (None: "NHWC", as tf.nn.conv2d reads it)."""
     if value is None:

@@ -78,6 +78,19 @@ def active():
     return ""
 
 
+def with_zero_image(x):
+    """(x, whether one zero image was appended): outside XLA, a batch that is empty
+    or not known when the graph is built gets one zero image more, which the caller
+    drops from the result. oneDNN's Conv2D, DepthwiseConv2dNative and Conv3D forward
+    return their input for an empty batch (TF 2.21), and TF's FFT kernels reject one.
+    (A concat: grappler folds a tf.pad before Conv2D into the convolution's padding,
+    batch padding included, and drops the image.)"""
+    batch = tf.compat.dimension_value(x.shape[0]) if x.shape.rank else None
+    if in_xla() or batch not in (None, 0):
+        return x, False
+    return tf.concat([x, tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)], 0), True
+
+
 def good_fft_size(n):
     """Smallest size >= n with no prime factor above 7 (csrc/core/fft_sizes.h's
     GoodFftSize, which tests/test_pure_tf.py holds this to)."""
@@ -223,19 +236,11 @@ def conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm="
     explicit_paddings) from TensorFlow ops. algorithm "fft" forces the FFT,
     "direct" and "tf" TensorFlow's convolution, "auto" chooses (plan).
     `why`: the reason the pure-TF path runs, for the log."""
-    # Outside XLA, a batch that is empty or not known when the graph is built gets
-    # one zero image more: oneDNN's Conv2D and DepthwiseConv2dNative forward return
-    # their input for an empty batch (TF 2.21), and TF's FFT kernels reject one.
-    # (A concat: grappler folds a tf.pad before Conv2D into the convolution's
-    # padding, batch padding included, and drops the image.)
-    batch = tf.compat.dimension_value(x.shape[0]) if x.shape.rank else None
-    extra = not in_xla() and batch in (None, 0)
     if not in_xla() and not (x.shape.is_fully_defined() and f.shape.is_fully_defined()):
         with tf.control_dependencies(_runtime_checks(x, f, strides, padding, explicit,
                                                      data_format, dilations)):
             x = tf.identity(x)
-    if extra:
-        x = tf.concat([x, tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)], 0)
+    x, extra = with_zero_image(x)
     y, branch = _conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm,
                         workspace_limit)
     if extra:

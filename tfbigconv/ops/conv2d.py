@@ -78,15 +78,8 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
             return _with_batch_flattened(input, lambda x: bigconv2d(
                 x, filters, strides, padding, data_format, dilations,
                 algorithm=algorithm, workspace_limit=workspace_limit))
-        if input.dtype not in arguments.DTYPES + arguments.TF_ONLY_DTYPES:
-            raise arguments.graph_error(
-                f"input dtype must be one of float16, bfloat16, float32, float64 or int32, got "
-                f"{input.dtype.name}", TypeError)
-        if isinstance(filters, (tf.Tensor, tf.Variable)) and filters.dtype != input.dtype:
-            raise arguments.graph_error(
-                f"filters dtype {filters.dtype.name} must match input dtype {input.dtype.name}",
-                TypeError)
-        filters = tf.convert_to_tensor(filters, dtype=input.dtype, name="filters")
+        input, filters = arguments.convert_operands(
+            input, filters, arguments.DTYPES + arguments.TF_ONLY_DTYPES)
         strides = arguments.parse_strides(strides, "strides", data_format)
         dilations = arguments.parse_strides(1 if dilations is None else dilations, "dilations",
                                             data_format)

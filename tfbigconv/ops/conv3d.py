@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from tfbigconv import _core, arguments, errors, host, pure_tf
 from tfbigconv._native import ops as native
+from tfbigconv.planning import planner
 
 
 @tf.autograph.experimental.do_not_convert
@@ -46,16 +47,7 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
         fmt = arguments.parse_data_format_3d(data_format)
         asked = arguments.requested_algorithm(algorithm)
         workspace_limit = arguments.parse_byte_count(workspace_limit, "workspace_limit", 0)
-        input = tf.convert_to_tensor(input, name="input")
-        if input.dtype not in arguments.DTYPES:
-            raise arguments.graph_error(
-                f"input dtype must be one of float16, bfloat16, float32 or float64, got "
-                f"{input.dtype.name}", TypeError)
-        if isinstance(filters, (tf.Tensor, tf.Variable)) and filters.dtype != input.dtype:
-            raise arguments.graph_error(
-                f"filters dtype {filters.dtype.name} must match input dtype {input.dtype.name}",
-                TypeError)
-        filters = tf.convert_to_tensor(filters, dtype=input.dtype, name="filters")
+        input, filters = arguments.convert_operands(input, filters, arguments.DTYPES)
         strides = arguments.parse_strides(strides, "strides", fmt)
         dilations = arguments.parse_strides(1 if dilations is None else dilations, "dilations",
                                             fmt)
@@ -64,7 +56,7 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
             if t.shape.rank is not None and t.shape.rank != 5:
                 raise arguments.graph_error(
                     f"{what} must be rank 5, got rank {t.shape.rank}: shape {t.shape}")
-        in_shape, f_shape = _static(input.shape), _static(filters.shape)
+        in_shape, f_shape = planner.static_shape(input.shape), planner.static_shape(filters.shape)
         if pure_tf.missing_library is None:
             try:
                 _core.validate_attrs(strides, pad, explicit, fmt, dilations)
@@ -115,12 +107,7 @@ def _tf_conv3d(x, w, strides, pad, explicit, fmt, dilations, check):
     if pad == "EXPLICIT":
         x = tf.pad(x, [explicit[i:i + 2] for i in range(0, 10, 2)])
         pad = "VALID"
-    # oneDNN's Conv3D returns its input for an empty batch (TF 2.21), as its Conv2D
-    # does (pure_tf.conv2d): a batch that may be empty gets a zero image more.
-    batch = tf.compat.dimension_value(x.shape[0]) if x.shape.rank else None
-    extra = not pure_tf.in_xla() and batch in (None, 0)
-    if extra:
-        x = tf.concat([x, tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)], 0)
+    x, extra = pure_tf.with_zero_image(x)  # oneDNN's Conv3D, as its Conv2D
     if groups is not None and groups > 1 and not pure_tf.in_xla():
         # TF's CPU Conv3D has no groups (XLA's convolution has): one call per group.
         xs, ws = tf.split(x, groups, axis=4), tf.split(w, groups, axis=4)
@@ -132,6 +119,3 @@ def _tf_conv3d(x, w, strides, pad, explicit, fmt, dilations, check):
         y = y[:-1]
     return tf.transpose(y, [0, 4, 1, 2, 3]) if fmt == "NCDHW" else y
 
-
-def _static(shape):
-    return shape.as_list() if shape.rank is not None and shape.is_fully_defined() else None
