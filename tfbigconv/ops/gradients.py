@@ -36,54 +36,35 @@ def _big_conv2d_grad(op, grad):
                                        grad, a, bpf, device) if bpf else None)
 
 
-@tf.RegisterGradient("BigConv2DBackpropInput")
-def _big_conv2d_backprop_input_grad(op, grad):
-    # dx = BackpropInput(sizes, w, dy) is linear in w and in dy.
-    _, w, dy = op.inputs
-    a = _attrs(op)
-    return (None,
-            native.big_conv2d_backprop_filter(grad, tf.shape(w), dy, **a),
-            native.big_conv2d(grad, w, **a))
+def _register_backprop_gradients(prefix, forward, backprop_input, backprop_filter):
+    """The gradients of the ops <prefix>BackpropInput and <prefix>BackpropFilter (2-D
+    and 3-D alike): dx = BackpropInput(sizes, w, dy) is linear in w and in dy, and
+    dw = BackpropFilter(x, sizes, dy) in x and in dy."""
+    @tf.RegisterGradient(prefix + "BackpropInput")
+    def _input_grad(op, grad):
+        _, w, dy = op.inputs
+        a = _attrs(op)
+        return None, backprop_filter(grad, tf.shape(w), dy, **a), forward(grad, w, **a)
+
+    @tf.RegisterGradient(prefix + "BackpropFilter")
+    def _filter_grad(op, grad):
+        x, _, dy = op.inputs
+        a = _attrs(op)
+        return backprop_input(tf.shape(x), grad, dy, **a), None, forward(x, grad, **a)
 
 
-@tf.RegisterGradient("BigConv2DBackpropFilter")
-def _big_conv2d_backprop_filter_grad(op, grad):
-    # dw = BackpropFilter(x, sizes, dy) is linear in x and in dy.
-    x, _, dy = op.inputs
-    a = _attrs(op)
-    return (native.big_conv2d_backprop_input(tf.shape(x), grad, dy, **a),
-            None,
-            native.big_conv2d(x, grad, **a))
+_register_backprop_gradients("BigConv2D", native.big_conv2d, native.big_conv2d_backprop_input,
+                             native.big_conv2d_backprop_filter)
+_register_backprop_gradients("BigConv3D", native.big_conv3d, native.big_conv3d_backprop_input,
+                             native.big_conv3d_backprop_filter)
 
 
-# The 3-D ops: each gradient pass is our op, which picks direct or fft when it runs
+# BigConv3D: each gradient pass is our op, which picks direct or fft when it runs
 # (bigconv3d's "auto" does not plan at trace time yet).
-def _attrs3d(op):
-    return dict(_attrs(op), planned_algorithm="none")
-
-
 @tf.RegisterGradient("BigConv3D")
 def _big_conv3d_grad(op, grad):
     x, w = op.inputs
-    a = _attrs3d(op)
+    a = _attrs(op)
     skip = set(getattr(op, "skip_input_indices", None) or ())
     return (native.big_conv3d_backprop_input(tf.shape(x), w, grad, **a) if 0 not in skip else None,
             native.big_conv3d_backprop_filter(x, tf.shape(w), grad, **a) if 1 not in skip else None)
-
-
-@tf.RegisterGradient("BigConv3DBackpropInput")
-def _big_conv3d_backprop_input_grad(op, grad):
-    _, w, dy = op.inputs
-    a = _attrs3d(op)
-    return (None,
-            native.big_conv3d_backprop_filter(grad, tf.shape(w), dy, **a),
-            native.big_conv3d(grad, w, **a))
-
-
-@tf.RegisterGradient("BigConv3DBackpropFilter")
-def _big_conv3d_backprop_filter_grad(op, grad):
-    x, _, dy = op.inputs
-    a = _attrs3d(op)
-    return (native.big_conv3d_backprop_input(tf.shape(x), grad, dy, **a),
-            None,
-            native.big_conv3d(x, grad, **a))
