@@ -197,6 +197,27 @@ def best_of_rounds(script, specs, rounds, label):
     return best
 
 
+CONTENDER_HEADER = ["| case | pass | method | time | peak RSS increase | vs ours (time, RSS) |",
+                    "|---|---|---|---|---|---|"]
+
+
+def contender_rows(case, pass_, best, ours="ours"):
+    """CONTENDER_HEADER's rows for one case and pass: each contender's median time and
+    first call's peak RSS increase (best_of_rounds' results), and its ratios to `ours`."""
+    base = best.get(ours, {})
+    rows = []
+    for m, r in best.items():
+        if "error" in r:
+            rows.append(f"| {case} | {pass_} | {m} | {r['error'][:160]} | | |")
+            continue
+        ratio = "" if m == ours or "median_s" not in base else (
+            f"{r['median_s'] / base['median_s']:.2f}x the time, "
+            f"{r['rss_increase_bytes'] / max(1, base['rss_increase_bytes']):.2f}x RSS")
+        rows.append(f"| {case} | {pass_} | {m} | {r['median_s'] * 1e3:.1f} ms | "
+                    f"{r['rss_increase_bytes'] / MIB:.0f} MiB | {ratio} |")
+    return rows
+
+
 def measure_peak_gflops():
     """GFLOP/s of 3 numpy float32 matmuls, each measured (the peak is the best).
 

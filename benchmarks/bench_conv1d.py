@@ -90,8 +90,7 @@ def main():
     args = H.parse_args_or_work(ap, worker)
     import tensorflow as tf
     _, _, header = H.run_header(tf.__version__)
-    rows = ["| case | pass | method | time | peak RSS increase | vs ours (time, RSS) |",
-            "|---|---|---|---|---|---|"]
+    rows = list(H.CONTENDER_HEADER)
     for name in args.cases.split(","):
         xs, ws = CASES[name]
         for pass_ in args.passes.split(","):
@@ -99,16 +98,7 @@ def main():
             for s in specs.values():
                 s["pass"] = pass_
             best = H.best_of_rounds(__file__, specs, args.rounds, f"{name} {pass_}")
-            ours = best["ours"]
-            for m, r in best.items():
-                if "error" in r:
-                    rows.append(f"| {name} {xs}x{ws} | {pass_} | {m} | {r['error']} | | |")
-                    continue
-                ratio = ("" if m == "ours" else
-                         f"{r['median_s'] / ours['median_s']:.1f}x slower, "
-                         f"{r['rss_increase_bytes'] / max(1, ours['rss_increase_bytes']):.1f}x RSS")
-                rows.append(f"| {name} {xs}x{ws} | {pass_} | {m} | {r['median_s'] * 1e3:.1f} ms | "
-                            f"{r['rss_increase_bytes'] / H.MIB:.0f} MiB | {ratio} |")
+            rows += H.contender_rows(f"{name} {xs}x{ws}", pass_, best)
     print(header)
     print()
     print("\n".join(rows))

@@ -106,8 +106,7 @@ def main():
     args = H.parse_args_or_work(ap, worker)
     import tensorflow as tf
     _, _, header = H.run_header(tf.__version__)
-    rows = ["| case | pass | method | time | peak RSS increase | vs ours (time, RSS) |",
-            "|---|---|---|---|---|---|"]
+    rows = list(H.CONTENDER_HEADER)
     for name in args.cases.split(","):
         xs, ws, padding = CASES[name]
         passes = ["forward"] if name in FORWARD_ONLY else args.passes.split(",")
@@ -117,16 +116,7 @@ def main():
             specs = {m: {"x": xs, "w": ws, "padding": padding, "method": m, "pass": pass_,
                          "reps": args.reps, "budget_s": args.budget} for m in methods}
             best = H.best_of_rounds(__file__, specs, args.rounds, f"{name} {pass_}")
-            ours = best.get("ours", {})
-            for m, r in best.items():
-                if "error" in r:
-                    rows.append(f"| {name} {xs}x{ws} | {pass_} | {m} | {r['error'][:160]} | | |")
-                    continue
-                ratio = "" if m == "ours" or "median_s" not in ours else (
-                    f"{r['median_s'] / ours['median_s']:.2f}x the time, "
-                    f"{r['rss_increase_bytes'] / max(1, ours['rss_increase_bytes']):.2f}x RSS")
-                rows.append(f"| {name} {xs}x{ws} | {pass_} | {m} | {r['median_s'] * 1e3:.1f} ms | "
-                            f"{r['rss_increase_bytes'] / H.MIB:.0f} MiB | {ratio} |")
+            rows += H.contender_rows(f"{name} {xs}x{ws}", pass_, best)
     print(header)
     print()
     print("\n".join(rows))

@@ -280,6 +280,20 @@ def grads_vs_reference(fn, x, w, strides=1, padding="SAME", fmt="NHWC", dil=1):
     return [rel_l2(tf.cast(g, tf.float64).numpy(), r) for g, r in zip((y, dx, dw), refs)]
 
 
+def second_order_grads(conv, x, w):
+    """Gradients with respect to x and w of a function of conv's first gradients (a
+    penalty on them, as in gradient-penalty training): second order through conv."""
+    import tensorflow as tf
+    with tf.GradientTape(persistent=True) as outer:
+        outer.watch([x, w])
+        with tf.GradientTape() as inner:
+            inner.watch([x, w])
+            loss = tf.reduce_sum(conv(x, w) ** 2)
+        gx, gw = inner.gradient(loss, [x, w])
+        s = tf.reduce_sum(gx * gx) + tf.reduce_sum(gw * tf.sin(gw))
+    return outer.gradient(s, [x, w])
+
+
 def tape_types(fn, x_shape, w_shape, dtype=None):
     """The op types of a traced training step (fn's output and both gradients, on the CPU)."""
     import tensorflow as tf

@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
-from tfbigconv.keras import BigConv2D, BigDepthwiseConv2D
+from tfbigconv.keras import (BigConv1D, BigConv2D, BigConv3D, BigDepthwiseConv1D,
+                             BigDepthwiseConv2D)
 from conftest import TOLERANCE, random_case
 from reference import rel_l2
 
@@ -146,8 +147,10 @@ def test_depthwise_matches_tf_nn_depthwise_conv2d():
     assert rel_l2(layer(x).numpy(), ref.numpy()) < TOL
 
 
-@pytest.mark.parametrize("big_cls,keras_cls", [(BigConv2D, keras.layers.Conv2D),
-                                               (BigDepthwiseConv2D, keras.layers.DepthwiseConv2D)])
+@pytest.mark.parametrize("big_cls,keras_cls", [
+    (BigConv2D, keras.layers.Conv2D), (BigDepthwiseConv2D, keras.layers.DepthwiseConv2D),
+    (BigConv1D, keras.layers.Conv1D), (BigDepthwiseConv1D, keras.layers.DepthwiseConv1D),
+    (BigConv3D, keras.layers.Conv3D)])
 def test_same_arguments_and_defaults_as_keras(big_cls, keras_cls):
     big = inspect.signature(big_cls.__init__).parameters
     ref = inspect.signature(keras_cls.__init__).parameters

@@ -1,8 +1,7 @@
 """BigConv1D and BigDepthwiseConv1D (tfbigconv/keras/layers.py) against Keras' Conv1D
-and DepthwiseConv1D: same arguments, weights, outputs and gradients; causal padding;
-config, saving and loading; convert_model on 1-D layers; training."""
-import inspect
-
+and DepthwiseConv1D: same weights, outputs and gradients; causal padding; config,
+saving and loading; convert_model on 1-D layers; training. (Same arguments and
+defaults: test_keras_layers.py.)"""
 import keras
 import numpy as np
 import pytest
@@ -104,17 +103,6 @@ def test_depthwise_causal_is_left_padded_valid():
     assert rel_l2(out, ref(np.pad(x, ((0, 0), (199, 0), (0, 0))))) < 1e-4
     assert big.get_config()["padding"] == "causal"
     assert BigDepthwiseConv1D.from_config(big.get_config()).padding == "causal"
-
-
-@pytest.mark.parametrize("big_cls,keras_cls", [(BigConv1D, keras.layers.Conv1D),
-                                               (BigDepthwiseConv1D, keras.layers.DepthwiseConv1D)])
-def test_same_arguments_and_defaults_as_keras(big_cls, keras_cls):
-    big = inspect.signature(big_cls.__init__).parameters
-    ref = inspect.signature(keras_cls.__init__).parameters
-    extra = {"algorithm": "auto", "workspace_limit": 0}
-    assert [p for p in big if p not in extra] == list(ref)
-    for name, p in ref.items():
-        assert big[name].default == p.default, name
 
 
 def test_save_load_and_fit(tmp_path):

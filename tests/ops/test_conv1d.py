@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
-from conftest import TOLERANCE, random_case
+from conftest import TOLERANCE, random_case, second_order_grads
 from reference import conv1d_reference, conv1d_reference_grads, rel_l2
 
 ALGORITHMS = ["direct", "fft", "auto"]
@@ -118,19 +118,9 @@ def test_gradients_against_reference(algorithm):
 def test_second_order_gradients_match_tf():
     x = tf.constant(random_case((2, 33, 3), 9).astype(np.float64))
     w = tf.constant(random_case((5, 3, 4), 10).astype(np.float64))
-
-    def second(conv):
-        with tf.GradientTape(persistent=True) as outer:
-            outer.watch([x, w])
-            with tf.GradientTape() as inner:
-                inner.watch([x, w])
-                loss = tf.reduce_sum(conv(x, w) ** 2)
-            gx, gw = inner.gradient(loss, [x, w])
-            s = tf.reduce_sum(gx * gx) + tf.reduce_sum(gw * tf.sin(gw))
-        return outer.gradient(s, [x, w])
-
-    ours = second(lambda x, w: tfbigconv.bigconv1d(x, w, 2, "SAME", algorithm="direct"))
-    theirs = second(lambda x, w: tf.nn.conv1d(x, w, 2, "SAME"))
+    ours = second_order_grads(
+        lambda x, w: tfbigconv.bigconv1d(x, w, 2, "SAME", algorithm="direct"), x, w)
+    theirs = second_order_grads(lambda x, w: tf.nn.conv1d(x, w, 2, "SAME"), x, w)
     for a, b in zip(ours, theirs):
         assert rel_l2(a, b) < 1e-10
 
