@@ -230,31 +230,18 @@ class BigConv2DBackpropFilterOp : public Base {
   }
 };
 
-// Registers the three ops for dtype T on DEVICE with base class BASE<T>.
-#define TFBIGCONV_REGISTER_OPS(DEVICE, BASE, T)                                           \
-  REGISTER_KERNEL_BUILDER(Name("BigConv2D").Device(DEVICE).TypeConstraint<T>("T"),         \
+// Registers the three ops PREFIX, PREFIX "BackpropInput" and PREFIX
+// "BackpropFilter" ("BigConv2D" or "BigConv3D": the same kernel classes) for
+// dtype T on DEVICE with base class BASE<T>.
+#define TFBIGCONV_REGISTER_OPS(PREFIX, DEVICE, BASE, T)                                   \
+  REGISTER_KERNEL_BUILDER(Name(PREFIX).Device(DEVICE).TypeConstraint<T>("T"),              \
                           ::tfbigconv::BigConv2DOp<BASE<T>>);                              \
-  REGISTER_KERNEL_BUILDER(Name("BigConv2DBackpropInput")                                  \
+  REGISTER_KERNEL_BUILDER(Name(PREFIX "BackpropInput")                                    \
                               .Device(DEVICE)                                             \
                               .TypeConstraint<T>("T")                                     \
                               .HostMemory("input_sizes"),                                 \
                           ::tfbigconv::BigConv2DBackpropInputOp<BASE<T>>);                 \
-  REGISTER_KERNEL_BUILDER(Name("BigConv2DBackpropFilter")                                 \
-                              .Device(DEVICE)                                             \
-                              .TypeConstraint<T>("T")                                     \
-                              .HostMemory("filter_sizes"),                                \
-                          ::tfbigconv::BigConv2DBackpropFilterOp<BASE<T>>);
-
-// The 3-D ops (BigConv3D*), the same kernel classes, on DEVICE for dtype T.
-#define TFBIGCONV_REGISTER_OPS_3D(DEVICE, BASE, T)                                        \
-  REGISTER_KERNEL_BUILDER(Name("BigConv3D").Device(DEVICE).TypeConstraint<T>("T"),         \
-                          ::tfbigconv::BigConv2DOp<BASE<T>>);                              \
-  REGISTER_KERNEL_BUILDER(Name("BigConv3DBackpropInput")                                  \
-                              .Device(DEVICE)                                             \
-                              .TypeConstraint<T>("T")                                     \
-                              .HostMemory("input_sizes"),                                 \
-                          ::tfbigconv::BigConv2DBackpropInputOp<BASE<T>>);                 \
-  REGISTER_KERNEL_BUILDER(Name("BigConv3DBackpropFilter")                                 \
+  REGISTER_KERNEL_BUILDER(Name(PREFIX "BackpropFilter")                                   \
                               .Device(DEVICE)                                             \
                               .TypeConstraint<T>("T")                                     \
                               .HostMemory("filter_sizes"),                                \
@@ -265,9 +252,10 @@ class BigConv2DBackpropFilterOp : public Base {
 #define TFBIGCONV_REGISTER_DEVICE_OPS(DEVICE, DEVICE_PART)                                 \
   template <typename T>                                                                    \
   using BigConvDeviceBaseOf##DEVICE_PART = ::tfbigconv::BigConvDeviceBase<DEVICE_PART, T>; \
-  TFBIGCONV_REGISTER_OPS(DEVICE, BigConvDeviceBaseOf##DEVICE_PART, Eigen::half)            \
-  TFBIGCONV_REGISTER_OPS(DEVICE, BigConvDeviceBaseOf##DEVICE_PART, Eigen::bfloat16)        \
-  TFBIGCONV_REGISTER_OPS(DEVICE, BigConvDeviceBaseOf##DEVICE_PART, float)                  \
-  TFBIGCONV_REGISTER_OPS(DEVICE, BigConvDeviceBaseOf##DEVICE_PART, double)
+  TFBIGCONV_REGISTER_OPS("BigConv2D", DEVICE, BigConvDeviceBaseOf##DEVICE_PART, Eigen::half) \
+  TFBIGCONV_REGISTER_OPS("BigConv2D", DEVICE, BigConvDeviceBaseOf##DEVICE_PART,              \
+                         Eigen::bfloat16)                                                     \
+  TFBIGCONV_REGISTER_OPS("BigConv2D", DEVICE, BigConvDeviceBaseOf##DEVICE_PART, float)       \
+  TFBIGCONV_REGISTER_OPS("BigConv2D", DEVICE, BigConvDeviceBaseOf##DEVICE_PART, double)
 
 }  // namespace tfbigconv

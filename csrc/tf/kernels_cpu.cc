@@ -62,9 +62,12 @@ class CpuDevice {
 }  // namespace
 
 TFBIGCONV_REGISTER_DEVICE_OPS(tensorflow::DEVICE_CPU, CpuDevice)
-TFBIGCONV_REGISTER_OPS_3D(tensorflow::DEVICE_CPU, BigConvDeviceBaseOfCpuDevice, Eigen::half)
-TFBIGCONV_REGISTER_OPS_3D(tensorflow::DEVICE_CPU, BigConvDeviceBaseOfCpuDevice, Eigen::bfloat16)
-TFBIGCONV_REGISTER_OPS_3D(tensorflow::DEVICE_CPU, BigConvDeviceBaseOfCpuDevice, float)
-TFBIGCONV_REGISTER_OPS_3D(tensorflow::DEVICE_CPU, BigConvDeviceBaseOfCpuDevice, double)
+// The 3-D ops: CPU only for now.
+#define TFBIGCONV_REGISTER_CPU_OPS_3D(T) \
+  TFBIGCONV_REGISTER_OPS("BigConv3D", tensorflow::DEVICE_CPU, BigConvDeviceBaseOfCpuDevice, T)
+TFBIGCONV_REGISTER_CPU_OPS_3D(Eigen::half)
+TFBIGCONV_REGISTER_CPU_OPS_3D(Eigen::bfloat16)
+TFBIGCONV_REGISTER_CPU_OPS_3D(float)
+TFBIGCONV_REGISTER_CPU_OPS_3D(double)
 
 }  // namespace tfbigconv

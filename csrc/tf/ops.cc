@@ -104,32 +104,51 @@ absl::Status ShapeFromSizes(InferenceContext* c, int sizes_input, const char* na
   return c->WithRank(*out, rank, out);
 }
 
+// The shape functions of the three ops of either rank: the forward output, and
+// the gradients' outputs from their input_sizes / filter_sizes inputs.
+absl::Status ForwardShapeFn(InferenceContext* c) {
+  ShapeHandle out;
+  TF_RETURN_IF_ERROR(ConvOutputShape(c, c->input(0), c->input(1), &out));
+  c->set_output(0, out);
+  return absl::OkStatus();
+}
+// kIndex 0: BackpropInput's input_sizes; 1: BackpropFilter's filter_sizes.
+template <int kIndex>
+absl::Status SizesShapeFn(InferenceContext* c) {
+  ShapeHandle out;
+  TF_RETURN_IF_ERROR(ShapeFromSizes(c, kIndex, kIndex == 0 ? "input_sizes" : "filter_sizes", &out));
+  c->set_output(0, out);
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace tfbigconv
 
-// Attributes shared by every BigConv2D* op (docs/ARCHITECTURE.md section 3).
-#define TFBIGCONV_CONV_ATTRS                                       \
+// Attributes shared by every BigConv2D* and BigConv3D* op (docs/ARCHITECTURE.md
+// section 3): the same but for the data formats and the dilations' default.
+#define TFBIGCONV_CONV_ATTRS(DATA_FORMAT, DILATIONS)                 \
   Attr("T: {half, bfloat16, float, double}")                       \
       .Attr("strides: list(int)")                                  \
       .Attr("padding: {'SAME', 'VALID', 'EXPLICIT'}")              \
       .Attr("explicit_paddings: list(int) = []")                   \
-      .Attr("data_format: {'NHWC', 'NCHW'} = 'NHWC'")              \
-      .Attr("dilations: list(int) = [1, 1, 1, 1]")                 \
+      .Attr(DATA_FORMAT)                                           \
+      .Attr(DILATIONS)                                             \
       .Attr("algorithm: {'auto', 'direct', 'fft'} = 'auto'")       \
       .Attr("planned_algorithm: {'none', 'direct', 'fft'} = 'none'") \
       .Attr("workspace_limit_bytes: int = 0")
+#define TFBIGCONV_CONV2D_ATTRS                                   \
+  TFBIGCONV_CONV_ATTRS("data_format: {'NHWC', 'NCHW'} = 'NHWC'", \
+                       "dilations: list(int) = [1, 1, 1, 1]")
+#define TFBIGCONV_CONV3D_ATTRS                                      \
+  TFBIGCONV_CONV_ATTRS("data_format: {'NDHWC', 'NCDHW'} = 'NDHWC'", \
+                       "dilations: list(int) = [1, 1, 1, 1, 1]")
 
 REGISTER_OP("BigConv2D")
     .Input("input: T")
     .Input("filter: T")
     .Output("output: T")
-    .TFBIGCONV_CONV_ATTRS
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      tensorflow::shape_inference::ShapeHandle out;
-      TF_RETURN_IF_ERROR(tfbigconv::ConvOutputShape(c, c->input(0), c->input(1), &out));
-      c->set_output(0, out);
-      return absl::OkStatus();
-    })
+    .TFBIGCONV_CONV2D_ATTRS
+    .SetShapeFn(tfbigconv::ForwardShapeFn)
     .Doc(R"doc(
 2-D convolution with tf.nn.conv2d's semantics (groups, explicit padding,
 NCHW, dilations), computed without im2col. filter is [H, W, in_depth/groups,
@@ -146,13 +165,8 @@ REGISTER_OP("BigConv2DBackpropInput")
     .Input("filter: T")
     .Input("out_backprop: T")
     .Output("output: T")
-    .TFBIGCONV_CONV_ATTRS
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      tensorflow::shape_inference::ShapeHandle out;
-      TF_RETURN_IF_ERROR(tfbigconv::ShapeFromSizes(c, 0, "input_sizes", &out));
-      c->set_output(0, out);
-      return absl::OkStatus();
-    })
+    .TFBIGCONV_CONV2D_ATTRS
+    .SetShapeFn(tfbigconv::SizesShapeFn<0>)
     .Doc(R"doc(
 Gradient of BigConv2D with respect to its input: a transposed convolution
 computed in gather form (no scatter, no atomics). Same attributes as BigConv2D.
@@ -163,43 +177,22 @@ REGISTER_OP("BigConv2DBackpropFilter")
     .Input("filter_sizes: int32")
     .Input("out_backprop: T")
     .Output("output: T")
-    .TFBIGCONV_CONV_ATTRS
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      tensorflow::shape_inference::ShapeHandle out;
-      TF_RETURN_IF_ERROR(tfbigconv::ShapeFromSizes(c, 1, "filter_sizes", &out));
-      c->set_output(0, out);
-      return absl::OkStatus();
-    })
+    .TFBIGCONV_CONV2D_ATTRS
+    .SetShapeFn(tfbigconv::SizesShapeFn<1>)
     .Doc(R"doc(
 Gradient of BigConv2D with respect to its filter: a reduction over batch and
 output pixels for every tap, in a fixed order (deterministic). Same attributes
 as BigConv2D.
 )doc");
 
-// The 3-D ops: the same attributes in NDHWC/NCDHW, filters DHWIO, the same
-// kernels (the core is 3-D); CPU only for now.
-#define TFBIGCONV_CONV3D_ATTRS                                     \
-  Attr("T: {half, bfloat16, float, double}")                       \
-      .Attr("strides: list(int)")                                  \
-      .Attr("padding: {'SAME', 'VALID', 'EXPLICIT'}")              \
-      .Attr("explicit_paddings: list(int) = []")                   \
-      .Attr("data_format: {'NDHWC', 'NCDHW'} = 'NDHWC'")           \
-      .Attr("dilations: list(int) = [1, 1, 1, 1, 1]")              \
-      .Attr("algorithm: {'auto', 'direct', 'fft'} = 'auto'")       \
-      .Attr("planned_algorithm: {'none', 'direct', 'fft'} = 'none'") \
-      .Attr("workspace_limit_bytes: int = 0")
-
+// The 3-D ops: the same in NDHWC/NCDHW with DHWIO filters and the same kernels
+// (the core is 3-D); CPU only for now.
 REGISTER_OP("BigConv3D")
     .Input("input: T")
     .Input("filter: T")
     .Output("output: T")
     .TFBIGCONV_CONV3D_ATTRS
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      tensorflow::shape_inference::ShapeHandle out;
-      TF_RETURN_IF_ERROR(tfbigconv::ConvOutputShape(c, c->input(0), c->input(1), &out));
-      c->set_output(0, out);
-      return absl::OkStatus();
-    })
+    .SetShapeFn(tfbigconv::ForwardShapeFn)
     .Doc(R"doc(
 3-D convolution with tf.nn.conv3d's semantics plus groups, explicit padding,
 NCDHW and dilations, computed without im2col: BigConv2D's attributes in 3-D.
@@ -212,12 +205,7 @@ REGISTER_OP("BigConv3DBackpropInput")
     .Input("out_backprop: T")
     .Output("output: T")
     .TFBIGCONV_CONV3D_ATTRS
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      tensorflow::shape_inference::ShapeHandle out;
-      TF_RETURN_IF_ERROR(tfbigconv::ShapeFromSizes(c, 0, "input_sizes", &out));
-      c->set_output(0, out);
-      return absl::OkStatus();
-    })
+    .SetShapeFn(tfbigconv::SizesShapeFn<0>)
     .Doc(R"doc(
 Gradient of BigConv3D with respect to its input. Same attributes as BigConv3D.
 )doc");
@@ -228,12 +216,7 @@ REGISTER_OP("BigConv3DBackpropFilter")
     .Input("out_backprop: T")
     .Output("output: T")
     .TFBIGCONV_CONV3D_ATTRS
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      tensorflow::shape_inference::ShapeHandle out;
-      TF_RETURN_IF_ERROR(tfbigconv::ShapeFromSizes(c, 1, "filter_sizes", &out));
-      c->set_output(0, out);
-      return absl::OkStatus();
-    })
+    .SetShapeFn(tfbigconv::SizesShapeFn<1>)
     .Doc(R"doc(
 Gradient of BigConv3D with respect to its filter (deterministic). Same
 attributes as BigConv3D.
