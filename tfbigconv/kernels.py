@@ -1,4 +1,5 @@
-"""TensorFlow's own convolution kernels as ops, each told which kernel to run.
+"""TensorFlow's own convolution kernels as ops, each told which kernel to run
+(3-D: Conv3D and its gradients, with explicit padding as tf.pad or a crop).
 
 A depthwise filter [KH, KW, 1, C*m] is TF's [KH, KW, C, m]: output channel
 c*m + j belongs to group c in both. `depthwise` says whether a pass runs
@@ -18,9 +19,17 @@ def tf_attrs(a):
     return {k: a[k] for k in TF_ATTRS}
 
 
+FORMATS_3D = ("NDHWC", "NCDHW")
+
+
+def is_3d(a):
+    """Whether attributes `a` (ours or TF's) are a 3-D convolution's."""
+    return a["data_format"] in FORMATS_3D
+
+
 def in_depth(shape, data_format):
     shape = tf.TensorShape(shape)
-    return shape[3 if data_format == "NHWC" else 1]
+    return shape[-1 if data_format in ("NHWC", "NDHWC") else 1]
 
 
 def depthwise_filter_shape(depth, f_shape):
@@ -58,7 +67,24 @@ def _space_to_batch(a, f_shape, input_hw):
     return block, paddings, crops, undilated
 
 
+def _conv3d_attrs(a):
+    """TF's Conv3D ops' attributes (they have no explicit padding: _explicit_pairs)."""
+    return dict(strides=a["strides"], padding="VALID" if a["padding"] == "EXPLICIT"
+                else a["padding"], data_format=a["data_format"], dilations=a["dilations"])
+
+
+def _explicit_pairs(a):
+    """[before, after] per dimension of explicit padding, which TF's Conv3D ops run
+    as tf.pad (or, for the input gradient, a crop) around a VALID convolution."""
+    p = a["explicit_paddings"]
+    return [p[i:i + 2] for i in range(0, len(p), 2)] if a["padding"] == "EXPLICIT" else None
+
+
 def tf_forward(x, w, a, depthwise):
+    if is_3d(a):
+        pairs = _explicit_pairs(a)
+        x = tf.pad(x, pairs) if pairs else x
+        return tf.raw_ops.Conv3D(input=x, filter=w, **_conv3d_attrs(a))
     if not depthwise:
         return tf.raw_ops.Conv2D(input=x, filter=w, **tf_attrs(a))
     c = in_depth(x.shape, a["data_format"])
@@ -72,6 +98,16 @@ def tf_forward(x, w, a, depthwise):
 
 
 def tf_backprop_input(input_sizes, w, dy, a, depth, depthwise):
+    if is_3d(a):
+        pairs = _explicit_pairs(a)
+        if not pairs:
+            return tf.raw_ops.Conv3DBackpropInputV2(input_sizes=input_sizes, filter=w,
+                                                    out_backprop=dy, **_conv3d_attrs(a))
+        input_sizes = tf.cast(input_sizes, tf.int32)
+        dx = tf.raw_ops.Conv3DBackpropInputV2(
+            input_sizes=input_sizes + tf.reduce_sum(pairs, axis=1), filter=w, out_backprop=dy,
+            **_conv3d_attrs(a))
+        return tf.slice(dx, [p[0] for p in pairs], input_sizes)
     if not depthwise:
         return tf.raw_ops.Conv2DBackpropInput(input_sizes=input_sizes, filter=w, out_backprop=dy,
                                               **tf_attrs(a))
@@ -94,6 +130,11 @@ def tf_backprop_input(input_sizes, w, dy, a, depth, depthwise):
 
 
 def tf_backprop_filter(x, f_shape, dy, a, depthwise):
+    if is_3d(a):
+        pairs = _explicit_pairs(a)
+        return tf.raw_ops.Conv3DBackpropFilterV2(input=tf.pad(x, pairs) if pairs else x,
+                                                 filter_sizes=f_shape, out_backprop=dy,
+                                                 **_conv3d_attrs(a))
     if not depthwise:
         return tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=f_shape, out_backprop=dy,
                                                **tf_attrs(a))

@@ -111,7 +111,7 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& re
 
 // TensorFlow's own kernel for a case: the baseline candidate. The caller
 // (Python) knows which kernel TF runs and whether it can run this case.
-enum class TfKernel { kNone, kConv2D, kDepthwiseConv2dNative };
+enum class TfKernel { kNone, kConv2D, kDepthwiseConv2dNative, kConv3D };
 const char* TfKernelName(TfKernel k);  // "tf.Conv2D", ...
 struct TfCandidate {
   TfKernel kernel = TfKernel::kNone;  // kNone: TF cannot run this case
@@ -140,8 +140,9 @@ int64_t TfSpaceToBatchBytes(const ConvGeometry& user_g, DType dtype);
 // workspace: patch matrices of out_h * out_w * KH * KW * in_c elements per
 // image; the backprop kernels' col_buffer holds TfColBufferImages of them;
 // for the forward pass one image's is an upper bound (oneDNN blocks it).
-// DepthwiseConv2dNative: none but TfSpaceToBatchBytes. cuDNN: workspace not
-// modelled (0).
+// DepthwiseConv2dNative: none but TfSpaceToBatchBytes. Conv3D (CPU, 3-D only):
+// Conv2D's rates at the side of a square filter with as many taps, workspace
+// not modelled (0); cuDNN likewise.
 Estimate TfEstimate(const ConvGeometry& user_g, Pass pass, DType dtype, Device device,
                     TfKernel kernel, int64_t limit, int workers);
 

@@ -350,8 +350,10 @@ PYBIND11_MODULE(_core, m) {
         TfCandidate tf;
         if (tf_kernel == "Conv2D") tf.kernel = TfKernel::kConv2D;
         else if (tf_kernel == "DepthwiseConv2dNative") tf.kernel = TfKernel::kDepthwiseConv2dNative;
+        else if (tf_kernel == "Conv3D") tf.kernel = TfKernel::kConv3D;
         else if (!tf_kernel.empty())
-          throw py::value_error("tf_kernel must be '', 'Conv2D' or 'DepthwiseConv2dNative'");
+          throw py::value_error(
+              "tf_kernel must be '', 'Conv2D', 'DepthwiseConv2dNative' or 'Conv3D'");
         tf.estimate_trusted = tf_trusted;
         tf.note = tf_note;
         // The GPU budget is the caller's (TF's allocator); 0 means unknown.

@@ -1,14 +1,16 @@
 """bigconv3d (tfbigconv/ops/conv3d.py) and the BigConv3D ops inside TensorFlow: parity
 with tf.nn.conv3d where TensorFlow runs the case and with the float64 reference where it
 does not (groups, dilations, NCDHW, explicit padding); dtypes, batch 0, unknown shapes,
-gradients of first and second order, algorithm "tf", errors. (The kernels' 3-D
+gradients of first and second order, algorithm "tf", auto with TF's Conv3D
+as a candidate (its emitters, routes and autotuning), errors. (The kernels' 3-D
 arithmetic across tiles: tests/core/test_conv3d_core.py.)"""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfbigconv
-from conftest import TOLERANCE, random_case, second_order_grads
+from conftest import TOLERANCE, random_case, second_order_grads, tape_types
+from tfbigconv.planning import candidates, planner, tf_rules
 from reference import conv3d_reference, conv3d_reference_grads, rel_l2
 
 TF_DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32,
@@ -177,3 +179,90 @@ def test_a_gpu_placement_warns_that_the_ops_run_on_the_cpu(gpu_host, monkeypatch
     with pytest.warns(RuntimeWarning, match="no GPU kernels"):
         y = tfbigconv.bigconv3d(x, w, 1, "SAME")  # still computed, on the CPU
     assert rel_l2(y, conv3d_reference(x, w, padding="SAME")) < 1e-4
+
+
+def _ncdhw(v):
+    return np.ascontiguousarray(np.transpose(v, (0, 4, 1, 2, 3)))
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("fmt", ["NDHWC", "NCDHW"])
+def test_every_candidate_of_every_pass(fmt):
+    """auto's candidates in 3-D (planning.candidates): TF's Conv3D ops, explicit
+    padding as tf.pad or a crop around them, and our ops, against the reference."""
+    onednn = tf_rules.tf_cpu_onednn("Conv3D", "float32", False)
+    if fmt == "NCDHW" and not onednn:
+        pytest.skip("TF's Eigen Conv3D runs only NDHWC")
+    x, w = random_case((2, 7, 8, 9, 3), 11), random_case((3, 2, 4, 3, 5), 12)
+    pads, strides = ((1, 2), (0, 1), (3, 0)), (1, 2, 1)
+    dil = (2, 1, 1) if onednn else (1, 1, 1)  # TF's Eigen Conv3D takes no dilations
+    ref_y = conv3d_reference(x, w, strides, "EXPLICIT", dil, "NDHWC", pads)
+    dy = random_case(ref_y.shape, 13)
+    ref_dx, ref_dw = conv3d_reference_grads(x, w, dy, strides, "EXPLICIT", dil, "NDHWC", pads)
+    flat = [0, 0, *np.ravel(pads), 0, 0] if fmt == "NDHWC" else [0, 0, 0, 0, *np.ravel(pads)]
+    order = (lambda v: [1, *v, 1]) if fmt == "NDHWC" else (lambda v: [1, 1, *v])
+    a = dict(strides=order(strides), padding="EXPLICIT", explicit_paddings=[int(p) for p in flat],
+             data_format=fmt, dilations=order(dil), algorithm="auto", workspace_limit_bytes=0)
+    to = _ncdhw if fmt == "NCDHW" else (lambda v: v)
+    back = (lambda v: np.transpose(v, (0, 2, 3, 4, 1))) if fmt == "NCDHW" else (lambda v: v)
+    xt, wt, dyt = tf.constant(to(x)), tf.constant(w), tf.constant(to(dy))
+    for chosen in ("tf", "direct", "fft"):
+        got = [candidates.run_pass(p, chosen, xt, wt, dyt, a, "CPU") for p in
+               ("forward", "backprop_input", "backprop_filter")]
+        for g, ref in zip((back(got[0].numpy()), back(got[1].numpy()), got[2]),
+                          (ref_y, ref_dx, ref_dw)):
+            assert rel_l2(g, ref) < 1e-4, chosen
+
+
+@pytest.mark.native
+def test_auto_runs_tf_conv3d_for_a_small_filter_and_ours_for_a_large_one():
+    """auto weighs TF's Conv3D per pass when the op is built (explain's choice),
+    and the training step's results hold on either route."""
+    small, large = ((2, 8, 12, 12, 16), (3, 3, 3, 16, 16)), ((1, 12, 20, 20, 2), (9, 9, 9, 2, 2))
+    for (xs, ws), tf_wanted in ((small, True), (large, False)):
+        chosen = tfbigconv.explain(xs, ws, padding="SAME").chosen
+        assert all(c.startswith("tf") == tf_wanted for c in chosen.values()), chosen
+        types = tape_types(lambda x, w: tfbigconv.bigconv3d(x, w, 1, "SAME"), xs, ws)
+        assert ("Conv3D" in types) == tf_wanted and ("BigConv3D" in types) != tf_wanted, types
+        x, w = random_case(xs, 14), random_case(ws, 15)
+        xt, wt = tf.constant(x), tf.constant(w)
+        with tf.GradientTape() as tape:
+            tape.watch([xt, wt])
+            y = tfbigconv.bigconv3d(xt, wt, 1, "SAME")
+        dy = random_case(y.shape, 16)
+        dx, dw = tape.gradient(y, [xt, wt], output_gradients=tf.constant(dy))
+        rdx, rdw = conv3d_reference_grads(x, w, dy, padding="SAME")
+        assert rel_l2(y, conv3d_reference(x, w, padding="SAME")) < 1e-4
+        assert rel_l2(dx, rdx) < 1e-4 and rel_l2(dw, rdw) < 1e-4
+
+
+@pytest.mark.native
+def test_tf_forward_with_our_gradients(monkeypatch):
+    """A forward pass planned as TF's Conv3D whose gradient passes are planned as
+    ours: the routed gradient (ops.planned.tf_forward_routed) in 3-D."""
+    monkeypatch.setattr(planner, "choose_gradients", lambda *a, **k: ("direct", "fft"))
+    x, w = random_case((2, 6, 7, 8, 4), 17), random_case((3, 3, 3, 4, 4), 18)
+    xt, wt = tf.constant(x), tf.constant(w)
+    with tf.GradientTape() as tape:
+        tape.watch([xt, wt])
+        y = tfbigconv.bigconv3d(xt, wt, (1, 2, 1), "VALID")
+    dy = random_case(y.shape, 19)
+    dx, dw = tape.gradient(y, [xt, wt], output_gradients=tf.constant(dy))
+    rdx, rdw = conv3d_reference_grads(x, w, dy, (1, 2, 1), "VALID")
+    assert rel_l2(dx, rdx) < 1e-4 and rel_l2(dw, rdw) < 1e-4
+    types = tape_types(lambda x, w: tfbigconv.bigconv3d(x, w, (1, 2, 1), "VALID"),
+                       x.shape, w.shape)
+    assert {"Conv3D", "BigConv3DBackpropInput", "BigConv3DBackpropFilter"} <= types, types
+
+
+@pytest.mark.native
+def test_autotuning_times_the_3d_candidates(autotuning):
+    """Where estimates are close, the 3-D passes are timed as the 2-D ones are,
+    and the choices are cached."""
+    import json
+    xs, ws = (2, 8, 16, 16, 8), (5, 5, 5, 8, 8)
+    e = tfbigconv.explain(xs, ws, padding="SAME", autotune=True)
+    timed = [r for r in e.rows if r.measured_seconds is not None]
+    assert timed, e
+    entries = json.loads(autotuning.read_text())["entries"]
+    assert any('"NDHWC"' in k for k in entries)

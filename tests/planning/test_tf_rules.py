@@ -21,7 +21,7 @@ def test_kernel_rules_table_is_well_formed():
     a verdict; the last row applies to every case."""
     assert tf_rules.TF_KERNEL_RULES
     for rule in tf_rules.TF_KERNEL_RULES:
-        assert rule.kernel in ("", "Conv2D", "DepthwiseConv2dNative"), rule
+        assert rule.kernel in ("", "Conv2D", "DepthwiseConv2dNative", "Conv3D"), rule
         assert rule.verdict in ("trusted", "measured", "never"), rule
         assert rule.kernel or rule.verdict == "never", rule  # no kernel: never auto's
         assert isinstance(rule.note, str) and rule.source, rule
@@ -404,3 +404,45 @@ def test_onednn_check_accepts_only_kernels_that_run_and_are_precise(monkeypatch,
             assert tf_rules.tf_cpu_onednn(kernel, "bfloat16", False, fmt) is False
     finally:
         tf_rules._onednn_probe.cache_clear()
+
+
+def _conv3d_tf_rows(**kwargs):
+    e = tfbigconv.explain((2, 8, 12, 12, 8), kwargs.pop("w", (3, 3, 3, 8, 8)), padding="SAME",
+                          **kwargs)
+    return e, [r for r in e.rows if r.algorithm.startswith("tf")]
+
+
+def test_conv3d_rules_with_onednn():
+    """Where TF runs oneDNN, Conv3D is trusted in every pass and dtype and takes
+    dilations and NCDHW (auto then picks it for a small filter), but never groups."""
+    with onednn_host():
+        for kwargs in ({}, dict(dilations=2, data_format="NCDHW"), dict(dtype="bfloat16")):
+            e, rows = _conv3d_tf_rows(**kwargs)
+            assert len(rows) == 3 and all(r.algorithm == "tf.Conv3D" and r.available
+                                          for r in rows), rows
+            assert set(e.chosen.values()) == {"tf.Conv3D"}, (kwargs, e.chosen)
+        e, rows = _conv3d_tf_rows(w=(3, 3, 3, 2, 8))  # 4 groups
+        assert all(not r.available and "groups" in r.note for r in rows)
+        assert not any(c.startswith("tf") for c in e.chosen.values())
+
+
+def test_conv3d_rules_without_onednn(eigen_tf):
+    """TF's Eigen Conv3D: NDHWC without dilations only; auto never picks it in half
+    precision (it accumulates in half), and in float32 only once timed fastest."""
+    for kwargs in (dict(data_format="NCDHW"), dict(dilations=(1, 2, 1))):
+        e, rows = _conv3d_tf_rows(**kwargs)
+        assert all(not r.available and "NDHWC" in r.note for r in rows), kwargs
+    e, rows = _conv3d_tf_rows(dtype="bfloat16")
+    assert all(r.available and "half precision" in r.note for r in rows)
+    assert not any(c.startswith("tf") for c in e.chosen.values())
+    e, rows = _conv3d_tf_rows()
+    assert all(r.available and "measured" in r.note for r in rows)
+    assert not any(c.startswith("tf") for c in e.chosen.values())  # never timed here
+
+
+def test_conv3d_onednn_check_runs_here():
+    """The oneDNN check for Conv3D (a dilated NCDHW case in each dtype) agrees
+    with what TF runs: where TF runs oneDNN it passes, else it fails."""
+    with host.use(host.Host()):
+        runs = tf_rules.tf_cpu_onednn("Conv3D", "float32", False)
+    assert runs == bool(host.tf_onednn())

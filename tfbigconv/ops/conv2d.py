@@ -5,7 +5,8 @@ from tfbigconv import _core, arguments, errors, host, kernels
 from tfbigconv._native import ops as native
 from tfbigconv.arguments import ALGORITHMS  # noqa: F401  (tfbigconv.ALGORITHMS)
 from tfbigconv import pure_tf
-from tfbigconv.planning import candidates, planner
+from tfbigconv.ops import planned
+from tfbigconv.planning import planner
 
 
 @tf.autograph.experimental.do_not_convert  # plain Python at trace time (planning, autotuning)
@@ -116,18 +117,18 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
             return pure_tf.conv2d(input, filters, strides, pad, explicit, data_format, dilations,
                                   algorithm, workspace_limit, why=pure)
         plan_in = planner.planning_shape(input.shape)
-        planned = plan_in is not None and f_shape is not None
+        static = plan_in is not None and f_shape is not None
         device = None  # where the op runs: resolved for planning, and TF's kernel follows it
-        if planned and algorithm in ("tf", "auto"):
+        if static and algorithm in ("tf", "auto"):
             device = host.resolve_device(input)
         if algorithm == "tf":
-            if planned:  # raises, saying why, where TensorFlow cannot run the case
-                _plan("forward", plan_in, f_shape, a, input.dtype, device)
-            return _tf_forward_routed(input, filters, plan_in, filters.shape, a, device)
-        if algorithm == "auto" and planned:
-            chosen = _plan("forward", plan_in, f_shape, a, input.dtype, device)["chosen"]
+            if static:  # raises, saying why, where TensorFlow cannot run the case
+                planned.plan_forward(plan_in, f_shape, a, input.dtype, device)
+            return planned.tf_forward_routed(input, filters, plan_in, filters.shape, a, device)
+        if algorithm == "auto" and static:
+            chosen = planned.plan_forward(plan_in, f_shape, a, input.dtype, device)["chosen"]
             if chosen == "tf":
-                return _tf_forward_routed(input, filters, plan_in, f_shape, a, device)
+                return planned.tf_forward_routed(input, filters, plan_in, f_shape, a, device)
             return native.big_conv2d(input=input, filter=filters, planned_algorithm=chosen, **a)
         return native.big_conv2d(input=input, filter=filters, **a)
 
@@ -159,33 +160,3 @@ def _with_batch_flattened(x, conv):
     out = tf.reshape(y, tf.concat([shape[:-3], tf.shape(y)[1:]], axis=0))
     out.set_shape(outer.concatenate(y.shape[1:]))
     return out
-
-
-def _plan(pass_, in_shape, f_shape, a, dtype, device):
-    p = planner.decide(pass_, in_shape, f_shape, kernels.tf_attrs(a), dtype.name, a["algorithm"],
-                       a["workspace_limit_bytes"], device)
-    planner.log_choice("bigconv2d", p)
-    return p
-
-
-def _tf_forward_routed(x, w, in_shape, f_shape, a, device):
-    """TensorFlow's forward kernel, with its gradient passes planned as
-    bigconv2d's gradient plans them (planner.choose_gradients; algorithm="tf": TF's
-    kernels for the passes)."""
-    bpi, bpf = planner.choose_gradients(in_shape, f_shape, a, x.dtype, device)
-    c = kernels.in_depth(x.shape, a["data_format"])
-    used = {candidates.depthwise(p, c, w.shape, a, x.dtype, device) for p in planner.PASSES}
-    crashes = candidates.filter_gradient_crashes(c, w.shape, a, x.dtype, device)
-    if bpi == bpf == "tf" and len(used) == 1 and not crashes:
-        # TF's own gradients, the planned kernels (not so for dilated depthwise
-        # filters: a grouped Conv2D forward, depthwise gradients).
-        return candidates.forward(x, w, a, "tf", device)
-
-    @tf.custom_gradient
-    def conv(x, w):
-        def grad(dy):
-            return (candidates.backprop_input(tf.shape(x), w, dy, a, bpi, x.shape, device),
-                    candidates.backprop_filter(x, w.shape, dy, a, bpf, device))
-        return candidates.forward(x, w, a, "tf", device), grad
-
-    return conv(x, w)

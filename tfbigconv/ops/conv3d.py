@@ -6,7 +6,8 @@ import tensorflow as tf
 
 from tfbigconv import _core, arguments, errors, host, pure_tf
 from tfbigconv._native import ops as native
-from tfbigconv.planning import planner
+from tfbigconv.ops import planned
+from tfbigconv.planning import planner, tf_rules
 
 
 @tf.autograph.experimental.do_not_convert
@@ -24,11 +25,15 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
     (accumulated in float32), float32, float64. Gradients of any order.
 
     Keyword-only:
-      algorithm: "auto" (default: the op picks direct or FFT convolution by the
-        planner's estimates when it runs), "direct", "fft" (3-D overlap-save with
-        3-D transforms), or "tf" (tf.nn.conv3d, where TensorFlow can run the case:
-        on the CPU not grouped and not dilated). Unlike bigconv2d, "auto" does not
-        weigh TensorFlow's kernel yet, nor autotune.
+      algorithm: "auto" (default: the planner picks, per pass, the fastest of
+        TensorFlow's Conv3D where its CPU kernel runs the case (not grouped; with
+        dilations or NCDHW only where TF runs oneDNN; not in half precision
+        without it), "direct" and "fft", as bigconv2d's auto does: with static
+        shapes when the op is built, timing the candidates where estimates are
+        close (TFBIGCONV_AUTOTUNE), else the op between direct and fft when it
+        runs), "direct", "fft" (3-D overlap-save with 3-D transforms), or "tf"
+        (tf.nn.conv3d, where TensorFlow can run the case: on the CPU not grouped,
+        and, without oneDNN, not dilated).
       workspace_limit: FFT workspace budget in bytes; 0 means half of the free
         host memory. ResourceExhaustedError, stating the minimum, if nothing fits.
 
@@ -69,10 +74,16 @@ def bigconv3d(input, filters, strides, padding, data_format="NDHWC", dilations=N
                               check=asked == "tf")
         if host.resolve_device(input) == "GPU":
             _warn_cpu_only()
-        return native.big_conv3d(
-            input=input, filter=filters, strides=strides, padding=pad,
-            explicit_paddings=explicit, data_format=fmt, dilations=dilations,
-            algorithm=asked, workspace_limit_bytes=int(workspace_limit))
+        a = dict(strides=strides, padding=pad, explicit_paddings=explicit, data_format=fmt,
+                 dilations=dilations, algorithm=asked, workspace_limit_bytes=int(workspace_limit))
+        plan_in = planner.planning_shape(input.shape)
+        if asked == "auto" and plan_in is not None and f_shape is not None:
+            # Planned at trace time, as bigconv2d: TF's Conv3D or ours (the ops' CPU).
+            chosen = planned.plan_forward(plan_in, f_shape, a, input.dtype, "CPU")["chosen"]
+            if chosen == "tf":
+                return planned.tf_forward_routed(input, filters, plan_in, f_shape, a, "CPU")
+            return native.big_conv3d(input=input, filter=filters, planned_algorithm=chosen, **a)
+        return native.big_conv3d(input=input, filter=filters, **a)
 
 
 _warned = []
@@ -90,15 +101,20 @@ def _warn_cpu_only():
 def _tf_conv3d(x, w, strides, pad, explicit, fmt, dilations, check):
     """tf.nn.conv3d for algorithm "tf" (check: refuse what TF's CPU kernel cannot run,
     where the static channels tell) and for the pure-TF path: explicit padding becomes
-    tf.pad and NCDHW a transpose, which TF's CPU kernel needs, and outside XLA (whose
+    tf.pad and NCDHW a transpose, which TF's Eigen CPU kernel needs, and outside XLA (whose
     convolution has groups) a grouped filter runs one tf.nn.conv3d per group."""
     channels = x.shape[4 if fmt == "NDHWC" else 1] if x.shape.rank == 5 else None
     f_in = w.shape[3] if w.shape.rank == 5 else None
     groups = channels // f_in if channels is not None and f_in else None
-    if check and ((groups is not None and groups != 1) or any(d != 1 for d in dilations)):
+    if check and groups is not None and groups != 1:
         raise errors.invalid_argument(
-            "algorithm 'tf' runs tf.nn.conv3d, whose CPU kernel takes neither groups nor "
-            f"dilations: this case has groups {groups} and dilations {dilations}")
+            f"algorithm 'tf' runs tf.nn.conv3d, whose CPU kernel takes no groups: this case "
+            f"has {groups}")
+    if check and any(d != 1 for d in dilations) and not tf_rules.tf_cpu_onednn(
+            "Conv3D", x.dtype.name, False):
+        raise errors.invalid_argument(
+            "algorithm 'tf' runs tf.nn.conv3d, whose CPU kernel (without oneDNN) takes no "
+            f"dilations: this case has dilations {dilations}")
     if fmt == "NCDHW":
         x = tf.transpose(x, [0, 2, 3, 4, 1])
         strides = [strides[0], *strides[2:], strides[1]]

@@ -20,11 +20,14 @@ def _device_of(op):
 
 
 @tf.RegisterGradient("BigConv2D")
-def _big_conv2d_grad(op, grad):
+@tf.RegisterGradient("BigConv3D")
+def _big_conv_grad(op, grad):
     x, w = op.inputs
     a = _attrs(op)
-    # Planning and TF's kernels follow it; ours need no device.
-    device = _device_of(op) if a["algorithm"] in ("auto", "tf") else None
+    # Planning and TF's kernels follow it; ours need no device (3-D: the CPU's).
+    device = None
+    if a["algorithm"] in ("auto", "tf"):
+        device = "CPU" if kernels.is_3d(a) else _device_of(op)
     # A gradient the tape does not want (e.g. a model's input) is neither planned,
     # timed nor built: the tape's op says so (graph-mode tf.gradients' op does not).
     skip = set(getattr(op, "skip_input_indices", None) or ())
@@ -58,13 +61,3 @@ _register_backprop_gradients("BigConv2D", native.big_conv2d, native.big_conv2d_b
 _register_backprop_gradients("BigConv3D", native.big_conv3d, native.big_conv3d_backprop_input,
                              native.big_conv3d_backprop_filter)
 
-
-# BigConv3D: each gradient pass is our op, which picks direct or fft when it runs
-# (bigconv3d's "auto" does not plan at trace time yet).
-@tf.RegisterGradient("BigConv3D")
-def _big_conv3d_grad(op, grad):
-    x, w = op.inputs
-    a = _attrs(op)
-    skip = set(getattr(op, "skip_input_indices", None) or ())
-    return (native.big_conv3d_backprop_input(tf.shape(x), w, grad, **a) if 0 not in skip else None,
-            native.big_conv3d_backprop_filter(x, tf.shape(w), grad, **a) if 1 not in skip else None)

@@ -1,7 +1,7 @@
 """Each candidate of a pass as TensorFlow ops: "tf" (TensorFlow's own kernel
 for the case, by tf_rules, for the device the pass was planned for), or
-"direct" / "fft" (our ops). autotune times them; bigconv2d and its gradients
-emit them."""
+"direct" / "fft" (our ops), in 2-D or 3-D as the attributes' data_format says.
+autotune times them; bigconv2d, bigconv3d and their gradients emit them."""
 import tensorflow as tf
 
 from tfbigconv import _core, errors, host, kernels
@@ -44,7 +44,8 @@ def forward(x, w, a, chosen, device=None):
     if chosen == "tf":
         c = kernels.in_depth(x.shape, a["data_format"])
         return kernels.tf_forward(x, w, a, depthwise("forward", c, w.shape, a, x.dtype, device))
-    return native.big_conv2d(input=x, filter=w, **ours(a, chosen))
+    op = native.big_conv3d if kernels.is_3d(a) else native.big_conv2d
+    return op(input=x, filter=w, **ours(a, chosen))
 
 
 def backprop_input(input_sizes, w, dy, a, chosen, x_shape, device=None):
@@ -54,7 +55,9 @@ def backprop_input(input_sizes, w, dy, a, chosen, x_shape, device=None):
         c = kernels.in_depth(x_shape, a["data_format"])
         return kernels.tf_backprop_input(
             input_sizes, w, dy, a, c, depthwise("backprop_input", c, w.shape, a, w.dtype, device))
-    return native.big_conv2d_backprop_input(input_sizes, w, dy, **ours(a, chosen))
+    op = (native.big_conv3d_backprop_input if kernels.is_3d(a)
+          else native.big_conv2d_backprop_input)
+    return op(input_sizes, w, dy, **ours(a, chosen))
 
 
 def backprop_filter(x, f_shape, dy, a, chosen, device=None):
@@ -71,7 +74,9 @@ def backprop_filter(x, f_shape, dy, a, chosen, device=None):
         return kernels.tf_backprop_filter(
             x, f_shape, dy, a, depthwise("backprop_filter", c, f_shape, a, x.dtype, device))
     sizes = f_shape.as_list() if isinstance(f_shape, tf.TensorShape) else f_shape
-    return native.big_conv2d_backprop_filter(x, sizes, dy, **ours(a, chosen))
+    op = (native.big_conv3d_backprop_filter if kernels.is_3d(a)
+          else native.big_conv2d_backprop_filter)
+    return op(x, sizes, dy, **ours(a, chosen))
 
 
 def run_pass(pass_, chosen, x, w, dy, a, device=None):

@@ -148,7 +148,8 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
     the default, or "NCW"; filter [width, in, out]; padding "CAUSAL" too), which
     is shown as bigconv1d runs it: a 2-D convolution of height 1; or bigconv3d
     for an input_shape of 5 dimensions (data_format "NDHWC", the default, or
-    "NCDHW"; filter DHWIO), whose candidates are our kernels only. device: "CPU" or "GPU" (each has its own candidates and cost
+    "NCDHW"; filter DHWIO; on the CPU only, with TF's Conv3D as its TF
+    candidate). device: "CPU" or "GPU" (each has its own candidates and cost
     model; "GPU" needs no GPU here). budget: workspace limit in bytes (None:
     as the ops decide: half of the free host memory on the CPU; on the GPU,
     half of what TensorFlow's allocator can still give, see
@@ -191,11 +192,9 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
         if len(input_shape) == 5:  # 3-D, as bigconv3d runs it
             data_format = arguments.parse_data_format_3d(
                 {"NHWC": None, "NCHW": "NCDHW"}.get(data_format, data_format))
-            if autotune is True or xla:
-                raise ValueError("bigconv3d does not autotune (its ops choose between direct "
-                                 "and fft by estimate), and under XLA it is tf.nn.conv3d: "
-                                 "autotune=True and xla=True are for 1-D and 2-D shapes")
-            autotune = False
+            if xla:
+                raise ValueError("under XLA bigconv3d is tf.nn.conv3d: xla=True is for 1-D "
+                                 "and 2-D shapes")
         else:
             data_format = arguments.parse_data_format(data_format)
         pad, explicit = arguments.parse_padding(padding, dims=len(input_shape))

@@ -16,10 +16,6 @@ from tfbigconv import _core, errors, host, kernels
 from tfbigconv.arguments import PASSES  # noqa: F401  (planner.PASSES: the passes planned)
 from tfbigconv.planning import autotune as tuner, tf_rules
 
-# Why TensorFlow's kernel is no candidate of a 3-D pass (explain shows it).
-NO_TF_CANDIDATE_3D = ("bigconv3d's auto weighs only its own kernels (tf.nn.conv3d is "
-                      "algorithm='tf')")
-
 # With an unknown batch (Keras' usual None), passes are planned for this many
 # images: the choice between algorithms depends little on the batch, and a
 # training batch of 32 is Keras' default.
@@ -33,10 +29,10 @@ _planning_only = contextvars.ContextVar("tfbigconv_planning_only", default=None)
 
 
 def planning_shape(shape):
-    """A shape to plan with: the static one, with an unknown batch read as
-    ASSUMED_BATCH; None if any other dimension is unknown."""
+    """A shape to plan with (rank 4, or 5 in 3-D): the static one, with an unknown
+    batch read as ASSUMED_BATCH; None if any other dimension is unknown."""
     shape = tf.TensorShape(shape)
-    if shape.rank != 4:
+    if shape.rank not in (4, 5):
         return None
     dims = shape.as_list()
     if any(d is None for d in dims[1:]):
@@ -68,13 +64,10 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
         geometry = _core.conv_geometry(*args)
     except ValueError as e:
         raise errors.invalid_argument(str(e)) from None
-    if len(input_shape) == 5:  # bigconv3d: our CPU kernels only (TF_KERNEL_RULES are 2-D)
-        if device == "GPU":
-            raise errors.invalid_argument("3-D convolutions run on the CPU only (bigconv3d's "
-                                          "ops have no GPU kernels): device must be 'CPU'")
-        picked, for_auto, note = "", "never", NO_TF_CANDIDATE_3D
-    else:
-        picked, for_auto, note = tf_rules.tf_kernel(pass_, geometry, attrs, dtype, device)
+    if len(input_shape) == 5 and device == "GPU":
+        raise errors.invalid_argument("3-D convolutions run on the CPU only (bigconv3d's "
+                                      "ops have no GPU kernels): device must be 'CPU'")
+    picked, for_auto, note = tf_rules.tf_kernel(pass_, geometry, attrs, dtype, device)
     kernel = kernel or picked
     try:
         p = _core.plan_pass(*args, pass_, dtype, device, algorithm, workspace_limit,
@@ -165,5 +158,5 @@ def choose_gradients(in_shape, f_shape, a, dtype, device, needed=(True, True)):
         plans = [decide(p, *args) if n else None for p, n in zip(PASSES[1:], needed)]
     for p in plans:
         if p is not None:
-            log_choice("bigconv2d", p)
+            log_choice("bigconv3d" if kernels.is_3d(a) else "bigconv2d", p)
     return tuple(p["chosen"] if p is not None else None for p in plans)

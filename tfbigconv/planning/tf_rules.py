@@ -29,7 +29,8 @@ def uses_depthwise_kernel(pass_, in_depth, filter_shape, attrs, dtype, device):
     forward is grouped Conv2D, which oneDNN runs faster there. Other grouped
     cases, and every one on the GPU (GPU_DEPTHWISE_NOTE), are grouped Conv2D.
     The rules and the emitters (planning.candidates) both ask this."""
-    if in_depth is None or in_depth <= 1 or filter_shape[2] != 1 or device == "GPU":
+    if (kernels.is_3d(attrs) or in_depth is None or in_depth <= 1 or filter_shape[2] != 1
+            or device == "GPU"):  # TF has no 3-D depthwise kernel
         return False
     nhwc = attrs["data_format"] == "NHWC"
     strides = attrs["strides"][1:3] if nhwc else attrs["strides"][2:4]
@@ -85,7 +86,8 @@ def tf_filter_gradient_crashes(in_depth, filter_shape, attrs, dtype, device):
     (ONEDNN_BF16_GROUPED_DILATED_NOTE): grouped Conv2DBackpropFilter in bfloat16
     with dilations, where oneDNN runs it. Needs no spatial sizes, so the
     emitter (planning.candidates) asks it too, also where shapes are unknown."""
-    if (device != "CPU" or dtype != "bfloat16" or in_depth is None or filter_shape[2] is None
+    if (kernels.is_3d(attrs) or device != "CPU" or dtype != "bfloat16" or in_depth is None
+            or filter_shape[2] is None
             or in_depth == filter_shape[2] or all(d == 1 for d in attrs["dilations"])):
         return False
     if uses_depthwise_kernel("backprop_filter", in_depth, filter_shape, attrs, dtype, device):
@@ -138,15 +140,17 @@ class Case:
 
     def __post_init__(self):
         g = self.geometry
-        self.filter_shape = [g[k] for k in ("filter_h", "filter_w", "filter_in_c", "out_c")]
-        self.nchw = self.attrs["data_format"] == "NCHW"
+        self.rank3 = kernels.is_3d(self.attrs)
+        self.filter_shape = [g[k] for k in ("filter_d", "filter_h", "filter_w", "filter_in_c",
+                                            "out_c")[0 if self.rank3 else 1:]]
+        self.nchw = self.attrs["data_format"] in ("NCHW", "NCDHW")
         self.explicit = self.attrs["padding"] == "EXPLICIT"
         self.half = self.dtype in HALF_TYPES and self.device == "CPU"
-        self.dilated = g["dilation_h"] > 1 or g["dilation_w"] > 1
+        self.dilated = g["dilation_d"] > 1 or g["dilation_h"] > 1 or g["dilation_w"] > 1
         self.grouped = g["groups"] > 1
         self.gradient = self.pass_ != "forward"
-        sizes = ("batch", "in_h", "in_w", "in_c", "filter_h", "filter_w", "out_c", "out_h",
-                 "out_w")
+        sizes = ("batch", "in_d", "in_h", "in_w", "in_c", "filter_d", "filter_h", "filter_w",
+                 "out_c", "out_d", "out_h", "out_w")
         self.empty = any(g[k] == 0 for k in sizes)
 
     @functools.cached_property
@@ -165,6 +169,11 @@ class Case:
     def onednn_conv2d(self):
         return tf_cpu_onednn("Conv2D", self.dtype, self.explicit)
 
+    @functools.cached_property
+    def onednn_conv3d(self):
+        """oneDNN runs Conv3D for this dtype (explicit padding is a tf.pad around it)."""
+        return self.device == "CPU" and tf_cpu_onednn("Conv3D", self.dtype, False)
+
     @property
     def needs_onednn_conv2d(self):
         """Only oneDNN's CPU Conv2D runs it right: TF's Eigen kernels run NHWC
@@ -174,6 +183,8 @@ class Case:
     @property
     def relies_on_onednn(self):
         """TF's kernel for the case is oneDNN's (ONEDNN_NOTE is added to its note)."""
+        if self.rank3:
+            return self.onednn_conv3d
         if self.depthwise:
             return self.nchw or (self.half and self.onednn_depthwise)
         return self.device == "CPU" and self.needs_onednn_conv2d
@@ -199,6 +210,25 @@ TF_KERNEL_RULES = (
          "TF 2.21's oneDNN Conv2D returns an input-shaped result for empty inputs, its "
          "gradients leave empty sums uninitialised, and its graph shape function rejects the "
          "empty outputs its kernel gives (filter one larger than the input)"),
+    # Conv3D, TF's only 3-D kernel (bigconv3d).
+    Rule(lambda c: c.rank3 and c.device == "GPU", "", "never",
+         "3-D convolutions run on the CPU (bigconv3d's ops have no GPU kernels)",
+         "csrc/tf/kernels_gpu.cc registers 2-D ops only"),
+    Rule(lambda c: c.rank3 and c.grouped, "", "never", "TensorFlow's CPU Conv3D rejects groups",
+         "TF 2.21, oneDNN and Eigen: 'input and filter must have the same depth'"),
+    Rule(lambda c: c.rank3 and (c.nchw or c.dilated) and not c.onednn_conv3d, "", "never",
+         "TensorFlow's own CPU Conv3D runs only NDHWC, without dilations",
+         "TF 2.21's Eigen Conv3D: 'only supports the NHWC tensor format', 'dilated rates of 1'"),
+    Rule(lambda c: c.rank3 and c.half and not c.onednn_conv3d, "Conv3D", "never",
+         "TensorFlow's CPU Conv3D accumulates in half precision (4-6x the error of ours): "
+         "not for auto",
+         "measured rel. L2 vs float64 (3x3x3x8x8): bfloat16 1.2e-2 to 1.8e-2, oneDNN 2.5e-3 to "
+         "2.9e-3"),
+    Rule(lambda c: c.rank3 and not c.onednn_conv3d, "Conv3D", "measured",
+         "TensorFlow's Eigen Conv3D, estimated at oneDNN's rates: picked only when measured "
+         "fastest", "the Conv3D estimate was measured on oneDNN only"),
+    Rule(lambda c: c.rank3, "Conv3D", "trusted", "",
+         "oneDNN's Conv3D against Conv2D's rates at the side of as many taps (plan.cc)"),
     # DepthwiseConv2dNative (uses_depthwise_kernel).
     Rule(lambda c: (c.depthwise and c.half and onednn_compiles_slowly(c.pass_, c.geometry, c.dtype)
                     and c.onednn_depthwise), "DepthwiseConv2dNative", "never",
@@ -263,23 +293,24 @@ def tf_kernel(pass_, geometry, attrs, dtype, device):
 
 
 def tf_cpu_onednn(kernel, dtype, explicit_padding, data_format="NHWC"):
-    """Whether TF's CPU `kernel` ("Conv2D" or "DepthwiseConv2dNative") runs
-    `dtype` through oneDNN in this process, with explicit padding or not (and,
-    for depthwise, in `data_format`).
+    """Whether TF's CPU `kernel` ("Conv2D", "DepthwiseConv2dNative" or "Conv3D")
+    runs `dtype` through oneDNN in this process, with explicit padding or not
+    (and, for depthwise, in `data_format`).
 
     TF turns oneDNN on by default on some CPUs only (TF_ENABLE_ONEDNN_OPTS
     overrides it), and even then not for every case: it fell back to its Eigen
     kernels for float16 on an AVX-512 CPU without AVX512-FP16, and for
     EXPLICIT padding. So this is measured, once per process and arguments, on
     a small case of what only oneDNN runs correctly: for Conv2D a grouped,
-    dilated NCHW convolution; for depthwise, NCHW or half-type accuracy. Every
+    dilated NCHW convolution; for Conv3D a dilated NCDHW one; for depthwise,
+    NCHW or half-type accuracy. Every
     pass must run and be within 2x the error of rounding the exact result to
     `dtype` (oneDNN: 1.1x in bfloat16; Eigen's half-type gradients: 3-18x).
     """
     h = host.current()
     if not h.runs_onednn():
         return False
-    fmt = "NCHW" if kernel == "Conv2D" else data_format
+    fmt = {"Conv2D": "NCHW", "Conv3D": "NCDHW"}.get(kernel, data_format)
     if h.onednn_runs is not None:
         return bool(h.onednn_runs(kernel, dtype, bool(explicit_padding), fmt))
     return _onednn_probe(kernel, dtype, bool(explicit_padding), fmt)
@@ -288,8 +319,10 @@ def tf_cpu_onednn(kernel, dtype, explicit_padding, data_format="NHWC"):
 @functools.lru_cache(maxsize=None)
 @tf.autograph.experimental.do_not_convert
 def _onednn_probe(kernel, dtype, explicit_padding, fmt):
-    depthwise = kernel != "Conv2D"
-    if not depthwise:  # grouped and dilated, in fmt (NCHW)
+    depthwise = kernel == "DepthwiseConv2dNative"
+    if kernel == "Conv3D":  # dilated, in NCDHW: TF's Eigen Conv3D runs neither
+        x_shape, f_shape, dil = (2, 4, 7, 9, 8), (3, 3, 3, 4, 6), [1, 1, 2, 1, 2]
+    elif not depthwise:  # grouped and dilated, in fmt (NCHW)
         # Dilated in width only: TF 2.21's oneDNN bfloat16 grouped filter
         # gradient crashed with height dilations (ONEDNN_BF16_GROUPED_DILATED_NOTE).
         x_shape, f_shape, dil = (2, 8, 21, 23), (3, 3, 4, 6), [1, 1, 1, 2]
@@ -299,7 +332,7 @@ def _onednn_probe(kernel, dtype, explicit_padding, fmt):
             x_shape = (2, 8, 17, 19)
     pads = ([0, 0, 1, 2, 2, 1, 0, 0] if fmt == "NHWC" else [0, 0, 0, 0, 1, 2, 2, 1]) \
         if explicit_padding else []
-    a = dict(strides=[1, 1, 1, 1], padding="EXPLICIT" if explicit_padding else "SAME",
+    a = dict(strides=[1] * len(dil), padding="EXPLICIT" if explicit_padding else "SAME",
              explicit_paddings=pads, data_format=fmt, dilations=dil)
     core_args = (a["strides"], a["padding"], pads, fmt, dil)
     rng = np.random.default_rng(0)
