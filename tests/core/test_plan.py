@@ -246,7 +246,7 @@ def test_bad_device_and_tf_kernel_are_value_errors():
     with pytest.raises(ValueError, match="device"):
         plan((1, 8, 8, 1), (3, 3, 1, 1), device="TPU")
     with pytest.raises(ValueError, match="tf_kernel"):
-        plan((1, 8, 8, 1), (3, 3, 1, 1), tf_kernel="Conv3D")
+        plan((1, 8, 8, 1), (3, 3, 1, 1), tf_kernel="Conv1D")
 
 
 def test_depthwise_with_a_channel_multiplier_has_its_own_rates():
