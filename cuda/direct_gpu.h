@@ -24,18 +24,23 @@ namespace gpu {
 // are split over input-channel and filter-row ranges into partial sums that
 // a second kernel adds in a fixed order: deterministic, no atomics.
 //
+// 3-D: every kernel runs each (image, output depth) pair as one image and
+// the filter's depth taps as reduction rows, in order (ci, kd, kh): the
+// filter-row ranges of the splits are ranges of (kd, kh) rows.
+//
 // Problems with few output pixels and a long reduction (backprop_filter:
 // K x K taps, each a sum over N x Ho x Wo) use the reduction kernel instead:
 // each thread holds channels_per_thread output channels x width_per_thread
 // output columns of one output row, and sums over one range of the
-// reduction's (input channel, filter row) rows; `row_splits` ranges run in
-// parallel into partial sums, added in split order by a second kernel.
+// reduction's (input channel, depth tap, filter row) rows; `row_splits`
+// ranges run in parallel into partial sums, added in split order by a
+// second kernel.
 //
 // Problems whose groups are innermost with unit stride in every view and
 // have one output channel each, with many groups (NHWC depthwise: the forward
 // pass, backprop_input and backprop_filter) use the depthwise kernel: each
 // thread holds a vector of neighbouring groups x 4 output columns of one row
-// and sums its reduction rows (ci, kh) x all kw, so a warp's loads are
+// and sums its reduction rows (ci, kd, kh) x all kw, so a warp's loads are
 // contiguous vectors. The vector width depends on the operands' alignment
 // and is chosen at launch. Rows are split like the reduction kernel's where
 // outputs are few (backprop_filter): row_splits, rows_per_split.
@@ -50,7 +55,7 @@ struct DirectGpuPlan {
   int channels_per_thread = 1;  // 1 or 4
   int64_t shared_bytes = 0;
   int64_t ci_splits = 1, ci_per_split = 1;
-  int64_t kh_splits = 1, kh_per_split = 1;
+  int64_t kh_splits = 1, kh_per_split = 1;  // in units of (kd, kb_h filter rows)
   int64_t workspace_bytes = 0;  // partial sums; 0 without splits
   double seconds = 0;           // estimate (uncalibrated model)
   int64_t splits() const { return reduction || depthwise ? row_splits : ci_splits * kh_splits; }

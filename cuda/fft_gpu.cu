@@ -29,11 +29,11 @@ constexpr double kFftFlopsPerSecond = 10e12, kBytesPerSecond = 2e12;
 struct PlanKey {
   int device;
   cudaStream_t stream;
-  int64_t h, w, batch;
+  int64_t d, h, w, batch;
   int type;
   bool operator<(const PlanKey& o) const {
-    return std::tie(device, stream, h, w, batch, type) <
-           std::tie(o.device, o.stream, o.h, o.w, o.batch, o.type);
+    return std::tie(device, stream, d, h, w, batch, type) <
+           std::tie(o.device, o.stream, o.d, o.h, o.w, o.batch, o.type);
   }
 };
 struct CachedPlan {
@@ -52,13 +52,13 @@ std::map<PlanKey, CachedPlan>& PlanCache() {
   return *cache;
 }
 
-// Caller holds PlanMutex().
-std::string GetPlan(const CufftApi& api, cudaStream_t stream, int64_t h, int64_t w,
+// Caller holds PlanMutex(). Transforms of d x h x w: 2-D ones where d is 1.
+std::string GetPlan(const CufftApi& api, cudaStream_t stream, int64_t d, int64_t h, int64_t w,
                     int64_t batch, int type, CachedPlan* out) {
   int device = 0;
   cudaError_t ce = cudaGetDevice(&device);
   if (ce != cudaSuccess) return std::string("cudaGetDevice: ") + cudaGetErrorString(ce);
-  const PlanKey key{device, stream, h, w, batch, type};
+  const PlanKey key{device, stream, d, h, w, batch, type};
   auto it = PlanCache().find(key);
   if (it != PlanCache().end()) {
     *out = it->second;
@@ -67,27 +67,29 @@ std::string GetPlan(const CufftApi& api, cudaStream_t stream, int64_t h, int64_t
   CachedPlan p{};
   cufftResult r = api.Create(&p.handle);
   if (r != CUFFT_SUCCESS) return "cufftCreate failed with code " + std::to_string(int(r));
-  long long n[2] = {h, w};
+  long long n[3] = {d, h, w};
+  const int rank = d == 1 ? 2 : 3;
   r = api.SetAutoAllocation(p.handle, 0);
   if (r == CUFFT_SUCCESS)
-    r = api.MakePlanMany64(p.handle, 2, n, nullptr, 1, 0, nullptr, 1, 0, cufftType(type), batch,
-                           &p.work_bytes);
+    r = api.MakePlanMany64(p.handle, rank, n + 3 - rank, nullptr, 1, 0, nullptr, 1, 0,
+                           cufftType(type), batch, &p.work_bytes);
   if (r != CUFFT_SUCCESS) {
     api.Destroy(p.handle);
-    return "cuFFT plan for " + std::to_string(batch) + " transforms of " + std::to_string(h) +
-           "x" + std::to_string(w) + " failed with code " + std::to_string(int(r));
+    return "cuFFT plan for " + std::to_string(batch) + " transforms of " + std::to_string(d) +
+           "x" + std::to_string(h) + "x" + std::to_string(w) + " failed with code " +
+           std::to_string(int(r));
   }
   PlanCache()[key] = p;
   *out = p;
   return "";
 }
 
-std::string Exec(const CufftApi& api, cudaStream_t stream, int64_t h, int64_t w, int64_t batch,
-                 bool forward, bool dbl, void* in, void* out, void* work) {
+std::string Exec(const CufftApi& api, cudaStream_t stream, int64_t d, int64_t h, int64_t w,
+                 int64_t batch, bool forward, bool dbl, void* in, void* out, void* work) {
   const int type = forward ? (dbl ? CUFFT_D2Z : CUFFT_R2C) : (dbl ? CUFFT_Z2D : CUFFT_C2R);
   std::lock_guard<std::mutex> lock(PlanMutex());
   CachedPlan p;
-  std::string err = GetPlan(api, stream, h, w, batch, type, &p);
+  std::string err = GetPlan(api, stream, d, h, w, batch, type, &p);
   if (!err.empty()) return err;
   cufftResult r = api.SetStream(p.handle, stream);
   if (r == CUFFT_SUCCESS) r = api.SetWorkArea(p.handle, work);
@@ -111,21 +113,28 @@ template <typename T> struct Complex;
 template <> struct Complex<float> { using type = float2; };
 template <> struct Complex<double> { using type = double2; };
 
-// The geometry (GeometryArgs, gpu_common.cuh) and the plan's tiling.
+// The geometry (GeometryArgs, gpu_common.cuh) and the plan's tiling. In 3-D
+// a tile is a volume and every "plane" of the staging below a volume of
+// fft_d planes; tile_d, tiles_d and fft_d are 1 in 2-D.
 struct FftArgs : GeometryArgs {
   int64_t tile_h, tile_w, tiles_h, tiles_w, fft_h, fft_w, bins, ci_block, chunk;
+  int64_t tile_d, tiles_d, fft_d;
 };
 
-// Where item `item`'s tile sits.
+// Where item `item`'s tile sits: its first output (od0, oh0, ow0) and its
+// valid extent (vd, vh, vw), smaller at the output's far edges.
 struct Tile {
-  int64_t n, oh0, ow0, vh, vw;
+  int64_t n, od0, oh0, ow0, vd, vh, vw;
 };
 TFBIGCONV_HD Tile TileOf(const FftArgs& a, int64_t item) {
-  const int64_t per_image = a.tiles_h * a.tiles_w, t = item % per_image;
+  const int64_t per_plane = a.tiles_h * a.tiles_w, per_image = a.tiles_d * per_plane;
+  const int64_t t = item % per_image, th_tw = t % per_plane;
   Tile r;
   r.n = item / per_image;
-  r.oh0 = (t / a.tiles_w) * a.tile_h;
-  r.ow0 = (t % a.tiles_w) * a.tile_w;
+  r.od0 = (t / per_plane) * a.tile_d;
+  r.oh0 = (th_tw / a.tiles_w) * a.tile_h;
+  r.ow0 = (th_tw % a.tiles_w) * a.tile_w;
+  r.vd = Min64(a.tile_d, a.out_d - r.od0);
   r.vh = Min64(a.tile_h, a.out_h - r.oh0);
   r.vw = Min64(a.tile_w, a.out_w - r.ow0);
   return r;
@@ -188,8 +197,8 @@ TFBIGCONV_HD void RaiseFilterMax(StagingCheck* check, T m) {
 
 // The largest input magnitude the transforms take safely with filter values
 // up to the block's maximum (as on the CPU, fft_cpu.cc: spectra grow by up to
-// fft_h * fft_w, the mix sums cig products of two, the unnormalised inverse
-// grows by fft_h * fft_w again; a factor 2 to spare). Negative when the
+// the transform's points, the mix sums cig products of two, the unnormalised
+// inverse grows by the points again; a factor 2 to spare). Negative when the
 // filter holds a NaN or Inf: every staged value then fails.
 template <typename T>
 TFBIGCONV_HD T InputLimit(const FftArgs& a, unsigned long long w_bits) {
@@ -197,9 +206,9 @@ TFBIGCONV_HD T InputLimit(const FftArgs& a, unsigned long long w_bits) {
   const T w_max = FromMagnitudeBits<T>(w_bits);
   if (!(w_max <= big)) return T(-1);
   if (w_max == T(0)) return big;
-  const double points = double(a.fft_h) * double(a.fft_w);
-  const double growth = 4.0 * points * points * double(a.cig) * double(a.filter_h) *
-                        double(a.filter_w) * double(w_max);
+  const double points = double(a.fft_d) * double(a.fft_h) * double(a.fft_w);
+  const double growth = 4.0 * points * points * double(a.cig) * double(a.filter_d) *
+                        double(a.filter_h) * double(a.filter_w) * double(w_max);
   const double limit = double(big) / growth;
   return limit < double(big) ? T(limit) : big;
 }
@@ -222,16 +231,20 @@ inline unsigned GridForRows(int64_t rows) { return GridFor(rows, kWarpsPerBlock)
        row < (rows); row += gridDim.x * int64_t(kWarpsPerBlock))                          \
     body(row, int(threadIdx.x % kLanes))
 
-// real[co][ci][r][c] = dilated filter tap plane (co, ci0 + ci) at the origin.
+// real[co][ci][z][r][c] = dilated filter taps (co, ci0 + ci) at the origin.
 template <typename S, typename T>
 TFBIGCONV_HD void PadFilterRow(const FftArgs& a, const S* filt, int64_t ci0, int64_t nci, T* real,
                                StagingCheck* check, int64_t row, int lane) {
-  const int64_t r = row % a.fft_h, t = row / a.fft_h;
+  const int64_t r = row % a.fft_h;
+  int64_t t = row / a.fft_h;
+  const int64_t z = t % a.fft_d;
+  t /= a.fft_d;
   const int64_t ci = t % a.ci_block, co = t / a.ci_block;
   T* dst = real + row * a.fft_w;
-  const bool live = ci < nci && r % a.dh == 0 && r / a.dh < a.filter_h;
-  const S* src = live ? filt + a.fv.offset + (r / a.dh) * a.fv.h + (ci0 + ci) * a.fv.i +
-                            (co / a.cog) * a.fv.g + (co % a.cog) * a.fv.o
+  const bool live = ci < nci && r % a.dh == 0 && r / a.dh < a.filter_h && z % a.dd == 0 &&
+                    z / a.dd < a.filter_d;
+  const S* src = live ? filt + a.fv.offset + (z / a.dd) * a.fv.d + (r / a.dh) * a.fv.h +
+                            (ci0 + ci) * a.fv.i + (co / a.cog) * a.fv.g + (co % a.cog) * a.fv.o
                       : nullptr;
   T m = T(0);
   for (int64_t c = lane; c < a.fft_w; c += kLanes) {
@@ -250,17 +263,19 @@ __global__ void PadFilterKernel(FftArgs a, const S* filt, int64_t ci0, int64_t n
   auto body = [&](int64_t row, int lane) {
     PadFilterRow(a, filt, ci0, nci, real, check, row, lane);
   };
-  TFBIGCONV_WARP_ROWS(a.cout * a.ci_block * a.fft_h, body);
+  TFBIGCONV_WARP_ROWS(a.cout * a.ci_block * a.fft_d * a.fft_h, body);
 }
 
-// real[slot][grp][ci][r][c] = the tile's input window (virtual input: zero in
-// the padding and between in_dilation's samples), zero beyond it.
+// real[slot][grp][ci][z][r][c] = the tile's input window (virtual input:
+// zero in the padding and between in_dilation's samples), zero beyond it.
 template <typename S, typename T>
 TFBIGCONV_HD void PadInputRow(const FftArgs& a, const S* in, int64_t item0, int64_t n_items,
                               int64_t ci0, int64_t nci, T* real, StagingCheck* check,
                               int64_t row, int lane) {
   const int64_t r = row % a.fft_h;
   int64_t t = row / a.fft_h;
+  const int64_t z = t % a.fft_d;
+  t /= a.fft_d;
   const int64_t ci = t % a.ci_block;
   t /= a.ci_block;
   const int64_t grp = t % a.groups, slot = t / a.groups;
@@ -270,10 +285,12 @@ TFBIGCONV_HD void PadInputRow(const FftArgs& a, const S* in, int64_t item0, int6
   int64_t vc0 = 0, need_w = 0;
   if (slot < n_items && ci < nci) {
     const Tile tl = TileOf(a, item0 + slot);
-    const int64_t need_h = (tl.vh - 1) * a.sh + a.eff_h;
-    const int64_t vr = tl.oh0 * a.sh - a.pt + r;
-    if (r < need_h && vr >= 0 && vr < a.vh && vr % a.uh == 0) {
-      src = in + tl.n * a.iv.n + grp * a.iv.g + (ci0 + ci) * a.iv.c + (vr / a.uh) * a.iv.h;
+    const int64_t need_d = (tl.vd - 1) * a.sd + a.eff_d, need_h = (tl.vh - 1) * a.sh + a.eff_h;
+    const int64_t vz = tl.od0 * a.sd - a.pf + z, vr = tl.oh0 * a.sh - a.pt + r;
+    if (z < need_d && vz >= 0 && vz < a.vd && vz % a.ud == 0 && r < need_h && vr >= 0 &&
+        vr < a.vh && vr % a.uh == 0) {
+      src = in + tl.n * a.iv.n + grp * a.iv.g + (ci0 + ci) * a.iv.c + (vz / a.ud) * a.iv.d +
+            (vr / a.uh) * a.iv.h;
       vc0 = tl.ow0 * a.sw - a.pl;
       need_w = (tl.vw - 1) * a.sw + a.eff_w;
     }
@@ -307,7 +324,7 @@ __global__ void PadInputKernel(FftArgs a, const S* in, int64_t item0, int64_t n_
   auto body = [&](int64_t row, int lane) {
     PadInputRow(a, in, item0, n_items, ci0, nci, real, check, row, lane);
   };
-  TFBIGCONV_WARP_ROWS(a.chunk * a.groups * a.ci_block * a.fft_h, body);
+  TFBIGCONV_WARP_ROWS(a.chunk * a.groups * a.ci_block * a.fft_d * a.fft_h, body);
 }
 
 // y[slot][co][bin] (+)= sum over ci < nci of x[slot][grp(co)][ci][bin] *
@@ -356,23 +373,25 @@ __global__ void MixKernel(FftArgs a, const typename Complex<T>::type* x,
     MixItem<T>(a, x, w, y, nci, co_per_thread, accumulate, i);
 }
 
-// out[tile rows/cols] = real[slot][co] sampled by the stride, scaled by
-// 1 / (fft_h * fft_w) (cuFFT's inverse is unnormalised), converted to the
-// storage type. One warp per (slot, tile row); each lane writes every output
-// channel of its pixel (contiguous in NHWC).
+// out[tile planes/rows/cols] = real[slot][co] sampled by the stride, scaled
+// by 1 / (the transform's points) (cuFFT's inverse is unnormalised),
+// converted to the storage type. One warp per (slot, tile plane, tile row);
+// each lane writes every output channel of its pixel (contiguous in NHWC).
 template <typename S, typename T>
 TFBIGCONV_HD void CropRow(const FftArgs& a, const T* real, int64_t item0, T scale, S* out,
                           int64_t row, int lane) {
-  const int64_t r = row % a.tile_h, slot = row / a.tile_h, plane = a.fft_h * a.fft_w;
+  const int64_t r = row % a.tile_h, t = row / a.tile_h;
+  const int64_t z = t % a.tile_d, slot = t / a.tile_d;
+  const int64_t plane = a.fft_h * a.fft_w, volume = a.fft_d * plane;
   const Tile tl = TileOf(a, item0 + slot);
-  if (r >= tl.vh) return;
-  const T* src = real + slot * a.cout * plane + r * a.sh * a.fft_w;
-  S* dst = out + tl.n * a.ov.n + (tl.oh0 + r) * a.ov.h + tl.ow0 * a.ov.w;
+  if (z >= tl.vd || r >= tl.vh) return;
+  const T* src = real + slot * a.cout * volume + z * a.sd * plane + r * a.sh * a.fft_w;
+  S* dst = out + tl.n * a.ov.n + (tl.od0 + z) * a.ov.d + (tl.oh0 + r) * a.ov.h + tl.ow0 * a.ov.w;
   for (int64_t c = lane; c < tl.vw; c += kLanes) {
     for (int64_t grp = 0, co = 0; grp < a.groups; ++grp)
       for (int64_t k = 0; k < a.cog; ++k, ++co)
         dst[c * a.ov.w + grp * a.ov.g + k * a.ov.c] =
-            FromCompute<S, T>(src[co * plane + c * a.sw] * scale);
+            FromCompute<S, T>(src[co * volume + c * a.sw] * scale);
   }
 }
 
@@ -380,7 +399,7 @@ template <typename S, typename T>
 __global__ void CropKernel(FftArgs a, const T* real, int64_t item0, int64_t n_items, T scale,
                            S* out) {
   auto body = [&](int64_t row, int lane) { CropRow(a, real, item0, scale, out, row, lane); };
-  TFBIGCONV_WARP_ROWS(n_items * a.tile_h, body);
+  TFBIGCONV_WARP_ROWS(n_items * a.tile_d * a.tile_h, body);
 }
 
 // The steps of one call: on the GPU (kernels and cuFFT on a stream) or, for
@@ -393,9 +412,10 @@ struct Steps {
   bool dbl = false;
 
   bool on_host() const { return host_fft != nullptr; }
-  std::string Fft(int64_t h, int64_t w, int64_t batch, bool forward, void* in, void* out) const {
-    if (on_host()) return (*host_fft)(h, w, batch, forward, in, out);
-    return Exec(*api, stream, h, w, batch, forward, dbl, in, out, work);
+  std::string Fft(int64_t d, int64_t h, int64_t w, int64_t batch, bool forward, void* in,
+                  void* out) const {
+    if (on_host()) return (*host_fft)(d, h, w, batch, forward, in, out);
+    return Exec(*api, stream, d, h, w, batch, forward, dbl, in, out, work);
   }
   // Zeroes `bytes` of the workspace at `dst` (stream-ordered on the GPU).
   std::string Zero(void* dst, size_t bytes) const {
@@ -438,6 +458,9 @@ std::string Run(const FftGpuParams& p, Steps steps) {
   a.tiles_w = pl.tiles_w;
   a.fft_h = pl.fft_h;
   a.fft_w = pl.fft_w;
+  a.tile_d = pl.tile_d;
+  a.tiles_d = pl.tiles_d;
+  a.fft_d = pl.fft_d;
   a.bins = pl.bins();
   a.ci_block = pl.ci_block;
   a.chunk = pl.chunk;
@@ -455,7 +478,7 @@ std::string Run(const FftGpuParams& p, Steps steps) {
   if (!err.empty()) return err;
   S* out = static_cast<S*>(p.output);
   const FftGpuBatches b = BatchesOf(g, pl);
-  const int64_t plane = pl.fft_h * pl.fft_w;
+  const int64_t volume = pl.fft_d * pl.fft_h * pl.fft_w;
   const int64_t blocks = CeilDiv(a.cig, pl.ci_block);
   const S* in = static_cast<const S*>(p.input);
   const S* filt = static_cast<const S*>(p.filter);
@@ -464,7 +487,7 @@ std::string Run(const FftGpuParams& p, Steps steps) {
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t ci0 = blk * pl.ci_block, nci = std::min(pl.ci_block, a.cig - ci0);
       if (blocks > 1 || c0 == 0) {  // one block's filter spectra serve every chunk
-        const int64_t rows = b.filter * pl.fft_h;
+        const int64_t rows = b.filter * pl.fft_d * pl.fft_h;
         if (!(err = steps.Zero(&check->filter_max_bits, sizeof(check->filter_max_bits))).empty())
           return err;
         if (steps.on_host()) {
@@ -476,10 +499,10 @@ std::string Run(const FftGpuParams& p, Steps steps) {
                                                                              real, check);
           if (!(err = LaunchError("FFT filter padding")).empty()) return err;
         }
-        err = steps.Fft(pl.fft_h, pl.fft_w, b.filter, true, real, wspec);
+        err = steps.Fft(pl.fft_d, pl.fft_h, pl.fft_w, b.filter, true, real, wspec);
         if (!err.empty()) return err;
       }
-      const int64_t rows = b.input * pl.fft_h;
+      const int64_t rows = b.input * pl.fft_d * pl.fft_h;
       if (steps.on_host()) {
         steps.WarpRows(rows, [&](int64_t row, int lane) {
           PadInputRow(a, in, c0, n, ci0, nci, real, check, row, lane);
@@ -489,7 +512,7 @@ std::string Run(const FftGpuParams& p, Steps steps) {
                                                                           real, check);
         if (!(err = LaunchError("FFT input padding")).empty()) return err;
       }
-      err = steps.Fft(pl.fft_h, pl.fft_w, b.input, true, real, xspec);
+      err = steps.Fft(pl.fft_d, pl.fft_h, pl.fft_w, b.input, true, real, xspec);
       if (!err.empty()) return err;
       const int64_t co_per_thread = a.cout * nci <= kMixMacsPerThread ? a.cout : 1;
       const int64_t items = n * CeilDiv(a.cout, co_per_thread) * a.bins;
@@ -502,10 +525,10 @@ std::string Run(const FftGpuParams& p, Steps steps) {
         if (!(err = LaunchError("FFT channel mixing")).empty()) return err;
       }
     }
-    err = steps.Fft(pl.fft_h, pl.fft_w, b.output, false, yspec, real);
+    err = steps.Fft(pl.fft_d, pl.fft_h, pl.fft_w, b.output, false, yspec, real);
     if (!err.empty()) return err;
-    const int64_t rows = n * pl.tile_h;
-    const T scale = T(1) / T(plane);
+    const int64_t rows = n * pl.tile_d * pl.tile_h;
+    const T scale = T(1) / T(volume);
     if (steps.on_host()) {
       steps.WarpRows(rows, [&](int64_t row, int lane) {
         CropRow(a, real, c0, scale, out, row, lane);
@@ -534,8 +557,8 @@ std::string Run(const FftGpuParams& p, Steps steps) {
 // Workspace of a plan whose tile, chunk and ci_block are set, with cuFFT's
 // work area taken as `work_bytes` (the layout: csrc/core/fft_gpu_layout.h).
 void FillBytes(const ConvGeometry& g, DType dtype, int64_t work_bytes, FftGpuPlan* p) {
-  static_cast<FftGpuLayout&>(*p) =
-      FftGpuWorkspaceLayout(g, dtype, p->fft_h, p->fft_w, p->chunk, p->ci_block, work_bytes);
+  static_cast<FftGpuLayout&>(*p) = FftGpuWorkspaceLayout(g, dtype, p->fft_d, p->fft_h, p->fft_w,
+                                                         p->chunk, p->ci_block, work_bytes);
 }
 
 // cuFFT's work area is about one complex copy of the largest batch; the
@@ -543,12 +566,12 @@ void FillBytes(const ConvGeometry& g, DType dtype, int64_t work_bytes, FftGpuPla
 int64_t WorkEstimate(const ConvGeometry& g, DType dtype, const FftGpuPlan& p) {
   const FftGpuBatches b = BatchesOf(g, p);
   return SatMul(std::max({b.filter, b.input, b.output}),
-                FftGpuSpectrumBytes(p.fft_h, p.fft_w, dtype));
+                FftGpuSpectrumBytes(p.fft_d, p.fft_h, p.fft_w, dtype));
 }
 
 double Seconds(const ConvGeometry& g, DType dtype, const FftGpuPlan& p) {
-  const double plane = double(p.fft_h * p.fft_w), rb = double(ComputeBytes(dtype));
-  const double flops = 0.5 * ComplexFftFlops(int64_t(plane));  // a real 2-D transform
+  const double plane = double(p.fft_d * p.fft_h * p.fft_w), rb = double(ComputeBytes(dtype));
+  const double flops = 0.5 * ComplexFftFlops(int64_t(plane));  // a real transform
   const double blocks = double(CeilDiv(g.in_c_per_group(), p.ci_block));
   const double filter_tf = double(g.out_c * g.in_c_per_group()) * (blocks > 1 ? double(CeilDiv(p.items, p.chunk)) : 1.0);
   const double tf = double(p.items) * double(g.in_c + g.out_c) + filter_tf;
@@ -567,6 +590,8 @@ std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t limit, cudaSt
   const CufftApi* api = Cufft(&why);
   if (!api) return "GPU fft unavailable: " + why;
   const int64_t cig = std::max<int64_t>(1, g.in_c_per_group());
+  const std::vector<TileCandidate> ds =
+      TileCandidates(std::max<int64_t>(g.out_d, 1), g.stride_d, g.effective_filter_d());
   const std::vector<TileCandidate> hs =
       TileCandidates(std::max<int64_t>(g.out_h, 1), g.stride_h, g.effective_filter_h());
   const std::vector<TileCandidate> ws =
@@ -574,36 +599,41 @@ std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t limit, cudaSt
   FftGpuPlan best;
   bool found = false;
   int64_t min_needed = INT64_MAX;
-  for (const TileCandidate& h : hs) {
-    for (const TileCandidate& w : ws) {
-      FftGpuPlan p;
-      p.tile_h = h.tile;
-      p.fft_h = h.fft;
-      p.tile_w = w.tile;
-      p.fft_w = w.fft;
-      p.tiles_h = CeilDiv(std::max<int64_t>(g.out_h, 1), p.tile_h);
-      p.tiles_w = CeilDiv(std::max<int64_t>(g.out_w, 1), p.tile_w);
-      p.items = std::max<int64_t>(1, g.batch * p.tiles_h * p.tiles_w);
-      // Largest ci_block (halving) and then chunk (doubling) that fit.
-      p.chunk = 1;
-      for (p.ci_block = cig;; p.ci_block = CeilDiv(p.ci_block, 2)) {
-        FillBytes(g, dtype, WorkEstimate(g, dtype, p), &p);
-        if (p.workspace_bytes <= limit || p.ci_block == 1) break;
+  for (const TileCandidate& d : ds) {
+    for (const TileCandidate& h : hs) {
+      for (const TileCandidate& w : ws) {
+        FftGpuPlan p;
+        p.tile_d = d.tile;
+        p.fft_d = d.fft;
+        p.tiles_d = CeilDiv(std::max<int64_t>(g.out_d, 1), p.tile_d);
+        p.tile_h = h.tile;
+        p.fft_h = h.fft;
+        p.tile_w = w.tile;
+        p.fft_w = w.fft;
+        p.tiles_h = CeilDiv(std::max<int64_t>(g.out_h, 1), p.tile_h);
+        p.tiles_w = CeilDiv(std::max<int64_t>(g.out_w, 1), p.tile_w);
+        p.items = std::max<int64_t>(1, g.batch * p.tiles_d * p.tiles_h * p.tiles_w);
+        // Largest ci_block (halving) and then chunk (doubling) that fit.
+        p.chunk = 1;
+        for (p.ci_block = cig;; p.ci_block = CeilDiv(p.ci_block, 2)) {
+          FillBytes(g, dtype, WorkEstimate(g, dtype, p), &p);
+          if (p.workspace_bytes <= limit || p.ci_block == 1) break;
+        }
+        if (p.workspace_bytes > limit) {
+          min_needed = std::min(min_needed, p.workspace_bytes);
+          continue;
+        }
+        while (p.chunk < p.items) {
+          FftGpuPlan q = p;
+          q.chunk = std::min(p.items, 2 * p.chunk);
+          FillBytes(g, dtype, WorkEstimate(g, dtype, q), &q);
+          if (q.workspace_bytes > limit || q.xspec_bytes + q.yspec_bytes > kChunkTargetBytes) break;
+          p = q;
+        }
+        p.seconds = Seconds(g, dtype, p);
+        if (!found || p.seconds < best.seconds) best = p;
+        found = true;
       }
-      if (p.workspace_bytes > limit) {
-        min_needed = std::min(min_needed, p.workspace_bytes);
-        continue;
-      }
-      while (p.chunk < p.items) {
-        FftGpuPlan q = p;
-        q.chunk = std::min(p.items, 2 * p.chunk);
-        FillBytes(g, dtype, WorkEstimate(g, dtype, q), &q);
-        if (q.workspace_bytes > limit || q.xspec_bytes + q.yspec_bytes > kChunkTargetBytes) break;
-        p = q;
-      }
-      p.seconds = Seconds(g, dtype, p);
-      if (!found || p.seconds < best.seconds) best = p;
-      found = true;
     }
   }
   if (!found)
@@ -623,7 +653,7 @@ std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t limit, cudaSt
                                               {b.output, dbl ? CUFFT_Z2D : CUFFT_C2R}};
       for (const auto& j : jobs) {
         CachedPlan cp;
-        err = GetPlan(*api, stream, best.fft_h, best.fft_w, j.first, j.second, &cp);
+        err = GetPlan(*api, stream, best.fft_d, best.fft_h, best.fft_w, j.first, j.second, &cp);
         if (!err.empty()) return err;
         work = std::max(work, cp.work_bytes);
       }

@@ -53,12 +53,16 @@ inline unsigned GridFor(int64_t work, int threads) {
 
 // A problem's geometry as the kernels read it, precomputed on the host
 // (device code cannot call ConvGeometry's host member functions): the base of
-// every kernel's arguments (DirectArgs, FftArgs).
+// every kernel's arguments (DirectArgs, FftArgs). Depth (3-D) as in
+// geometry.h: out_d, filter_d, stride sd, dilation dd, front padding pf,
+// in_dilation ud, virtual input depth vd and effective filter depth eff_d;
+// all 1 (pf 0) in 2-D.
 struct GeometryArgs {
   TensorView iv, ov;
   FilterView fv;
   int64_t batch, groups, cig, cog, cout, out_h, out_w, filter_h, filter_w;
   int64_t sh, sw, dh, dw, pt, pl, uh, uw, vh, vw, eff_h, eff_w;
+  int64_t out_d, filter_d, sd, dd, pf, ud, vd, eff_d;
 };
 
 // Fills the GeometryArgs part of a kernel's arguments from its problem.
@@ -88,6 +92,23 @@ inline void FillGeometryArgs(const ConvProblem& problem, GeometryArgs* a) {
   a->vw = g.virtual_in_w();
   a->eff_h = g.effective_filter_h();
   a->eff_w = g.effective_filter_w();
+  a->out_d = g.out_d;
+  a->filter_d = g.filter_d;
+  a->sd = g.stride_d;
+  a->dd = g.dilation_d;
+  a->pf = g.pad_front;
+  a->ud = g.in_dilation_d;
+  a->vd = g.virtual_in_d();
+  a->eff_d = g.effective_filter_d();
+}
+
+// Element offset of the input depth plane that depth tap kd of output depth
+// od reads, or -1 where that plane is padding or falls between the samples
+// that in_dilation spreads apart (the tap adds nothing). 0 in 2-D.
+TFBIGCONV_HD int64_t InputPlane(const GeometryArgs& a, int64_t od, int64_t kd) {
+  const int64_t v = od * a.sd - a.pf + kd * a.dd;
+  if (v < 0 || v >= a.vd || v % a.ud != 0) return -1;
+  return (v / a.ud) * a.iv.d;
 }
 
 // "" or the launch error of the last kernel, named.

@@ -7,8 +7,6 @@ namespace gpu {
 
 Status RunConvGpu(const ConvProblem& problem, DType dtype, const GpuAlgorithmChoice& choice,
                   const void* a, const void* b, void* out, void* workspace, cudaStream_t stream) {
-  if (problem.g.in_d != 1 || problem.g.filter_d != 1 || problem.g.out_d != 1)
-    return Status::InvalidArgument("the GPU kernels are 2-D; 3-D convolutions run on the CPU");
   if (problem.g.output_elements() == 0) return Status::Ok();
   if (problem.g.empty_sums()) {  // zeros, as tf.nn.conv2d gives; every output is dense
     const cudaError_t e = cudaMemsetAsync(

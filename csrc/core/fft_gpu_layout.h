@@ -33,7 +33,7 @@ inline int64_t FftGpuAlignUp(int64_t bytes) {
 
 // The three transform batches of a plan: the filter spectra of one block of
 // ci_block input channels per group, and the input and output spectra of one
-// chunk of `chunk` items ((image, tile) pairs).
+// chunk of `chunk` items ((image, tile) pairs; a tile is a volume in 3-D).
 struct FftGpuBatches {
   int64_t filter, input, output;
 };
@@ -41,9 +41,10 @@ inline FftGpuBatches FftGpuBatchesOf(const ConvGeometry& g, int64_t chunk, int64
   return {SatMul(g.out_c, ci_block), SatMul({chunk, g.groups, ci_block}), SatMul(chunk, g.out_c)};
 }
 
-// One spectrum: fft_h x (fft_w / 2 + 1) complex values of the compute type.
-inline int64_t FftGpuSpectrumBytes(int64_t fft_h, int64_t fft_w, DType dtype) {
-  return SatMul({fft_h, fft_w / 2 + 1, 2 * int64_t(ComputeBytes(dtype))});
+// One spectrum: fft_d x fft_h x (fft_w / 2 + 1) complex values of the
+// compute type (fft_d is 1 in 2-D).
+inline int64_t FftGpuSpectrumBytes(int64_t fft_d, int64_t fft_h, int64_t fft_w, DType dtype) {
+  return SatMul({fft_d, fft_h, fft_w / 2 + 1, 2 * int64_t(ComputeBytes(dtype))});
 }
 
 // The workspace of one plan: its parts' sizes, in this order, each
@@ -63,16 +64,16 @@ struct FftGpuLayout {
   int64_t check_offset() const { return workspace_bytes - kFftGpuStagingCheckBytes; }
 };
 
-// The layout of a plan with transforms of fft_h x fft_w, `chunk` items and
-// `ci_block` input channels per group at a time, and a cuFFT work area of
-// cufft_work_bytes (an estimate while planning, cuFFT's own figure once the
-// plans exist, 0 where no cuFFT runs: the harness's host runs).
-inline FftGpuLayout FftGpuWorkspaceLayout(const ConvGeometry& g, DType dtype, int64_t fft_h,
-                                          int64_t fft_w, int64_t chunk, int64_t ci_block,
-                                          int64_t cufft_work_bytes) {
+// The layout of a plan with transforms of fft_d x fft_h x fft_w, `chunk`
+// items and `ci_block` input channels per group at a time, and a cuFFT work
+// area of cufft_work_bytes (an estimate while planning, cuFFT's own figure
+// once the plans exist, 0 where no cuFFT runs: the harness's host runs).
+inline FftGpuLayout FftGpuWorkspaceLayout(const ConvGeometry& g, DType dtype, int64_t fft_d,
+                                          int64_t fft_h, int64_t fft_w, int64_t chunk,
+                                          int64_t ci_block, int64_t cufft_work_bytes) {
   const FftGpuBatches b = FftGpuBatchesOf(g, chunk, ci_block);
-  const int64_t spectrum = FftGpuSpectrumBytes(fft_h, fft_w, dtype);
-  const int64_t plane = SatMul({fft_h, fft_w, int64_t(ComputeBytes(dtype))});
+  const int64_t spectrum = FftGpuSpectrumBytes(fft_d, fft_h, fft_w, dtype);
+  const int64_t plane = SatMul({fft_d, fft_h, fft_w, int64_t(ComputeBytes(dtype))});
   FftGpuLayout l;
   l.wspec_bytes = FftGpuAlignUp(SatMul(b.filter, spectrum));
   l.xspec_bytes = FftGpuAlignUp(SatMul(b.input, spectrum));
@@ -93,8 +94,9 @@ inline FftGpuLayout FftGpuWorkspaceLayout(const ConvGeometry& g, DType dtype, in
 // estimate's least, PlanFftGpu); the real staging planes, the alignment and
 // the staging check are left out. The run-time plan is at least this big.
 inline int64_t FftGpuMinWorkspaceBytes(const ConvGeometry& g, DType dtype) {
-  const int64_t spectrum = FftGpuSpectrumBytes(GoodFftSize(g.effective_filter_h()),
-                                               GoodFftSize(g.effective_filter_w()), dtype);
+  const int64_t spectrum =
+      FftGpuSpectrumBytes(GoodFftSize(g.effective_filter_d()), GoodFftSize(g.effective_filter_h()),
+                          GoodFftSize(g.effective_filter_w()), dtype);
   const FftGpuBatches b = FftGpuBatchesOf(g, /*chunk=*/1, /*ci_block=*/1);
   return SatMul(SatAdd(SatAdd(b.filter, b.output), 2), spectrum);
 }

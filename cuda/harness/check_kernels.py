@@ -17,7 +17,8 @@ import numpy as np
 
 import tfbigconv_gpu_harness as H
 from reference import (conv2d_reference, conv2d_reference_backprop_filter,
-                       conv2d_reference_backprop_input, rel_l2)
+                       conv2d_reference_backprop_input, conv3d_reference, conv3d_reference_grads,
+                       rel_l2)
 
 # Relative L2 error allowed, as in tests/conftest.py (kept in step by hand:
 # conftest sets up TF-specific state); FFT adds transform error.
@@ -100,7 +101,9 @@ ITEM = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 # ---- the test matrix ------------------------------------------------------
 
 def cases():
-    """(name, input NHWC-logical shape, filter HWIO, strides, dilations, padding, pairs, format)."""
+    """(input NHWC-logical shape, filter HWIO, strides, dilations, padding, pairs, format),
+    or in 3-D (NDHWC-logical, DHWIO, (d, h, w) strides and dilations, padding, three
+    pairs, NDHWC or NCDHW)."""
     base = [
         ((1, 70, 67, 1), (63, 63, 1, 3)), ((2, 140, 137, 1), (135, 135, 1, 3)),
         ((1, 20, 30, 2), (1, 29, 2, 3)), ((1, 30, 20, 2), (29, 1, 2, 3)),
@@ -145,17 +148,77 @@ def cases():
           ((2, 21, 17, 16), (3, 3, 1, 16), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), "NCHW"),
           ((2, 12, 14, 6), (3, 3, 1, 6), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC")]
     yield from dw
+    yield from cases_3d()
+
+
+def cases_3d():
+    """3-D cases: each (image, output depth) pair is an image of the direct
+    kernels and depth taps are reduction rows, skipped where they read padding
+    or (backprop_input of a depth stride) the zeros between input planes."""
+    z = ((0, 0), (0, 0), (0, 0))
+    one = (1, 1, 1)
+    # dense, odd and prime sizes; groups (NCDHW); depth-only and depth-1 filters
+    yield ((2, 7, 11, 13, 3), (3, 5, 4, 3, 5), one, one, "VALID", z, "NDHWC")
+    yield ((2, 5, 13, 11, 4), (2, 3, 3, 2, 6), (1, 2, 1), (2, 1, 1), "SAME", z, "NCDHW")
+    yield ((1, 19, 7, 8, 3), (7, 1, 1, 3, 4), (2, 3, 3), (2, 1, 1), "VALID", z, "NDHWC")
+    yield ((3, 5, 7, 9, 2), (1, 3, 3, 2, 3), one, one, "SAME", z, "NCDHW")
+    # a filter deeper than the input (SAME pads more than the input's depth),
+    # and a depth stride over the filter's depth (backprop_input skips planes)
+    yield ((1, 3, 9, 10, 2), (5, 3, 3, 2, 2), one, one, "SAME", z, "NDHWC")
+    yield ((2, 10, 8, 9, 2), (2, 3, 3, 2, 3), (3, 3, 3), one, "VALID", z, "NCDHW")
+    # strides of 3 in rows and columns take the untiled kernel; explicit padding
+    yield ((1, 9, 37, 41, 4), (3, 3, 3, 4, 6), (2, 3, 3), one, "SAME", z, "NDHWC")
+    yield ((2, 11, 23, 19, 2), (3, 3, 2, 2, 4), (2, 3, 3), (2, 1, 2), "EXPLICIT",
+           ((1, 2), (0, 3), (2, 1)), "NDHWC")
+    yield ((1, 8, 20, 17, 3), (3, 4, 2, 1, 6), (1, 3, 4), (3, 1, 1), "EXPLICIT",
+           ((4, 0), (1, 1), (0, 2)), "NCDHW")
+    # a wide dilation: the tiles of forward and backprop_input do not fit
+    # (untiled), the latter with input dilation in depth
+    yield ((1, 7, 30, 29, 2), (2, 4, 4, 2, 3), (3, 1, 1), (1, 25, 25), "SAME", z, "NDHWC")
+    # the reduction kernel (backprop_filter): a long (ci, kd, kh) reduction
+    yield ((4, 9, 8, 7, 3), (3, 3, 3, 3, 8), one, one, "SAME", z, "NDHWC")
+    # the depthwise kernel (NDHWC, 8 or more groups): vectors of 8 and 4, a
+    # depth stride, dilation and cropping; NCDHW takes the other kernels
+    yield ((2, 6, 15, 13, 16), (3, 3, 3, 1, 16), (2, 1, 1), one, "SAME", z, "NDHWC")
+    yield ((1, 7, 11, 9, 12), (2, 3, 3, 1, 12), (1, 2, 2), (2, 1, 1), "EXPLICIT",
+           ((1, 0), (0, 2), (1, 1)), "NDHWC")
+    yield ((2, 5, 9, 8, 10), (3, 3, 3, 1, 10), one, one, "SAME", z, "NCDHW")
+    # ... and its split rows (backprop_filter, few outputs)
+    yield ((4, 9, 5, 5, 8), (3, 3, 3, 1, 8), one, one, "VALID", z, "NDHWC")
+
+
+def channels_last(fmt):
+    return fmt in ("NHWC", "NDHWC")
+
+
+def has_depth(case):
+    """A 3-D case (its input has a depth dimension)."""
+    return len(case[0]) == 5
 
 
 def flat_pads(pairs, fmt, padding):
+    """explicit_paddings in data_format order: (before, after) per dimension."""
     if padding != "EXPLICIT":
         return []
-    (t, b), (l, r) = pairs
-    return [0, 0, t, b, l, r, 0, 0] if fmt == "NHWC" else [0, 0, 0, 0, t, b, l, r]
+    spatial = [v for pair in pairs for v in pair]
+    return [0, 0] + spatial + [0, 0] if channels_last(fmt) else [0, 0, 0, 0] + spatial
 
 
-def to_fmt(a, fmt):
-    return a.transpose(0, 3, 1, 2).copy() if fmt == "NCHW" else a
+def reference(pass_, a, b, xs, w_shape, case):
+    """The float64 reference of one pass: a, b as operands() makes them."""
+    _, _, s, d, padding, pairs, fmt = case
+    kw = dict(strides=s, padding=padding, dilations=d, data_format=fmt, explicit=pairs)
+    if has_depth(case):
+        if pass_ == "forward":
+            return conv3d_reference(a, b, **kw)
+        if pass_ == "backprop_input":
+            return conv3d_reference_grads(np.zeros(xs), b, a, **kw)[0]
+        return conv3d_reference_grads(a, np.zeros(w_shape), b, **kw)[1]
+    if pass_ == "forward":
+        return conv2d_reference(a, b, **kw)
+    if pass_ == "backprop_input":
+        return conv2d_reference_backprop_input(a, b, xs, **kw)
+    return conv2d_reference_backprop_filter(a, b, w_shape, **kw)
 
 
 def operands(rng, case, dtype, pass_, poison=None):
@@ -163,22 +226,19 @@ def operands(rng, case, dtype, pass_, poison=None):
     inputs rounded to the dtype so the reference sees what the kernel sees;
     poison(a, b) -> (a, b) alters them first (non-finite cases)."""
     x_shape, w_shape, s, d, padding, pairs, fmt = case
-    xs = x_shape if fmt == "NHWC" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
+    xs = x_shape if channels_last(fmt) else (x_shape[0], x_shape[-1]) + tuple(x_shape[1:-1])
     pads = flat_pads(pairs, fmt, padding)
     y_shape = tuple(H.output_shape(list(xs), list(w_shape), list(s), list(d), padding, pads, fmt))
     rnd = lambda shape: decode(encode(rng.standard_normal(shape), dtype).view(np.uint8), dtype, shape)
-    kw = dict(strides=s, padding=padding, dilations=d, data_format=fmt, explicit=pairs)
     if pass_ == "forward":
-        a, b = rnd(xs), rnd(w_shape)
-        ref, out_shape = (lambda: conv2d_reference(a, b, **kw)), y_shape
+        a, b, out_shape = rnd(xs), rnd(w_shape), y_shape
     elif pass_ == "backprop_input":
-        a, b = rnd(y_shape), rnd(w_shape)
-        ref, out_shape = (lambda: conv2d_reference_backprop_input(a, b, xs, **kw)), xs
+        a, b, out_shape = rnd(y_shape), rnd(w_shape), xs
     else:
-        a, b = rnd(xs), rnd(y_shape)
-        ref, out_shape = (lambda: conv2d_reference_backprop_filter(a, b, w_shape, **kw)), w_shape
+        a, b, out_shape = rnd(xs), rnd(y_shape), w_shape
     if poison is not None:
-        a, b = poison(a, b)  # the reference lambdas see the poisoned operands
+        a, b = poison(a, b)  # the reference sees the poisoned operands
+    ref = lambda: reference(pass_, a, b, xs, w_shape, case)
     args = (list(xs), list(w_shape), list(s), list(d), padding, pads, fmt, dtype)
     return a, b, ref, out_shape, args
 
@@ -216,7 +276,12 @@ def non_finite_cases():
     scatter has no product at all."""
     geos = [((2, 23, 29, 3), (5, 4, 3, 4), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC"),
             ((1, 40, 37, 4), (7, 7, 2, 6), (2, 2), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC"),
-            ((1, 30, 33, 2), (9, 5, 2, 3), (1, 1), (2, 1), "VALID", ((0, 0), (0, 0)), "NCHW")]
+            ((1, 30, 33, 2), (9, 5, 2, 3), (1, 1), (2, 1), "VALID", ((0, 0), (0, 0)), "NCHW"),
+            # 3-D without depth padding: the direct kernels (the fft's fallback)
+            # skip a depth tap over padding, as the CPU's do, where the
+            # reference multiplies a NaN filter tap by the padding's zeros
+            ((2, 6, 11, 13, 3), (3, 3, 3, 3, 4), (2, 1, 1), (1, 1, 1), "EXPLICIT",
+             ((0, 0), (1, 1), (2, 1)), "NDHWC")]
     for case, kind in itertools.product(geos, NON_FINITE_KINDS):
         for dtype in (("float32",) if kind == "huge" else ("float32", "float16")):
             yield case, dtype, kind
@@ -253,10 +318,11 @@ class Tally:
 
 
 def run_fft_on_host(pass_, a, b, out, dtype, args, tile, chunk, ci_block):
-    """H.run_fft_on_host on a, b encoded for dtype, with tile x (tile + 2) tiles."""
+    """H.run_fft_on_host on a, b encoded for dtype, with tile x (tile + 2) tiles
+    (tile // 2 x tile x (tile + 2) in 3-D: depth tiles with edges)."""
     return H.run_fft_on_host(pass_, encode(a, dtype).view(np.uint8),
                              encode(b, dtype).view(np.uint8), out, *args, tile_h=tile,
-                             tile_w=tile + 2, chunk=chunk, ci_block=ci_block)
+                             tile_w=tile + 2, chunk=chunk, ci_block=ci_block, tile_d=tile // 2)
 
 
 def run_host_matrix(dtypes=("float32", "float64", "float16")):
@@ -316,39 +382,13 @@ def run_host_matrix(dtypes=("float32", "float64", "float16")):
 
 
 def check_case(be, rng, case, dtype, algorithm, pass_, workspace_limit=4 << 30, poison=None):
-    x_shape, w_shape, s, d, padding, pairs, fmt = case
-    xs = x_shape if fmt == "NHWC" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
-    pads = flat_pads(pairs, fmt, padding)
-    y_shape = tuple(H.output_shape(list(xs), list(w_shape), list(s), list(d), padding, pads, fmt))
-    # Round inputs to the dtype first, so the reference sees what the kernel sees.
-    rnd = lambda shape: decode(encode(rng.standard_normal(shape), dtype).view(np.uint8), dtype, shape) \
-        if dtype in ("float16", "bfloat16") else rng.standard_normal(shape).astype(dtype)
-    kw = dict(strides=s, padding=padding, dilations=d, data_format=fmt, explicit=pairs)
-    if pass_ == "forward":
-        a, b = rnd(xs), rnd(w_shape)
-        ref, out_shape = conv2d_reference(a, b, **kw), y_shape
-    elif pass_ == "backprop_input":
-        a, b = rnd(y_shape), rnd(w_shape)
-        ref, out_shape = conv2d_reference_backprop_input(a, b, xs, **kw), xs
-    else:
-        a, b = rnd(xs), rnd(y_shape)
-        ref, out_shape = conv2d_reference_backprop_filter(a, b, w_shape, **kw), w_shape
-    if poison is not None:
-        a, b = poison(a, b)
-        ref = {"forward": lambda: conv2d_reference(a, b, **kw),
-               "backprop_input": lambda: conv2d_reference_backprop_input(a, b, xs, **kw),
-               "backprop_filter": lambda: conv2d_reference_backprop_filter(a, b, w_shape, **kw),
-               }[pass_]()
+    a, b, ref, out_shape, args = operands(rng, case, dtype, pass_, poison)
     da, db = be.to_device(encode(a, dtype)), be.to_device(encode(b, dtype))
     dout = be.empty_nan(int(np.prod(out_shape)) * ITEM[dtype])
-    used = H.run(pass_, be.ptr(da), be.ptr(db), be.ptr(dout), list(xs), list(w_shape), list(s),
-                 list(d), padding, pads, fmt, dtype, algorithm, workspace_limit=workspace_limit,
-                 stream=be.stream())
+    used = H.run(pass_, be.ptr(da), be.ptr(db), be.ptr(dout), *args, algorithm,
+                 workspace_limit=workspace_limit, stream=be.stream())
     got = decode(be.to_host(dout), dtype, out_shape)
-    if poison is not None:
-        err = non_finite_error(got, ref)
-    else:
-        err = rel_l2(got, ref) if ref.size and np.any(ref) else (0.0 if np.all(got == 0) else np.inf)
+    err = non_finite_error(got, ref()) if poison is not None else error_of(got, ref())
     tol = TOLERANCE[dtype]
     if algorithm == "fft":
         tol = max(tol, FFT_TOLERANCE.get(dtype, tol))
@@ -358,7 +398,7 @@ def check_case(be, rng, case, dtype, algorithm, pass_, workspace_limit=4 << 30, 
 def is_depthwise(case):
     """A matrix case whose filter has in-depth 1 over several channels."""
     x_shape, w_shape = case[0], case[1]
-    return w_shape[2] == 1 and x_shape[3] > 1
+    return w_shape[-2] == 1 and x_shape[-1] > 1
 
 
 def run_matrix(be, quick, subset=False, depthwise_only=False):
@@ -394,8 +434,10 @@ def run_matrix(be, quick, subset=False, depthwise_only=False):
                 continue
             check("", case, dtype, algorithm, pass_)
     # Without workspace the direct kernels run unsplit (the reduction kernel
-    # writes the output itself).
-    for case in all_cases[-5:]:
+    # writes the output itself): the last 2-D cases (the depthwise kernel's)
+    # and the last 3-D ones.
+    flat, deep = ([c for c in all_cases if has_depth(c) == d] for d in (False, True))
+    for case in flat[-5:] + deep[-5:]:
         for pass_ in PASSES:
             check("workspace 0 ", case, "float32", "direct", pass_, workspace_limit=0)
     # NaN, Inf and huge values: fft must place them as the direct kernel and TF do.

@@ -39,8 +39,8 @@ struct Conv {
 };
 
 // The forward geometry of (input_shape, filter_shape) and the pass's problem.
-// strides/dilations are (h, w); explicit_paddings has 8 entries in
-// data_format order (or none).
+// strides/dilations are (h, w), or (d, h, w) for NDHWC and NCDHW;
+// explicit_paddings has 8 (10) entries in data_format order (or none).
 Conv MakeConv(const std::string& pass, const std::vector<int64_t>& input_shape,
               const std::vector<int64_t>& filter_shape, const std::vector<int64_t>& strides,
               const std::vector<int64_t>& dilations, const std::string& padding,
@@ -48,14 +48,21 @@ Conv MakeConv(const std::string& pass, const std::vector<int64_t>& input_shape,
   ConvAttrs a;
   std::string err = ParsePadding(padding, &a.padding);
   if (err.empty()) err = ParseDataFormat(data_format, &a.data_format);
-  if (err.empty() && (strides.size() != 2 || dilations.size() != 2))
-    err = "strides and dilations must be (h, w) pairs";
+  const size_t dims = size_t(SpatialDims(a.data_format));
+  if (err.empty() && (strides.size() != dims || dilations.size() != dims))
+    err = dims == 2 ? "strides and dilations must be (h, w) pairs"
+                    : "strides and dilations must be (d, h, w) triples";
   if (!err.empty()) throw py::value_error(err);
-  const bool nhwc = a.data_format == DataFormat::kNHWC;
-  a.strides = nhwc ? std::vector<int64_t>{1, strides[0], strides[1], 1}
-                   : std::vector<int64_t>{1, 1, strides[0], strides[1]};
-  a.dilations = nhwc ? std::vector<int64_t>{1, dilations[0], dilations[1], 1}
-                     : std::vector<int64_t>{1, 1, dilations[0], dilations[1]};
+  // In data_format order: batch and channel entries 1 around the spatial ones.
+  auto full = [&](const std::vector<int64_t>& spatial) {
+    std::vector<int64_t> v{1};
+    if (!ChannelsLast(a.data_format)) v.push_back(1);
+    v.insert(v.end(), spatial.begin(), spatial.end());
+    if (ChannelsLast(a.data_format)) v.push_back(1);
+    return v;
+  };
+  a.strides = full(strides);
+  a.dilations = full(dilations);
   a.explicit_paddings = explicit_paddings;
   Conv c;
   err = ComputeConvGeometry(input_shape, filter_shape, a, &c.g);
@@ -208,15 +215,17 @@ std::string RunDirectOnHost(const std::string& pass, py::array a, py::array b, p
 
 // The FFT algorithm's steps on the CPU over numpy buffers, with numpy's FFT
 // in cuFFT's place and a plan made here from (tile_h, tile_w, chunk,
-// ci_block) rather than by PlanFftGpu (which needs cuFFT): small tiles,
-// chunks and channel blocks exercise every loop of the launcher.
+// ci_block, tile_d) rather than by PlanFftGpu (which needs cuFFT): small
+// tiles, chunks and channel blocks exercise every loop of the launcher.
+// Tiles are clamped to the output (tile_d's default: the whole depth).
 std::string RunFftOnHost(const std::string& pass, py::array a, py::array b, py::array out,
                          const std::vector<int64_t>& input_shape,
                          const std::vector<int64_t>& filter_shape,
                          const std::vector<int64_t>& strides, const std::vector<int64_t>& dilations,
                          const std::string& padding, const std::vector<int64_t>& explicit_paddings,
                          const std::string& data_format, const std::string& dtype_name,
-                         int64_t tile_h, int64_t tile_w, int64_t chunk, int64_t ci_block) {
+                         int64_t tile_h, int64_t tile_w, int64_t chunk, int64_t ci_block,
+                         int64_t tile_d) {
   const Conv c = MakeConv(pass, input_shape, filter_shape, strides, dilations, padding,
                           explicit_paddings, data_format);
   const ConvGeometry& g = c.problem.g;
@@ -226,18 +235,21 @@ std::string RunFftOnHost(const std::string& pass, py::array a, py::array b, py::
   if (out.nbytes() != g.output_elements() * DTypeBytes(p.dtype))
     throw py::value_error("out has the wrong size");
   gpu::FftGpuPlan& pl = p.plan;
+  pl.tile_d = std::max<int64_t>(1, std::min(tile_d, g.out_d));
   pl.tile_h = std::max<int64_t>(1, std::min(tile_h, g.out_h));
   pl.tile_w = std::max<int64_t>(1, std::min(tile_w, g.out_w));
+  pl.fft_d = (pl.tile_d - 1) * g.stride_d + g.effective_filter_d();
   pl.fft_h = (pl.tile_h - 1) * g.stride_h + g.effective_filter_h();
   pl.fft_w = (pl.tile_w - 1) * g.stride_w + g.effective_filter_w();
+  pl.tiles_d = (g.out_d + pl.tile_d - 1) / pl.tile_d;
   pl.tiles_h = (g.out_h + pl.tile_h - 1) / pl.tile_h;
   pl.tiles_w = (g.out_w + pl.tile_w - 1) / pl.tile_w;
-  pl.items = std::max<int64_t>(1, g.batch * pl.tiles_h * pl.tiles_w);
+  pl.items = std::max<int64_t>(1, g.batch * pl.tiles_d * pl.tiles_h * pl.tiles_w);
   pl.chunk = std::max<int64_t>(1, std::min(chunk, pl.items));
   pl.ci_block = std::max<int64_t>(1, std::min(ci_block, g.in_c_per_group()));
   // The kernel's own layout, without a cuFFT work area (numpy transforms here).
-  static_cast<FftGpuLayout&>(pl) = FftGpuWorkspaceLayout(g, p.dtype, pl.fft_h, pl.fft_w, pl.chunk,
-                                                          pl.ci_block, /*cufft_work_bytes=*/0);
+  static_cast<FftGpuLayout&>(pl) = FftGpuWorkspaceLayout(
+      g, p.dtype, pl.fft_d, pl.fft_h, pl.fft_w, pl.chunk, pl.ci_block, /*cufft_work_bytes=*/0);
   const int64_t rb = ComputeBytes(p.dtype);
   std::vector<double> ws(size_t(pl.workspace_bytes / 8), std::nan(""));
   p.input = a.data();
@@ -249,31 +261,34 @@ std::string RunFftOnHost(const std::string& pass, py::array a, py::array b, py::
   py::module_ np_fft = py::module_::import("numpy.fft");
   const py::object real_t = np.attr(dbl ? "float64" : "float32");
   const py::object complex_t = np.attr(dbl ? "complex128" : "complex64");
-  const gpu::HostFft fft = [&](int64_t h, int64_t w, int64_t batch, bool forward, void* in,
-                               void* dst) -> std::string {
-    const int64_t bins = h * (w / 2 + 1);
+  const gpu::HostFft fft = [&](int64_t d, int64_t h, int64_t w, int64_t batch, bool forward,
+                               void* in, void* dst) -> std::string {
+    const int64_t bins = d * h * (w / 2 + 1);
+    const py::tuple axes = py::make_tuple(1, 2, 3);  // a transform of size 1 changes nothing
     py::array result;
     if (forward) {
-      py::array src(py::dtype::from_args(real_t), std::vector<int64_t>{batch, h, w},
+      py::array src(py::dtype::from_args(real_t), std::vector<int64_t>{batch, d, h, w},
                     static_cast<char*>(in));
-      result = np_fft.attr("rfft2")(src).attr("astype")(complex_t);
+      result = np_fft.attr("rfftn")(src, py::none(), axes).attr("astype")(complex_t);
     } else {
-      py::array src(py::dtype::from_args(complex_t), std::vector<int64_t>{batch, h, w / 2 + 1},
+      py::array src(py::dtype::from_args(complex_t), std::vector<int64_t>{batch, d, h, w / 2 + 1},
                     static_cast<char*>(in));
-      // numpy's inverse divides by h * w; cuFFT's does not.
-      result = (np_fft.attr("irfft2")(src, py::make_tuple(h, w)) * py::int_(h * w))
+      // numpy's inverse divides by d * h * w; cuFFT's does not.
+      result = (np_fft.attr("irfftn")(src, py::make_tuple(d, h, w), axes) * py::int_(d * h * w))
                    .attr("astype")(real_t);
     }
     result = np.attr("ascontiguousarray")(result);
-    const int64_t bytes = batch * (forward ? bins * 2 : h * w) * rb;
+    const int64_t bytes = batch * (forward ? bins * 2 : d * h * w) * rb;
     if (result.nbytes() != bytes) return "host FFT: unexpected result size";
     std::memcpy(dst, result.data(), size_t(bytes));
     return "";
   };
   const std::string err = gpu::FftConvOnHost(p, fft);
   if (!err.empty()) throw std::runtime_error(err);
-  return "fft " + std::to_string(pl.fft_h) + "x" + std::to_string(pl.fft_w) + " tiles " +
-         std::to_string(pl.tiles_h) + "x" + std::to_string(pl.tiles_w) + " chunk " +
+  const std::string depth = g.is_3d() ? std::to_string(pl.fft_d) + "x" : "";
+  const std::string tiles_d = g.is_3d() ? std::to_string(pl.tiles_d) + "x" : "";
+  return "fft " + depth + std::to_string(pl.fft_h) + "x" + std::to_string(pl.fft_w) + " tiles " +
+         tiles_d + std::to_string(pl.tiles_h) + "x" + std::to_string(pl.tiles_w) + " chunk " +
          std::to_string(pl.chunk) + " ci_block " + std::to_string(pl.ci_block);
 }
 
@@ -373,7 +388,7 @@ PYBIND11_MODULE(tfbigconv_gpu_harness, m) {
         py::arg("out"), py::arg("input_shape"), py::arg("filter_shape"), py::arg("strides"),
         py::arg("dilations"), py::arg("padding"), py::arg("explicit_paddings"),
         py::arg("data_format"), py::arg("dtype"), py::arg("tile_h"), py::arg("tile_w"),
-        py::arg("chunk"), py::arg("ci_block"));
+        py::arg("chunk"), py::arg("ci_block"), py::arg("tile_d") = int64_t(1) << 40);
   m.def("output_shape", &OutputShape, py::arg("input_shape"), py::arg("filter_shape"),
         py::arg("strides"), py::arg("dilations"), py::arg("padding"),
         py::arg("explicit_paddings"), py::arg("data_format"));

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import tfbigconv
 from tfbigconv import _core, host
-from tfbigconv.ops import conv2d
+from tfbigconv.ops import planned
 from tfbigconv.planning import autotune, planner
 from conftest import FakeGpu, rand, run_cli as run
 
@@ -142,7 +142,7 @@ def test_tf_gradient_kernels_follow_the_device_the_forward_was_planned_for(monke
     emitted for the GPU too (grouped Conv2DBackpropInput), not for where the
     gradient code is built."""
     # gpu_host: as on a GPU machine
-    monkeypatch.setattr(conv2d, "_plan", lambda *args, **kwargs: {"chosen": "tf"})
+    monkeypatch.setattr(planned, "plan_forward", lambda *args, **kwargs: {"chosen": "tf"})
     monkeypatch.setattr(planner, "choose_gradients", lambda *args, **kwargs: ("tf", "direct"))
     x_shape, w_shape = (2, 16, 16, 8), (3, 3, 1, 8)
     w = rand(w_shape, 0)
