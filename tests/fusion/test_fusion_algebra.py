@@ -269,7 +269,8 @@ def programs(draw, stride_one=False):
 FUSED = []
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          derandomize=True)  # the share fused below is then the same on every run
 @given(programs(), st.integers(0, 2**20), st.booleans())
 def test_property_random_dags_fused_exactly_or_refused(case, seed, patch):
     program, shapes, (h, w, c) = case
