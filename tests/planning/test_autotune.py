@@ -319,15 +319,28 @@ def test_a_candidate_estimated_1000x_slower_is_never_run():
 
 def test_timing_interleaves_candidates_after_their_warm_ups(monkeypatch):
     names = ["direct", "fft", "tf"]
-    calls, seconds = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.002, "tf": 0.0015},
+    calls, seconds = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.0012, "tf": 0.0011},
                                   names)
     assert calls[:3] == names  # the warm-ups, in the order given
     rounds = [calls[i:i + 3] for i in range(3, len(calls), 3)]
     assert all(sorted(r) == sorted(names) for r in rounds)  # one call of each per round
     assert rounds[0] != rounds[1]  # the order rotates
-    # cheap rounds go on to MAX_ROUNDS
+    # cheap rounds of near ties go on to MAX_ROUNDS
     assert len(rounds) == autotune.MAX_ROUNDS
-    assert seconds == pytest.approx({"direct": 0.001, "fft": 0.002, "tf": 0.0015})
+    assert seconds == pytest.approx({"direct": 0.001, "fft": 0.0012, "tf": 0.0011})
+
+
+def test_rounds_past_the_minimum_time_only_near_ties(monkeypatch):
+    # After MIN_ROUNDS, fft (2x direct) is out: CLEAR_FACTOR; direct and tf
+    # (1.1x) go on. With tf at 1.5x too, the rounds stop there.
+    calls, seconds = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.002, "tf": 0.0011},
+                                  ["direct", "fft", "tf"])
+    assert calls.count("fft") == 1 + autotune.MIN_ROUNDS
+    assert calls.count("direct") == calls.count("tf") == 1 + autotune.MAX_ROUNDS
+    assert seconds == pytest.approx({"direct": 0.001, "fft": 0.002, "tf": 0.0011})
+    calls, _ = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.002, "tf": 0.0015},
+                            ["direct", "fft", "tf"])
+    assert len(calls) == 3 * (1 + autotune.MIN_ROUNDS)
 
 
 def test_timing_rounds_stop_when_dear_and_skip_slow_candidates(monkeypatch):

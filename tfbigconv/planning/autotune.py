@@ -46,6 +46,11 @@ ABANDON_FACTOR = 3.0
 MIN_ROUNDS = 2
 MAX_ROUNDS = 6
 EXTRA_ROUNDS_BELOW_S = 0.1
+# Rounds past MIN_ROUNDS time only the candidates within this factor of the
+# quickest: a gap this wide after three or more calls each does not close with
+# more (millisecond calls spread 10-20%), and the extra rounds were half of a
+# first call's autotuning (a 7x7 16->16 layer: 24 calls per pass, 12 with this).
+CLEAR_FACTOR = 1.25
 # Our kernel replaces TF's only when measured this much faster: nearer than
 # that, timings here do not tell them apart (millisecond calls spread 10-20%
 # between runs), and TF's kernel is the baseline auto must not lose to by
@@ -551,14 +556,18 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         # burst of load on the machine hits all of them alike; the shortest call
         # counts. Candidates whose calls took REPEAT_BELOW_S, or ABANDON_FACTOR x
         # the best, are not repeated. Rounds go on past MIN_ROUNDS while they are
-        # cheap (short calls are the noisy ones), up to MAX_ROUNDS.
+        # cheap (short calls are the noisy ones), up to MAX_ROUNDS, among the
+        # candidates within CLEAR_FACTOR of the quickest while two are left.
         quickest = min(map(per_batch, best))
         again = [n for n in best
                  if best[n] < REPEAT_BELOW_S and per_batch(n) < ABANDON_FACTOR * quickest]
         rounds_spent = 0.0
         for r in range(MAX_ROUNDS if again else 0):
-            if r >= MIN_ROUNDS and rounds_spent >= EXTRA_ROUNDS_BELOW_S:
-                break
+            if r >= MIN_ROUNDS:
+                quickest = min(map(per_batch, best))
+                again = [n for n in again if per_batch(n) < CLEAR_FACTOR * quickest]
+                if rounds_spent >= EXTRA_ROUNDS_BELOW_S or len(again) < 2:
+                    break
             for name in again[r % len(again):] + again[:r % len(again)]:
                 if over():
                     break
