@@ -923,3 +923,20 @@ def test_a_long_autotuning_says_so_once(autotuning, monkeypatch, caplog):
         assert len(said) == lines, said
         if lines:
             assert "timing tf, direct, fft" in said[0] and str(autotune.cache_path()) in said[0]
+
+
+def test_a_confirmation_the_budget_cut_short_does_not_overturn_a_win():
+    """A second timing that did not call the winner (math.inf: its budget was
+    spent) leaves the winner's first time; what it did call replaces the old."""
+    import math
+    first = {"tf": 0.040, "fft": 0.025, "direct": 0.050}
+    asked = []
+
+    def timed(names):
+        asked.append(names)
+        return {"tf": 0.038, "fft": math.inf}
+
+    seconds = autotune.confirmed(dict(first), timed)
+    assert asked == [["tf", "fft"]]
+    assert seconds == {"tf": 0.038, "fft": 0.025, "direct": 0.050}
+    assert autotune.fastest(seconds) == "fft"

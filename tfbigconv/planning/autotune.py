@@ -290,11 +290,11 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
         rest = [n for n in seconds if n not in screened and math.isfinite(seconds[n])]
         if close and rest:  # in the race after all: timed again on the batch, beside the best of the rest
             lead = min(rest, key=seconds.get)
-            seconds = dict(seconds, **timed([lead] + close))
+            seconds = retimed(seconds, timed([lead] + close))
         seconds = confirmed(seconds, timed)
         more = widened(p, seconds)
         if more:  # timed beside the winner so far, in one session
-            seconds = confirmed(dict(seconds, **timed([fastest(seconds)] + more)), timed)
+            seconds = confirmed(retimed(seconds, timed([fastest(seconds)] + more)), timed)
         entry = {"chosen": fastest(seconds), "seconds": seconds,
                  "version": _version()}
         _store(key, entry)
@@ -395,8 +395,16 @@ def confirmed(seconds, timed):
         if (winner == "tf" or "tf" not in seconds or winner in done
                 or seconds["tf"] >= CONFIRM_BELOW * seconds[winner]):
             return seconds
-        seconds = dict(seconds, **timed(["tf", winner]))
+        seconds = retimed(seconds, timed(["tf", winner]))
         done.add(winner)
+
+
+def retimed(seconds, again):
+    """`seconds` with the candidates that a second timing called replaced by its
+    numbers. One it did not call (math.inf: the budget was spent) keeps its first
+    time: a win over TF's kernel by 1.5x was lost when its confirmation, left 3 ms
+    of budget, called TF's kernel first and never the winner."""
+    return dict(seconds, **{n: t for n, t in again.items() if math.isfinite(t)})
 
 
 def pairs_to_time(bpi, bpf):
