@@ -940,3 +940,34 @@ def test_a_confirmation_the_budget_cut_short_does_not_overturn_a_win():
     assert asked == [["tf", "fft"]]
     assert seconds == {"tf": 0.038, "fft": 0.025, "direct": 0.050}
     assert autotune.fastest(seconds) == "fft"
+
+
+def test_an_untrusted_candidate_is_probed_on_one_image_first(monkeypatch):
+    """A candidate in `probe` (TF's kernel where its estimate is not trusted)
+    runs on one image first; if its call on the whole timing batch would then
+    overrun the budget, that probe is its time and it is not called again."""
+    now, calls, per_image = [0.0], [], {"direct": 0.01, "tf": 0.5}
+
+    def run(name, x):
+        calls.append((name, int(x.shape[0])))
+        now[0] += per_image[name] * int(x.shape[0])
+        return tf.zeros([1])
+
+    monkeypatch.setattr(autotune.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(autotune, "_pass_fn",
+                        lambda pass_, name, x, w, dy, a, device: lambda: run(name, x))
+    n = SMALL[0][0]
+    assert n > 1
+
+    def measure():
+        calls.clear()
+        return autotune.measure("forward", ["direct", "tf"], SMALL[0], SMALL[1], ATTRS,
+                                "float32", "CPU", batch=n, budget_s=0.5, probe={"tf"})
+
+    seconds = measure()
+    assert ("tf", 1) in calls and ("tf", n) not in calls
+    assert seconds["tf"] == pytest.approx(0.5 * n)  # the probe, scaled to the batch
+    assert autotune.fastest(seconds) == "direct"
+    per_image["tf"] = 0.005  # its whole call fits: timed as the others are
+    seconds = measure()
+    assert ("tf", 1) in calls and ("tf", n) in calls and autotune.fastest(seconds) == "tf"

@@ -279,7 +279,8 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
                            workspace_limit=workspace_limit, batch=batch, images=images,
                            budget_s=left,
                            per_image_s={n: p[n]["seconds"] / max(input_shape[0], 1)
-                                        for n in these})
+                                        for n in these},
+                           probe={"tf"} if _tf_for_auto(p) != "trusted" else ())
 
         screened = screening_images(p, names, batch, best_estimate)
         expected = expected_seconds(p, names, input_shape[0], batch, screened)
@@ -495,13 +496,16 @@ def timing_batch(batch, best_estimate_s):
 
 @tf.autograph.experimental.do_not_convert
 def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order=None,
-            workspace_limit=0, batch=None, images=None, budget_s=None, per_image_s=None):
+            workspace_limit=0, batch=None, images=None, budget_s=None, per_image_s=None,
+            probe=()):
     """{candidate: seconds} for one pass, timed on random data of `batch` images
     (default TIMING_BATCH; `images`: {candidate: fewer images} for some) and
     scaled to the real batch. With budget_s, no call starts once the calls have
     taken that long, and with per_image_s ({candidate: estimated seconds per
     image}) a candidate after the first is not started when its estimated call
-    is over what is left; a candidate never called gets math.inf.
+    is over what is left; a candidate never called gets math.inf. A candidate in
+    `probe` (one whose estimate is not trusted) first runs on one image; if its
+    call on all of them would then overrun the budget, that probe is its time.
 
     Each candidate runs as its own traced graph (_pass_fn) on `device`, outside
     any tf.function being traced.
@@ -538,9 +542,19 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
             return budget_s is not None and spent[0] + expected >= budget_s
 
         best = {}  # name -> shortest call so far
+        probed = set()  # judged on a one-image call: not called again
         for name in order:  # warm-up, in the order of the estimates
             if best and over(name):
                 continue
+            if name in probe and count[name] > 1 and budget_s is not None:
+                start = time.perf_counter()
+                _sync(_pass_fn(pass_, name, x[:1], w, dy[:1], a, device)())
+                took = time.perf_counter() - start
+                spent[0] += took
+                if spent[0] + took * count[name] >= budget_s:
+                    best[name], count[name] = took, 1
+                    probed.add(name)
+                    continue
             best[name] = timed(name)
         # Speeds compare per image: a screened candidate runs fewer; costs
         # (REPEAT_BELOW_S, EXTRA_ROUNDS_BELOW_S) are the calls' own.
@@ -553,7 +567,7 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         called_twice = set()
         while True:
             quickest = min(map(per_batch, best))
-            again = [n for n in best if n not in called_twice
+            again = [n for n in best if n not in called_twice | probed
                      and ABANDON_FACTOR * quickest <= per_batch(n) and best[n] < REPEAT_BELOW_S]
             if not again or over():
                 break
@@ -567,8 +581,8 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
         # cheap (short calls are the noisy ones), up to MAX_ROUNDS, among the
         # candidates within CLEAR_FACTOR of the quickest while two are left.
         quickest = min(map(per_batch, best))
-        again = [n for n in best
-                 if best[n] < REPEAT_BELOW_S and per_batch(n) < ABANDON_FACTOR * quickest]
+        again = [n for n in best if n not in probed
+                 and best[n] < REPEAT_BELOW_S and per_batch(n) < ABANDON_FACTOR * quickest]
         rounds_spent = 0.0
         for r in range(MAX_ROUNDS if again else 0):
             if r >= MIN_ROUNDS:
