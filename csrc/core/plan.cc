@@ -445,8 +445,9 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
     // A dense layer's written channels cost whole blocks (oneDNN's blocked
     // layouts: 1 to 16 take the same time on AVX-512), per side (its filter
     // gradient's slow path from side 15 runs pairs).
-    // oneDNN's Conv3D runs every pass at about its forward pass's rate (measured:
-    // 0.9-1.4x the estimate), without the 2-D filter gradient's slow path from side 15.
+    // oneDNN's Conv3D runs every pass at about Conv2D's forward rate at as many taps
+    // (benchmarks/check_conv3d_estimate.py), without the 2-D filter gradient's slow
+    // path from side 15.
     const Pass rates = kernel == TfKernel::kConv3D ? Pass::kForward : pass;
     int block_side = 0;
     while (block_side + 1 < kIm2colSides && kIm2colSideAxis[block_side + 1] <= side) ++block_side;
