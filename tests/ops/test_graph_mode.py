@@ -160,3 +160,36 @@ def test_tf1_session_bigconv1d_and_bigconv3d_with_placeholders(tmp_path):
         report(err3=rel(a3[..., :3], c3), err1=rel(a1, c1), grad_shape=list(b3.shape))
     """)
     assert r["err3"] < 1e-12 and r["err1"] < 1e-12 and r["grad_shape"] == [2, 7, 8, 9, 4]
+
+
+@pytest.mark.parametrize("autotune", ["0", "1"])
+def test_tf1_session_bigconv3d_auto_with_static_shapes(tmp_path, autotune):
+    """bigconv3d's trace-time plan from a TF1 graph, in a fresh process: each pass
+    TF's Conv3D or our op, with tf.gradients, against tf.nn.conv3d. By the
+    estimates alone (autotuning off), where TF runs oneDNN, a small filter goes
+    to TF's Conv3D and a large one to our ops."""
+    r = run_fresh(tmp_path, """
+        import tfbigconv
+        from tfbigconv.planning import tf_rules
+        errs, types = [], []
+        for xs, ws in (((2, 6, 12, 12, 16), (3, 3, 3, 16, 16)), ((1, 12, 16, 16, 2), (9, 9, 9, 2, 2))):
+            x, w = np.random.rand(*xs).astype(np.float32), np.random.rand(*ws).astype(np.float32)
+            with tf.Graph().as_default() as g:
+                xt, wt = tf.constant(x), tf.constant(w)
+                y = tfbigconv.bigconv3d(xt, wt, 1, "SAME")
+                grads = tf.gradients(tf.reduce_sum(y * y), [xt, wt])
+                types.append(sorted({op.type for op in g.get_operations()
+                                     if "Conv3D" in op.type}))  # ours, before the reference
+                x64, w64 = tf.constant(x, tf.float64), tf.constant(w, tf.float64)
+                want = tf.nn.conv3d(x64, w64, [1] * 5, "SAME")
+                wants = tf.gradients(tf.reduce_sum(want * want), [x64, w64])
+                with tf.compat.v1.Session() as s:
+                    got, ref = s.run([[y] + grads, [want] + wants])
+            errs.append(max(rel(a, b) for a, b in zip(got, ref)))
+        report(errs=errs, types=types, onednn=tf_rules.tf_cpu_onednn("Conv3D", "float32", False))
+    """, autotune=autotune)
+    assert all(e < 1e-4 for e in r["errs"]), r
+    small, large = r["types"]
+    if autotune == "0":  # timings may choose otherwise
+        assert ("Conv3D" in small) == r["onednn"] and ("BigConv3D" in small) != r["onednn"], r
+        assert "BigConv3D" in large and "Conv3D" not in large, r
