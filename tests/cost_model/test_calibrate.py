@@ -114,3 +114,13 @@ def test_progress_bar_counts_every_measurement(tmp_path, monkeypatch):
     assert seen["done"] == seen["total"] > 0
     assert any("model / measured" in line for line in lines)
     assert not any(" ms" in line and "x" in line.split(":")[0] for line in lines)  # details
+
+
+def test_table_cases_are_sized_by_the_active_profile():
+    """A TF-table case the active profile expects to run over CALL_S a call is
+    shrunk to about CALL_S (at most 64x), else it keeps the table's work."""
+    work = 2e9
+    assert calibrate._sized(work, None) == work
+    assert calibrate._sized(work, calibrate.CALL_S / 2) == work
+    assert abs(calibrate._sized(work, 10 * calibrate.CALL_S) - work / 10) < 1
+    assert calibrate._sized(work, 1e6) == work / 64

@@ -37,6 +37,9 @@ SLOWDOWN_DTYPES = ("float16", "bfloat16", "float64")
 # the block is the count before it (oneDNN on AVX-512: 1-16 take the same time,
 # 32 twice, but its filter gradient's slow path from side 15 runs pairs: 2).
 BLOCK_PROBE = (1, 2, 4, 8, 16, 32)
+# The longest call a TF-table case is sized for where the active profile knows
+# its rate (_sized).
+CALL_S = 0.05
 BLOCK_TOLERANCE = 1.5
 
 # (input NHWC, filter HWIO, padding): convolutions for the direct and FFT fits,
@@ -174,17 +177,38 @@ def _depthwise_fn(pass_, x_shape, w_shape, padding, dtype):
         lambda x, s, dy: kernels.tf_backprop_filter(x, ours, dy, a, depthwise=True))
 
 
-def _dtype_slowdown_fns(target):
+def _sized(target, seconds_at_target):
+    """The work of a timed case: `target`, or less where the active profile
+    expects a call of it to take over CALL_S (down to target / 64). TF's Conv2D
+    filter gradient from side 15 (oneDNN's slow path, 0.3-0.6 GFLOP/s) and
+    half-precision gradients ran seconds a call at `target`: half of a
+    calibration's time."""
+    if not seconds_at_target or seconds_at_target <= CALL_S:
+        return target
+    return max(target / 64, target * CALL_S / seconds_at_target)
+
+
+def _dtype_slowdown_fns(target, prior):
     """{timing key: fn} for the dtype slowdowns of TF's kernels, per kernel and
     pass, at side 7: Conv2D at 16x16 channels, DepthwiseConv2dNative at 32
-    channels (as its rate table); keys <prefix><pass>.<dtype>, float32 included."""
-    conv = _im2col_case(7, 16, 16, target)
-    x_shape, w_shape = _im2col_case(7, 32, 1, target / 10)  # the depthwise table's case
-    depthwise = (x_shape, w_shape[:2] + (32, 1))
+    channels (as its rate table); keys <prefix><pass>.<dtype>, float32 included.
+    Each pass's case is sized for its slowest dtype (_sized, by the active
+    profile `prior`); every dtype of a pass runs the same case."""
+    rates = {profiles.DTYPE_SLOWDOWNS[0]: (f"im2col_flops_per_second.{{}}.side7.channels256",
+                                           target),
+             profiles.DTYPE_SLOWDOWNS[1]: (f"{profiles.DEPTHWISE_TABLE}{{}}.side7", target / 10)}
     fns = {}
-    for prefix, make, (xs, ws) in zip(profiles.DTYPE_SLOWDOWNS, (_im2col_fn, _depthwise_fn),
-                                      (conv, depthwise)):
+    for prefix, make in zip(profiles.DTYPE_SLOWDOWNS, (_im2col_fn, _depthwise_fn)):
+        rate_key, work = rates[prefix]
         for pass_ in arguments.PASSES:
+            rate = prior.get(rate_key.format(pass_))
+            slowest = max([1.0] + [prior.get(f"{prefix}{pass_}.{n}", 1.0) for n in SLOWDOWN_DTYPES])
+            work_p = _sized(work, work * slowest / rate if rate else None)
+            if prefix == profiles.DTYPE_SLOWDOWNS[0]:
+                xs, ws = _im2col_case(7, 16, 16, work_p)
+            else:  # the depthwise table's case
+                xs, ws = _im2col_case(7, 32, 1, work_p)
+                ws = ws[:2] + (32, 1)
             for name in ("float32",) + SLOWDOWN_DTYPES:
                 fns[f"{prefix}{pass_}.{name}"] = make(pass_, xs, ws, "SAME", tf.as_dtype(name))
     return fns
@@ -289,7 +313,7 @@ def _model_terms(algorithm, pass_, x_shape, w_shape, padding):
     return p[algorithm]["terms"]
 
 
-def calibrate(output, quick=False, rounds=3, log=print, progress=True):
+def calibrate(output, quick=False, rounds=2, log=print, progress=True):
     """Measures, fits and writes a profile to `output`; returns its values.
 
     quick: tiny problems and one round, for tests of the round trip (the
@@ -308,7 +332,7 @@ def _detail(line):
 
 def _calibrate_cpu(output, quick, rounds, log, show_progress):
     rounds = 1 if quick else rounds
-    budget_s = 0.02 if quick else 0.3
+    budget_s = 0.02 if quick else 0.1
     cases = [((1, 24, 24, 1), (5, 5, 1, 2), "SAME"), ((1, 24, 24, 4), (3, 3, 4, 4), "SAME"),
              ((1, 32, 32, 2), (9, 9, 2, 2), "VALID")] if quick else KERNEL_CASES
     progress = _Progress(_measurements(cases, rounds), show_progress)
@@ -341,6 +365,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
         "fft_seconds_per_call": fits["fft"][4],
     }
     target = 2e6 if quick else 2e9
+    prior = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))  # sizes cases only
     fns, macs = {}, {}
     blocks = _channel_blocks(quick, rounds, budget_s / 3, _detail, progress)
     values.update(blocks)
@@ -349,8 +374,9 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
             block = int(blocks[f"{profiles.CHANNEL_BLOCK}{pass_}.side{side}"])
             for product in IM2COL_PRODUCTS:
                 cin, cout = _in_out(pass_, *table_case(product, block))
-                x_shape, w_shape = _im2col_case(side, cin, cout, target)
                 key = f"im2col_flops_per_second.{pass_}.side{side}.channels{cin * cout}"
+                work = _sized(target, target / prior[key] if prior.get(key) else None)
+                x_shape, w_shape = _im2col_case(side, cin, cout, work)
                 fns[key] = _im2col_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
                 macs[key] = _core.conv_geometry(list(x_shape), list(w_shape), padding="SAME",
                                                 **ATTRS)["macs"]
@@ -358,13 +384,14 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
         for pass_ in arguments.PASSES:
             for side in IM2COL_SIDES:
                 # TF's depthwise kernels run at ~10 GFLOP/s: a tenth of the work.
-                x_shape, w_shape = _im2col_case(side, 32, 1, target / 10)
-                w_shape = w_shape[:2] + (32, multiplier)
                 key = f"{table}{pass_}.side{side}"
+                work = _sized(target / 10, target / 10 / prior[key] if prior.get(key) else None)
+                x_shape, w_shape = _im2col_case(side, 32, 1, work)
+                w_shape = w_shape[:2] + (32, multiplier)
                 fns[key] = _depthwise_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
                 macs[key] = _core.conv_geometry(list(x_shape), [side, side, 1, 32 * multiplier],
                                                 padding="SAME", **ATTRS)["macs"]
-    fns.update(_dtype_slowdown_fns(target))
+    fns.update(_dtype_slowdown_fns(target, prior))
     times = _best_times(fns, budget_s, rounds, progress)
     progress.finish()
     for line in summary:
