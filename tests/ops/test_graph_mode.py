@@ -162,6 +162,7 @@ def test_tf1_session_bigconv1d_and_bigconv3d_with_placeholders(tmp_path):
     assert r["err3"] < 1e-12 and r["err1"] < 1e-12 and r["grad_shape"] == [2, 7, 8, 9, 4]
 
 
+@pytest.mark.native  # the routes are our planner's; the pure-TF path is tf.nn.conv3d
 @pytest.mark.parametrize("autotune", ["0", "1"])
 def test_tf1_session_bigconv3d_auto_with_static_shapes(tmp_path, autotune):
     """bigconv3d's trace-time plan from a TF1 graph, in a fresh process: each pass
