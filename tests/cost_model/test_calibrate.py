@@ -120,7 +120,9 @@ def test_table_cases_are_sized_by_the_active_profile():
     """A TF-table case the active profile expects to run over CALL_S a call is
     shrunk to about CALL_S (at most 64x), else it keeps the table's work."""
     work = 2e9
+    rate_at = lambda seconds: work / seconds  # noqa: E731  (FLOP/s for a call of `seconds`)
     assert calibrate._sized(work, None) == work
-    assert calibrate._sized(work, calibrate.CALL_S / 2) == work
-    assert abs(calibrate._sized(work, 10 * calibrate.CALL_S) - work / 10) < 1
-    assert calibrate._sized(work, 1e6) == work / 64
+    assert calibrate._sized(work, rate_at(calibrate.CALL_S / 2)) == work
+    assert abs(calibrate._sized(work, rate_at(10 * calibrate.CALL_S)) - work / 10) < 1
+    assert abs(calibrate._sized(work, rate_at(calibrate.CALL_S), 10) - work / 10) < 1
+    assert calibrate._sized(work, rate_at(1e6)) == work / 64

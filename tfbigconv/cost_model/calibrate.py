@@ -37,10 +37,10 @@ SLOWDOWN_DTYPES = ("float16", "bfloat16", "float64")
 # the block is the count before it (oneDNN on AVX-512: 1-16 take the same time,
 # 32 twice, but its filter gradient's slow path from side 15 runs pairs: 2).
 BLOCK_PROBE = (1, 2, 4, 8, 16, 32)
+BLOCK_TOLERANCE = 1.5
 # The longest call a TF-table case is sized for where the active profile knows
 # its rate (_sized).
 CALL_S = 0.05
-BLOCK_TOLERANCE = 1.5
 
 # (input NHWC, filter HWIO, padding): convolutions for the direct and FFT fits,
 # spanning channels, filter sizes and both kernels' shapes of work.
@@ -177,15 +177,16 @@ def _depthwise_fn(pass_, x_shape, w_shape, padding, dtype):
         lambda x, s, dy: kernels.tf_backprop_filter(x, ours, dy, a, depthwise=True))
 
 
-def _sized(target, seconds_at_target):
-    """The work of a timed case: `target`, or less where the active profile
-    expects a call of it to take over CALL_S (down to target / 64). TF's Conv2D
-    filter gradient from side 15 (oneDNN's slow path, 0.3-0.6 GFLOP/s) and
-    half-precision gradients ran seconds a call at `target`: half of a
-    calibration's time."""
-    if not seconds_at_target or seconds_at_target <= CALL_S:
+def _sized(target, rate, slowdown=1.0):
+    """The work (FLOPs) of a timed case: `target`, or less where the active
+    profile's `rate` (FLOP/s; None: unknown) over `slowdown` makes a call of it
+    take over CALL_S (down to target / 64). TF's Conv2D filter gradient from
+    side 15 (oneDNN's slow path, 0.3-0.6 GFLOP/s) and half-precision gradients
+    ran seconds a call at `target`: half of a calibration's time."""
+    seconds = target * slowdown / rate if rate else 0.0
+    if seconds <= CALL_S:
         return target
-    return max(target / 64, target * CALL_S / seconds_at_target)
+    return max(target / 64, target * CALL_S / seconds)
 
 
 def _dtype_slowdown_fns(target, prior):
@@ -201,9 +202,8 @@ def _dtype_slowdown_fns(target, prior):
     for prefix, make in zip(profiles.DTYPE_SLOWDOWNS, (_im2col_fn, _depthwise_fn)):
         rate_key, work = rates[prefix]
         for pass_ in arguments.PASSES:
-            rate = prior.get(rate_key.format(pass_))
             slowest = max([1.0] + [prior.get(f"{prefix}{pass_}.{n}", 1.0) for n in SLOWDOWN_DTYPES])
-            work_p = _sized(work, work * slowest / rate if rate else None)
+            work_p = _sized(work, prior.get(rate_key.format(pass_)), slowest)
             if prefix == profiles.DTYPE_SLOWDOWNS[0]:
                 xs, ws = _im2col_case(7, 16, 16, work_p)
             else:  # the depthwise table's case
@@ -365,7 +365,8 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
         "fft_seconds_per_call": fits["fft"][4],
     }
     target = 2e6 if quick else 2e9
-    prior = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))  # sizes cases only
+    # The active profile: it sizes the TF-table cases, and its GPU values are kept.
+    prior = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))
     fns, macs = {}, {}
     blocks = _channel_blocks(quick, rounds, budget_s / 3, _detail, progress)
     values.update(blocks)
@@ -375,7 +376,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
             for product in IM2COL_PRODUCTS:
                 cin, cout = _in_out(pass_, *table_case(product, block))
                 key = f"im2col_flops_per_second.{pass_}.side{side}.channels{cin * cout}"
-                work = _sized(target, target / prior[key] if prior.get(key) else None)
+                work = _sized(target, prior.get(key))
                 x_shape, w_shape = _im2col_case(side, cin, cout, work)
                 fns[key] = _im2col_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
                 macs[key] = _core.conv_geometry(list(x_shape), list(w_shape), padding="SAME",
@@ -385,7 +386,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
             for side in IM2COL_SIDES:
                 # TF's depthwise kernels run at ~10 GFLOP/s: a tenth of the work.
                 key = f"{table}{pass_}.side{side}"
-                work = _sized(target / 10, target / 10 / prior[key] if prior.get(key) else None)
+                work = _sized(target / 10, prior.get(key))
                 x_shape, w_shape = _im2col_case(side, 32, 1, work)
                 w_shape = w_shape[:2] + (32, multiplier)
                 fns[key] = _depthwise_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
@@ -405,8 +406,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
                 key, base = f"{prefix}{pass_}.{name}", f"{prefix}{pass_}.float32"
                 values[key] = times[key] / times[base]
                 _detail(f"{key}: {values[key]:.2f}x float32's time")
-    active = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))
-    ordered = [values[name] if name in values else active[name]  # GPU: kept
+    ordered = [values[name] if name in values else prior[name]  # GPU: kept
                for name in _core.cost_model_fields()]
     missing = [n for n in _core.cost_model_fields() if n not in values and not n.startswith("gpu.")]
     assert not missing, missing

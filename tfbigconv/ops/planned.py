@@ -12,7 +12,7 @@ def plan_forward(in_shape, f_shape, a, dtype, device):
     attributes `a` (ours), logged."""
     p = planner.decide("forward", in_shape, f_shape, kernels.tf_attrs(a), dtype.name,
                        a["algorithm"], a["workspace_limit_bytes"], device)
-    planner.log_choice("bigconv3d" if kernels.is_3d(a) else "bigconv2d", p)
+    planner.log_choice(a, p)
     return p
 
 

@@ -530,9 +530,10 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
 
         spent = [0.0]
 
-        def timed(name):
+        def timed(name, call=None):
+            """Seconds of one call of `name` (or of `call`, e.g. its probe), counted as spent."""
             start = time.perf_counter()
-            _sync(calls[name]())
+            _sync((call or calls[name])())
             took = time.perf_counter() - start
             spent[0] += took
             return took
@@ -547,10 +548,7 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
             if best and over(name):
                 continue
             if name in probe and count[name] > 1 and budget_s is not None:
-                start = time.perf_counter()
-                _sync(_pass_fn(pass_, name, x[:1], w, dy[:1], a, device)())
-                took = time.perf_counter() - start
-                spent[0] += took
+                took = timed(name, _pass_fn(pass_, name, x[:1], w, dy[:1], a, device))
                 if spent[0] + took * count[name] >= budget_s:
                     best[name], count[name] = took, 1
                     probed.add(name)

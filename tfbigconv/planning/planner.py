@@ -135,8 +135,10 @@ def decide_gradients(input_shape, filter_shape, attrs, dtype, algorithm, workspa
     return plans
 
 
-def log_choice(op_name, p):
+def log_choice(a, p):
+    """Logs plan `p` of a pass of the op with attributes `a` (ours)."""
     how = "measured" if p.get("measured") else "estimated"
+    op_name = "bigconv3d" if kernels.is_3d(a) else "bigconv2d"
     logging.vlog(1, "%s %s on %s: %s, %s (%s)", op_name, p["pass"], p["device"], p["chosen"],
                  how, p["reason"])
 
@@ -158,5 +160,5 @@ def choose_gradients(in_shape, f_shape, a, dtype, device, needed=(True, True)):
         plans = [decide(p, *args) if n else None for p, n in zip(PASSES[1:], needed)]
     for p in plans:
         if p is not None:
-            log_choice("bigconv3d" if kernels.is_3d(a) else "bigconv2d", p)
+            log_choice(a, p)
     return tuple(p["chosen"] if p is not None else None for p in plans)
