@@ -28,6 +28,9 @@ for _name in ("TFBIGCONV_ALGORITHM", "TFBIGCONV_COST_MODEL"):
 os.environ["TFBIGCONV_AUTOTUNE_CACHE"] = os.path.join(os.environ["XDG_CACHE_HOME"],
                                                       "autotune-session.json")
 os.environ["TFBIGCONV_AUTOTUNE"] = "0"
+# Nor on the shipped profile scaled to this host by timings
+# (tfbigconv/cost_model/probe.py): tests/cost_model/test_probe.py turns it on.
+os.environ["TFBIGCONV_PROBE"] = "0"
 os.environ.pop("TFBIGCONV_PURE_TF", None)  # set by --pure-tf only
 
 

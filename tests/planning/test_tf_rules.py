@@ -223,6 +223,33 @@ def test_where_tf_runs_onednn_auto_may_pick_its_kernels(onednn_tf):
     assert asked and all(a == ("Conv2D", "float32", True, "NCHW") for a in asked)
 
 
+def _verdicts(x_shape, w_shape, dtype, data_format="NHWC"):
+    a = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[],
+             data_format=data_format, dilations=[1, 1, 1, 1])
+    g = _core.conv_geometry(list(x_shape), list(w_shape), **a)
+    return [tf_rules.tf_kernel(p, g, a, dtype, "CPU")[1] for p in planner.PASSES]
+
+
+def test_grouped_conv2d_is_trusted_from_8_channels_per_group_where_onednn_runs_it(onednn_tf):
+    """oneDNN's grouped Conv2D ran 0.26-1.15x its estimate from 8 channels per
+    group in float32 and bfloat16 (ONEDNN_GROUPED_TRUSTED_CHANNELS); with fewer,
+    in float16 (its filter gradient 24-36x) or in NCHW, auto times it first."""
+    per_group = tf_rules.ONEDNN_GROUPED_TRUSTED_CHANNELS
+    for dtype in ("float32", "bfloat16"):
+        assert _verdicts((2, 16, 16, 4 * per_group), (3, 3, per_group, 32), dtype) == \
+            ["trusted"] * 3
+        assert _verdicts((2, 16, 16, 4 * per_group), (3, 3, per_group // 2, 32), dtype) == \
+            ["measured"] * 3
+    assert _verdicts((2, 16, 16, 4 * per_group), (3, 3, per_group, 32), "float16") == \
+        ["measured"] * 3
+    assert _verdicts((2, 4 * per_group, 16, 16), (3, 3, per_group, 32), "bfloat16", "NCHW") == \
+        ["measured"] * 3
+
+
+def test_grouped_conv2d_without_onednn_is_timed_first(eigen_tf):
+    assert _verdicts((2, 16, 16, 32), (3, 3, 8, 32), "float32") == ["measured", "never", "never"]
+
+
 NCHW_DEPTHWISE = ((2, 8, 15, 17), (5, 5, 1, 8))
 
 

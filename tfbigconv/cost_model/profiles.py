@@ -46,7 +46,8 @@ CHANNEL_BLOCK = "im2col_channel_block."
 DTYPE_SLOWDOWNS = ("im2col_dtype_slowdown.", "tf_depthwise_dtype_slowdown.")
 LEGACY_DTYPE_SLOWDOWN = "im2col_dtype_slowdown."
 
-# Where the active profile came from: "env", "user", "shipped" or "built-in",
+# Where the active profile came from: "env", "user", "scaled" (probe.py),
+# "shipped" or "built-in",
 # and its "meta" object ({} for the built-in constants).
 active_source = "built-in"
 active_path = None
@@ -131,6 +132,20 @@ def machine_mismatch(meta=None, cpu=None, tensorflow=None, onednn=None):
         reasons.append(f"the profile timed TensorFlow's CPU kernels with oneDNN "
                        f"{state[their_onednn]}, here it is {state[onednn]} (TF_ENABLE_ONEDNN_OPTS)")
     return "; ".join(reasons)
+
+
+def how_fitted(meta=None):
+    """One line on how a profile's CPU values were fitted (`meta`, default the
+    active one's): calibrated, or scaled from a shipped one by probe.py."""
+    meta = active_meta if meta is None else meta
+    if isinstance(meta.get("probe"), dict):
+        ratios = ", ".join(f"{k} x{r:.2f}" for k, r in meta["probe"].items())
+        base = meta.get("scaled_from", {}).get("path", "a shipped profile")
+        return (f"{base} scaled to this host on {meta.get('created', '?')} by timing "
+                f"{len(meta['probe'])} convolutions (time here / its estimate: {ratios})")
+    if meta.get("created"):
+        return f"calibrated on {meta.get('machine', 'an unnamed machine')} on {meta['created']}"
+    return ""
 
 
 def user_path():
@@ -303,13 +318,30 @@ def apply(values, op_library_path):
         raise RuntimeError("the op library rejected the cost model")
 
 
+def scaled_path():
+    """Where probe.py caches the shipped profile scaled to this host: beside user_path()."""
+    return os.path.join(os.path.dirname(user_path()), "cost_model_scaled.json")
+
+
+def base_identity(path, meta):
+    """What a scaled profile records of the profile it was scaled from."""
+    return {"path": os.path.basename(path or ""), "created": meta.get("created")}
+
+
+def set_active(source, path, meta):
+    """Records where the applied model came from (apply() applies it)."""
+    global active_source, active_path, active_meta
+    active_source, active_path, active_meta = source, path, meta
+
+
 def load_active(op_library_path):
     """Applies the first valid profile of: $TFBIGCONV_COST_MODEL, the user's, the
-    shipped one for this machine (shipped_for), the main shipped one."""
-    global active_source, active_path, active_meta
-    shipped = dict.fromkeys([shipped_for(this_cpu(), tf_onednn()), SHIPPED_PATH])
-    candidates = [("env", os.environ.get("TFBIGCONV_COST_MODEL")), ("user", user_path())] + [
-        ("shipped", path) for path in shipped]
+    shipped one for this machine scaled to it (probe.py; only while it was scaled
+    on this machine from that shipped profile), the shipped one for this machine
+    (shipped_for), the main shipped one."""
+    shipped = list(dict.fromkeys([shipped_for(this_cpu(), tf_onednn()), SHIPPED_PATH]))
+    candidates = [("env", os.environ.get("TFBIGCONV_COST_MODEL")), ("user", user_path()),
+                  ("scaled", scaled_path())] + [("shipped", path) for path in shipped]
     try:
         defaults, main_meta = _main_profile()
     except (ValueError, OSError):
@@ -321,6 +353,8 @@ def load_active(op_library_path):
             continue
         try:
             values, meta = read_profile_and_meta(path, defaults)
+            if source == "scaled" and not _scaled_applies(meta, shipped[0], defaults):
+                continue
             apply(values, op_library_path)
         except (ValueError, OSError) as e:
             warnings.warn(f"tfbigconv: ignoring cost model {path}: {e}")
@@ -328,6 +362,15 @@ def load_active(op_library_path):
         if "gpu_grids" not in meta and "gpu_grids" in main_meta:
             # A CPU-only profile: its GPU values are the main profile's fit.
             meta = dict(meta, gpu_grids=main_meta["gpu_grids"])
-        active_source, active_path, active_meta = source, path, meta
+        set_active(source, path, meta)
         return
-    active_source, active_path, active_meta = "built-in", None, {}
+    set_active("built-in", None, {})
+
+
+def _scaled_applies(meta, shipped_path, defaults):
+    """Whether a scaled profile (its meta) was scaled on this machine from the
+    shipped profile that would be active without it."""
+    if machine_mismatch(meta):
+        return False
+    _, shipped_meta = read_profile_and_meta(shipped_path, defaults)
+    return meta.get("scaled_from") == base_identity(shipped_path, shipped_meta)

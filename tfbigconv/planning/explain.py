@@ -41,8 +41,10 @@ class Explanation:
       reasons: {pass: one line}; device: "CPU" or "GPU";
       budget: the workspace limit in bytes; geometry: the validated geometry;
       cost_model: where the model's constants came from ("env", "user",
-        "shipped" or "built-in"), cost_model_file: its file name; cost_model_warning: why
-        they may not fit this machine (profiles.machine_mismatch), or "".
+        "scaled", "shipped" or "built-in"), cost_model_file: its file name;
+        cost_model_fit: how its CPU values were fitted (profiles.how_fitted);
+        cost_model_warning: why they may not fit this machine
+        (profiles.machine_mismatch), or "".
     """
 
     def __init__(self, plans, budget, cost_model_source, device):
@@ -67,6 +69,7 @@ class Explanation:
         # Why the CPU constants may not fit this machine ("" if they were measured
         # on one like it); the GPU's come from the H100 grids' fit either way.
         self.cost_model_warning = profiles.machine_mismatch() if device == "CPU" else ""
+        self.cost_model_fit = profiles.how_fitted() if device == "CPU" else ""
 
     def table(self):
         head = ["pass", "algorithm", "est. time", "measured", "workspace", "peak", "fits",
@@ -90,6 +93,8 @@ class Explanation:
                    f"device {self.device}; workspace budget {self._budget()}; "
                    f"cost model: {self.cost_model}"
                    + (f" ({self.cost_model_file})" if self.cost_model_file else ""))
+        if self.cost_model_fit:
+            out.append(f"cost model: {self.cost_model_fit}")
         if self.cost_model_warning:
             out.append(f"cost model: {self.cost_model_warning}; its estimates may be off "
                        "several-fold here (`python -m tfbigconv calibrate` measures this machine)")

@@ -13,6 +13,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfbigconv import _core, errors, host, kernels
+from tfbigconv.cost_model import probe
 from tfbigconv.arguments import PASSES  # noqa: F401  (planner.PASSES: the passes planned)
 from tfbigconv.planning import autotune as tuner, tf_rules
 
@@ -64,6 +65,8 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
         geometry = _core.conv_geometry(*args)
     except ValueError as e:
         raise errors.invalid_argument(str(e)) from None
+    if device == "CPU":
+        probe.ensure()  # the shipped profile scaled to this host, once
     if len(input_shape) == 5 and device == "GPU":
         raise errors.invalid_argument("3-D convolutions run on the CPU only (bigconv3d's "
                                       "ops have no GPU kernels): device must be 'CPU'")

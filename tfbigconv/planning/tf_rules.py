@@ -125,6 +125,16 @@ def onednn_compiles_slowly(pass_, geometry, dtype):
             and max(geometry["filter_h"], geometry["filter_w"]) >= 15)
 
 
+# oneDNN's grouped Conv2D against its estimate (the dense rates per group),
+# NHWC, 8 layers of 8-64 input channels per group, three passes (RESULTS.md,
+# "Grouped Conv2D under oneDNN"): float32 0.52-1.12x the estimate, bfloat16
+# 0.26-1.15x; with 1-4 channels per group up to 8x (forward, 2 per group) and
+# 6x (filter gradient, 4 per group); float16's filter gradient 24-36x at every
+# width. So auto trusts its estimate from this many channels per group, in
+# float32 and bfloat16; elsewhere it is timed first.
+ONEDNN_GROUPED_TRUSTED_CHANNELS = 8
+
+
 EMPTY_NOTE = "TensorFlow's kernels mishandle empty tensors"
 
 
@@ -263,6 +273,9 @@ TF_KERNEL_RULES = (
     Rule(lambda c: c.pass_ == "backprop_filter" and tf_filter_gradient_crashes(
         c.geometry["in_c"], c.filter_shape, c.attrs, c.dtype, c.device), "", "never",
          ONEDNN_BF16_GROUPED_DILATED_NOTE, "ONEDNN_BF16_GROUPED_DILATED_NOTE"),
+    Rule(lambda c: (c.grouped and c.geometry["filter_in_c"] >= ONEDNN_GROUPED_TRUSTED_CHANNELS
+                    and c.dtype in ("float32", "bfloat16") and not c.nchw and c.onednn_conv2d),
+         "Conv2D", "trusted", "", "ONEDNN_GROUPED_TRUSTED_CHANNELS"),
     Rule(lambda c: c.grouped, "Conv2D", "measured",
          "grouped Conv2D on the CPU: picked only when measured fastest",
          "measured 10-300x slower than its estimate (depthwise-like shapes)"),

@@ -1,0 +1,164 @@
+"""The shipped profile scaled to this host (tfbigconv/cost_model/probe.py):
+which constants each measured ratio moves, the estimates moving by exactly
+that ratio, and, in fresh processes, the probe running once on a host unlike
+the profile's, its cache being loaded next time without timing, and neither
+happening where it is turned off or does not apply."""
+import json
+import os
+
+import pytest
+
+from tfbigconv import _core, host
+from tfbigconv.cost_model import probe, profiles
+from conftest import TESTS_DIR, run_python
+
+ATTRS = dict(strides=[1, 1, 1, 1], explicit_paddings=[], data_format="NHWC",
+             dilations=[1, 1, 1, 1])
+RATIOS = {"direct": 0.5, "fft": 2.0, "Conv2D": 0.25, "DepthwiseConv2dNative": 3.0,
+          "Conv2D.float16": 0.4, "DepthwiseConv2dNative.bfloat16": 5.0}
+
+
+def base():
+    return dict(zip(_core.cost_model_fields(), profiles.read_profile(profiles.SHIPPED_PATH)))
+
+
+def test_scale_moves_each_group_by_its_ratio():
+    values = base()
+    scaled = probe.scale(values, RATIOS)
+    for name, v in values.items():
+        got = scaled[name]
+        if name in ("direct_flops_per_second", "direct_load_bound_flops_per_second"):
+            assert got == pytest.approx(v / 0.5)
+        elif name.startswith("direct_"):
+            assert got == pytest.approx(v * 0.5)
+        elif name.startswith("fft_"):
+            assert got == pytest.approx(v * 2.0)
+        elif name.startswith("im2col_flops_per_second."):
+            assert got == pytest.approx(v / 0.25)
+        elif name.startswith((profiles.DEPTHWISE_TABLE, profiles.MULTIPLIER_TABLE)):
+            assert got == pytest.approx(v / 3.0)
+        elif name == "im2col_dtype_slowdown.forward.float16":
+            assert got == pytest.approx(v * 0.4)
+        elif name == "tf_depthwise_dtype_slowdown.forward.bfloat16":
+            assert got == pytest.approx(v * 5.0)
+        else:  # GPU, channel blocks, the gradients' slowdowns, unprobed dtypes
+            assert got == v, name
+
+
+@pytest.mark.parametrize("algorithm,kernel,dtype,x,w,ratio", [
+    ("direct", "", "float32", (2, 40, 40, 8), (9, 9, 8, 8), 0.5),
+    ("fft", "", "float32", (2, 64, 64, 4), (31, 31, 4, 4), 2.0),
+    ("tf", "Conv2D", "float32", (2, 40, 40, 8), (5, 5, 8, 8), 0.25),
+    ("tf", "Conv2D", "float16", (2, 40, 40, 8), (5, 5, 8, 8), 0.25 * 0.4),
+    ("tf", "DepthwiseConv2dNative", "float32", (2, 40, 40, 16), (7, 7, 1, 16), 3.0),
+    ("tf", "DepthwiseConv2dNative", "bfloat16", (2, 40, 40, 16), (7, 7, 1, 16), 15.0),
+])
+@pytest.mark.parametrize("pass_", ["forward", "backprop_filter"])
+def test_a_ratio_moves_the_estimates_by_itself(algorithm, kernel, dtype, x, w, ratio, pass_):
+    """A group's estimates, every pass, become `ratio` times longer; the half
+    types' slowdowns move the forward pass only."""
+    if dtype != "float32" and pass_ != "forward":
+        ratio /= RATIOS[f"{kernel}.{dtype}"]
+
+    def estimate(values):
+        active = _core.get_cost_model()
+        try:
+            _core.set_cost_model([values[n] for n in _core.cost_model_fields()])
+            p = _core.plan_pass(list(x), list(w), padding="SAME", pass_=pass_, dtype=dtype,
+                                device="CPU", algorithm=algorithm, workspace_limit=0,
+                                workers=host.current().threads(), tf_kernel=kernel,
+                                **ATTRS)
+        finally:
+            _core.set_cost_model(active)
+        return p[algorithm]["seconds"]
+
+    values = base()
+    assert estimate(probe.scale(values, RATIOS)) == pytest.approx(ratio * estimate(values),
+                                                                  rel=1e-6)
+
+
+def test_how_fitted_says_where_the_profile_came_from():
+    meta = {"created": "2026-01-01", "scaled_from": {"path": "p.json", "created": "x"},
+            "probe": {"direct": 0.5, "fft": 1.25}}
+    line = profiles.how_fitted(meta)
+    assert "p.json scaled to this host" in line and "direct x0.50" in line and "fft x1.25" in line
+    assert "calibrated on m" in profiles.how_fitted({"created": "2026", "machine": "m"})
+    assert profiles.how_fitted({}) == ""
+
+
+# A host unlike the profile's: the active profile's CPU made another one, so
+# that the probe applies wherever the suite runs (including on the host the
+# shipped profile was measured on).
+PRETEND_OTHER_HOST = """
+    import os, json, time
+    import tfbigconv
+    from tfbigconv.cost_model import probe, profiles
+    if os.environ.get("PRETEND_OTHER_HOST") == "1" and profiles.active_source == "shipped":
+        profiles.active_meta = dict(profiles.active_meta, cpu={"name": "another CPU", "isa": [],
+                                                               "cpus": 1})
+    source_at_import = profiles.active_source
+    t0 = time.perf_counter()
+    e = tfbigconv.explain([2, 32, 32, 8], [9, 9, 8, 8], padding="SAME")
+    print(json.dumps({"at_import": source_at_import, "source": profiles.active_source,
+                      "path": profiles.active_path, "table": e.table(),
+                      "fit": e.cost_model_fit, "seconds": time.perf_counter() - t0}))
+"""
+
+
+def _run(cache, **env):
+    env = {"XDG_CACHE_HOME": str(cache), "TFBIGCONV_PROBE": "1", **env}
+    return json.loads(run_python(PRETEND_OTHER_HOST, TESTS_DIR, env).strip().splitlines()[-1])
+
+
+def test_a_host_unlike_the_profile_is_probed_once_and_the_result_cached(tmp_path):
+    first = _run(tmp_path, PRETEND_OTHER_HOST="1")
+    path = tmp_path / "tfbigconv" / "cost_model_scaled.json"
+    assert first["at_import"] == "shipped" and first["source"] == "scaled"
+    assert first["path"] == str(path) and path.exists()
+    assert "scaled to this host" in first["fit"] and "cost model: scaled" in first["table"]
+    doc = json.loads(path.read_text())
+    meta = doc["meta"]
+    assert set(meta["probe"]) >= {"direct", "fft", "Conv2D", "DepthwiseConv2dNative"}
+    assert all(1 / probe.MAX_RATIO <= r <= probe.MAX_RATIO for r in meta["probe"].values())
+    assert meta["probe_seconds"] < 10  # about a second here; a loaded CI host is slower
+    assert profiles.machine_mismatch(meta) == ""  # it records this machine
+    # Its values are the shipped profile's, scaled (both read the same way).
+    values, _ = profiles.read_profile_and_meta(str(path))
+    shipped_path = profiles.shipped_for(profiles.this_cpu(), host.tf_onednn())
+    shipped, _ = profiles.read_profile_and_meta(shipped_path, base())
+    fields = _core.cost_model_fields()
+    expected = probe.scale(dict(zip(fields, shipped)), meta["probe"])
+    assert values == pytest.approx([expected[n] for n in fields], rel=1e-9)
+    # The next process loads it at import and times nothing.
+    mtime = path.stat().st_mtime_ns
+    second = _run(tmp_path, PRETEND_OTHER_HOST="0")
+    assert second["at_import"] == "scaled" and second["path"] == str(path)
+    assert path.stat().st_mtime_ns == mtime
+    # A cache scaled from another shipped profile, or on another machine, is not used.
+    for changed in (dict(meta, scaled_from={"path": "other.json", "created": "x"}),
+                    dict(meta, cpu={"name": "another CPU", "isa": [], "cpus": 1})):
+        path.write_text(json.dumps(dict(doc, meta=changed)))
+        assert _run(tmp_path, PRETEND_OTHER_HOST="0")["at_import"] == "shipped"
+
+
+def test_no_probe_where_turned_off_or_calibrated(tmp_path):
+    off = _run(tmp_path / "off", PRETEND_OTHER_HOST="1", TFBIGCONV_PROBE="0")
+    assert off["source"] == "shipped"
+    assert not (tmp_path / "off" / "tfbigconv" / "cost_model_scaled.json").exists()
+    # A profile named by TFBIGCONV_COST_MODEL (or the user's own) is never scaled.
+    env = _run(tmp_path / "env", PRETEND_OTHER_HOST="1",
+               TFBIGCONV_COST_MODEL=profiles.SHIPPED_PATH)
+    assert env["source"] == "env"
+    assert not (tmp_path / "env" / "tfbigconv" / "cost_model_scaled.json").exists()
+
+
+def test_a_failed_probe_leaves_the_shipped_profile(tmp_path):
+    code = PRETEND_OTHER_HOST.replace(
+        "source_at_import = profiles.active_source",
+        "source_at_import = profiles.active_source\n"
+        "    probe._estimate = lambda *a: (_ for _ in ()).throw(RuntimeError('broken'))")
+    out = json.loads(run_python(code, TESTS_DIR, {"XDG_CACHE_HOME": str(tmp_path),
+                                                   "TFBIGCONV_PROBE": "1",
+                                                   "PRETEND_OTHER_HOST": "1"}).splitlines()[-1])
+    assert out["source"] == "shipped" and "cost model:" in out["table"]
+    assert not (tmp_path / "tfbigconv" / "cost_model_scaled.json").exists()
