@@ -22,6 +22,16 @@ def base():
     return dict(zip(_core.cost_model_fields(), profiles.read_profile(profiles.SHIPPED_PATH)))
 
 
+def test_the_direct_kernels_two_probes_scale_its_compute_rate_and_the_rest_apart():
+    values = base()
+    scaled = probe.scale(values, dict(RATIOS, direct_depthwise=4.0))
+    assert scaled["direct_flops_per_second"] == pytest.approx(values["direct_flops_per_second"] / 0.5)
+    assert scaled["direct_load_bound_flops_per_second"] == pytest.approx(
+        values["direct_load_bound_flops_per_second"] / 4.0)
+    for name in ("direct_seconds_per_output", "direct_seconds_per_packed", "direct_seconds_per_call"):
+        assert scaled[name] == pytest.approx(values[name] * 4.0)
+
+
 def test_scale_moves_each_group_by_its_ratio():
     values = base()
     scaled = probe.scale(values, RATIOS)
@@ -162,3 +172,47 @@ def test_a_failed_probe_leaves_the_shipped_profile(tmp_path):
                                                    "PRETEND_OTHER_HOST": "1"}).splitlines()[-1])
     assert out["source"] == "shipped" and "cost model:" in out["table"]
     assert not (tmp_path / "tfbigconv" / "cost_model_scaled.json").exists()
+
+
+def test_fit_recovers_known_ratios_from_timings(tmp_path, monkeypatch):
+    """fit() on synthetic timings: the direct kernel's depthwise layer at 0.5x
+    its estimate, the compute part of its dense layer at 2x (the rest as the
+    depthwise layer scaled it), every other float32 group at 3x, and the half
+    types' slowdowns at 0.25x the profile's: those are the ratios it finds and
+    the profile it writes and applies."""
+    from tfbigconv import _native
+    active = (_core.get_cost_model(), profiles.active_source, profiles.active_path,
+              profiles.active_meta)
+    values = dict(zip(_core.cost_model_fields(), active[0]))
+
+    def synthetic(probe_case):
+        group, x, w, dtype = probe_case
+        if dtype != "float32":
+            f32 = synthetic((group, x, w, "float32"))
+            return f32 * values[probe._slowdown_field(group, dtype)] * 0.25
+        if group == "direct_depthwise":
+            return 0.5 * probe._estimate(group, x, w, dtype)
+        if group == "direct":
+            terms = probe._estimate(group, x, w, dtype, terms=True)
+            return 2.0 * terms[0] + 0.5 * sum(terms[1:])
+        return 3.0 * probe._estimate(group, x, w, dtype)
+
+    monkeypatch.setattr(probe, "_call", lambda *case: case)
+    monkeypatch.setattr(probe, "_fastest", synthetic)
+    try:
+        ratios = probe.fit(str(tmp_path / "scaled.json"))
+        assert profiles.active_source == "scaled"
+        applied = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))
+    finally:
+        profiles.apply(active[0], _native.LIB_PATH)
+        profiles.set_active(*active[1:])
+    expected = {"direct_depthwise": 0.5, "direct": 2.0, "fft": 3.0, "Conv2D": 3.0,
+                "DepthwiseConv2dNative": 3.0}
+    expected.update({f"{k}.{d}": 0.25 for k in ("Conv2D", "DepthwiseConv2dNative")
+                     for d in ("float16", "bfloat16")})
+    assert ratios == pytest.approx(expected, rel=1e-9)
+    scaled = probe.scale(values, ratios)
+    assert [applied[n] for n in applied] == pytest.approx([scaled[n] for n in applied], rel=1e-12)
+    written, meta = profiles.read_profile_and_meta(str(tmp_path / "scaled.json"))
+    assert written == pytest.approx([scaled[n] for n in _core.cost_model_fields()], rel=1e-12)
+    assert meta["probe"] == pytest.approx(expected, rel=1e-9)

@@ -323,6 +323,12 @@ def scaled_path():
     return os.path.join(os.path.dirname(user_path()), "cost_model_scaled.json")
 
 
+def scaling_enabled():
+    """TFBIGCONV_PROBE=0: no shipped profile scaled to this host, neither probed
+    (probe.py) nor loaded from its cache."""
+    return os.environ.get("TFBIGCONV_PROBE", "1") != "0"
+
+
 def base_identity(path, meta):
     """What a scaled profile records of the profile it was scaled from."""
     return {"path": os.path.basename(path or ""), "created": meta.get("created")}
@@ -341,7 +347,8 @@ def load_active(op_library_path):
     (shipped_for), the main shipped one."""
     shipped = list(dict.fromkeys([shipped_for(this_cpu(), tf_onednn()), SHIPPED_PATH]))
     candidates = [("env", os.environ.get("TFBIGCONV_COST_MODEL")), ("user", user_path()),
-                  ("scaled", scaled_path())] + [("shipped", path) for path in shipped]
+                  ("scaled", scaled_path() if scaling_enabled() else None)] + [
+        ("shipped", path) for path in shipped]
     try:
         defaults, main_meta = _main_profile()
     except (ValueError, OSError):
