@@ -197,8 +197,15 @@ def test_fit_recovers_known_ratios_from_timings(tmp_path, monkeypatch):
             return 2.0 * terms[0] + 0.5 * sum(terms[1:])
         return 3.0 * probe._estimate(group, x, w, dtype)
 
-    monkeypatch.setattr(probe, "_call", lambda *case: case)
-    monkeypatch.setattr(probe, "_fastest", synthetic)
+    class Call:  # what _call returns: a callable, here one that remembers its probe
+        def __init__(self, case):
+            self.case = case
+
+        def __call__(self):
+            pass
+
+    monkeypatch.setattr(probe, "_call", lambda *case: Call(case))
+    monkeypatch.setattr(probe, "_fastest", lambda call: synthetic(call.case))
     try:
         ratios = probe.fit(str(tmp_path / "scaled.json"))
         assert profiles.active_source == "scaled"
