@@ -15,7 +15,7 @@ from conftest import TESTS_DIR, run_python
 ATTRS = dict(strides=[1, 1, 1, 1], explicit_paddings=[], data_format="NHWC",
              dilations=[1, 1, 1, 1])
 RATIOS = {"direct": 0.5, "fft": 2.0, "Conv2D": 0.25, "DepthwiseConv2dNative": 3.0,
-          "Conv2D.float16": 0.4, "DepthwiseConv2dNative.bfloat16": 5.0}
+          "Conv2D.forward.float16": 0.4, "DepthwiseConv2dNative.backprop_filter.bfloat16": 5.0}
 
 
 def base():
@@ -49,9 +49,9 @@ def test_scale_moves_each_group_by_its_ratio():
             assert got == pytest.approx(v / 3.0)
         elif name == "im2col_dtype_slowdown.forward.float16":
             assert got == pytest.approx(v * 0.4)
-        elif name == "tf_depthwise_dtype_slowdown.forward.bfloat16":
+        elif name == "tf_depthwise_dtype_slowdown.backprop_filter.bfloat16":
             assert got == pytest.approx(v * 5.0)
-        else:  # GPU, channel blocks, the gradients' slowdowns, unprobed dtypes
+        else:  # GPU, channel blocks, slowdowns without a ratio
             assert got == v, name
 
 
@@ -65,10 +65,10 @@ def test_scale_moves_each_group_by_its_ratio():
 ])
 @pytest.mark.parametrize("pass_", ["forward", "backprop_filter"])
 def test_a_ratio_moves_the_estimates_by_itself(algorithm, kernel, dtype, x, w, ratio, pass_):
-    """A group's estimates, every pass, become `ratio` times longer; the half
-    types' slowdowns move the forward pass only."""
-    if dtype != "float32" and pass_ != "forward":
-        ratio /= RATIOS[f"{kernel}.{dtype}"]
+    """A group's estimates, every pass, become `ratio` times longer; a
+    half-precision slowdown's ratio moves its own pass only."""
+    if dtype != "float32" and f"{kernel}.{pass_}.{dtype}" not in RATIOS:
+        ratio = {"Conv2D": 0.25, "DepthwiseConv2dNative": 3.0}[kernel]
 
     def estimate(values):
         active = _core.get_cost_model()
@@ -89,9 +89,10 @@ def test_a_ratio_moves_the_estimates_by_itself(algorithm, kernel, dtype, x, w, r
 
 def test_how_fitted_says_where_the_profile_came_from():
     meta = {"created": "2026-01-01", "scaled_from": {"path": "p.json", "created": "x"},
-            "probe": {"direct": 0.5, "fft": 1.25}}
+            "probe": {"direct": 0.5, "fft": 1.25, "Conv2D.forward.float16": 3.0}}
     line = profiles.how_fitted(meta)
     assert "p.json scaled to this host" in line and "direct x0.50" in line and "fft x1.25" in line
+    assert "1 half-precision slowdowns" in line and "x3.00" not in line
     assert "calibrated on m" in profiles.how_fitted({"created": "2026", "machine": "m"})
     assert profiles.how_fitted({}) == ""
 
@@ -186,10 +187,12 @@ def test_fit_recovers_known_ratios_from_timings(tmp_path, monkeypatch):
     values = dict(zip(_core.cost_model_fields(), active[0]))
 
     def synthetic(probe_case):
-        group, x, w, dtype = probe_case
-        if dtype != "float32":
-            f32 = synthetic((group, x, w, "float32"))
-            return f32 * values[probe._slowdown_field(group, dtype)] * 0.25
+        group, pass_, x, w, dtype = probe_case
+        if (x, w) in [(px, pw) for _, px, pw in probe.SLOWDOWN_PROBES]:
+            float32 = 1e-3 * (1 + probe.PASSES.index(pass_))  # any times will do
+            if dtype == "float32":
+                return float32
+            return float32 * values[probe._slowdown_field(group, pass_, dtype)] * 0.25
         if group == "direct_depthwise":
             return 0.5 * probe._estimate(group, x, w, dtype)
         if group == "direct":
@@ -205,7 +208,7 @@ def test_fit_recovers_known_ratios_from_timings(tmp_path, monkeypatch):
             pass
 
     monkeypatch.setattr(probe, "_call", lambda *case: Call(case))
-    monkeypatch.setattr(probe, "_fastest", lambda call: synthetic(call.case))
+    monkeypatch.setattr(probe, "_time", lambda call, spent_s: synthetic(call.case))
     try:
         ratios = probe.fit(str(tmp_path / "scaled.json"))
         assert profiles.active_source == "scaled"
@@ -215,8 +218,8 @@ def test_fit_recovers_known_ratios_from_timings(tmp_path, monkeypatch):
         profiles.set_active(*active[1:])
     expected = {"direct_depthwise": 0.5, "direct": 2.0, "fft": 3.0, "Conv2D": 3.0,
                 "DepthwiseConv2dNative": 3.0}
-    expected.update({f"{k}.{d}": 0.25 for k in ("Conv2D", "DepthwiseConv2dNative")
-                     for d in ("float16", "bfloat16")})
+    expected.update({f"{k}.{p}.{d}": 0.25 for k in ("Conv2D", "DepthwiseConv2dNative")
+                     for p in probe.PASSES for d in probe.HALF_TYPES})
     assert ratios == pytest.approx(expected, rel=1e-9)
     scaled = probe.scale(values, ratios)
     assert [applied[n] for n in applied] == pytest.approx([scaled[n] for n in applied], rel=1e-12)

@@ -69,13 +69,15 @@ KERNEL_CASES = (
 ATTRS = dict(strides=[1, 1, 1, 1], explicit_paddings=[], data_format="NHWC", dilations=[1, 1, 1, 1])
 
 
-def _time(fn, budget_s, reps=5, first_cap_s=2.0):
-    """Median seconds of fn() (after one warm-up call), within about budget_s."""
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    if first > first_cap_s:  # too slow to repeat; its first call is the measurement
-        return first
+def _time(fn, budget_s, reps=5, first_cap_s=2.0, warm=False):
+    """Median seconds of fn() (after one warm-up call unless `warm`: fn ran
+    before, in an earlier round), within about budget_s."""
+    if not warm:
+        t0 = time.perf_counter()
+        fn()
+        first = time.perf_counter() - t0
+        if first > first_cap_s:  # too slow to repeat; its first call is the measurement
+            return first
     times = []
     while len(times) < reps and (sum(times) < budget_s or len(times) < 2):
         t0 = time.perf_counter()
@@ -151,7 +153,7 @@ def _best_times(fns, budget_s, rounds, progress):
             progress.advance()
             if rnd and best[key] > 2.0:
                 continue  # too slow to repeat
-            t = _time(fn, budget_s)
+            t = _time(fn, budget_s, warm=rnd > 0)
             best[key] = min(t, best.get(key, t))
     return best
 
@@ -268,7 +270,7 @@ def _channel_blocks(quick, rounds, budget_s, log, progress):
             seconds = {}
             for i, c in enumerate(BLOCK_PROBE):
                 fn = _im2col_fn(pass_, *_block_case(pass_, side, c, quick), "SAME", tf.float32)
-                seconds[c] = min(_time(fn, budget_s) for _ in range(rounds))
+                seconds[c] = min(_time(fn, budget_s, warm=r > 0) for r in range(rounds))
                 progress.advance(rounds)
                 if channel_block(seconds) < c:  # past the block: no need to time more
                     progress.advance(rounds * (len(BLOCK_PROBE) - i - 1))

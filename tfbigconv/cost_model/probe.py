@@ -2,18 +2,15 @@
 
 A host without its own profile (`python -m tfbigconv calibrate`) plans with the
 shipped one nearest to it (profiles.shipped_for), measured on another CPU. The
-first CPU plan in such a process times a few fixed forward convolutions, one
-per group of the model's CPU constants (PROBES), in about a second, divides
-each by the shipped profile's estimate of it and scales that group by the
-ratio: our direct kernel's constants, the FFT's, TF's Conv2D rates and TF's
-depthwise rates; and the forward half-precision slowdowns of TF's kernels by
-the measured ones over the profile's (they moved most between CPUs: the
-shipped EPYC has no AVX512-FP16). The gradients' slowdowns stay the
-profile's: they do not follow the forward's (oneDNN's float16 depthwise filter
-gradient ran 130x its forward here, against 3-8x on the EPYC), and timing them
-would take seconds. The scaled profile is written to the user's cache
-(profiles.scaled_path) and loaded in later processes instead of the shipped one while
-the CPU, TensorFlow, oneDNN setting and shipped profile are the same.
+first CPU plan in such a process times a few fixed convolutions, about a
+second, and scales the profile by measured over estimated: each group's level
+from one float32 forward layer (LEVEL_PROBES: our direct kernel's constants,
+the FFT's, TF's Conv2D rates and TF's depthwise rates), and each of TF's
+half-precision slowdowns, per kernel and pass, from the slowdown measured on
+a small layer (SLOWDOWN_PROBES). The scaled profile is written to the user's
+cache (profiles.scaled_path) and loaded in later processes instead of the
+shipped one while the CPU, TensorFlow, oneDNN setting and shipped profile are
+the same.
 
 The scaling keeps the profile's shape (how the rates vary with filter side,
 channels and pass) and moves its level, which is what differed most between
@@ -34,35 +31,48 @@ from tfbigconv.cost_model import profiles
 ATTRS = dict(strides=[1, 1, 1, 1], explicit_paddings=[], data_format="NHWC",
              dilations=[1, 1, 1, 1], padding="SAME")
 
-# (group, input NHWC, filter HWIO, dtype): one forward convolution per group,
-# each some milliseconds on a 2-core host. A group's ratio is measured /
-# estimated; the half-precision groups' is their slowdown over the float32 case
-# of the same kernel, against the profile's. Our direct kernel has two: a
-# depthwise layer (no compute-bound term: its ratio scales the load-bound rate
-# and the per-element and per-call costs), then a dense one (what is left of
-# its time scales the compute rate). One ratio for both was off 1.7x on
-# depthwise layers here (the dense kernel ran 0.53x the shipped estimate, the
-# depthwise one 0.88-1.0x).
-PROBES = (
-    ("direct_depthwise", (8, 56, 56, 128), (7, 7, 1, 128), "float32"),
-    ("direct", (8, 64, 64, 32), (7, 7, 32, 32), "float32"),
-    ("fft", (4, 96, 96, 16), (31, 31, 16, 16), "float32"),
-    ("Conv2D", (8, 64, 64, 32), (5, 5, 32, 32), "float32"),
-    ("DepthwiseConv2dNative", (8, 56, 56, 128), (7, 7, 1, 128), "float32"),
-    ("Conv2D", (8, 64, 64, 32), (5, 5, 32, 32), "float16"),
-    ("Conv2D", (8, 64, 64, 32), (5, 5, 32, 32), "bfloat16"),
-    ("DepthwiseConv2dNative", (8, 56, 56, 128), (7, 7, 1, 128), "float16"),
-    ("DepthwiseConv2dNative", (8, 56, 56, 128), (7, 7, 1, 128), "bfloat16"),
+# (group, input NHWC, filter HWIO): the level of each group, one float32
+# forward convolution each, some milliseconds on a 2-core host; its ratio is
+# measured / estimated. Our direct kernel has two: a depthwise layer (no
+# compute-bound term: its ratio scales the load-bound rate and the per-element
+# and per-call costs), then a dense one (what is left of its time scales the
+# compute rate). One ratio for both was off 1.7x on depthwise layers here (the
+# dense kernel ran 0.45-0.53x the shipped estimate, the depthwise one 0.7-0.9x).
+LEVEL_PROBES = (
+    ("direct_depthwise", (8, 56, 56, 128), (7, 7, 1, 128)),
+    ("direct", (8, 64, 64, 32), (7, 7, 32, 32)),
+    ("fft", (4, 96, 96, 16), (31, 31, 16, 16)),
+    ("Conv2D", (8, 64, 64, 32), (5, 5, 32, 32)),
+    ("DepthwiseConv2dNative", (8, 56, 56, 128), (7, 7, 1, 128)),
 )
+# (TF's kernel, input, filter): the half-precision slowdowns of TF's kernels,
+# every pass in float32 and each half type; a ratio is the slowdown measured
+# here over the profile's (<prefix><pass>.<dtype>). They moved most between
+# CPUs: on the Xeon (AVX512-FP16, AMX) oneDNN's float16 depthwise forward ran
+# 0.9x its float32 time where the EPYC profile has 13x, and its float16
+# depthwise filter gradient 30-130x (the profile: 3-8x). Smaller layers than
+# the levels': a slow gradient is timed a few times only (SLOW_CALL_S).
+SLOWDOWN_PROBES = (
+    ("Conv2D", (4, 32, 32, 32), (5, 5, 32, 32)),
+    ("DepthwiseConv2dNative", (4, 28, 28, 128), (7, 7, 1, 128)),
+)
+HALF_TYPES = ("float16", "bfloat16")
+PASSES = ("forward", "backprop_input", "backprop_filter")
 # A ratio is clamped to [1 / MAX_RATIO, MAX_RATIO]: a host under load can time
 # one call many times too slow, and a bounded error is what the estimates can
-# carry (autotuning times the near ties).
-MAX_RATIO = 16.0
-# Each probe's time: the fastest of CALLS calls in each of ROUNDS round-robin
-# rounds, after a warm-up call. The first calls in a fresh process ran up to
-# 30% off the steady state (TF's depthwise slower, our direct kernel faster).
-ROUNDS = 3
-CALLS = 3
+# carry (autotuning times the near ties). oneDNN's float16 filter gradients
+# ran 60-330x their float32 time here, 20-100x over the profile's slowdowns.
+MAX_RATIO = 64.0
+# Each probe's time: the fastest of CALLS calls after a warm-up call, all in a
+# row. Interleaved with other probes (round-robin), our direct kernel ran up to
+# 4x slower right after TF's kernels on 2 cores: the threads of the kernel
+# before still spin for a while after it returns, and a warm-up absorbs that.
+CALLS = 7
+# A probe whose warm-up call took over this is timed once more only, and not
+# at all (its warm-up is the measurement) once the probe has spent BUDGET_S.
+# oneDNN's float16 Conv2D filter gradient took 0.3 s a call here.
+SLOW_CALL_S = 0.02
+BUDGET_S = 1.5
 
 _lock = threading.Lock()
 _tried = False
@@ -93,41 +103,50 @@ def ensure():
                          "planning with %s", type(e).__name__, e, profiles.active_path)
 
 
+def _probes():
+    """{(group, pass, dtype): (input, filter)}: every timing fit() takes."""
+    out = {(group, "forward", "float32"): (x, w) for group, x, w in LEVEL_PROBES}
+    for kernel, x, w in SLOWDOWN_PROBES:
+        for pass_ in PASSES:
+            for dtype in ("float32",) + HALF_TYPES:
+                out[kernel, pass_, dtype, "slowdown"] = (x, w)
+    return out
+
+
 def fit(path=None):
-    """Times PROBES, writes the scaled profile to `path` (scaled_path()) and
-    makes it the active one. Returns {group: ratio}."""
+    """Times the probes, writes the scaled profile to `path`
+    (profiles.scaled_path()) and makes it the active one. Returns {group: ratio}."""
     t0 = time.perf_counter()
     fields = _core.cost_model_fields()
     base = dict(zip(fields, _core.get_cost_model()))
+    probes = _probes()
     seconds = {}
     with host.eager_scope(), tf.device("/CPU:0"):
-        calls = {}
-        for group, x, w, dtype in PROBES:
+        for key, (x, w) in probes.items():
             try:
-                fn = _call(group, x, w, dtype)
-                fn()  # warm-up: TF's kernels compile and cache their primitives
-                calls[group, dtype] = fn
-            except (tf.errors.OpError, ValueError) as e:  # that group stays unscaled
-                logging.info("tfbigconv: probe %s %s failed: %s", group, dtype, e)
-        for _ in range(ROUNDS):  # round-robin, so that a slow moment spreads over all
-            for key, fn in calls.items():
-                t = _fastest(fn)
-                seconds[key] = min(t, seconds.get(key, t))
+                seconds[key] = _time(_call(key[0], key[1], x, w, key[2]),
+                                     time.perf_counter() - t0)
+            except (tf.errors.OpError, ValueError) as e:  # that ratio is left out
+                logging.info("tfbigconv: probe %s failed: %s", key[:3], e)
     ratios = {}
-    for group, x, w, dtype in PROBES:  # in order: direct_depthwise before direct
-        if (group, dtype) not in seconds or (group, "float32") not in seconds:
+    for group, x, w in LEVEL_PROBES:  # in order: direct_depthwise before direct
+        t = seconds.get((group, "forward", "float32"))
+        if t is None:
             continue
-        t = seconds[group, dtype]
-        if dtype != "float32":  # the slowdown measured here over the profile's
-            key = f"{group}.{dtype}"
-            ratio = t / seconds[group, "float32"] / base[_slowdown_field(group, dtype)]
-        elif group == "direct":  # the compute term, the rest as direct_depthwise scaled it
-            key, terms = group, _estimate(group, x, w, dtype, terms=True)
-            rest = ratios.get("direct_depthwise", 1.0) * sum(terms[1:])
-            ratio = (t - rest) / terms[0]
+        if group == "direct":  # the compute term, the rest as direct_depthwise scaled it
+            terms = _estimate(group, x, w, "float32", terms=True)
+            ratio = (t - ratios.get("direct_depthwise", 1.0) * sum(terms[1:])) / terms[0]
         else:
-            key, ratio = group, t / _estimate(group, x, w, dtype)
-        ratios[key] = float(np.clip(ratio, 1 / MAX_RATIO, MAX_RATIO))
+            ratio = t / _estimate(group, x, w, "float32")
+        ratios[group] = _clip(ratio)
+    for kernel, _, _ in SLOWDOWN_PROBES:
+        for pass_ in PASSES:
+            f32 = seconds.get((kernel, pass_, "float32", "slowdown"))
+            for dtype in HALF_TYPES:
+                t = seconds.get((kernel, pass_, dtype, "slowdown"))
+                if t is not None and f32 is not None:
+                    field = _slowdown_field(kernel, pass_, dtype)
+                    ratios[f"{kernel}.{pass_}.{dtype}"] = _clip(t / f32 / base[field])
     values = scale(base, ratios)
     cpu = profiles.this_cpu()
     meta = dict(created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -135,7 +154,7 @@ def fit(path=None):
                 tensorflow=tf.__version__, tf_onednn=host.tf_onednn(),
                 scaled_from=profiles.base_identity(profiles.active_path, profiles.active_meta),
                 probe=ratios, probe_seconds=round(time.perf_counter() - t0, 3),
-                probe_ms={f"{g}.{d}": round(t * 1e3, 3) for (g, d), t in seconds.items()})
+                probe_ms={".".join(k): round(t * 1e3, 3) for k, t in seconds.items()})
     for key in ("gpu_grids",):
         if key in profiles.active_meta:
             meta[key] = profiles.active_meta[key]
@@ -178,15 +197,19 @@ def _ratio_of(name, ratios):
         return ratios.get("Conv2D")
     if name.startswith((profiles.DEPTHWISE_TABLE, profiles.MULTIPLIER_TABLE)):
         return ratios.get("DepthwiseConv2dNative")
-    for group, prefix in zip(("Conv2D", "DepthwiseConv2dNative"), profiles.DTYPE_SLOWDOWNS):
-        if name.startswith(prefix + "forward."):  # the gradients' slowdowns are not probed
-            return ratios.get(f"{group}.{name.rsplit('.', 1)[1]}")
+    for kernel, prefix in zip(("Conv2D", "DepthwiseConv2dNative"), profiles.DTYPE_SLOWDOWNS):
+        if name.startswith(prefix):  # <prefix><pass>.<dtype>
+            return ratios.get(f"{kernel}.{name[len(prefix):]}")
     return None
 
 
-def _slowdown_field(group, dtype):
-    prefix = profiles.DTYPE_SLOWDOWNS[0 if group == "Conv2D" else 1]
-    return f"{prefix}forward.{dtype}"
+def _clip(ratio):
+    return float(np.clip(ratio, 1 / MAX_RATIO, MAX_RATIO))
+
+
+def _slowdown_field(kernel, pass_, dtype):
+    prefix = profiles.DTYPE_SLOWDOWNS[0 if kernel == "Conv2D" else 1]
+    return f"{prefix}{pass_}.{dtype}"
 
 
 def _estimate(group, x, w, dtype, terms=False):
@@ -210,8 +233,8 @@ def _estimate(group, x, w, dtype, terms=False):
     return [t * c for t, c in zip(p["direct"]["terms"], per_term)]
 
 
-def _call(group, x_shape, w_shape, dtype):
-    """A callable running one probe's forward pass on random operands."""
+def _call(group, pass_, x_shape, w_shape, dtype):
+    """A callable running one probe's pass on random operands."""
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal(x_shape, np.float32), dtype)
     w = tf.constant(rng.standard_normal(w_shape, np.float32), dtype)
@@ -220,12 +243,29 @@ def _call(group, x_shape, w_shape, dtype):
         a = dict(ATTRS, algorithm="fft" if group == "fft" else "direct", workspace_limit_bytes=0)
         return lambda: native.big_conv2d(x, w, **a).numpy()
     depthwise = group == "DepthwiseConv2dNative"
-    return lambda: kernels.tf_forward(x, w, ATTRS, depthwise=depthwise).numpy()
+    if pass_ == "forward":
+        return lambda: kernels.tf_forward(x, w, ATTRS, depthwise=depthwise).numpy()
+    y_shape = _core.conv_geometry(list(x_shape), list(w_shape), **ATTRS)["output_shape"]
+    dy = tf.constant(rng.standard_normal(y_shape, np.float32), dtype)
+    if pass_ == "backprop_input":
+        sizes = tf.constant(x_shape, tf.int32)
+        return lambda: kernels.tf_backprop_input(sizes, w, dy, ATTRS, x_shape[3],
+                                                 depthwise=depthwise).numpy()
+    return lambda: kernels.tf_backprop_filter(x, list(w_shape), dy, ATTRS,
+                                              depthwise=depthwise).numpy()
 
 
-def _fastest(fn):
+def _time(fn, spent_s=0.0):
+    """The fastest of CALLS calls of fn after a warm-up call; of one more call
+    if the warm-up took over SLOW_CALL_S; of none (the warm-up's time) once the
+    probe has spent BUDGET_S (`spent_s` so far)."""
+    t0 = time.perf_counter()
+    fn()  # warm-up: TF's kernels compile and cache their primitives
+    first = time.perf_counter() - t0
+    if first > SLOW_CALL_S and spent_s + first > BUDGET_S:
+        return first
     times = []
-    for _ in range(CALLS):
+    for _ in range(1 if first > SLOW_CALL_S else CALLS):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)

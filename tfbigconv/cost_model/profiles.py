@@ -139,10 +139,12 @@ def how_fitted(meta=None):
     active one's): calibrated, or scaled from a shipped one by probe.py."""
     meta = active_meta if meta is None else meta
     if isinstance(meta.get("probe"), dict):
-        ratios = ", ".join(f"{k} x{r:.2f}" for k, r in meta["probe"].items())
+        levels = {k: r for k, r in meta["probe"].items() if k.count(".") < 2}
+        ratios = ", ".join(f"{k} x{r:.2f}" for k, r in levels.items())
         base = meta.get("scaled_from", {}).get("path", "a shipped profile")
-        return (f"{base} scaled to this host on {meta.get('created', '?')} by timing "
-                f"{len(meta['probe'])} convolutions (time here / its estimate: {ratios})")
+        return (f"{base} scaled to this host on {meta.get('created', '?')} by timings (time "
+                f"here / its estimate: {ratios}; and {len(meta['probe']) - len(levels)} "
+                f"half-precision slowdowns of TF's kernels)")
     if meta.get("created"):
         return f"calibrated on {meta.get('machine', 'an unnamed machine')} on {meta['created']}"
     return ""
