@@ -289,7 +289,7 @@ def write_profile(path, values, meta):
         _core.set_cost_model(active)
     doc = {"meta": dict(meta, format=FORMAT), "values": dict(zip(fields, map(float, values)))}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # processes probing at once each write their own
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
     os.replace(tmp, path)
