@@ -226,3 +226,22 @@ def test_fit_recovers_known_ratios_from_timings(tmp_path, monkeypatch):
     written, meta = profiles.read_profile_and_meta(str(tmp_path / "scaled.json"))
     assert written == pytest.approx([scaled[n] for n in _core.cost_model_fields()], rel=1e-12)
     assert meta["probe"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_probes_past_the_budget_are_not_run(tmp_path, monkeypatch):
+    """Once the probes have spent BUDGET_S, the rest are not run: their ratios
+    are left out, and the constants they would scale stay the profile's."""
+    from tfbigconv import _native
+    active = (_core.get_cost_model(), profiles.active_source, profiles.active_path,
+              profiles.active_meta)
+    ran = []
+    monkeypatch.setattr(probe, "BUDGET_S", 0.0)
+    monkeypatch.setattr(probe, "_call", lambda *case: ran.append(case))
+    try:
+        ratios = probe.fit(str(tmp_path / "scaled.json"))
+        applied = _core.get_cost_model()
+    finally:
+        profiles.apply(active[0], _native.LIB_PATH)
+        profiles.set_active(*active[1:])
+    assert ran == [] and ratios == {}
+    assert applied == pytest.approx(active[0], rel=1e-12)

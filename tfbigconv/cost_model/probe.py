@@ -69,8 +69,10 @@ MAX_RATIO = 64.0
 # before still spin for a while after it returns, and a warm-up absorbs that.
 CALLS = 7
 # A probe whose warm-up call took over this is timed once more only, and not
-# at all (its warm-up is the measurement) once the probe has spent BUDGET_S.
-# oneDNN's float16 Conv2D filter gradient took 0.3 s a call here.
+# at all (its warm-up is the measurement) once the probes have spent BUDGET_S;
+# past it, the probes left are not run (their ratios are left out, their
+# constants the profile's). oneDNN's float16 Conv2D filter gradient took 0.3 s
+# a call here.
 SLOW_CALL_S = 0.02
 BUDGET_S = 1.5
 
@@ -85,8 +87,8 @@ def needed():
 
 def ensure():
     """Scales the active shipped profile to this host once per process where
-    needed() (and profiles.scaling_enabled()); a no-op otherwise. Never raises: a probe that
-    fails leaves the shipped profile active and says why at INFO."""
+    needed() and profiles.scaling_enabled(); a no-op otherwise. Never raises:
+    a probe that fails leaves the shipped profile active and says why at INFO."""
     global _tried
     if _tried or not profiles.scaling_enabled():
         return
@@ -104,7 +106,9 @@ def ensure():
 
 
 def _probes():
-    """{(group, pass, dtype): (input, filter)}: every timing fit() takes."""
+    """{key: (input, filter)} of every timing fit() takes, in order: the
+    levels' keys (group, "forward", "float32"), then the slowdowns' (TF's
+    kernel, pass, dtype, "slowdown")."""
     out = {(group, "forward", "float32"): (x, w) for group, x, w in LEVEL_PROBES}
     for kernel, x, w in SLOWDOWN_PROBES:
         for pass_ in PASSES:
@@ -123,6 +127,10 @@ def fit(path=None):
     seconds = {}
     with host.eager_scope(), tf.device("/CPU:0"):
         for key, (x, w) in probes.items():
+            if time.perf_counter() - t0 > BUDGET_S:  # the rest are left out
+                logging.info("tfbigconv: probe spent %.1f s; %s and the rest not timed",
+                             time.perf_counter() - t0, key[:3])
+                break
             try:
                 seconds[key] = _time(_call(key[0], key[1], x, w, key[2]),
                                      time.perf_counter() - t0)
@@ -155,9 +163,8 @@ def fit(path=None):
                 scaled_from=profiles.base_identity(profiles.active_path, profiles.active_meta),
                 probe=ratios, probe_seconds=round(time.perf_counter() - t0, 3),
                 probe_ms={".".join(k): round(t * 1e3, 3) for k, t in seconds.items()})
-    for key in ("gpu_grids",):
-        if key in profiles.active_meta:
-            meta[key] = profiles.active_meta[key]
+    if "gpu_grids" in profiles.active_meta:  # where the GPU section (kept) came from
+        meta["gpu_grids"] = profiles.active_meta["gpu_grids"]
     path = path or profiles.scaled_path()
     ordered = [values[name] for name in fields]
     from tfbigconv import _native  # the op library, loaded: planning ran
