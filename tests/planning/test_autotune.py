@@ -971,3 +971,24 @@ def test_an_untrusted_candidate_is_probed_on_one_image_first(monkeypatch):
     per_image["tf"] = 0.005  # its whole call fits: timed as the others are
     seconds = measure()
     assert ("tf", 1) in calls and ("tf", n) in calls and autotune.fastest(seconds) == "tf"
+
+
+def test_timing_operands_are_kept_for_the_layers_other_timings(monkeypatch):
+    """The passes, the gradient pair and the re-timings of one layer time the
+    same random operands, made once; another layer's replace them, operands
+    over OPERANDS_KEPT_BYTES are not kept, and clear_memory() drops them."""
+    autotune.clear_memory()
+    shapes = ([2, 9, 9, 3], [3, 3, 3, 4], [2, 9, 9, 4])
+    first = autotune._timing_operands(*shapes, "float32", "CPU")
+    again = autotune._timing_operands(*shapes, "float32", "CPU")
+    assert all(a is b for a, b in zip(first, again))
+    assert [t.shape.as_list() for t in first] == list(shapes)
+    assert all(np.all(np.abs(t.numpy()) <= 1) for t in first)
+    other = autotune._timing_operands(*shapes, "bfloat16", "CPU")
+    assert other[0].dtype == tf.bfloat16 and len(autotune._operands) == 1
+    assert all(a is not b for a, b in zip(first, autotune._timing_operands(*shapes, "float32", "CPU")))
+    autotune.clear_memory()
+    assert not autotune._operands
+    monkeypatch.setattr(autotune, "OPERANDS_KEPT_BYTES", 16)
+    autotune._timing_operands(*shapes, "float32", "CPU")
+    assert not autotune._operands
