@@ -241,11 +241,18 @@ class FakeClock:
         return tf.zeros([1])
 
 
-def fake_measure(monkeypatch, seconds, names, order=None, budget_s=None):
+def fake_clock(monkeypatch, seconds):
+    """A FakeClock(seconds) that autotune times candidates on, each candidate's
+    call run by it instead of a traced graph."""
     clock = FakeClock(seconds)
     monkeypatch.setattr(autotune.time, "perf_counter", clock.perf_counter)
     monkeypatch.setattr(autotune, "_pass_fn",
                         lambda pass_, name, *args: lambda: clock.run_pass(pass_, name, *args))
+    return clock
+
+
+def fake_measure(monkeypatch, seconds, names, order=None, budget_s=None):
+    clock = fake_clock(monkeypatch, seconds)
     result = autotune.measure("forward", names, SMALL[0], SMALL[1], ATTRS, "float32", "CPU",
                               order=order, batch=SMALL[0][0], budget_s=budget_s)
     return clock.calls, result
@@ -284,10 +291,7 @@ def test_refine_keeps_to_the_budget_and_caches_what_was_not_timed(autotuning, mo
     widening) starts, and the cache entry covers the candidates never called, so
     the next trace does not time them again."""
     monkeypatch.setenv(autotune.ENV_BUDGET, "0.2")
-    clock = FakeClock({"tf": 0.5, "direct": 0.01, "fft": 0.01})
-    monkeypatch.setattr(autotune.time, "perf_counter", clock.perf_counter)
-    monkeypatch.setattr(autotune, "_pass_fn",
-                        lambda pass_, name, *args: lambda: clock.run_pass(pass_, name, *args))
+    clock = fake_clock(monkeypatch, {"tf": 0.5, "direct": 0.01, "fft": 0.01})
     x, f = WIDE
     p = planner.plan("forward", x, f, ATTRS, "float32", "auto", 0, "CPU")
     names = autotune.candidates_to_time(p)
@@ -313,10 +317,7 @@ def test_an_untrusted_tf_kernel_is_timed_after_ours(autotuning, monkeypatch):
     leave ours untimed and win by default (TF's float16 NCHW input gradient
     took 1.4 s, against 3 ms of ours)."""
     monkeypatch.setenv(autotune.ENV_BUDGET, "0.2")
-    clock = FakeClock({"tf": 0.5, "direct": 0.01, "fft": 0.01})
-    monkeypatch.setattr(autotune.time, "perf_counter", clock.perf_counter)
-    monkeypatch.setattr(autotune, "_pass_fn",
-                        lambda pass_, name, *args: lambda: clock.run_pass(pass_, name, *args))
+    clock = fake_clock(monkeypatch, {"tf": 0.5, "direct": 0.01, "fft": 0.01})
     x, f = WIDE
     p = planner.plan("forward", x, f, ATTRS, "float32", "auto", 0, "CPU")
     p["tf_trusted"], p["tf_for_auto"] = False, "measured"
@@ -670,10 +671,7 @@ def test_screened_candidates_run_on_fewer_images_and_scale(monkeypatch):
 def test_speeds_compare_per_image_when_a_candidate_is_screened(monkeypatch):
     # tf runs 1 of the 8 images: its call (10 ms) is shorter than direct's (40 ms
     # on 8) though it is twice as slow per image; direct must not be abandoned.
-    clock = FakeClock({"direct": 0.04, "tf": 0.01})
-    monkeypatch.setattr(autotune.time, "perf_counter", clock.perf_counter)
-    monkeypatch.setattr(autotune, "_pass_fn",
-                        lambda pass_, name, *args: lambda: clock.run_pass(pass_, name, *args))
+    clock = fake_clock(monkeypatch, {"direct": 0.04, "tf": 0.01})
     x_shape = (8,) + SMALL[0][1:]
     got = autotune.measure("forward", ["direct", "tf"], x_shape, SMALL[1], ATTRS, "float32",
                            "CPU", batch=8, images={"tf": 1})
