@@ -245,3 +245,12 @@ def test_probes_past_the_budget_are_not_run(tmp_path, monkeypatch):
         profiles.set_active(*active[1:])
     assert ran == [] and ratios == {}
     assert applied == pytest.approx(active[0], rel=1e-12)
+
+
+@pytest.mark.parametrize("x,w", [((8, 64, 64, 32), (7, 7, 32, 32)), ((8, 56, 56, 128), (7, 7, 1, 128))])
+def test_the_direct_models_terms_add_up_to_its_estimate(x, w):
+    """profiles.DIRECT_TERMS names the direct model's terms in plan_pass's order:
+    the terms, each times its coefficient, add up to the estimate."""
+    terms = probe._estimate("direct", x, w, "float32", terms=True)
+    assert len(terms) == len(profiles.DIRECT_TERMS)
+    assert sum(terms) == pytest.approx(probe._estimate("direct", x, w, "float32"), rel=1e-12)

@@ -354,18 +354,10 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
         ratio = predicted / np.asarray(seconds)
         summary.append(f"{algorithm} model / measured: median {np.median(ratio):.2f}, "
             f"range {ratio.min():.2f}-{ratio.max():.2f}")
-    values = {
-        "direct_flops_per_second": 1.0 / fits["direct"][0],
-        "direct_load_bound_flops_per_second": 1.0 / fits["direct"][1],
-        "direct_seconds_per_output": fits["direct"][2],
-        "direct_seconds_per_packed": fits["direct"][3],
-        "direct_seconds_per_call": fits["direct"][4],
-        "fft_seconds_per_transform_flop": fits["fft"][0],
-        "fft_seconds_per_mix_flop": fits["fft"][1],
-        "fft_seconds_per_byte": fits["fft"][2],
-        "fft_seconds_per_element": fits["fft"][3],
-        "fft_seconds_per_call": fits["fft"][4],
-    }
+    values = {name: profiles.coefficient(name, c)
+              for names, fit in ((profiles.DIRECT_TERMS, fits["direct"]),
+                                 (profiles.FFT_TERMS, fits["fft"]))
+              for name, c in zip(names, fit)}
     target = 2e6 if quick else 2e9
     # The active profile: it sizes the TF-table cases, and its GPU values are kept.
     prior = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))

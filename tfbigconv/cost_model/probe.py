@@ -188,7 +188,7 @@ def scale(values, ratios):
         r = _ratio_of(name, ratios)
         if r is None:
             continue
-        out[name] = v / r if "flops_per_second" in name else v * r
+        out[name] = v / r if profiles.is_rate(name) else v * r
     return out
 
 
@@ -233,11 +233,8 @@ def _estimate(group, x, w, dtype, terms=False):
     if not terms:
         return p[algorithm]["seconds"]
     values = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))
-    per_term = (1 / values["direct_flops_per_second"],
-                1 / values["direct_load_bound_flops_per_second"],
-                values["direct_seconds_per_output"], values["direct_seconds_per_packed"],
-                values["direct_seconds_per_call"])
-    return [t * c for t, c in zip(p["direct"]["terms"], per_term)]
+    return [t * profiles.coefficient(name, values[name])
+            for t, name in zip(p["direct"]["terms"], profiles.DIRECT_TERMS)]
 
 
 def _call(group, pass_, x_shape, w_shape, dtype):

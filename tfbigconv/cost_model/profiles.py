@@ -46,6 +46,27 @@ CHANNEL_BLOCK = "im2col_channel_block."
 DTYPE_SLOWDOWNS = ("im2col_dtype_slowdown.", "tf_depthwise_dtype_slowdown.")
 LEGACY_DTYPE_SLOWDOWN = "im2col_dtype_slowdown."
 
+# The direct and FFT models' fields, in the order of their terms (cost_model.h;
+# the "terms" _core.plan_pass returns). A term's coefficient is the field's
+# value, or 1 / it for a rate (coefficient()).
+DIRECT_TERMS = ("direct_flops_per_second", "direct_load_bound_flops_per_second",
+                "direct_seconds_per_output", "direct_seconds_per_packed",
+                "direct_seconds_per_call")
+FFT_TERMS = ("fft_seconds_per_transform_flop", "fft_seconds_per_mix_flop",
+             "fft_seconds_per_byte", "fft_seconds_per_element", "fft_seconds_per_call")
+
+
+def is_rate(name):
+    """Whether a CPU field is a rate (FLOP/s: time goes as 1 / it), not seconds per unit."""
+    return "flops_per_second" in name
+
+
+def coefficient(name, value):
+    """A model term's coefficient (seconds per unit) from field `name`'s value,
+    and the value from the coefficient: 1 / value for a rate, else value."""
+    return 1.0 / value if is_rate(name) else value
+
+
 # Where the active profile came from: "env", "user", "scaled" (probe.py),
 # "shipped" or "built-in",
 # and its "meta" object ({} for the built-in constants).
