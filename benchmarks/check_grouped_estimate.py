@@ -39,7 +39,7 @@ def main():
             cells = []
             for pass_ in planner.PASSES:
                 estimate = planner.plan(pass_, x, w, ATTRS, dtype, "auto", 0)["tf"]["seconds"]
-                fn = calibrate._im2col_fn(pass_, x, w, "SAME", tf.as_dtype(dtype))
+                fn = calibrate.im2col_fn(pass_, x, w, "SAME", tf.as_dtype(dtype))
                 with tf.device("/CPU:0"):
                     took = calibrate._time(fn, 0.2, reps=3)
                 cells.append(f"{pass_} {took * 1e3:.2f}/{estimate * 1e3:.2f} ms = {took / estimate:.2f}")

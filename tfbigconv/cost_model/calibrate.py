@@ -90,29 +90,34 @@ def _random(shape, dtype=tf.float32, seed=0):
     return tf.cast(tf.random.stateless_normal(shape, seed=[seed, 1]), dtype)
 
 
-def _pass_fn(pass_, x_shape, w_shape, padding, dtype, forward, backprop_input, backprop_filter):
-    """A callable running one pass on fixed random operands. The op callables
-    take (x, w), (input_sizes, w, dy) and (x, filter_sizes, dy)."""
+def _pass_fn(pass_, x_shape, w_shape, padding, dtype, forward, backprop_input, backprop_filter,
+             graph=True):
+    """A callable running one pass on fixed random operands, as a traced graph
+    (or eagerly: no tracing, for probe.py's sub-second timings). The op
+    callables take (x, w), (input_sizes, w, dy) and (x, filter_sizes, dy)."""
     x, w = _random(x_shape, dtype), _random(w_shape, dtype, seed=1)
     y_shape = _core.conv_geometry(list(x_shape), list(w_shape), padding=padding,
                                   **ATTRS)["output_shape"]
     dy = _random(y_shape, dtype, seed=2)
     if pass_ == "forward":
-        f = tf.function(lambda: forward(x, w))
+        f = lambda: forward(x, w)  # noqa: E731
     elif pass_ == "backprop_input":
-        f = tf.function(lambda: backprop_input(tf.constant(x_shape, tf.int32), w, dy))
+        f = lambda: backprop_input(tf.constant(x_shape, tf.int32), w, dy)  # noqa: E731
     else:
-        f = tf.function(lambda: backprop_filter(x, tf.constant(w_shape, tf.int32), dy))
+        f = lambda: backprop_filter(x, tf.constant(w_shape, tf.int32), dy)  # noqa: E731
+    f = tf.function(f) if graph else f
     return lambda: f().numpy()
 
 
-def _kernel_fn(algorithm, pass_, x_shape, w_shape, padding):
+# The callables timing one pass, here, in probe.py and in benchmarks: our op
+# with a forced algorithm (float32), TF's Conv2D ops and TF's depthwise ops.
+def kernel_fn(algorithm, pass_, x_shape, w_shape, padding, graph=True):
     """One pass of our op with a forced algorithm."""
     a = dict(ATTRS, padding=padding, algorithm=algorithm, workspace_limit_bytes=0)
     return _pass_fn(pass_, x_shape, w_shape, padding, tf.float32,
                     lambda x, w: native.big_conv2d(x, w, **a),
                     lambda s, w, dy: native.big_conv2d_backprop_input(s, w, dy, **a),
-                    lambda x, s, dy: native.big_conv2d_backprop_filter(x, s, dy, **a))
+                    lambda x, s, dy: native.big_conv2d_backprop_filter(x, s, dy, **a), graph)
 
 
 class _Progress:
@@ -158,17 +163,17 @@ def _best_times(fns, budget_s, rounds, progress):
     return best
 
 
-def _im2col_fn(pass_, x_shape, w_shape, padding, dtype):
+def im2col_fn(pass_, x_shape, w_shape, padding, dtype, graph=True):
     """One pass of TensorFlow's own convolution ops."""
     a = dict(ATTRS, padding=padding)
     return _pass_fn(
         pass_, x_shape, w_shape, padding, dtype,
         lambda x, w: kernels.tf_forward(x, w, a, depthwise=False),
         lambda s, w, dy: kernels.tf_backprop_input(s, w, dy, a, x_shape[3], depthwise=False),
-        lambda x, s, dy: kernels.tf_backprop_filter(x, s, dy, a, depthwise=False))
+        lambda x, s, dy: kernels.tf_backprop_filter(x, s, dy, a, depthwise=False), graph)
 
 
-def _depthwise_fn(pass_, x_shape, w_shape, padding, dtype):
+def depthwise_fn(pass_, x_shape, w_shape, padding, dtype, graph=True):
     """One pass of TensorFlow's depthwise ops (w_shape in TF's [KH, KW, C, 1] form)."""
     a = dict(ATTRS, padding=padding)
     ours = [w_shape[0], w_shape[1], 1, w_shape[2] * w_shape[3]]
@@ -176,7 +181,7 @@ def _depthwise_fn(pass_, x_shape, w_shape, padding, dtype):
         pass_, x_shape, ours, padding, dtype,
         lambda x, w: kernels.tf_forward(x, w, a, depthwise=True),
         lambda s, w, dy: kernels.tf_backprop_input(s, w, dy, a, x_shape[3], depthwise=True),
-        lambda x, s, dy: kernels.tf_backprop_filter(x, ours, dy, a, depthwise=True))
+        lambda x, s, dy: kernels.tf_backprop_filter(x, ours, dy, a, depthwise=True), graph)
 
 
 def _sized(target, rate, slowdown=1.0):
@@ -201,7 +206,7 @@ def _dtype_slowdown_fns(target, prior):
                                            target),
              profiles.DTYPE_SLOWDOWNS[1]: (f"{profiles.DEPTHWISE_TABLE}{{}}.side7", target / 10)}
     fns = {}
-    for prefix, make in zip(profiles.DTYPE_SLOWDOWNS, (_im2col_fn, _depthwise_fn)):
+    for prefix, make in zip(profiles.DTYPE_SLOWDOWNS, (im2col_fn, depthwise_fn)):
         rate_key, work = rates[prefix]
         for pass_ in arguments.PASSES:
             slowest = max([1.0] + [prior.get(f"{prefix}{pass_}.{n}", 1.0) for n in SLOWDOWN_DTYPES])
@@ -269,7 +274,7 @@ def _channel_blocks(quick, rounds, budget_s, log, progress):
         for side in IM2COL_SIDES:
             seconds = {}
             for i, c in enumerate(BLOCK_PROBE):
-                fn = _im2col_fn(pass_, *_block_case(pass_, side, c, quick), "SAME", tf.float32)
+                fn = im2col_fn(pass_, *_block_case(pass_, side, c, quick), "SAME", tf.float32)
                 seconds[c] = min(_time(fn, budget_s, warm=r > 0) for r in range(rounds))
                 progress.advance(rounds)
                 if channel_block(seconds) < c:  # past the block: no need to time more
@@ -339,7 +344,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
              ((1, 32, 32, 2), (9, 9, 2, 2), "VALID")] if quick else KERNEL_CASES
     progress = _Progress(_measurements(cases, rounds), show_progress)
     summary = []  # printed after the progress bar
-    fns = {(algorithm, pass_, case): _kernel_fn(algorithm, pass_, *case)
+    fns = {(algorithm, pass_, case): kernel_fn(algorithm, pass_, *case)
            for algorithm in ("direct", "fft") for case in cases for pass_ in arguments.PASSES}
     times = _best_times(fns, budget_s, rounds, progress)
     fits = {}
@@ -372,7 +377,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
                 key = f"im2col_flops_per_second.{pass_}.side{side}.channels{cin * cout}"
                 work = _sized(target, prior.get(key))
                 x_shape, w_shape = _im2col_case(side, cin, cout, work)
-                fns[key] = _im2col_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
+                fns[key] = im2col_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
                 macs[key] = _core.conv_geometry(list(x_shape), list(w_shape), padding="SAME",
                                                 **ATTRS)["macs"]
     for table, multiplier in ((profiles.DEPTHWISE_TABLE, 1), (profiles.MULTIPLIER_TABLE, 2)):
@@ -383,7 +388,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
                 work = _sized(target / 10, prior.get(key))
                 x_shape, w_shape = _im2col_case(side, 32, 1, work)
                 w_shape = w_shape[:2] + (32, multiplier)
-                fns[key] = _depthwise_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
+                fns[key] = depthwise_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
                 macs[key] = _core.conv_geometry(list(x_shape), [side, side, 1, 32 * multiplier],
                                                 padding="SAME", **ATTRS)["macs"]
     fns.update(_dtype_slowdown_fns(target, prior))

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfbigconv import _core, host, kernels
+from tfbigconv import _core, host
 from tfbigconv.cost_model import profiles
 
 ATTRS = dict(strides=[1, 1, 1, 1], explicit_paddings=[], data_format="NHWC",
@@ -238,25 +238,17 @@ def _estimate(group, x, w, dtype, terms=False):
 
 
 def _call(group, pass_, x_shape, w_shape, dtype):
-    """A callable running one probe's pass on random operands."""
-    rng = np.random.default_rng(0)
-    x = tf.constant(rng.standard_normal(x_shape, np.float32), dtype)
-    w = tf.constant(rng.standard_normal(w_shape, np.float32), dtype)
-    if group.startswith("direct") or group == "fft":
-        from tfbigconv._native import ops as native
-        a = dict(ATTRS, algorithm="fft" if group == "fft" else "direct", workspace_limit_bytes=0)
-        return lambda: native.big_conv2d(x, w, **a).numpy()
-    depthwise = group == "DepthwiseConv2dNative"
-    if pass_ == "forward":
-        return lambda: kernels.tf_forward(x, w, ATTRS, depthwise=depthwise).numpy()
-    y_shape = _core.conv_geometry(list(x_shape), list(w_shape), **ATTRS)["output_shape"]
-    dy = tf.constant(rng.standard_normal(y_shape, np.float32), dtype)
-    if pass_ == "backprop_input":
-        sizes = tf.constant(x_shape, tf.int32)
-        return lambda: kernels.tf_backprop_input(sizes, w, dy, ATTRS, x_shape[3],
-                                                 depthwise=depthwise).numpy()
-    return lambda: kernels.tf_backprop_filter(x, list(w_shape), dy, ATTRS,
-                                              depthwise=depthwise).numpy()
+    """A callable running one probe's pass on random operands: calibrate's,
+    run eagerly (tracing each would take a fifth of the probe's time)."""
+    from tfbigconv.cost_model import calibrate  # it loads the op library
+    if group.startswith("direct") or group == "fft":  # float32 only, as calibrate times them
+        return calibrate.kernel_fn("fft" if group == "fft" else "direct", pass_, x_shape,
+                                   w_shape, ATTRS["padding"], graph=False)
+    if group == "DepthwiseConv2dNative":  # in TF's filter form [KH, KW, C, multiplier]
+        return calibrate.depthwise_fn(pass_, x_shape, (w_shape[0], w_shape[1], w_shape[3], 1),
+                                      ATTRS["padding"], tf.as_dtype(dtype), graph=False)
+    return calibrate.im2col_fn(pass_, x_shape, w_shape, ATTRS["padding"], tf.as_dtype(dtype),
+                               graph=False)
 
 
 def _time(fn, spent_s=0.0):
