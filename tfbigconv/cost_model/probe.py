@@ -57,6 +57,8 @@ SLOWDOWN_PROBES = (
     ("DepthwiseConv2dNative", (4, 28, 28, 128), (7, 7, 1, 128)),
 )
 HALF_TYPES = ("float16", "bfloat16")
+# The profile's slowdown fields of each of TF's kernels: <prefix><pass>.<dtype>.
+SLOWDOWN_PREFIX = dict(zip(("Conv2D", "DepthwiseConv2dNative"), profiles.DTYPE_SLOWDOWNS))
 PASSES = ("forward", "backprop_input", "backprop_filter")
 # A ratio is clamped to [1 / MAX_RATIO, MAX_RATIO]: a host under load can time
 # one call many times too slow, and a bounded error is what the estimates can
@@ -204,7 +206,7 @@ def _ratio_of(name, ratios):
         return ratios.get("Conv2D")
     if name.startswith((profiles.DEPTHWISE_TABLE, profiles.MULTIPLIER_TABLE)):
         return ratios.get("DepthwiseConv2dNative")
-    for kernel, prefix in zip(("Conv2D", "DepthwiseConv2dNative"), profiles.DTYPE_SLOWDOWNS):
+    for kernel, prefix in SLOWDOWN_PREFIX.items():
         if name.startswith(prefix):  # <prefix><pass>.<dtype>
             return ratios.get(f"{kernel}.{name[len(prefix):]}")
     return None
@@ -215,8 +217,7 @@ def _clip(ratio):
 
 
 def _slowdown_field(kernel, pass_, dtype):
-    prefix = profiles.DTYPE_SLOWDOWNS[0 if kernel == "Conv2D" else 1]
-    return f"{prefix}{pass_}.{dtype}"
+    return f"{SLOWDOWN_PREFIX[kernel]}{pass_}.{dtype}"
 
 
 def _estimate(group, x, w, dtype, terms=False):
