@@ -52,7 +52,8 @@ std::map<PlanKey, CachedPlan>& PlanCache() {
   return *cache;
 }
 
-// Caller holds PlanMutex(). Transforms of d x h x w: 2-D ones where d is 1.
+// Caller holds PlanMutex(). Transforms of d x h x w: 2-D ones where d is 1,
+// 1-D ones where h is 1 too (the same layout; cuFFT's 1-D kernels are faster).
 std::string GetPlan(const CufftApi& api, cudaStream_t stream, int64_t d, int64_t h, int64_t w,
                     int64_t batch, int type, CachedPlan* out) {
   int device = 0;
@@ -68,7 +69,7 @@ std::string GetPlan(const CufftApi& api, cudaStream_t stream, int64_t d, int64_t
   cufftResult r = api.Create(&p.handle);
   if (r != CUFFT_SUCCESS) return "cufftCreate failed with code " + std::to_string(int(r));
   long long n[3] = {d, h, w};
-  const int rank = d == 1 ? 2 : 3;
+  const int rank = d > 1 ? 3 : (h > 1 ? 2 : 1);
   r = api.SetAutoAllocation(p.handle, 0);
   if (r == CUFFT_SUCCESS)
     r = api.MakePlanMany64(p.handle, rank, n + 3 - rank, nullptr, 1, 0, nullptr, 1, 0,

@@ -74,9 +74,13 @@ run_step() {
   case $1 in
     correctness) correctness ;;
     timings) step timings 75 "$PYTHON" "${CK[@]}" --no-matrix --seed-batch 200 ;;
+    ranks) step ranks 150 "$PYTHON" "${CK[@]}" --no-matrix --ranks ;;
     profile) step profile 70 "$PYTHON" cuda/harness/profile_kernels.py --csv "$W/chunk_sweep.csv" ;;
     grid_f32) step grid_f32 120 "${CAL[@]}" "$W/grid_f32" --dtypes float32 ;;
     random11_f32) step random11_f32 110 "${CAL[@]}" "$W/random11_f32" --dtypes float32 --random-grid 11,40 ;;
+    # a fresh held-out draw: RANDOM_SEED (default 13; 7 and 11 are fitted or judged on)
+    random_f32) step random_f32 110 "${CAL[@]}" "$W/random${RANDOM_SEED:-13}_f32" --dtypes float32 --random-grid "${RANDOM_SEED:-13}",40 ;;
+    random_f16) step random_f16 60 "${CAL[@]}" "$W/random${RANDOM_SEED:-13}_f16" --dtypes float16 --random-grid "${RANDOM_SEED:-13}",16 ;;
     grid_f16) step grid_f16 90 "${CAL[@]}" "$W/grid_f16" --dtypes float16 ;;
     random11_f16) step random11_f16 60 "${CAL[@]}" "$W/random11_f16" --dtypes float16 --random-grid 11,16 ;;
     grid_bf16) step grid_bf16 90 "${CAL[@]}" "$W/grid_bf16" --dtypes bfloat16 ;;

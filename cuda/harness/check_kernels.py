@@ -480,10 +480,14 @@ def torch_ms(torch, fn, reps=3):
 class Ours:
     """Calls of the harness on one geometry, timed with H.time."""
 
-    def __init__(self, torch, x_shape, w_shape, stride=(1, 1), padding="VALID", dtype="float32"):
+    def __init__(self, torch, x_shape, w_shape, stride=(1, 1), padding="VALID", dtype="float32",
+                 explicit_paddings=()):
+        """x_shape NHWC (4-D) or NDHWC (5-D); explicit_paddings as TF's attribute."""
         self.torch, self.dtype = torch, dtype
         self.xs, self.ws, self.s, self.padding = list(x_shape), list(w_shape), list(stride), padding
-        self.ys = H.output_shape(self.xs, self.ws, self.s, [1, 1], padding, [], "NHWC")
+        self.fmt = "NHWC" if len(self.xs) == 4 else "NDHWC"
+        self.d, self.pads = [1] * len(self.s), list(explicit_paddings)
+        self.ys = H.output_shape(self.xs, self.ws, self.s, self.d, padding, self.pads, self.fmt)
         tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                "float64": torch.float64}[dtype]
         self.x = torch.randn(self.xs, device="cuda").to(tdt)
@@ -500,7 +504,7 @@ class Ours:
     def args(self, pass_, algorithm):
         a, b = self.operands(pass_)
         return (pass_, a.data_ptr(), b.data_ptr(), self.out[pass_].data_ptr(), self.xs, self.ws,
-                self.s, [1, 1], self.padding, [], "NHWC", self.dtype, algorithm)
+                self.s, self.d, self.padding, self.pads, self.fmt, self.dtype, algorithm)
 
     def time(self, pass_, algorithm, reps=5, workspace_limit=4 << 30):
         return H.time(*self.args(pass_, algorithm), stream=self.torch.cuda.current_stream().cuda_stream,
@@ -563,6 +567,77 @@ def timings(be, batch):
         t["cudnn"] = sum(cudnn_pass_ms(torch, x_shape, w_shape[3], w_shape[0], groups, 1, dtype))
         print(f"  {dtype} {str(x_shape) + 'x' + str(w_shape):36s} {t['direct']:9.3f} {t['fft']:9.3f}"
               f" {t['cudnn']:9.3f}")
+
+
+def _sum_passes(o, algorithm, reps):
+    """Kernel ms of forward + both gradients, or NaN with the error printed."""
+    try:
+        return sum(o.time(p, algorithm, reps=reps)["kernel_ms"] for p in PASSES)
+    except Exception as e:  # a row, not a crash
+        print(f"  {algorithm}: {e}")
+        return float("nan")
+
+
+def timings_ranks(be, dtypes=("float32", "float16")):
+    """Issue 41's 1-D and 3-D cases, forward + both gradients (kernel ms):
+    a long causal depthwise 1-D convolution against the torch.fft pipeline
+    (safari's fftconv_ref: pad to 2L, rfft, multiply, irfft, crop; autograd
+    for the gradients), and a depthwise 21^3 one against cuDNN's grouped
+    conv3d through torch (channels_last_3d, as TF feeds cuDNN)."""
+    if be.name != "torch":
+        print("timings need torch; skipped")
+        return
+    for time_case in (_time_long_1d, _time_depthwise_3d):
+        for dtype in dtypes:
+            try:
+                time_case(be.torch, dtype)
+            except Exception as e:  # e.g. torch's half-precision FFT refusing: a line, not a crash
+                print(f"  {time_case.__name__} {dtype}: {type(e).__name__}: {e}")
+            be.torch.cuda.empty_cache()
+
+
+def _time_long_1d(torch, dtype, b=8, c=256, length=16384):
+    tdt = getattr(torch, dtype)
+    print(f"\n1-D causal depthwise: input (B, C, L) = ({b}, {c}, {length}) {dtype}, "
+          f"{length}-tap filter per channel, fwd + both gradients (kernel ms)")
+    o = Ours(torch, (b, 1, length, c), (1, length, 1, c), padding="EXPLICIT", dtype=dtype,
+             explicit_paddings=[0, 0, 0, 0, length - 1, 0, 0, 0])
+    ours = {alg: _sum_passes(o, alg, 3) for alg in ("fft", "auto")}
+    u = torch.randn(b, c, length, device="cuda", dtype=tdt, requires_grad=True)
+    k = torch.randn(c, length, device="cuda", dtype=tdt, requires_grad=True)
+    dy = torch.randn(b, c, length, device="cuda", dtype=tdt)
+
+    def fftconv():  # torch.fft runs half types only at powers of two: 2L is one
+        n = 2 * length
+        y = torch.fft.irfft(torch.fft.rfft(u, n=n) * torch.fft.rfft(k, n=n), n=n)[..., :length]
+        torch.autograd.grad(y, (u, k), dy)
+    t_tfft = torch_ms(torch, fftconv)
+    print(f"  tfbigconv fft {ours['fft']:9.3f}   auto {ours['auto']:9.3f}   "
+          f"torch.fft pipeline {t_tfft:9.3f}   ({t_tfft / ours['fft']:.2f}x)")
+
+
+def _time_depthwise_3d(torch, dtype, n=2, c=64, s=48, kk=21):
+    F = torch.nn.functional
+    tdt = getattr(torch, dtype)
+    print(f"\n3-D depthwise: input NDHWC ({n}, {s}, {s}, {s}, {c}) {dtype}, filter "
+          f"{kk}^3, SAME, fwd + both gradients (kernel ms)")
+    o = Ours(torch, (n, s, s, s, c), (kk, kk, kk, 1, c), stride=(1, 1, 1), padding="SAME",
+             dtype=dtype)
+    ours = {"fft": _sum_passes(o, "fft", 3), "direct": _sum_passes(o, "direct", 1)}
+    torch.backends.cudnn.benchmark = False  # its autotuning of a 21^3 filter takes minutes
+    cl = torch.channels_last_3d
+    x = torch.randn(n, c, s, s, s, device="cuda", dtype=tdt).to(memory_format=cl)
+    w = torch.randn(c, 1, kk, kk, kk, device="cuda", dtype=tdt).to(memory_format=cl)
+    pad = kk // 2
+    dy = torch.randn_like(F.conv3d(x, w, padding=pad, groups=c)).to(memory_format=cl)
+    t = [torch_ms(torch, lambda: F.conv3d(x, w, padding=pad, groups=c), reps=1),
+         torch_ms(torch, lambda: torch.nn.grad.conv3d_input(x.shape, w, dy, padding=pad,
+                                                            groups=c), reps=1),
+         torch_ms(torch, lambda: torch.nn.grad.conv3d_weight(x, w.shape, dy, padding=pad,
+                                                             groups=c), reps=1)]
+    print(f"  tfbigconv fft {ours['fft']:9.3f}   direct {ours['direct']:9.3f}   cuDNN "
+          f"{sum(t):9.3f} (fwd {t[0]:.3f}, dx {t[1]:.3f}, dw {t[2]:.3f})   "
+          f"({sum(t) / np.nanmin(list(ours.values())):.2f}x)")
 
 
 # ---- the calibration grid --------------------------------------------------
@@ -740,6 +815,8 @@ def main():
     ap.add_argument("--depthwise-only", action="store_true",
                     help="kernel tests on the depthwise cases only; calibrate only the "
                          "depthwise geometries (groups = Cin = Cout)")
+    ap.add_argument("--ranks", action="store_true",
+                    help="instead of the 2-D timings, issue 41's 1-D and 3-D ones")
     ap.add_argument("--host", action="store_true",
                     help="only the direct kernels' bodies on the CPU (no GPU needed)")
     args = ap.parse_args()
@@ -761,6 +838,8 @@ def main():
         paths = calibrate(be, args.calibrate, args.dtypes.split(","), args.k_max,
                           args.passes.split(","), args.algos.split(","), grid, prefix)
         print("calibration grid:", " ".join(paths))
+    elif args.ranks:
+        timings_ranks(be)
     elif not args.no_timings:
         timings(be, args.seed_batch)
     sys.exit(0 if ok else 1)
