@@ -214,28 +214,46 @@ TFBIGCONV_HD T InputLimit(const FftArgs& a, unsigned long long w_bits) {
   return limit < double(big) ? T(limit) : big;
 }
 
-// The layout kernels below give each warp one row of a plane (grid-stride
-// over rows) and its lanes consecutive columns: the row's index arithmetic is
-// done once per row rather than per element, and loads and stores coalesce.
-// Their bodies (one row, one lane; one item for the mix) are host-device
-// functions, so that FftConvOnHost can run them on the CPU for tests.
+// The layout kernels below give each warp one segment of a row of a plane
+// (grid-stride over rows and segments) and its lanes consecutive columns: the
+// row's index arithmetic is done once per segment rather than per element,
+// and loads and stores coalesce. Rows are cut into segments of at most
+// kSegmentCols columns so that long rows (1-D: one row of 2L columns per
+// plane) still give every SM warps. Their bodies (one segment, one lane; one
+// item for the mix) are host-device functions, so that FftConvOnHost can run
+// them on the CPU for tests.
 constexpr int kWarpsPerBlock = kThreads / 32;
 constexpr int kLanes = 32;
+constexpr int64_t kSegmentCols = 2048;
+// The crop writes every output channel of its columns: shorter segments and
+// blocks of channels, as few rows of many channels (1-D) are common.
+constexpr int64_t kCropSegmentCols = 256;
+constexpr int64_t kCropChannels = 64;
 // The mix kernel gives a thread all output channels when they are few.
 constexpr int64_t kMixMacsPerThread = 64;
 
-inline unsigned GridForRows(int64_t rows) { return GridFor(rows, kWarpsPerBlock); }
+// A warp's share of a row: columns [begin, end).
+struct Segment {
+  int64_t begin, end;
+};
 
-// Runs body(row, lane) for every row of a warp-per-row kernel.
-#define TFBIGCONV_WARP_ROWS(rows, body)                                                   \
-  for (int64_t row = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / kLanes;         \
-       row < (rows); row += gridDim.x * int64_t(kWarpsPerBlock))                          \
-    body(row, int(threadIdx.x % kLanes))
+inline unsigned GridForRows(int64_t rows, int64_t width, int64_t seg_cols) {
+  return GridFor(SatMul(rows, CeilDiv(width, seg_cols)), kWarpsPerBlock);
+}
+
+// Runs body(row, segment, lane) for every row and segment of width columns.
+#define TFBIGCONV_WARP_ROWS(rows, width, seg_cols, body)                                       \
+  for (int64_t unit = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / kLanes,            \
+               segs = ((width) + (seg_cols) - 1) / (seg_cols);                                 \
+       unit < (rows) * segs; unit += gridDim.x * int64_t(kWarpsPerBlock))                      \
+    body(unit / segs,                                                                          \
+         Segment{(unit % segs) * (seg_cols), Min64((width), (unit % segs + 1) * (seg_cols))},  \
+         int(threadIdx.x % kLanes))
 
 // real[co][ci][z][r][c] = dilated filter taps (co, ci0 + ci) at the origin.
 template <typename S, typename T>
 TFBIGCONV_HD void PadFilterRow(const FftArgs& a, const S* filt, int64_t ci0, int64_t nci, T* real,
-                               StagingCheck* check, int64_t row, int lane) {
+                               StagingCheck* check, int64_t row, Segment seg, int lane) {
   const int64_t r = row % a.fft_h;
   int64_t t = row / a.fft_h;
   const int64_t z = t % a.fft_d;
@@ -248,7 +266,7 @@ TFBIGCONV_HD void PadFilterRow(const FftArgs& a, const S* filt, int64_t ci0, int
                             (ci0 + ci) * a.fv.i + (co / a.cog) * a.fv.g + (co % a.cog) * a.fv.o
                       : nullptr;
   T m = T(0);
-  for (int64_t c = lane; c < a.fft_w; c += kLanes) {
+  for (int64_t c = seg.begin + lane; c < seg.end; c += kLanes) {
     T v = T(0);
     if (src && c % a.dw == 0 && c / a.dw < a.filter_w) v = ToCompute(src[(c / a.dw) * a.fv.w]);
     dst[c] = v;
@@ -261,10 +279,10 @@ TFBIGCONV_HD void PadFilterRow(const FftArgs& a, const S* filt, int64_t ci0, int
 template <typename S, typename T>
 __global__ void PadFilterKernel(FftArgs a, const S* filt, int64_t ci0, int64_t nci, T* real,
                                 StagingCheck* check) {
-  auto body = [&](int64_t row, int lane) {
-    PadFilterRow(a, filt, ci0, nci, real, check, row, lane);
+  auto body = [&](int64_t row, Segment seg, int lane) {
+    PadFilterRow(a, filt, ci0, nci, real, check, row, seg, lane);
   };
-  TFBIGCONV_WARP_ROWS(a.cout * a.ci_block * a.fft_d * a.fft_h, body);
+  TFBIGCONV_WARP_ROWS(a.cout * a.ci_block * a.fft_d * a.fft_h, a.fft_w, kSegmentCols, body);
 }
 
 // real[slot][grp][ci][z][r][c] = the tile's input window (virtual input:
@@ -272,7 +290,7 @@ __global__ void PadFilterKernel(FftArgs a, const S* filt, int64_t ci0, int64_t n
 template <typename S, typename T>
 TFBIGCONV_HD void PadInputRow(const FftArgs& a, const S* in, int64_t item0, int64_t n_items,
                               int64_t ci0, int64_t nci, T* real, StagingCheck* check,
-                              int64_t row, int lane) {
+                              int64_t row, Segment seg, int lane) {
   const int64_t r = row % a.fft_h;
   int64_t t = row / a.fft_h;
   const int64_t z = t % a.fft_d;
@@ -300,7 +318,7 @@ TFBIGCONV_HD void PadInputRow(const FftArgs& a, const S* in, int64_t item0, int6
   const T limit = src ? InputLimit<T>(a, check->filter_max_bits) : T(0);
   bool safe = true;
   if (a.uw == 1) {  // no division per element
-    for (int64_t c = lane; c < a.fft_w; c += kLanes) {
+    for (int64_t c = seg.begin + lane; c < seg.end; c += kLanes) {
       const int64_t vc = vc0 + c;
       const bool live = c < need_w && vc >= 0 && vc < a.vw;
       const T v = live ? ToCompute(src[vc * a.iv.w]) : T(0);
@@ -308,7 +326,7 @@ TFBIGCONV_HD void PadInputRow(const FftArgs& a, const S* in, int64_t item0, int6
       safe &= !live || (v <= limit && -v <= limit);
     }
   } else {
-    for (int64_t c = lane; c < a.fft_w; c += kLanes) {
+    for (int64_t c = seg.begin + lane; c < seg.end; c += kLanes) {
       const int64_t vc = vc0 + c;
       const bool live = c < need_w && vc >= 0 && vc < a.vw && vc % a.uw == 0;
       const T v = live ? ToCompute(src[(vc / a.uw) * a.iv.w]) : T(0);
@@ -322,10 +340,11 @@ TFBIGCONV_HD void PadInputRow(const FftArgs& a, const S* in, int64_t item0, int6
 template <typename S, typename T>
 __global__ void PadInputKernel(FftArgs a, const S* in, int64_t item0, int64_t n_items,
                                int64_t ci0, int64_t nci, T* real, StagingCheck* check) {
-  auto body = [&](int64_t row, int lane) {
-    PadInputRow(a, in, item0, n_items, ci0, nci, real, check, row, lane);
+  auto body = [&](int64_t row, Segment seg, int lane) {
+    PadInputRow(a, in, item0, n_items, ci0, nci, real, check, row, seg, lane);
   };
-  TFBIGCONV_WARP_ROWS(a.chunk * a.groups * a.ci_block * a.fft_d * a.fft_h, body);
+  TFBIGCONV_WARP_ROWS(a.chunk * a.groups * a.ci_block * a.fft_d * a.fft_h, a.fft_w, kSegmentCols,
+                      body);
 }
 
 // y[slot][co][bin] (+)= sum over ci < nci of x[slot][grp(co)][ci][bin] *
@@ -376,11 +395,20 @@ __global__ void MixKernel(FftArgs a, const typename Complex<T>::type* x,
 
 // out[tile planes/rows/cols] = real[slot][co] sampled by the stride, scaled
 // by 1 / (the transform's points) (cuFFT's inverse is unnormalised),
-// converted to the storage type. One warp per (slot, tile plane, tile row);
-// each lane writes every output channel of its pixel (contiguous in NHWC).
+// converted to the storage type. One warp per (slot, tile plane, tile row,
+// block of kCropChannels output channels) and segment of the row; each lane
+// writes the block's channels of its pixel (contiguous in NHWC).
+TFBIGCONV_HD int64_t CropChannelBlocks(const FftArgs& a) {
+  return (a.cout + kCropChannels - 1) / kCropChannels;
+}
+
 template <typename S, typename T>
 TFBIGCONV_HD void CropRow(const FftArgs& a, const T* real, int64_t item0, T scale, S* out,
-                          int64_t row, int lane) {
+                          int64_t row, Segment seg, int lane) {
+  const int64_t co_blocks = CropChannelBlocks(a);
+  const int64_t co_begin = (row % co_blocks) * kCropChannels;
+  const int64_t co_end = Min64(a.cout, co_begin + kCropChannels);
+  row /= co_blocks;
   const int64_t r = row % a.tile_h, t = row / a.tile_h;
   const int64_t z = t % a.tile_d, slot = t / a.tile_d;
   const int64_t plane = a.fft_h * a.fft_w, volume = a.fft_d * plane;
@@ -388,19 +416,22 @@ TFBIGCONV_HD void CropRow(const FftArgs& a, const T* real, int64_t item0, T scal
   if (z >= tl.vd || r >= tl.vh) return;
   const T* src = real + slot * a.cout * volume + z * a.sd * plane + r * a.sh * a.fft_w;
   S* dst = out + tl.n * a.ov.n + (tl.od0 + z) * a.ov.d + (tl.oh0 + r) * a.ov.h + tl.ow0 * a.ov.w;
-  for (int64_t c = lane; c < tl.vw; c += kLanes) {
-    for (int64_t grp = 0, co = 0; grp < a.groups; ++grp)
-      for (int64_t k = 0; k < a.cog; ++k, ++co)
-        dst[c * a.ov.w + grp * a.ov.g + k * a.ov.c] =
-            FromCompute<S, T>(src[co * volume + c * a.sw] * scale);
+  const int64_t c_end = Min64(seg.end, tl.vw);
+  for (int64_t c = seg.begin + lane; c < c_end; c += kLanes) {
+    for (int64_t co = co_begin; co < co_end; ++co)
+      dst[c * a.ov.w + (co / a.cog) * a.ov.g + (co % a.cog) * a.ov.c] =
+          FromCompute<S, T>(src[co * volume + c * a.sw] * scale);
   }
 }
 
 template <typename S, typename T>
 __global__ void CropKernel(FftArgs a, const T* real, int64_t item0, int64_t n_items, T scale,
                            S* out) {
-  auto body = [&](int64_t row, int lane) { CropRow(a, real, item0, scale, out, row, lane); };
-  TFBIGCONV_WARP_ROWS(n_items * a.tile_d * a.tile_h, body);
+  auto body = [&](int64_t row, Segment seg, int lane) {
+    CropRow(a, real, item0, scale, out, row, seg, lane);
+  };
+  TFBIGCONV_WARP_ROWS(n_items * a.tile_d * a.tile_h * CropChannelBlocks(a), a.tile_w,
+                      kCropSegmentCols, body);
 }
 
 // The steps of one call: on the GPU (kernels and cuFFT on a stream) or, for
@@ -438,9 +469,11 @@ struct Steps {
     return e == cudaSuccess ? "" : std::string("reading the staging check: ") + cudaGetErrorString(e);
   }
   template <typename Body>
-  std::string WarpRows(int64_t rows, Body body) const {
+  std::string WarpRows(int64_t rows, int64_t width, int64_t seg_cols, Body body) const {
     for (int64_t row = 0; row < rows; ++row)
-      for (int lane = 0; lane < kLanes; ++lane) body(row, lane);
+      for (int64_t c0 = 0; c0 < width; c0 += seg_cols)
+        for (int lane = 0; lane < kLanes; ++lane)
+          body(row, Segment{c0, std::min(width, c0 + seg_cols)}, lane);
     return "";
   }
 };
@@ -492,12 +525,12 @@ std::string Run(const FftGpuParams& p, Steps steps) {
         if (!(err = steps.Zero(&check->filter_max_bits, sizeof(check->filter_max_bits))).empty())
           return err;
         if (steps.on_host()) {
-          steps.WarpRows(rows, [&](int64_t row, int lane) {
-            PadFilterRow(a, filt, ci0, nci, real, check, row, lane);
+          steps.WarpRows(rows, pl.fft_w, kSegmentCols, [&](int64_t row, Segment seg, int lane) {
+            PadFilterRow(a, filt, ci0, nci, real, check, row, seg, lane);
           });
         } else {
-          PadFilterKernel<S, T><<<GridForRows(rows), kThreads, 0, stream>>>(a, filt, ci0, nci,
-                                                                             real, check);
+          PadFilterKernel<S, T><<<GridForRows(rows, pl.fft_w, kSegmentCols), kThreads, 0,
+                                  stream>>>(a, filt, ci0, nci, real, check);
           if (!(err = LaunchError("FFT filter padding")).empty()) return err;
         }
         err = steps.Fft(pl.fft_d, pl.fft_h, pl.fft_w, b.filter, true, real, wspec);
@@ -505,12 +538,12 @@ std::string Run(const FftGpuParams& p, Steps steps) {
       }
       const int64_t rows = b.input * pl.fft_d * pl.fft_h;
       if (steps.on_host()) {
-        steps.WarpRows(rows, [&](int64_t row, int lane) {
-          PadInputRow(a, in, c0, n, ci0, nci, real, check, row, lane);
+        steps.WarpRows(rows, pl.fft_w, kSegmentCols, [&](int64_t row, Segment seg, int lane) {
+          PadInputRow(a, in, c0, n, ci0, nci, real, check, row, seg, lane);
         });
       } else {
-        PadInputKernel<S, T><<<GridForRows(rows), kThreads, 0, stream>>>(a, in, c0, n, ci0, nci,
-                                                                          real, check);
+        PadInputKernel<S, T><<<GridForRows(rows, pl.fft_w, kSegmentCols), kThreads, 0, stream>>>(
+            a, in, c0, n, ci0, nci, real, check);
         if (!(err = LaunchError("FFT input padding")).empty()) return err;
       }
       err = steps.Fft(pl.fft_d, pl.fft_h, pl.fft_w, b.input, true, real, xspec);
@@ -528,14 +561,15 @@ std::string Run(const FftGpuParams& p, Steps steps) {
     }
     err = steps.Fft(pl.fft_d, pl.fft_h, pl.fft_w, b.output, false, yspec, real);
     if (!err.empty()) return err;
-    const int64_t rows = n * pl.tile_d * pl.tile_h;
+    const int64_t rows = n * pl.tile_d * pl.tile_h * CropChannelBlocks(a);
     const T scale = T(1) / T(volume);
     if (steps.on_host()) {
-      steps.WarpRows(rows, [&](int64_t row, int lane) {
-        CropRow(a, real, c0, scale, out, row, lane);
+      steps.WarpRows(rows, pl.tile_w, kCropSegmentCols, [&](int64_t row, Segment seg, int lane) {
+        CropRow(a, real, c0, scale, out, row, seg, lane);
       });
     } else {
-      CropKernel<S, T><<<GridForRows(rows), kThreads, 0, stream>>>(a, real, c0, n, scale, out);
+      CropKernel<S, T><<<GridForRows(rows, pl.tile_w, kCropSegmentCols), kThreads, 0, stream>>>(
+          a, real, c0, n, scale, out);
       if (!(err = LaunchError("FFT output crop")).empty()) return err;
     }
   }

@@ -75,6 +75,7 @@ run_step() {
     correctness) correctness ;;
     timings) step timings 75 "$PYTHON" "${CK[@]}" --no-matrix --seed-batch 200 ;;
     ranks) step ranks 150 "$PYTHON" "${CK[@]}" --no-matrix --ranks ;;
+    profile_ranks) step profile_ranks 60 "$PYTHON" cuda/harness/profile_kernels.py --no-sweep --ranks --algos fft ;;
     profile) step profile 70 "$PYTHON" cuda/harness/profile_kernels.py --csv "$W/chunk_sweep.csv" ;;
     grid_f32) step grid_f32 120 "${CAL[@]}" "$W/grid_f32" --dtypes float32 ;;
     random11_f32) step random11_f32 110 "${CAL[@]}" "$W/random11_f32" --dtypes float32 --random-grid 11,40 ;;

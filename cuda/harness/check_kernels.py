@@ -121,6 +121,11 @@ def cases():
     yield ((2, 1, 300, 8), (1, 64, 1, 8), (1, 1), (1, 1), "EXPLICIT", ((0, 0), (63, 0)), "NHWC")
     yield ((1, 1, 260, 3), (1, 129, 3, 4), (1, 2), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC")
     yield ((2, 1, 200, 5), (1, 31, 1, 10), (1, 1), (1, 3), "EXPLICIT", ((0, 0), (90, 0)), "NCHW")
+    # rows longer than the FFT kernels' segments (2048 columns; the crop's 256)
+    # and more output channels than the crop's block of 64
+    yield ((1, 1, 2300, 66), (1, 1500, 1, 66), (1, 1), (1, 1), "EXPLICIT", ((0, 0), (1499, 0)),
+           "NHWC")
+    yield ((1, 1, 2100, 3), (1, 50, 3, 70), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC")
     x, w = (2, 37, 41, 4), (9, 7, 2, 6)
     pads = [("SAME", ((0, 0), (0, 0))), ("EXPLICIT", ((0, 3), (2, 1))),
             ("EXPLICIT", ((6, 0), (0, 7)))]

@@ -19,7 +19,8 @@ import sys
 
 import check_kernels as K
 
-# (label, input NHWC, filter HWIO, padding, dtype, passes)
+# (label, input NHWC or NDHWC, filter HWIO or DHWIO, padding (or explicit
+# paddings, a list), dtype, passes)
 CASES = [
     ("seed N=200 135^2", (200, 321, 481, 1), (135, 135, 1, 3), "VALID", "float32", ["forward"]),
     ("depthwise (8,56,56,128) 31^2", (8, 56, 56, 128), (31, 31, 1, 128), "SAME", "float32",
@@ -29,14 +30,28 @@ CASES = [
     ("dense (32,64,64,64) 15^2", (32, 64, 64, 64), (15, 15, 64, 64), "SAME", "float32",
      ["backprop_filter"]),
 ]
+# issue 41's 1-D and 3-D cases (--ranks)
+RANK_CASES = [
+    ("1-D causal depthwise (8,16384,256) 16384 taps", (8, 1, 16384, 256), (1, 16384, 1, 256),
+     [0, 0, 0, 0, 16383, 0, 0, 0], "float32", K.PASSES),
+    ("3-D depthwise (2,48,48,48,64) 21^3", (2, 48, 48, 48, 64), (21, 21, 21, 1, 64), "SAME",
+     "float32", K.PASSES),
+]
+
+
+def ours(torch, xs, ws, padding, dtype):
+    if isinstance(padding, list):
+        return K.Ours(torch, xs, ws, stride=[1] * (len(xs) - 2), padding="EXPLICIT", dtype=dtype,
+                      explicit_paddings=padding)
+    return K.Ours(torch, xs, ws, stride=[1] * (len(xs) - 2), padding=padding, dtype=dtype)
 LIMITS_MIB = [16, 32, 64, 128, 256, 512, 1024, 4096]
 
 
-def sweep(torch, writer):
+def sweep(torch, writer, cases):
     print("\n== fft chunk sweep: kernel ms (CUDA events, median of 5) by workspace limit ==")
     print(f"{'case':32s} {'pass':16s} " + " ".join(f"{m:>8d}M" for m in LIMITS_MIB))
-    for label, xs, ws, padding, dtype, passes in CASES:
-        o = K.Ours(torch, xs, ws, padding=padding, dtype=dtype)
+    for label, xs, ws, padding, dtype, passes in cases:
+        o = ours(torch, xs, ws, padding, dtype)
         for pass_ in passes:
             row = []
             for mib in LIMITS_MIB:
@@ -53,12 +68,12 @@ def sweep(torch, writer):
         torch.cuda.empty_cache()
 
 
-def breakdown(torch):
+def breakdown(torch, cases, algos):
     from torch.profiler import ProfilerActivity, profile
     print("\n== kernel breakdown of one call (default workspace), us per kernel name ==")
-    for label, xs, ws, padding, dtype, passes in CASES:
-        o = K.Ours(torch, xs, ws, padding=padding, dtype=dtype)
-        for pass_, algo in [(p, a) for p in passes for a in ("fft", "direct")]:
+    for label, xs, ws, padding, dtype, passes in cases:
+        o = ours(torch, xs, ws, padding, dtype)
+        for pass_, algo in [(p, a) for p in passes for a in algos]:
             try:
                 o.time(pass_, algo, reps=1)  # plans, warms up
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -86,7 +101,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--csv", help="write the sweep's rows here")
     ap.add_argument("--no-breakdown", action="store_true")
+    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--ranks", action="store_true", help="the 1-D and 3-D cases instead")
+    ap.add_argument("--only", help="the cases whose label holds this")
+    ap.add_argument("--algos", default="fft,direct", help="breakdown algorithms")
     args = ap.parse_args()
+    cases = [c for c in (RANK_CASES if args.ranks else CASES)
+             if args.only is None or args.only in c[0]]
     K.load_shipped_cost_model()
     be = K.pick_backend()
     if be.name != "torch":
@@ -97,11 +118,12 @@ def main():
     w = csv.writer(f) if f else None
     if w:
         w.writerow(["case", "pass", "dtype", "limit_mib", "kernel_ms", "workspace_bytes"])
-    sweep(torch, w)
+    if not args.no_sweep:
+        sweep(torch, w, cases)
     if f:
         f.close()
     if not args.no_breakdown:
-        breakdown(torch)
+        breakdown(torch, cases, args.algos.split(","))
 
 
 if __name__ == "__main__":
