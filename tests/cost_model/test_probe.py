@@ -133,8 +133,10 @@ def test_a_host_unlike_the_profile_is_probed_once_and_the_result_cached(tmp_path
     assert all(1 / probe.MAX_RATIO <= r <= probe.MAX_RATIO for r in meta["probe"].values())
     assert meta["probe_seconds"] < 10  # about a second here; a loaded CI host is slower
     assert profiles.machine_mismatch(meta) == ""  # it records this machine
-    # Its values are the shipped profile's, scaled (both read the same way).
-    values, _ = profiles.read_profile_and_meta(str(path))
+    # Its values are the shipped profile's, scaled (both read the same way); the
+    # GPU values are not its own: they are the main profile's when read.
+    assert doc["values"] and not any(profiles.is_gpu_field(n) for n in doc["values"])
+    values, _ = profiles.read_profile_and_meta(str(path), base())
     shipped_path = profiles.shipped_for(profiles.this_cpu(), host.tf_onednn())
     shipped, _ = profiles.read_profile_and_meta(shipped_path, base())
     fields = _core.cost_model_fields()
@@ -145,6 +147,19 @@ def test_a_host_unlike_the_profile_is_probed_once_and_the_result_cached(tmp_path
     second = _run(tmp_path, PRETEND_OTHER_HOST="0")
     assert second["at_import"] == "scaled" and second["path"] == str(path)
     assert path.stat().st_mtime_ns == mtime
+    # A cache written with GPU values (an older fit's) plans the GPU with the main
+    # profile's as they are now.
+    stale = dict(doc, values=dict(doc["values"], **{n: 1.5 * v for n, v in base().items()
+                                                    if profiles.is_gpu_field(n)}))
+    path.write_text(json.dumps(stale))
+    code = ("import json, tfbigconv\nfrom tfbigconv import _core\nfrom tfbigconv.cost_model "
+            "import profiles\nprint(json.dumps([profiles.active_source, "
+            "dict(zip(_core.cost_model_fields(), _core.get_cost_model()))]))")
+    source, applied = json.loads(run_python(code, TESTS_DIR, {
+        "XDG_CACHE_HOME": str(tmp_path), "TFBIGCONV_PROBE": "1"}).strip().splitlines()[-1])
+    assert source == "scaled"
+    assert {n: v for n, v in applied.items() if profiles.is_gpu_field(n)} == pytest.approx(
+        {n: v for n, v in base().items() if profiles.is_gpu_field(n)}, rel=1e-12)
     # A cache scaled from another shipped profile, or on another machine, is not used.
     for changed in (dict(meta, scaled_from={"path": "other.json", "created": "x"}),
                     dict(meta, cpu={"name": "another CPU", "isa": [], "cpus": 1})):
@@ -223,7 +238,7 @@ def test_fit_recovers_known_ratios_from_timings(tmp_path, monkeypatch):
     assert ratios == pytest.approx(expected, rel=1e-9)
     scaled = probe.scale(values, ratios)
     assert [applied[n] for n in applied] == pytest.approx([scaled[n] for n in applied], rel=1e-12)
-    written, meta = profiles.read_profile_and_meta(str(tmp_path / "scaled.json"))
+    written, meta = profiles.read_profile_and_meta(str(tmp_path / "scaled.json"), base())
     assert written == pytest.approx([scaled[n] for n in _core.cost_model_fields()], rel=1e-12)
     assert meta["probe"] == pytest.approx(expected, rel=1e-9)
 

@@ -407,7 +407,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
                 _detail(f"{key}: {values[key]:.2f}x float32's time")
     ordered = [values[name] if name in values else prior[name]  # GPU: kept
                for name in _core.cost_model_fields()]
-    missing = [n for n in _core.cost_model_fields() if n not in values and not n.startswith("gpu.")]
+    missing = [n for n in _core.cost_model_fields() if n not in values and not profiles.is_gpu_field(n)]
     assert not missing, missing
     cpu = profiles.this_cpu()
     meta = dict(created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -17,7 +17,6 @@ channels and pass) and moves its level, which is what differed most between
 hosts. TFBIGCONV_PROBE=0 turns it off, the cache included.
 """
 import datetime
-import os
 import threading
 import time
 
@@ -165,17 +164,17 @@ def fit(path=None):
                 scaled_from=profiles.base_identity(profiles.active_path, profiles.active_meta),
                 probe=ratios, probe_seconds=round(time.perf_counter() - t0, 3),
                 probe_ms={".".join(k): round(t * 1e3, 3) for k, t in seconds.items()})
-    if "gpu_grids" in profiles.active_meta:  # where the GPU section (kept) came from
-        meta["gpu_grids"] = profiles.active_meta["gpu_grids"]
     path = path or profiles.scaled_path()
     ordered = [values[name] for name in fields]
     from tfbigconv import _native  # the op library, loaded: planning ran
     profiles.apply(ordered, _native.LIB_PATH)
     try:
-        profiles.write_profile(path, ordered, meta)
+        profiles.write_profile(path, ordered, meta, cpu_only=True)  # GPU values: the main's
         where = f"cached in {path}"
     except OSError as e:
         path, where = None, f"not cached ({e})"
+    if "gpu_grids" in profiles.active_meta:  # where the GPU values (kept) came from
+        meta["gpu_grids"] = profiles.active_meta["gpu_grids"]
     profiles.set_active("scaled", path, meta)
     logging.info("tfbigconv: %s, in %.1f s; %s", profiles.how_fitted(meta),
                  meta["probe_seconds"], where)

@@ -29,6 +29,13 @@ SHIPPED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cost_mo
 SHIPPED_CPU_PATHS = tuple(sorted(glob.glob(os.path.join(os.path.dirname(SHIPPED_PATH),
                                                         "cost_model_cpu_*.json"))))
 FORMAT = 1
+GPU_PREFIX = "gpu."  # the GPU model's values (the rest are the CPU's)
+
+
+def is_gpu_field(name):
+    return name.startswith(GPU_PREFIX)
+
+
 # GPU model features added after the first GPU profiles (cost_model.h
 # GpuModelTerms): a profile with GPU values but without these has them at 0.
 LATER_GPU_FEATURES = ("log_side_squared", "log_side_x_log_pixels", "cudnn_depthwise_class")
@@ -245,7 +252,7 @@ def read_profile_and_meta(path, defaults=None):
     # GPU coefficients of features added later: a profile fitted without them
     # has them at 0 (its own model), not the defaults' values.
     for name in fields:
-        if name.startswith("gpu.") and name.rsplit(".", 1)[1] in LATER_GPU_FEATURES:
+        if is_gpu_field(name) and name.rsplit(".", 1)[1] in LATER_GPU_FEATURES:
             intercept = name.rsplit(".", 1)[0] + ".intercept"
             if intercept in values and name not in values:
                 merged[name] = 0.0
@@ -298,8 +305,9 @@ def _main_profile():
     return dict(zip(_core.cost_model_fields(), values)), meta
 
 
-def write_profile(path, values, meta):
-    """Writes a profile (values in cost_model_fields() order) atomically."""
+def write_profile(path, values, meta, cpu_only=False):
+    """Writes a profile (values in cost_model_fields() order) atomically; with
+    cpu_only, without the GPU values (read, it takes the main profile's)."""
     fields = _core.cost_model_fields()
     if len(values) != len(fields):
         raise ValueError(f"expected {len(fields)} values, got {len(values)}")
@@ -308,7 +316,9 @@ def write_profile(path, values, meta):
         _core.set_cost_model(list(values))  # validates, naming a bad value
     finally:
         _core.set_cost_model(active)
-    doc = {"meta": dict(meta, format=FORMAT), "values": dict(zip(fields, map(float, values)))}
+    doc = {"meta": dict(meta, format=FORMAT),
+           "values": {name: float(v) for name, v in zip(fields, values)
+                      if not (cpu_only and is_gpu_field(name))}}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"  # processes probing at once each write their own
     with open(tmp, "w") as f:
@@ -383,8 +393,13 @@ def load_active(op_library_path):
             continue
         try:
             values, meta = read_profile_and_meta(path, defaults)
-            if source == "scaled" and not _scaled_applies(meta, shipped[0], defaults):
-                continue
+            if source == "scaled":
+                if not _scaled_applies(meta, shipped[0], defaults):
+                    continue
+                # Scaling touches the CPU model only: the GPU values are the main
+                # profile's as it is now (a cache may hold an older fit's).
+                values = [defaults[name] if defaults and is_gpu_field(name) else v
+                          for name, v in zip(_core.cost_model_fields(), values)]
             apply(values, op_library_path)
         except (ValueError, OSError) as e:
             warnings.warn(f"tfbigconv: ignoring cost model {path}: {e}")
