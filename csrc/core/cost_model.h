@@ -104,6 +104,9 @@ struct CostModel {
 // 30-100 GFLOP/s up to K = 14 and at 0.3-0.6 from K = 15 (RESULTS.md), a step
 // that interpolating from 7 to 15 spread over sides 8-14.
 constexpr double kIm2colSideAxis[kIm2colSides] = {3, 7, 14, 15, 31};
+// oneDNN's float32 filter gradient leaves its fast path from this side
+// (kIm2colSideAxis[3] = 15): the half types' rates stop below it (plan.cc).
+constexpr int kIm2colSlowPathSide = 3;
 constexpr double kIm2colChannelAxis[kIm2colChannels] = {1, 16, 256, 2048};
 
 // The model as named numbers, in a fixed order (for Python and JSON).

@@ -449,8 +449,17 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
     // (benchmarks/check_conv3d_estimate.py), without the 2-D filter gradient's slow
     // path from side 15.
     const Pass rates = kernel == TfKernel::kConv3D ? Pass::kForward : pass;
+    // oneDNN's float32 filter gradient leaves its fast path from side 15; the
+    // half types run other code, at one rate across sides (Xeon with AMX,
+    // sides 3-31: bfloat16 1.0-1.4 TFLOP/s, float16 0.7 GFLOP/s), so they
+    // take float32's rates below that side times their slowdown.
+    const bool half = dtype == DType::kHalf || dtype == DType::kBFloat16;
+    const double rate_side = half && rates == Pass::kBackpropFilter
+                                 ? std::min(side, kIm2colSideAxis[kIm2colSlowPathSide - 1])
+                                 : side;
     int block_side = 0;
-    while (block_side + 1 < kIm2colSides && kIm2colSideAxis[block_side + 1] <= side) ++block_side;
+    while (block_side + 1 < kIm2colSides && kIm2colSideAxis[block_side + 1] <= rate_side)
+      ++block_side;
     const double block = std::round(m.im2col_channel_block[int(rates)][block_side]);
     const int64_t written = pass == Pass::kBackpropInput ? in_c : out_c;
     double padded = written;
@@ -459,8 +468,9 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
       channels *= padded / double(written);
       work *= padded / double(written);
     }
-    e.terms = {work * DTypeSlowdown(m.im2col_dtype_slowdown[int(rates)], dtype), side, channels};
-    e.seconds = e.terms[0] / Im2colRate(m, rates, side, channels);
+    e.terms = {work * DTypeSlowdown(m.im2col_dtype_slowdown[int(rates)], dtype), rate_side,
+               channels};
+    e.seconds = e.terms[0] / Im2colRate(m, rates, rate_side, channels);
     if (kernel == TfKernel::kConv3D) {
       // oneDNN's Conv3D (the one the rules trust) keeps no patch matrix we know the size of.
       e.workspace_bytes = 0;
