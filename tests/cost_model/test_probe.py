@@ -218,7 +218,8 @@ def test_a_failed_probe_of_a_later_process_leaves_the_scaled_profile(tmp_path):
     out = json.loads(run_python(code, TESTS_DIR, {"XDG_CACHE_HOME": str(tmp_path),
                                                    "TFBIGCONV_PROBE": "1"}).splitlines()[-1])
     assert out["at_import"] == "scaled" and out["source"] == "scaled"
-    assert out["table"] == first["table"]  # planned with the cached profile, as before
+    rows = lambda table: [line for line in table.splitlines() if line.startswith("|")]  # noqa: E731
+    assert rows(out["table"]) == rows(first["table"])  # the cached profile's estimates
     assert path.read_text() == written
 
 
