@@ -626,11 +626,14 @@ std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t limit, cudaSt
   if (!api) return "GPU fft unavailable: " + why;
   const int64_t cig = std::max<int64_t>(1, g.in_c_per_group());
   const std::vector<TileCandidate> ds =
-      TileCandidates(std::max<int64_t>(g.out_d, 1), g.stride_d, g.effective_filter_d());
+      TileCandidates(std::max<int64_t>(g.out_d, 1), g.stride_d, g.effective_filter_d(),
+                     g.pad_front, g.virtual_in_d());
   const std::vector<TileCandidate> hs =
-      TileCandidates(std::max<int64_t>(g.out_h, 1), g.stride_h, g.effective_filter_h());
+      TileCandidates(std::max<int64_t>(g.out_h, 1), g.stride_h, g.effective_filter_h(),
+                     g.pad_top, g.virtual_in_h());
   const std::vector<TileCandidate> ws =
-      TileCandidates(std::max<int64_t>(g.out_w, 1), g.stride_w, g.effective_filter_w());
+      TileCandidates(std::max<int64_t>(g.out_w, 1), g.stride_w, g.effective_filter_w(),
+                     g.pad_left, g.virtual_in_w());
   FftGpuPlan best;
   bool found = false;
   int64_t min_needed = INT64_MAX;

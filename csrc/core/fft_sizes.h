@@ -49,11 +49,29 @@ struct TileCandidate {
   int64_t tile, fft;
 };
 
+// The least transform a tile of the whole output needs along one dimension
+// (out outputs; the input, with in_dilation's zeros, of virtual_in samples
+// after pad_front samples of padding; negative: cropping). The window is
+// (out - 1) * stride + effective_filter samples, padding at both ends; the
+// transform is circular, so it may be shorter than the window: the window's
+// samples from the transform's length on are padding (zeros) and, wrapped
+// onto its start, meet only the leading padding (zeros) there. Kernels stage
+// the window up to the transform's length as ever (docs/ARCHITECTURE.md, 4).
+inline int64_t WholeTileFftNeed(int64_t out, int64_t stride, int64_t effective_filter,
+                                int64_t pad_front, int64_t virtual_in) {
+  const int64_t window = (out - 1) * stride + effective_filter;
+  const int64_t front = std::min(std::max<int64_t>(pad_front, 0), window);
+  const int64_t data_end = std::min(window, front + std::max<int64_t>(virtual_in, 0));
+  return std::max({effective_filter, (out - 1) * stride + 1, data_end, window - front});
+}
+
 // Every good transform size from the smallest that holds the filter up to the
 // one that holds the whole output, with the largest tile each allows (tiles
-// that do not grow are skipped). `out` >= 1.
+// that do not grow are skipped); the whole output's as WholeTileFftNeed allows,
+// which drops the candidates whose transforms are not smaller. `out` >= 1.
 inline std::vector<TileCandidate> TileCandidates(int64_t out, int64_t stride,
-                                                 int64_t effective_filter) {
+                                                 int64_t effective_filter, int64_t pad_front,
+                                                 int64_t virtual_in) {
   std::vector<TileCandidate> c;
   int64_t last_tile = 0;
   for (int64_t f = GoodFftSize(effective_filter);; f = GoodFftSize(f + 1)) {
@@ -61,6 +79,12 @@ inline std::vector<TileCandidate> TileCandidates(int64_t out, int64_t stride,
     if (tile > last_tile) c.push_back({tile, f});
     last_tile = tile;
     if (tile == out) break;
+  }
+  const int64_t whole =
+      GoodFftSize(WholeTileFftNeed(out, stride, effective_filter, pad_front, virtual_in));
+  if (whole < c.back().fft) {
+    while (!c.empty() && c.back().fft >= whole) c.pop_back();
+    c.push_back({out, whole});
   }
   return c;
 }

@@ -82,9 +82,12 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
   if (workers < 1) workers = 1;
   const int64_t eff_d = g.effective_filter_d();
   const int64_t eff_h = g.effective_filter_h(), eff_w = g.effective_filter_w();
-  const std::vector<TileCandidate> ds = TileCandidates(std::max<int64_t>(g.out_d, 1), g.stride_d, eff_d);
-  const std::vector<TileCandidate> hs = TileCandidates(std::max<int64_t>(g.out_h, 1), g.stride_h, eff_h);
-  const std::vector<TileCandidate> ws = TileCandidates(std::max<int64_t>(g.out_w, 1), g.stride_w, eff_w);
+  const std::vector<TileCandidate> ds = TileCandidates(std::max<int64_t>(g.out_d, 1), g.stride_d,
+                                                       eff_d, g.pad_front, g.virtual_in_d());
+  const std::vector<TileCandidate> hs = TileCandidates(std::max<int64_t>(g.out_h, 1), g.stride_h,
+                                                       eff_h, g.pad_top, g.virtual_in_h());
+  const std::vector<TileCandidate> ws = TileCandidates(std::max<int64_t>(g.out_w, 1), g.stride_w,
+                                                       eff_w, g.pad_left, g.virtual_in_w());
   bool found = false;
   FftPlan best;
   int64_t min_needed = std::numeric_limits<int64_t>::max();

@@ -238,9 +238,18 @@ std::string RunFftOnHost(const std::string& pass, py::array a, py::array b, py::
   pl.tile_d = std::max<int64_t>(1, std::min(tile_d, g.out_d));
   pl.tile_h = std::max<int64_t>(1, std::min(tile_h, g.out_h));
   pl.tile_w = std::max<int64_t>(1, std::min(tile_w, g.out_w));
-  pl.fft_d = (pl.tile_d - 1) * g.stride_d + g.effective_filter_d();
-  pl.fft_h = (pl.tile_h - 1) * g.stride_h + g.effective_filter_h();
-  pl.fft_w = (pl.tile_w - 1) * g.stride_w + g.effective_filter_w();
+  // The window of a tile, or for a tile of the whole output the least
+  // circular transform (numpy transforms any size; the planners round up).
+  const auto fft_size = [](int64_t tile, int64_t out, int64_t stride, int64_t eff, int64_t pad,
+                           int64_t vin) {
+    return tile == out ? WholeTileFftNeed(out, stride, eff, pad, vin) : (tile - 1) * stride + eff;
+  };
+  pl.fft_d = fft_size(pl.tile_d, g.out_d, g.stride_d, g.effective_filter_d(), g.pad_front,
+                 g.virtual_in_d());
+  pl.fft_h = fft_size(pl.tile_h, g.out_h, g.stride_h, g.effective_filter_h(), g.pad_top,
+                 g.virtual_in_h());
+  pl.fft_w = fft_size(pl.tile_w, g.out_w, g.stride_w, g.effective_filter_w(), g.pad_left,
+                 g.virtual_in_w());
   pl.tiles_d = (g.out_d + pl.tile_d - 1) / pl.tile_d;
   pl.tiles_h = (g.out_h + pl.tile_h - 1) / pl.tile_h;
   pl.tiles_w = (g.out_w + pl.tile_w - 1) / pl.tile_w;

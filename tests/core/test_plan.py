@@ -295,6 +295,33 @@ def test_tf_rates_at_side_14_and_15_are_apart():
         _core.set_cost_model(saved)
 
 
+def test_half_types_filter_gradient_stops_below_the_float32_slow_path():
+    """oneDNN's float32 filter gradient slows down from side 15; the half types
+    run other code at one rate across sides (AMX bfloat16, float16 on the
+    Xeon), so theirs take float32's rates below side 15 (times their slowdown)."""
+    saved = _core.get_cost_model()
+    fields, values = _core.cost_model_fields(), _with_channel_block(1)
+    for i, name in enumerate(fields):
+        if name.startswith("im2col_flops_per_second.backprop_filter.side15") or \
+                name.startswith("im2col_flops_per_second.backprop_filter.side31"):
+            values[i] = values[fields.index(name.replace("side15", "side14")
+                                             .replace("side31", "side14"))] / 100
+    try:
+        _core.set_cost_model(values)
+        x = (4, 48, 48, 4)
+
+        def rate(k, dtype):
+            p = plan(x, (k, k, 4, 4), pass_="backprop_filter", dtype=dtype)
+            return p["tf"]["terms"][0] / p["tf"]["seconds"]
+        for dtype in ("bfloat16", "float16"):
+            assert rate(15, dtype) == pytest.approx(rate(14, dtype))
+            assert rate(21, dtype) == pytest.approx(rate(14, dtype))
+        assert rate(15, "float32") == pytest.approx(rate(14, "float32") / 100)
+        assert rate(15, "float64") == pytest.approx(rate(14, "float64") / 100)
+    finally:
+        _core.set_cost_model(saved)
+
+
 def _with_channel_block(block, where="im2col_channel_block."):
     """The active model with TF's Conv2D channel block at `block` in the
     fields starting with `where` (all passes and sides by default)."""

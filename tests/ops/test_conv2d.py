@@ -347,3 +347,49 @@ def test_forced_tf_depthwise_is_tf_nn_depthwise_conv2d(strides):
     want[2] = tf.reshape(want[2], w.shape)
     for g, r in zip(got, want):
         np.testing.assert_array_equal(g, r)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,strides,dil,padding", [
+    ((2, 48, 44, 3), (21, 17, 3, 4), 1, 1, "SAME"),  # padding at both ends of both axes
+    ((1, 37, 41, 2), (9, 7, 2, 3), 2, 1, "SAME"),  # a stride (backprop_input: in_dilation)
+    ((1, 30, 33, 2), (5, 4, 2, 3), 1, (2, 3), "SAME"),  # dilation
+    # more padding than the filter at one end, little at the other; only leading padding
+    ((1, 25, 27, 2), (5, 5, 2, 3), 1, 1, [[0, 0], [12, 1], [3, 9], [0, 0]]),
+    ((1, 20, 40, 2), (3, 11, 2, 2), 1, 1, [[0, 0], [2, 0], [10, 0], [0, 0]]),
+    ((2, 31, 29, 4), (13, 13, 1, 4), 1, 1, "SAME"),  # depthwise
+    ((1, 40, 37, 2), (15, 13, 2, 3), 1, 1, "VALID"),  # backprop_input: K - 1 at both ends
+])
+def test_fft_whole_image_tiles_wrap_around_their_padding(x_shape, w_shape, strides, dil, padding):
+    """A tile of the whole image transforms fewer points than its padded window
+    (fft_sizes.h, WholeTileFftNeed): the window's tail wraps onto its leading
+    padding. Forward and both gradients against the float64 reference, with the
+    plan asked for the whole image (no workspace limit)."""
+    x, w = tf.constant(random_case(x_shape, 3)), tf.constant(random_case(w_shape, 4))
+    conv = lambda x, w: tfbigconv.bigconv2d(x, w, strides, padding, dilations=dil,  # noqa: E731
+                                            algorithm="fft")
+    if isinstance(padding, str):
+        errors = grads_vs_reference(conv, x, w, strides, padding, dil=dil)
+    else:
+        from reference import conv2d_reference_backprop_filter, conv2d_reference_backprop_input
+        kw = dict(strides=(strides, strides), padding="EXPLICIT", dilations=(dil, dil),
+                  explicit=tuple(tuple(p) for p in padding[1:3]))
+        x64, w64 = x.numpy().astype(np.float64), w.numpy().astype(np.float64)
+        dy = tf.constant(random_case(conv2d_reference(x64, w64, **kw).shape, 5))
+        with tf.GradientTape() as t:
+            t.watch([x, w])
+            y = conv(x, w)
+        dx, dw = t.gradient(y, [x, w], output_gradients=dy)
+        dy64 = dy.numpy().astype(np.float64)
+        errors = [rel_l2(y.numpy(), conv2d_reference(x64, w64, **kw)),
+                  rel_l2(dx.numpy(), conv2d_reference_backprop_input(dy64, w64, x64.shape, **kw)),
+                  rel_l2(dw.numpy(), conv2d_reference_backprop_filter(x64, dy64, w64.shape, **kw))]
+    assert max(errors) < tol("float32", "fft"), errors
+
+
+def test_fft_whole_image_tile_transform_is_shorter_than_its_window():
+    """48x48 SAME with a 21x21 filter: the window is 68 per axis (70 points),
+    the wrapped whole-image tile needs 58 (60 points)."""
+    e = tfbigconv.explain([1, 48, 48, 2], [21, 21, 2, 2], padding="SAME", algorithm="fft")
+    assert "tile 48x48 (FFT 60x60)" in e.table()
+    valid = tfbigconv.explain([1, 48, 48, 2], [21, 21, 2, 2], padding="VALID", algorithm="fft")
+    assert "(FFT 48x48)" in valid.table()  # no padding: the window as before
