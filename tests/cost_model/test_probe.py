@@ -136,7 +136,7 @@ def test_a_host_unlike_the_profile_is_probed_once_and_the_result_cached(tmp_path
     # GPU values are not its own: they are the main profile's when read.
     assert doc["values"] and not any(profiles.is_gpu_field(n) for n in doc["values"])
     values, _ = profiles.read_profile_and_meta(str(path), base())
-    shipped_path = profiles.shipped_for(profiles.this_cpu(), host.tf_onednn())
+    shipped_path = profiles.shipped_for_host()
     shipped, _ = profiles.read_profile_and_meta(shipped_path, base())
     fields = _core.cost_model_fields()
     expected = probe.scale(dict(zip(fields, shipped)), meta["probe"])

@@ -154,7 +154,7 @@ def fit(path=None):
     if profiles.active_source == "scaled":
         earlier = {k: v / 1e3 for k, v in profiles.active_meta.get("probe_ms", {}).items()}
         runs = _runs(profiles.active_meta) + 1
-        shipped_path = profiles.shipped_for(profiles.this_cpu(), host.tf_onednn())
+        shipped_path = profiles.shipped_for_host()
         shipped, shipped_meta = profiles.read_profile_and_meta(shipped_path,
                                                                profiles.shipped_values())
         from tfbigconv import _native

@@ -272,6 +272,11 @@ def read_profile_and_meta(path, defaults=None):
     return [result[name] for name in fields], meta
 
 
+def shipped_for_host():
+    """The shipped profile for this process's CPU and oneDNN setting (shipped_for)."""
+    return shipped_for(this_cpu(), tf_onednn())
+
+
 def shipped_for(cpu, onednn, paths=None):
     """The shipped profile whose CPU values suit a machine (this_cpu()'s dict,
     tf_onednn()'s answer) best: one measured with the same oneDNN setting
@@ -378,7 +383,7 @@ def load_active(op_library_path):
     shipped one for this machine scaled to it (probe.py; only while it was scaled
     on this machine from that shipped profile), the shipped one for this machine
     (shipped_for), the main shipped one."""
-    shipped = list(dict.fromkeys([shipped_for(this_cpu(), tf_onednn()), SHIPPED_PATH]))
+    shipped = list(dict.fromkeys([shipped_for_host(), SHIPPED_PATH]))
     candidates = [("env", os.environ.get("TFBIGCONV_COST_MODEL")), ("user", user_path()),
                   ("scaled", scaled_path() if scaling_enabled() else None)] + [
         ("shipped", path) for path in shipped]
