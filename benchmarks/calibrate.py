@@ -30,16 +30,8 @@ def main():
     args.output = os.path.abspath(args.output)
     os.chdir(HERE)  # import the installed package, not the source tree
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(HERE)]
-    from tfbigconv.cost_model import calibrate, profiles
-    calibrate.calibrate(args.output, quick=args.quick)
-    if args.cpu_only:
-        import json
-        with open(args.output) as f:
-            doc = json.load(f)
-        doc["values"] = {k: v for k, v in doc["values"].items() if not profiles.is_gpu_field(k)}
-        doc["meta"].pop("gpu_grids", None)
-        with open(args.output, "w") as f:
-            json.dump(doc, f, indent=1)
+    from tfbigconv.cost_model import calibrate
+    calibrate.calibrate(args.output, quick=args.quick, cpu_only=args.cpu_only)
 
 
 if __name__ == "__main__":

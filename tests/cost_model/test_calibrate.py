@@ -98,6 +98,23 @@ def test_calibration_round_trip(tmp_path):
     assert json.loads(r.stdout.strip().splitlines()[-1])["source"] == "shipped"
 
 
+def test_a_cpu_only_profile_takes_the_main_profiles_gpu_values(tmp_path):
+    """calibrate(cpu_only=True) (benchmarks/calibrate.py --cpu-only, the shipped
+    CPU profiles) writes no GPU values and no gpu_grids; read, its GPU values
+    are the main profile's."""
+    path = tmp_path / "p.json"
+    calibrate.calibrate(str(path), quick=True, log=lambda line: None, progress=False,
+                        cpu_only=True)
+    doc = json.loads(path.read_text())
+    assert doc["values"] and not any(profiles.is_gpu_field(n) for n in doc["values"])
+    assert "gpu_grids" not in doc["meta"]
+    main = profiles.shipped_values()
+    values, _ = profiles.read_profile_and_meta(str(path), main)
+    got = dict(zip(_core.cost_model_fields(), values))
+    assert {n: v for n, v in got.items() if profiles.is_gpu_field(n)} == \
+        {n: v for n, v in main.items() if profiles.is_gpu_field(n)}
+
+
 def test_progress_bar_counts_every_measurement(tmp_path, monkeypatch):
     """The progress bar's total is the calibration's measurements, exactly (its
     time left is then right), and the per-measurement lines go to absl's log."""

@@ -320,24 +320,25 @@ def _model_terms(algorithm, pass_, x_shape, w_shape, padding):
     return p[algorithm]["terms"]
 
 
-def calibrate(output, quick=False, rounds=2, log=print, progress=True):
+def calibrate(output, quick=False, rounds=2, log=print, progress=True, cpu_only=False):
     """Measures, fits and writes a profile to `output`; returns its values.
 
     quick: tiny problems and one round, for tests of the round trip (the
     numbers are then not meaningful). rounds: each measurement is the best of
     this many, taken round-robin. log: the summary lines (each measurement's
     result goes to absl's log at verbosity 1). progress: a progress bar with
-    the time left.
+    the time left. cpu_only: a profile without the GPU values (read, it takes
+    the main profile's).
     """
     with tf.device("/CPU:0"):
-        return _calibrate_cpu(output, quick, rounds, log, progress)
+        return _calibrate_cpu(output, quick, rounds, log, progress, cpu_only)
 
 
 def _detail(line):
     logging.vlog(1, "calibrate: %s", line)
 
 
-def _calibrate_cpu(output, quick, rounds, log, show_progress):
+def _calibrate_cpu(output, quick, rounds, log, show_progress, cpu_only):
     rounds = 1 if quick else rounds
     budget_s = 0.02 if quick else 0.1
     cases = [((1, 24, 24, 1), (5, 5, 1, 2), "SAME"), ((1, 24, 24, 4), (3, 3, 4, 4), "SAME"),
@@ -415,8 +416,8 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress):
                 tensorflow=tf.__version__, tf_onednn=host.tf_onednn(),
                 quick=bool(quick), rounds=rounds,
                 fits={"direct": fits["direct"], "fft": fits["fft"]})
-    if "gpu_grids" in profiles.active_meta:  # the GPU section is kept, and where it came from
+    if "gpu_grids" in profiles.active_meta and not cpu_only:  # the GPU section kept, and its source
         meta["gpu_grids"] = profiles.active_meta["gpu_grids"]
-    profiles.write_profile(output, ordered, meta)
+    profiles.write_profile(output, ordered, meta, cpu_only=cpu_only)
     log(f"wrote {output}")
     return ordered
