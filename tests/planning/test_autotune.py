@@ -382,6 +382,20 @@ def test_timing_rounds_stop_when_dear_and_skip_slow_candidates(monkeypatch):
     assert calls == ["direct", "fft"]
 
 
+def test_a_round_drops_what_it_shows_to_be_abandon_factor_slower(monkeypatch):
+    # Measured (16x64x64 8->8 K=21 forward): warm-ups carry one-time costs (fft
+    # 13 ms then 5, direct 24 then 11, tf 29 then 18), so all three looked
+    # within ABANDON_FACTOR and started the rounds; the first round showed tf at
+    # 3.6x fft, and tf is not called again.
+    calls, seconds = fake_measure(
+        monkeypatch, {"fft": (0.013, 0.005), "direct": (0.024, 0.011), "tf": (0.029, 0.018)},
+        ["fft", "direct", "tf"])
+    assert calls[:3] == ["fft", "direct", "tf"]
+    assert calls.count("tf") == 2  # its warm-up and the first round
+    assert calls.count("fft") == calls.count("direct") == 1 + autotune.MIN_ROUNDS
+    assert seconds == pytest.approx({"fft": 0.005, "direct": 0.011, "tf": 0.018})
+
+
 def test_a_slow_first_call_alone_does_not_abandon_a_candidate(monkeypatch):
     # TF's first run carries its kernel setup (5x its later calls): judged
     # on the warm-up alone it would be abandoned at 4x direct and lose; its

@@ -595,8 +595,12 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
                  and best[n] < REPEAT_BELOW_S and per_batch(n) < ABANDON_FACTOR * quickest]
         rounds_spent = 0.0
         for r in range(MAX_ROUNDS if again else 0):
+            # Each round drops the candidates that the last one showed to be
+            # ABANDON_FACTOR x the quickest: warm-up calls carry one-time costs
+            # (3-13 ms on 5-20 ms calls) that hide a gap the first round shows.
+            quickest = min(map(per_batch, best))
+            again = [n for n in again if per_batch(n) < ABANDON_FACTOR * quickest]
             if r >= MIN_ROUNDS:
-                quickest = min(map(per_batch, best))
                 again = [n for n in again if per_batch(n) < CLEAR_FACTOR * quickest]
                 if rounds_spent >= EXTRA_ROUNDS_BELOW_S or len(again) < 2:
                     break
