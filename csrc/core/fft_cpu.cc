@@ -43,6 +43,40 @@ void MulConj(const T* __restrict x, const T* __restrict w, T* __restrict y, int6
   }
 }
 
+// Copies columns [c0, c1) of a row of the input (`stride` elements apart)
+// to dst[c0, c1); returns whether all are at most `limit` in magnitude (false
+// for a NaN). The check's flag stays in a register: folded into the caller's
+// flag on every value, it went through the stack, a chain of loads and stores
+// that took a third of the 1-D Hyena case's staging.
+template <typename S, typename T>
+__attribute__((noinline)) bool StageColumns(const S* src, int64_t stride, int64_t c0, int64_t c1, T* dst, T limit) {
+  bool ok = true;
+  for (int64_t c = c0; c < c1; ++c) {
+    const T v = Load<T>(src[c * stride]);
+    dst[c] = v;
+    ok &= std::abs(v) <= limit;
+  }
+  return ok;
+}
+
+// Copies taps [k0, k1) of a filter row (`stride` elements apart) to
+// dst[k * dilation]; returns their largest magnitude, and clears *finite on
+// a NaN or Inf. As in StageColumns, the running values stay in registers.
+template <typename S, typename T>
+__attribute__((noinline)) T StageTaps(const S* src, int64_t stride, int64_t k0, int64_t k1,
+                                      T* dst, int64_t dilation, bool* finite) {
+  T most = 0;
+  bool ok = true;
+  for (int64_t k = k0; k < k1; ++k) {
+    const T v = Load<T>(src[k * stride]);
+    dst[k * dilation] = v;
+    most = std::max(most, std::abs(v));
+    ok &= std::abs(v) <= std::numeric_limits<T>::max();  // false for NaN
+  }
+  *finite &= ok;
+  return most;
+}
+
 // Whether n pointers are evenly spaced (*step apart, in elements): planes of
 // height 1 (1-D problems) whose spectra are go to ducc0 as the rows of one
 // call, which it vectorises across.
@@ -280,9 +314,12 @@ class FftRunner {
     // Across the block, where the planes' taps share cache lines: per tap row,
     // or at height 1, whose one row can be the whole filter, per column block.
     if (OneRow()) {
-      for (int64_t k0 = 0; k0 < g_.filter_w; k0 += kColumnBlock)
+      for (int64_t k0 = 0; k0 < g_.filter_w; k0 += kColumnBlock) {
+        const int64_t k1 = std::min(g_.filter_w, k0 + kColumnBlock);
         for (int64_t p = 0; p < np; ++p)
-          for (int64_t kw = k0; kw < std::min(g_.filter_w, k0 + kColumnBlock); ++kw) tap(p, 0, kw);
+          w_max = std::max(w_max, StageTaps(f[p], fv_.w, k0, k1, st + p * Plane(),
+                                            g_.dilation_w, &finite));
+      }
     } else {
       for (kd = 0; kd < g_.filter_d; ++kd)
         for (int64_t kh = 0; kh < g_.filter_h; ++kh)
@@ -364,15 +401,11 @@ class FftRunner {
         std::fill(row + c_hi, row + fw, T(0));
         s0[p] = src[p] + (id0 / ud) * iv_.d + (ih0 / uh) * iv_.h + (iw0 + c_lo) * iv_.w;
       }
-      for (int64_t c0 = 0; c0 < c_hi - c_lo; c0 += kColumnBlock)
-        for (int64_t p = 0; p < np; ++p) {
-          T* row = st + p * Plane() + c_lo;
-          for (int64_t c = c0; c < std::min(c_hi - c_lo, c0 + kColumnBlock); ++c) {
-            const T v = Load<T>(s0[p][c * iv_.w]);
-            row[c] = v;
-            safe &= std::abs(v) <= limit;
-          }
-        }
+      for (int64_t c0 = 0; c0 < c_hi - c_lo; c0 += kColumnBlock) {
+        const int64_t c1 = std::min(c_hi - c_lo, c0 + kColumnBlock);
+        for (int64_t p = 0; p < np; ++p)
+          safe &= StageColumns(s0[p], iv_.w, c0, c1, st + p * Plane() + c_lo, limit);
+      }
     }
     // Slice by slice, row by row across the block: the planes' rows share cache lines.
     for (int64_t z = 0; z < (one_row ? 0 : z_hi - z_lo); ++z) {
@@ -385,12 +418,7 @@ class FftRunner {
           if (vr % uh != 0 || vz % ud != 0) continue;
           const S* s = src[p] + (vz / ud) * iv_.d + (vr / uh) * iv_.h;
           if (uw == 1) {
-            const S* s0 = s + (iw0 + c_lo) * iv_.w;
-            for (int64_t c = 0; c < c_hi - c_lo; ++c) {
-              const T v = Load<T>(s0[c * iv_.w]);
-              row[c_lo + c] = v;
-              safe &= std::abs(v) <= limit;
-            }
+            safe &= StageColumns(s + (iw0 + c_lo) * iv_.w, iv_.w, 0, c_hi - c_lo, row + c_lo, limit);
           } else {
             for (int64_t c = c_lo; c < c_hi; ++c) {
               const int64_t vc = iw0 + c;

@@ -30,11 +30,15 @@ constexpr double kCostSlack = 1.10;
 // stay near the last-level cache) unless threads would idle.
 constexpr int64_t kChunkTargetBytes = 16 << 20;
 
-// Channel planes staged together (FftPlan::stage_planes, at most
+// 2-D channel planes staged together (FftPlan::stage_planes, at most
 // kMaxStagePlanes2D: 8 float32 channels are 32 bytes of each pixel's cache
 // line) stay within about 384 KiB, so that they and a spectrum fit in a
 // core's L2.
 constexpr int64_t kStageBytes = 384 << 10;
+// 1-D blocks beyond kMaxStagePlanes3D planes stay within this many bytes of
+// staged rows (a worker also holds a spectrum per plane): 64 planes of
+// 32768 points take 8 MiB.
+constexpr int64_t kStageBytes1D = 8 << 20;
 
 int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& p) {
   const int64_t plane = SatMul({p.fft_d, p.fft_h, p.fft_w, ComputeBytes(dtype)});
@@ -42,12 +46,16 @@ int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& 
   // phase (input planes: groups * ci_block; output planes: out_c).
   const int64_t most = g.out_c * p.ci_block;
   // Planes of height 1 (1-D problems) are transformed as the rows of one call,
-  // which ducc0 vectorises across: a full block whatever their size.
-  if (p.fft_h == 1 && p.fft_d == 1) return std::max<int64_t>(1, std::min(kMaxStagePlanes, most));
+  // which ducc0 vectorises across: at least a block of 16 whatever their size,
+  // up to 64 within kStageBytes1D.
+  if (p.fft_h == 1 && p.fft_d == 1) {
+    const int64_t fit = std::max(kMaxStagePlanes3D, kStageBytes1D / std::max<int64_t>(1, plane));
+    return std::max<int64_t>(1, std::min({kMaxStagePlanes1D, most, fit}));
+  }
   // Volumes (3-D) never fit L2, one or many: a full block, so that the block's
   // channels share the tensor's cache lines where they are staged and written
   // back (one plane at a time read 4 bytes of every 64-byte line).
-  if (p.fft_d > 1) return std::max<int64_t>(1, std::min(kMaxStagePlanes, most));
+  if (p.fft_d > 1) return std::max<int64_t>(1, std::min(kMaxStagePlanes3D, most));
   return std::max<int64_t>(1, std::min({kMaxStagePlanes2D, most, kStageBytes / std::max<int64_t>(1, plane)}));
 }
 

@@ -58,12 +58,16 @@ struct FftPlan {
   int64_t bins() const { return fft_d * fft_h * bins_w(); }
 };
 
-// The most planes FftPlan::stage_planes may hold: 16 float32 channels fill a
-// pixel's cache line. Plans of height 1 (1-D problems) take up to 16, whose
-// rows ducc0 transforms together, and so do 3-D volumes; 2-D plans up to 8,
-// whose planes' rows are staged together within about 384 KiB (plan.cc,
-// kStageBytes).
-constexpr int64_t kMaxStagePlanes = 16;
+// The most planes FftPlan::stage_planes may hold (plan.cc,
+// PreferredStagePlanes, has the rules): 16 float32 channels fill a pixel's
+// cache line, and 3-D volumes take that many. Plans of height 1 (1-D problems),
+// whose rows ducc0 transforms together, take up to 64: each block walks the
+// whole input once, and in NWC with many channels fewer walks were 7% of the
+// Hyena case's three passes (16 -> 64 planes). 2-D plans take up to 8, whose
+// planes' rows are staged together within about 384 KiB (kStageBytes).
+constexpr int64_t kMaxStagePlanes = 64;
+constexpr int64_t kMaxStagePlanes1D = 64;
+constexpr int64_t kMaxStagePlanes3D = 16;
 constexpr int64_t kMaxStagePlanes2D = 8;
 
 // Input channels per group up to which FftPlan::fused_mix is used.

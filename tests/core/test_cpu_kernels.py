@@ -519,10 +519,15 @@ def test_stage_planes_planned_and_dropped_under_a_tight_limit():
                  workspace_limit=p["workspace_bytes"] - 1)
     assert tight["stage_planes"] == 1 and tight["workspace_bytes"] < p["workspace_bytes"]
     assert tight["worker_bytes"] == tight["fft_h"] * tight["fft_w"] * 4 + spectrum
-    # Height 1 (1-D): up to 16 planes whatever their size, a spectrum each if fused.
-    long = fft_plan((2, 1, 4096, 32), (1, 4096, 1, 32), workers=2)
-    assert long["fft_h"] == 1 and long["stage_planes"] == 16 and long["fused_mix"]
-    assert long["worker_bytes"] == 16 * long["fft_w"] * 4 + 16 * (long["fft_w"] // 2 + 1) * 8
+    # Height 1 (1-D): up to 64 planes within 8 MiB of staged rows, at least 16
+    # whatever their size; a spectrum each if fused.
+    long = fft_plan((2, 1, 4096, 96), (1, 4096, 1, 96), workers=2)
+    assert long["fft_h"] == 1 and long["stage_planes"] == 64 and long["fused_mix"]
+    assert long["worker_bytes"] == 64 * long["fft_w"] * 4 + 64 * (long["fft_w"] // 2 + 1) * 8
+    assert fft_plan((2, 1, 4096, 32), (1, 4096, 1, 32))["stage_planes"] == 32  # as many as there are
+    for length, want in ((100000, 16), (50000, 27), (20000, 64)):  # 8 MiB / (fft_w * 4 bytes), at least 16
+        longer = fft_plan((1, 1, length, 64), (1, length, 1, 64), padding="SAME", workers=2)
+        assert longer["stage_planes"] == max(16, min(64, (8 << 20) // (longer["fft_w"] * 4))) == want
     # Few channels: no more planes than a task can have; big transforms: fewer.
     assert fft_plan((1, 40, 40, 1), (9, 9, 1, 3))["stage_planes"] == 3
     assert fft_plan((1, 400, 400, 8), (135, 135, 1, 8))["stage_planes"] == 1
@@ -540,6 +545,17 @@ def test_staged_blocks_match_reference(pass_, fmt, cin, fin, cout, strides, dil)
     shape = (3, 17, 20, cin) if fmt == "NHWC" else (3, cin, 17, 20)
     x, w = random_case(shape, cin), random_case((5, 4, fin, cout), cout)
     got, ref = run_pass_fft(pass_, x, w, strides, "SAME", dil, fmt, num_threads=2)
+    assert rel_l2(got, ref) <= FFT_TOL
+
+
+@pytest.mark.parametrize("pass_", ["forward", "backprop_input", "backprop_filter"])
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+def test_height_1_blocks_past_16_planes_match_reference(pass_, fmt):
+    # 70 depthwise channels: a block of 64 planes and one of 6 (kMaxStagePlanes1D).
+    shape = (2, 1, 300, 70) if fmt == "NHWC" else (2, 70, 1, 300)
+    x, w = random_case(shape, 3), random_case((1, 40, 1, 70), 4)
+    assert fft_plan(shape, w.shape, padding="SAME", fmt=fmt)["stage_planes"] == 64
+    got, ref = run_pass_fft(pass_, x, w, 1, "SAME", 1, fmt, num_threads=2)
     assert rel_l2(got, ref) <= FFT_TOL
 
 
