@@ -343,6 +343,7 @@ def build_step(conv, x, w, g_out):
         loss.numpy()
         return [v.numpy() for v in grads]
     call.op_types = lambda: op_types(step, x, w)
+    call.step = step
     return call
 
 
