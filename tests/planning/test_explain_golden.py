@@ -1,6 +1,7 @@
 """explain() gives the tables held in explain_golden.json (generated before the
 package was restructured, issue 37; the GPU tables regenerated after the GPU
-section's refit of issue 41), on pinned host facts and the shipped generic
+section's refit of issue 41; case 19's 1-D fft workspaces after 1-D plans took
+up to 64 staged planes), on pinned host facts and the shipped generic
 profile: the same choices, estimates and notes. A deliberate change to the
 estimates regenerates it: run explain_golden_cases.py with this test's
 environment and write its output there."""
