@@ -245,6 +245,7 @@ def fake_clock(monkeypatch, seconds):
     """A FakeClock(seconds) that autotune times candidates on, each candidate's
     call run by it instead of a traced graph."""
     clock = FakeClock(seconds)
+    autotune.clear_memory()  # no graphs traced for an earlier clock
     monkeypatch.setattr(autotune.time, "perf_counter", clock.perf_counter)
     monkeypatch.setattr(autotune, "_pass_fn",
                         lambda pass_, name, *args: lambda: clock.run_pass(pass_, name, *args))
@@ -1014,16 +1015,47 @@ def test_timing_operands_are_kept_for_the_layers_other_timings(monkeypatch):
     over OPERANDS_KEPT_BYTES are not kept, and clear_memory() drops them."""
     autotune.clear_memory()
     shapes = ([2, 9, 9, 3], [3, 3, 3, 4], [2, 9, 9, 4])
-    first = autotune._timing_operands(*shapes, "float32", "CPU")
-    again = autotune._timing_operands(*shapes, "float32", "CPU")
-    assert all(a is b for a, b in zip(first, again))
+    *first, kept = autotune._timing_operands(*shapes, "float32", "CPU")
+    *again, kept_again = autotune._timing_operands(*shapes, "float32", "CPU")
+    assert kept and kept_again and all(a is b for a, b in zip(first, again))
     assert [t.shape.as_list() for t in first] == list(shapes)
     assert all(np.all(np.abs(t.numpy()) <= 1) for t in first)
     other = autotune._timing_operands(*shapes, "bfloat16", "CPU")
     assert other[0].dtype == tf.bfloat16 and len(autotune._operands) == 1
-    assert all(a is not b for a, b in zip(first, autotune._timing_operands(*shapes, "float32", "CPU")))
+    assert all(a is not b for a, b in zip(first, autotune._timing_operands(*shapes, "float32", "CPU")[:3]))
     autotune.clear_memory()
     assert not autotune._operands
     monkeypatch.setattr(autotune, "OPERANDS_KEPT_BYTES", 16)
-    autotune._timing_operands(*shapes, "float32", "CPU")
+    assert autotune._timing_operands(*shapes, "float32", "CPU")[3] is False
     assert not autotune._operands
+
+
+def test_a_layers_candidates_are_traced_once(monkeypatch):
+    """A re-timing of the same layer (a confirmation, a widening) reuses the
+    candidates' traced graphs: tracing again cost each its tracing and a new
+    graph's first call. Another layer, clear_memory() or operands too big to
+    keep trace anew."""
+    autotune.clear_memory()
+    traces = []
+    real = autotune._pass_fn
+    monkeypatch.setattr(autotune, "_pass_fn",
+                        lambda pass_, name, *a: traces.append((pass_, name)) or real(pass_, name, *a))
+    x, f = SMALL
+
+    def measure(names, pass_="forward"):
+        return autotune.measure(pass_, names, x, f, ATTRS, "float32", "CPU", batch=x[0])
+
+    measure(["direct", "fft"])
+    assert sorted(traces) == [("forward", "direct"), ("forward", "fft")]
+    seconds = measure(["direct", "fft"])  # a re-timing: nothing traced
+    assert len(traces) == 2 and all(math.isfinite(t) for t in seconds.values())
+    measure(["direct"], "backprop_input")  # another pass of the layer: its own graphs
+    assert traces[2:] == [("backprop_input", "direct")]
+    autotune.clear_memory()
+    measure(["direct"])
+    assert traces[3:] == [("forward", "direct")]
+    monkeypatch.setattr(autotune, "OPERANDS_KEPT_BYTES", 16)
+    autotune.clear_memory()
+    measure(["direct"])
+    measure(["direct"])
+    assert traces[4:] == [("forward", "direct")] * 2

@@ -95,6 +95,10 @@ _loaded_path = None   # the cache file _memory was read from
 # layer's, or clear_memory()).
 OPERANDS_KEPT_BYTES = 64 << 20
 _operands = {}        # {(shapes, dtype, device): (x, w, dy)}, at most one entry
+# The candidates' traced graphs on those operands, for the layer's re-timings
+# (confirmation, widening, the screened race, another pass's probe): traced
+# again, each paid its tracing and a new graph's first call (3-6 ms) anew.
+_traced = {}          # {(pass, candidate, images, layer): tf.function}
 
 
 def enabled(override=None):
@@ -192,6 +196,7 @@ def clear_memory():
     with _lock:
         _memory.clear()
         _operands.clear()
+        _traced.clear()
         _loaded_path = None
 
 
@@ -531,14 +536,29 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
     with host.eager_scope(), tf.device(f"/{device}:0"):
         a = dict(attrs, algorithm="auto", workspace_limit_bytes=int(workspace_limit))
         y_shape = candidates.output_shape(shape, filter_shape, a)
-        x, w, dy = _timing_operands(shape, filter_shape, y_shape, dtype, device)
+        x, w, dy, kept = _timing_operands(shape, filter_shape, y_shape, dtype, device)
+        # The shapes too: another thread's layer may have replaced the operands meanwhile.
+        layer = (tuple(shape), tuple(filter_shape), str(dtype), device,
+                 tuple(sorted((k, repr(v)) for k, v in a.items())))
+
+        def traced(name, k):
+            """`name`'s pass on the first k images, traced once per layer where the
+            operands are kept."""
+            key = (pass_, name, k, layer)
+            with _lock:
+                fn = _traced.get(key) if kept else None
+            if fn is None:
+                xk, dyk = (x[:k], dy[:k]) if k < small else (x, dy)
+                fn = _pass_fn(pass_, name, xk, w, dyk, a, device)
+                if kept:
+                    with _lock:
+                        _traced[key] = fn
+            return fn
 
         order = list(order or names)
         # dimension 0 is the batch in NHWC and NCHW
         count = {n: max(1, min(small, (images or {}).get(n, small))) for n in order}
-        data = {k: (x[:k], dy[:k]) if k < small else (x, dy) for k in set(count.values())}
-        calls = {n: _pass_fn(pass_, n, data[count[n]][0], w, data[count[n]][1], a, device)
-                 for n in order}
+        calls = {n: traced(n, count[n]) for n in order}
 
         spent = [0.0]
 
@@ -560,7 +580,7 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
             if best and over(name):
                 continue
             if name in probe and count[name] > 1 and budget_s is not None:
-                took = timed(name, _pass_fn(pass_, name, x[:1], w, dy[:1], a, device))
+                took = timed(name, traced(name, 1))
                 if spent[0] + took * count[name] >= budget_s:
                     best[name], count[name] = took, 1
                     probed.add(name)
@@ -615,22 +635,25 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
 
 
 def _timing_operands(shape, filter_shape, y_shape, dtype, device):
-    """(x, w, dy): random operands of these shapes and dtype on `device`, the
-    same values each time; the last layer's are kept (OPERANDS_KEPT_BYTES)."""
+    """(x, w, dy, kept): random operands of these shapes and dtype on `device`,
+    the same values each time; the last layer's are kept (OPERANDS_KEPT_BYTES),
+    and with them its traced candidates (_traced)."""
     key = (tuple(shape), tuple(filter_shape), tuple(y_shape), str(dtype), device)
     with _lock:
         if key in _operands:
-            return _operands[key]
+            return _operands[key] + (True,)
     rng = np.random.default_rng(0)
     # Uniform in [-1, 1): a quarter of the time of normal values to make.
     x, w, dy = (tf.cast(tf.constant(2 * rng.random(s, dtype=np.float32) - 1), dtype)
                 for s in (shape, filter_shape, y_shape))
     size = sum(math.prod(s) for s in (shape, filter_shape, y_shape)) * x.dtype.size
+    kept = size <= OPERANDS_KEPT_BYTES
     with _lock:
         _operands.clear()
-        if size <= OPERANDS_KEPT_BYTES:
+        _traced.clear()
+        if kept:
             _operands[key] = (x, w, dy)
-    return x, w, dy
+    return x, w, dy, kept
 
 
 def _pass_fn(pass_, name, x, w, dy, a, device):
