@@ -61,7 +61,8 @@ __attribute__((noinline)) bool StageColumns(const S* src, int64_t stride, int64_
 
 // Copies taps [k0, k1) of a filter row (`stride` elements apart) to
 // dst[k * dilation]; returns their largest magnitude, and clears *finite on
-// a NaN or Inf. As in StageColumns, the running values stay in registers.
+// a NaN or Inf (FilterSpectra stages every tap row with it). As in
+// StageColumns, the running values stay in registers.
 template <typename S, typename T>
 __attribute__((noinline)) T StageTaps(const S* src, int64_t stride, int64_t k0, int64_t k1,
                                       T* dst, int64_t dilation, bool* finite) {
@@ -303,14 +304,6 @@ class FftRunner {
     }
     T w_max = 0;
     bool finite = true;
-    int64_t kd = 0;  // the depth tap being staged
-    const auto tap = [&](int64_t p, int64_t kh, int64_t kw) {
-      const T v = Load<T>(f[p][kd * fv_.d + kh * fv_.h + kw * fv_.w]);
-      st[p * Plane() + kd * g_.dilation_d * Slice() + kh * g_.dilation_h * fw +
-         kw * g_.dilation_w] = v;
-      w_max = std::max(w_max, std::abs(v));
-      finite &= std::abs(v) <= std::numeric_limits<T>::max();  // false for NaN
-    };
     // Across the block, where the planes' taps share cache lines: per tap row,
     // or at height 1, whose one row can be the whole filter, per column block.
     if (OneRow()) {
@@ -321,10 +314,14 @@ class FftRunner {
                                             g_.dilation_w, &finite));
       }
     } else {
-      for (kd = 0; kd < g_.filter_d; ++kd)
+      for (int64_t kd = 0; kd < g_.filter_d; ++kd)
         for (int64_t kh = 0; kh < g_.filter_h; ++kh)
           for (int64_t p = 0; p < np; ++p)
-            for (int64_t kw = 0; kw < g_.filter_w; ++kw) tap(p, kh, kw);
+            w_max = std::max(w_max, StageTaps(f[p] + kd * fv_.d + kh * fv_.h, fv_.w, 0,
+                                              g_.filter_w,
+                                              st + p * Plane() + kd * g_.dilation_d * Slice() +
+                                                  kh * g_.dilation_h * fw,
+                                              g_.dilation_w, &finite));
     }
     if (!finite) return std::numeric_limits<T>::infinity();
     C* spec[kMaxStagePlanes];

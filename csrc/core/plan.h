@@ -4,6 +4,7 @@
 // the planner never returns a plan above the caller's limit.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -65,10 +66,12 @@ struct FftPlan {
 // whole input once, and in NWC with many channels fewer walks were 7% of the
 // Hyena case's three passes (16 -> 64 planes). 2-D plans take up to 8, whose
 // planes' rows are staged together within about 384 KiB (kStageBytes).
-constexpr int64_t kMaxStagePlanes = 64;
 constexpr int64_t kMaxStagePlanes1D = 64;
 constexpr int64_t kMaxStagePlanes3D = 16;
 constexpr int64_t kMaxStagePlanes2D = 8;
+// The most of the three: the kernels' per-block arrays are this long.
+constexpr int64_t kMaxStagePlanes =
+    std::max({kMaxStagePlanes1D, kMaxStagePlanes3D, kMaxStagePlanes2D});
 
 // Input channels per group up to which FftPlan::fused_mix is used.
 constexpr int64_t kFusedMixMaxInChannels = 4;
