@@ -356,16 +356,30 @@ def test_timing_interleaves_candidates_after_their_warm_ups(monkeypatch):
 
 
 def test_rounds_past_the_minimum_time_only_near_ties(monkeypatch):
-    # After MIN_ROUNDS, fft (2x direct) is out: CLEAR_FACTOR; direct and tf
-    # (1.1x) go on. With tf at 1.5x too, the rounds stop there.
-    calls, seconds = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.002, "tf": 0.0011},
+    # After MIN_ROUNDS, fft (1.5x direct) is out: CLEAR_FACTOR; direct and tf
+    # (1.1x) go on. With tf at 1.4x too, the rounds stop there.
+    assert autotune.CLEAR_FACTOR < 1.4 < 1.5 < autotune.EARLY_CLEAR_FACTOR
+    calls, seconds = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.0015, "tf": 0.0011},
                                   ["direct", "fft", "tf"])
     assert calls.count("fft") == 1 + autotune.MIN_ROUNDS
     assert calls.count("direct") == calls.count("tf") == 1 + autotune.MAX_ROUNDS
-    assert seconds == pytest.approx({"direct": 0.001, "fft": 0.002, "tf": 0.0011})
-    calls, _ = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.002, "tf": 0.0015},
+    assert seconds == pytest.approx({"direct": 0.001, "fft": 0.0015, "tf": 0.0011})
+    calls, _ = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.0015, "tf": 0.0014},
                             ["direct", "fft", "tf"])
     assert len(calls) == 3 * (1 + autotune.MIN_ROUNDS)
+
+
+def test_after_one_round_only_what_is_clearly_behind_is_out(monkeypatch):
+    # fft at 2x direct (over EARLY_CLEAR_FACTOR) is out after the first round,
+    # tf at 1.5x is not; past MIN_ROUNDS tf is out too (CLEAR_FACTOR).
+    calls, seconds = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.002, "tf": 0.0015},
+                                  ["direct", "fft", "tf"])
+    assert calls.count("fft") == 2  # its warm-up and the first round
+    assert calls.count("tf") == calls.count("direct") == 1 + autotune.MIN_ROUNDS
+    assert seconds == pytest.approx({"direct": 0.001, "fft": 0.002, "tf": 0.0015})
+    # and when one candidate is left, no more rounds
+    calls, _ = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.002}, ["direct", "fft"])
+    assert calls == ["direct", "fft", "direct", "fft"]
 
 
 def test_timing_rounds_stop_when_dear_and_skip_slow_candidates(monkeypatch):
@@ -387,13 +401,13 @@ def test_a_round_drops_what_it_shows_to_be_abandon_factor_slower(monkeypatch):
     # Measured (16x64x64 8->8 K=21 forward): warm-ups carry one-time costs (fft
     # 13 ms then 5, direct 24 then 11, tf 29 then 18), so all three looked
     # within ABANDON_FACTOR and started the rounds; the first round showed tf at
-    # 3.6x fft, and tf is not called again.
+    # 3.6x fft and direct at 2.2x (EARLY_CLEAR_FACTOR): neither is called
+    # again, and fft, left alone, is not either.
     calls, seconds = fake_measure(
         monkeypatch, {"fft": (0.013, 0.005), "direct": (0.024, 0.011), "tf": (0.029, 0.018)},
         ["fft", "direct", "tf"])
     assert calls[:3] == ["fft", "direct", "tf"]
-    assert calls.count("tf") == 2  # its warm-up and the first round
-    assert calls.count("fft") == calls.count("direct") == 1 + autotune.MIN_ROUNDS
+    assert calls.count("tf") == calls.count("fft") == calls.count("direct") == 2
     assert seconds == pytest.approx({"fft": 0.005, "direct": 0.011, "tf": 0.018})
 
 
@@ -684,14 +698,14 @@ def test_screened_candidates_run_on_fewer_images_and_scale(monkeypatch):
 
 
 def test_speeds_compare_per_image_when_a_candidate_is_screened(monkeypatch):
-    # tf runs 1 of the 8 images: its call (10 ms) is shorter than direct's (40 ms
-    # on 8) though it is twice as slow per image; direct must not be abandoned.
-    clock = fake_clock(monkeypatch, {"direct": 0.04, "tf": 0.01})
+    # tf runs 1 of the 8 images: its call (6.5 ms) is shorter than direct's (40
+    # ms on 8) though it is 1.3x as slow per image; direct must not be abandoned.
+    clock = fake_clock(monkeypatch, {"direct": 0.04, "tf": 0.0065})
     x_shape = (8,) + SMALL[0][1:]
     got = autotune.measure("forward", ["direct", "tf"], x_shape, SMALL[1], ATTRS, "float32",
                            "CPU", batch=8, images={"tf": 1})
     assert clock.calls.count("direct") == clock.calls.count("tf") > 2
-    assert got == pytest.approx({"direct": 0.04, "tf": 0.08})
+    assert got == pytest.approx({"direct": 0.04, "tf": 0.052})
 
 
 @pytest.mark.parametrize("tf_on_the_batch, want", [(2.5, "direct"), (0.8, "tf")])

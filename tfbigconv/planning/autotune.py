@@ -51,6 +51,12 @@ EXTRA_ROUNDS_BELOW_S = 0.1
 # more (millisecond calls spread 10-20%), and the extra rounds were half of a
 # first call's autotuning (a 7x7 16->16 layer: 24 calls per pass, 12 with this).
 CLEAR_FACTOR = 1.25
+# Before MIN_ROUNDS, after the first round (a warm-up call and one more each),
+# candidates this far behind the quickest are out. Wider than CLEAR_FACTOR: a
+# second call still carried up to 25% of one-time costs (a direct forward:
+# 10.5, 4.3, 3.4 ms). On a 21x21 8->8 layer the two gradients' round 2, which
+# only confirmed a 2.2x gap, was 14% of the layer's autotuning.
+EARLY_CLEAR_FACTOR = 1.6
 # Our kernel replaces TF's only when measured this much faster: nearer than
 # that, timings here do not tell them apart (millisecond calls spread 10-20%
 # between runs), and TF's kernel is the baseline auto must not lose to by
@@ -533,7 +539,7 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
     full = input_shape[0]  # dimension 0 in NHWC and NCHW
     small = max(1, min(full, batch or TIMING_BATCH))
     shape = [small] + list(input_shape[1:])
-    with host.eager_scope(), tf.device(f"/{device}:0"):
+    with host.eager_scope(), host.without_graph_optimizer(), tf.device(f"/{device}:0"):
         a = dict(attrs, algorithm="auto", workspace_limit_bytes=int(workspace_limit))
         y_shape = candidates.output_shape(shape, filter_shape, a)
         x, w, dy, kept = _timing_operands(shape, filter_shape, y_shape, dtype, device)
@@ -623,6 +629,10 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
             if r >= MIN_ROUNDS:
                 again = [n for n in again if per_batch(n) < CLEAR_FACTOR * quickest]
                 if rounds_spent >= EXTRA_ROUNDS_BELOW_S or len(again) < 2:
+                    break
+            elif r >= 1:  # after one round: only what is clearly behind
+                again = [n for n in again if per_batch(n) < EARLY_CLEAR_FACTOR * quickest]
+                if len(again) < 2:
                     break
             for name in again[r % len(again):] + again[:r % len(again)]:
                 if over():
