@@ -139,3 +139,26 @@ def test_gpu_budget_is_a_fraction_of_what_the_allocator_can_still_give(monkeypat
     assert host.gpu_workspace_budget() == 1                       # full: nothing fits
     FakeGpu(monkeypatch, in_use=0, total=0)
     assert host.gpu_workspace_budget() == 0                       # unknown: no limit
+
+
+def _meta_optimizer_disabled():
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.eager import context
+    config = config_pb2.ConfigProto()
+    config.ParseFromString(context.context().function_call_options.config_proto_serialized)
+    return config.graph_options.rewrite_options.disable_meta_optimizer
+
+
+def test_without_graph_optimizer_holds_for_the_calling_thread_only():
+    assert not _meta_optimizer_disabled()
+    seen = {}
+    with host.without_graph_optimizer():
+        assert _meta_optimizer_disabled()
+        other = threading.Thread(target=lambda: seen.setdefault("other", _meta_optimizer_disabled()))
+        other.start()
+        other.join()
+        # a function first called inside still computes
+        f = tf.function(lambda v: v * 2.0)
+        assert float(f(tf.constant(3.0))) == 6.0
+    assert seen == {"other": False}
+    assert not _meta_optimizer_disabled()
