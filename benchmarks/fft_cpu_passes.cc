@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
     err = PlanFft(p.problem.g, DType::kFloat, int64_t(1) << 40, threads, &p.plan);
     if (!err.empty()) { fprintf(stderr, "%s\n", err.c_str()); return 1; }
     if (getenv("STAGE")) { p.plan.stage_planes = atoi(getenv("STAGE")); FillFftWorkspace(p.problem.g, DType::kFloat, &p.plan); }
+    if (getenv("CHUNK")) { p.plan.chunk = std::min<int64_t>(p.plan.items, atoi(getenv("CHUNK"))); FillFftWorkspace(p.problem.g, DType::kFloat, &p.plan); }
     std::vector<char> ws(p.plan.workspace_bytes + 128);
     p.workspace = ws.data() + (64 - (reinterpret_cast<uintptr_t>(ws.data()) & 63)) % 64;
     std::vector<double> ts;

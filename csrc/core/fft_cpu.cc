@@ -43,6 +43,16 @@ void MulConj(const T* __restrict x, const T* __restrict w, T* __restrict y, int6
   }
 }
 
+// x = x * conj(w) in place: MulConj's products, each value read before it is written.
+template <typename T>
+void MulConjInPlace(T* __restrict x, const T* __restrict w, int64_t n) {
+  for (int64_t j = 0; j < 2 * n; j += 2) {
+    const T re = x[j], im = x[j + 1];
+    x[j] = re * w[j] + im * w[j + 1];
+    x[j + 1] = im * w[j] - re * w[j + 1];
+  }
+}
+
 // Copies columns [c0, c1) of a row of the input (`stride` elements apart)
 // to dst[c0, c1); returns whether all are at most `limit` in magnitude (false
 // for a NaN). The check's flag stays in a register: folded into the caller's
@@ -154,6 +164,23 @@ class FftRunner {
         // An item's input planes (grp, ci) in the order j = (ci - ci0) *
         // groups + grp, in blocks of `stage`.
         const int64_t per_item = groups * nci, in_tasks = CeilDiv(per_item, stage);
+        if (PlaneLocalFft(g_, pl_)) {
+          // Plane j is output channel j's only input: a task transforms,
+          // mixes and inverts its block in its worker's spectra, and no item
+          // spectra are written and read back. Tasks go block by block, the
+          // chunk's items within each, so that a worker's blocks of filter
+          // spectra stay in cache across the items.
+          pf(n * in_tasks, [&](int64_t b, int64_t e, int worker) {
+            for (int64_t i = b; i < e; ++i) {
+              const int64_t slot = i % n, j0 = (i / n) * stage;
+              const int64_t j1 = std::min(per_item, j0 + stage);
+              ForwardItem(c0 + slot, slot, j0, j1, ci0, Staging(worker), WorkerSpectrum(worker));
+              if (!unsafe_[slot].load(std::memory_order_relaxed))
+                InverseItem(c0 + slot, slot, j0, j1, worker, /*transformed_here=*/true);
+            }
+          });
+          continue;
+        }
         pf(n * in_tasks, [&](int64_t b, int64_t e, int worker) {
           for (int64_t i = b; i < e; ++i) {
             const int64_t slot = i / in_tasks, j0 = (i % in_tasks) * stage;
@@ -166,7 +193,7 @@ class FftRunner {
           });
         }
       }
-      const int64_t out_tasks = CeilDiv(cout, stage);
+      const int64_t out_tasks = PlaneLocalFft(g_, pl_) ? 0 : CeilDiv(cout, stage);
       pf(n * out_tasks, [&](int64_t b, int64_t e, int worker) {
         for (int64_t i = b; i < e; ++i) {
           const int64_t slot = i / out_tasks, co0 = (i % out_tasks) * stage;
@@ -355,7 +382,8 @@ class FftRunner {
   // skipped. Staging checks every value against x_limit_ (a NaN fails too);
   // a window that fails marks its item unsafe, and the item is computed by
   // the direct kernel instead.
-  void ForwardItem(int64_t item, int64_t slot, int64_t j0, int64_t j1, int64_t ci0, T* st) const {
+  void ForwardItem(int64_t item, int64_t slot, int64_t j0, int64_t j1, int64_t ci0, T* st,
+                   C* block_spectra = nullptr) const {
     const Tile t = TileOf(item);
     const int64_t fw = pl_.fft_w, ud = g_.in_dilation_d, uh = g_.in_dilation_h;
     const int64_t uw = g_.in_dilation_w;
@@ -376,7 +404,7 @@ class FftRunner {
     const S* src[kMaxStagePlanes];
     for (int64_t p = 0; p < np; ++p) {
       const int64_t grp = (j0 + p) % g_.groups, ci = ci0 + (j0 + p) / g_.groups;
-      spec[p] = X(slot, grp, ci);
+      spec[p] = block_spectra ? block_spectra + p * bins_ : X(slot, grp, ci);
       src[p] = in_ + t.n * iv_.n + grp * iv_.g + ci * iv_.c;
     }
     if (z_hi == z_lo || r_hi == r_lo || c_hi == c_lo) {  // the window sees only padding
@@ -463,7 +491,8 @@ class FftRunner {
   // Output channels [co0, co1) of the tile (mixed first if mixing is
   // fused): inverse transforms, keeping only the rows and columns that the
   // stride samples.
-  void InverseItem(int64_t item, int64_t slot, int64_t co0, int64_t co1, int worker) const {
+  void InverseItem(int64_t item, int64_t slot, int64_t co0, int64_t co1, int worker,
+                   bool transformed_here = false) const {
     const Tile t = TileOf(item);
     const int64_t fw = pl_.fft_w, cog = g_.out_c_per_group();
     const T scale = T(1) / (T(pl_.fft_d) * T(pl_.fft_h) * T(fw));
@@ -477,7 +506,11 @@ class FftRunner {
     for (int64_t co = co0; co < co1; ++co) {
       const int64_t p = co - co0;
       C* y = pl_.fused_mix ? WorkerSpectrum(worker) + (rows_1d ? p * bins_ : 0) : Y(slot, co);
-      if (pl_.fused_mix) MixInto(slot, co, 0, bins_, 0, g_.in_c_per_group(), y);
+      if (transformed_here) {  // plane-local: the worker's spectrum of this channel's input
+        MulConjInPlace(reinterpret_cast<T*>(y), reinterpret_cast<const T*>(W(co, 0)), bins_);
+      } else if (pl_.fused_mix) {
+        MixInto(slot, co, 0, bins_, 0, g_.in_c_per_group(), y);
+      }
       spec[p] = y;
       dst[p] = out_ + t.n * ov_.n + t.od0 * ov_.d + t.oh0 * ov_.h + t.ow0 * ov_.w +
                (co / cog) * ov_.g + (co % cog) * ov_.c;

@@ -74,8 +74,11 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
   // Saturating: a plan too large to allocate needs a workspace that fits no limit.
   const int64_t spectrum = SatMul({p->fft_d, p->fft_h, p->bins_w(), cplx});
   p->filter_spectra_bytes = SatMul({p->ci_block, g.out_c, spectrum});
+  // Plane-local plans keep an item's spectra in the worker's (below).
   p->item_spectra_bytes =
-      SatMul(SatAdd(SatMul(g.groups, p->ci_block), p->fused_mix ? 0 : g.out_c), spectrum);
+      PlaneLocalFft(g, *p)
+          ? 0
+          : SatMul(SatAdd(SatMul(g.groups, p->ci_block), p->fused_mix ? 0 : g.out_c), spectrum);
   const bool one_row = p->fft_h == 1 && p->fft_d == 1;
   p->worker_bytes =
       SatAdd(SatMul({p->stage_planes, p->fft_d, p->fft_h, p->fft_w, real}),

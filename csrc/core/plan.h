@@ -44,7 +44,7 @@ struct FftPlan {
   int64_t stage_planes = 0;
   // Workspace layout, in this order; all sizes in bytes.
   int64_t filter_spectra_bytes = 0;     // ci_block * out_c spectra
-  int64_t item_spectra_bytes = 0;       // groups * ci_block (+ out_c unless fused) spectra of one item
+  int64_t item_spectra_bytes = 0;       // groups * ci_block (+ out_c unless fused) spectra of one item (none if PlaneLocalFft)
   int64_t worker_bytes = 0;             // one worker's stage_planes real planes (+ a spectrum if fused, one per plane at height 1)
   int64_t workspace_bytes = 0;          // the exact total
   // The cost model's inputs: transform and channel-mixing flops, and bytes
@@ -75,6 +75,15 @@ constexpr int64_t kMaxStagePlanes =
 
 // Input channels per group up to which FftPlan::fused_mix is used.
 constexpr int64_t kFusedMixMaxInChannels = 4;
+
+// Whether output channel co of a plan needs input plane co alone (depthwise,
+// one output per channel) and the worker holds a spectrum per staged plane
+// (1-D): then one task transforms, mixes and inverts each block of planes in
+// its worker's spectra, and the plan needs no item spectra.
+inline bool PlaneLocalFft(const ConvGeometry& g, const FftPlan& p) {
+  return p.fft_h == 1 && p.fft_d == 1 && p.fused_mix && g.in_c_per_group() == 1 &&
+         g.out_c_per_group() == 1;
+}
 
 // Workspace of a plan with the given tile, chunk and workers (fills the byte
 // fields of *plan from its tile and fft sizes).

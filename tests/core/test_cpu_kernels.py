@@ -559,6 +559,33 @@ def test_height_1_blocks_past_16_planes_match_reference(pass_, fmt):
     assert rel_l2(got, ref) <= FFT_TOL
 
 
+def test_height_1_depthwise_plans_keep_no_item_spectra():
+    # One output per channel (PlaneLocalFft): a block is transformed, mixed and
+    # inverted in its worker's spectra, so the plan holds none per item and
+    # takes every item in one chunk; a multiplier of 2 mixes across planes.
+    local = fft_plan((8, 1, 2048, 64), (1, 2048, 1, 64), padding="SAME", workers=2)
+    assert local["fft_h"] == 1 and local["fused_mix"] and local["item_spectra_bytes"] == 0
+    assert local["chunk"] == local["items"] >= 8
+    assert local["workspace_bytes"] == local["filter_spectra_bytes"] + 2 * local["worker_bytes"]
+    mixed = fft_plan((8, 1, 2048, 64), (1, 2048, 1, 128), padding="SAME", workers=2)
+    assert mixed["item_spectra_bytes"] > 0
+
+
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+def test_height_1_depthwise_item_with_a_nan_matches_direct(fmt):
+    # A plane-local block of 20 channels in each of 3 items; a NaN in item 1's
+    # channel 17 sends that item to the direct kernel, the others stay fft.
+    shape = (3, 1, 200, 20) if fmt == "NHWC" else (3, 20, 1, 200)
+    x, w = random_case(shape, 5), random_case((1, 40, 1, 20), 6)
+    x[(1, 0, 77, 17) if fmt == "NHWC" else (1, 17, 0, 77)] = np.nan
+    assert fft_plan(shape, w.shape, padding="SAME", fmt=fmt)["item_spectra_bytes"] == 0
+    got = run("fft", x, w, 1, "SAME", 1, fmt, num_threads=2)
+    want = run_core("direct", x, w, 1, "SAME", 1, fmt)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    assert np.isnan(want).any() and rel_l2(got[finite], want[finite]) <= FFT_TOL
+
+
 @pytest.mark.parametrize("w_shape", [(6, 7, 1, 12), (6, 7, 4, 12), (6, 7, 12, 5)])
 def test_staged_blocks_change_no_result(w_shape):
     """stage_planes > 1 and 1 (a limit one byte below the staged plan: same
