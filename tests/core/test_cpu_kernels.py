@@ -571,6 +571,22 @@ def test_height_1_depthwise_plans_keep_no_item_spectra():
     assert mixed["item_spectra_bytes"] > 0
 
 
+@pytest.mark.parametrize("pass_", ["forward", "backprop_input", "backprop_filter"])
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("strides,dil,multiplier", [
+    ((1, 2), 1, 1), ((1, 3), (1, 2), 1), (1, (1, 3), 1),  # plane-local
+    ((1, 2), 1, 2),  # a multiplier: mixed through item spectra
+])
+def test_height_1_depthwise_strided_and_dilated_match_reference(pass_, fmt, strides, dil,
+                                                                 multiplier):
+    shape = (3, 1, 257, 20) if fmt == "NHWC" else (3, 20, 1, 257)
+    x, w = random_case(shape, 1), random_case((1, 31, 1, 20 * multiplier), 2)
+    local = fft_plan(shape, w.shape, strides, "SAME", dil, fmt)["item_spectra_bytes"] == 0
+    assert local == (multiplier == 1)
+    got, ref = run_pass_fft(pass_, x, w, strides, "SAME", dil, fmt, num_threads=2)
+    assert rel_l2(got, ref) <= FFT_TOL
+
+
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
 def test_height_1_depthwise_item_with_a_nan_matches_direct(fmt):
     # A plane-local block of 20 channels in each of 3 items; a NaN in item 1's
