@@ -132,6 +132,7 @@ class FftRunner {
     const int64_t cig = g_.in_c_per_group(), cout = g_.out_c, groups = g_.groups;
     const int64_t blocks = pl_.ci_blocks(g_);
     const int64_t stage = std::min(std::max<int64_t>(1, pl_.stage_planes), kMaxStagePlanes);
+    const bool plane_local = PlaneLocalFft(g_, pl_);
     for (int64_t c0 = 0; c0 < pl_.items; c0 += pl_.chunk) {
       const int64_t n = std::min(pl_.chunk, pl_.items - c0);
       for (int64_t i = 0; i < n; ++i) unsafe_[i].store(false, std::memory_order_relaxed);
@@ -164,7 +165,7 @@ class FftRunner {
         // An item's input planes (grp, ci) in the order j = (ci - ci0) *
         // groups + grp, in blocks of `stage`.
         const int64_t per_item = groups * nci, in_tasks = CeilDiv(per_item, stage);
-        if (PlaneLocalFft(g_, pl_)) {
+        if (plane_local) {
           // Plane j is output channel j's only input: a task transforms,
           // mixes and inverts its block in its worker's spectra, and no item
           // spectra are written and read back. Tasks go block by block, the
@@ -193,7 +194,7 @@ class FftRunner {
           });
         }
       }
-      const int64_t out_tasks = PlaneLocalFft(g_, pl_) ? 0 : CeilDiv(cout, stage);
+      const int64_t out_tasks = plane_local ? 0 : CeilDiv(cout, stage);
       pf(n * out_tasks, [&](int64_t b, int64_t e, int worker) {
         for (int64_t i = b; i < e; ++i) {
           const int64_t slot = i / out_tasks, co0 = (i % out_tasks) * stage;

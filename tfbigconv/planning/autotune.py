@@ -626,13 +626,10 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
             # (3-13 ms on 5-20 ms calls) that hide a gap the first round shows.
             quickest = min(map(per_batch, best))
             again = [n for n in again if per_batch(n) < ABANDON_FACTOR * quickest]
-            if r >= MIN_ROUNDS:
-                again = [n for n in again if per_batch(n) < CLEAR_FACTOR * quickest]
-                if rounds_spent >= EXTRA_ROUNDS_BELOW_S or len(again) < 2:
-                    break
-            elif r >= 1:  # after one round: only what is clearly behind
-                again = [n for n in again if per_batch(n) < EARLY_CLEAR_FACTOR * quickest]
-                if len(again) < 2:
+            if r >= 1:  # before MIN_ROUNDS, only what is clearly behind is out
+                clear = CLEAR_FACTOR if r >= MIN_ROUNDS else EARLY_CLEAR_FACTOR
+                again = [n for n in again if per_batch(n) < clear * quickest]
+                if len(again) < 2 or (r >= MIN_ROUNDS and rounds_spent >= EXTRA_ROUNDS_BELOW_S):
                     break
             for name in again[r % len(again):] + again[:r % len(again)]:
                 if over():
