@@ -62,6 +62,31 @@ void RealRowsBackward(const std::complex<T>* in, int64_t in_stride, int64_t rows
   Pick<T>().real_rows_backward(in, in_stride, rows, n, out, out_stride, scale);
 }
 
+template <typename T>
+LaneFft<T>::LaneFft(int64_t n) : backend_(&Pick<T>()), plan_(backend_->lane_create(n)) {}
+template <typename T>
+LaneFft<T>::~LaneFft() {
+  backend_->lane_destroy(plan_);
+}
+template <typename T>
+int64_t LaneFft<T>::width() const {
+  return backend_->lane_width;
+}
+template <typename T>
+int64_t LaneFft<T>::scratch_elements() const {
+  return backend_->lane_scratch(plan_);
+}
+template <typename T>
+void LaneFft<T>::Forward(T* data, T* scratch) const {
+  backend_->lane_transform(plan_, data, scratch, true, T(1));
+}
+template <typename T>
+void LaneFft<T>::Backward(T* data, T* scratch, T scale) const {
+  backend_->lane_transform(plan_, data, scratch, false, scale);
+}
+template class LaneFft<float>;
+template class LaneFft<double>;
+
 #define INSTANTIATE(T)                                                                      \
   template void RealRowsForward<T>(const T*, int64_t, int64_t, int64_t, std::complex<T>*,   \
                                    int64_t);                                                \

@@ -17,6 +17,11 @@ struct Backend {
   void (*real_rows_forward)(const T*, int64_t, int64_t, int64_t, std::complex<T>*, int64_t);
   void (*complex_columns)(std::complex<T>*, int64_t, int64_t, int64_t, bool);
   void (*real_rows_backward)(const std::complex<T>*, int64_t, int64_t, int64_t, T*, int64_t, T);
+  int64_t lane_width;
+  void* (*lane_create)(int64_t);
+  void (*lane_destroy)(void*);
+  int64_t (*lane_scratch)(const void*);
+  void (*lane_transform)(const void*, T*, T*, bool, T);
 };
 
 // Forward real FFT along each of `rows` rows of length n (stride in_stride
@@ -36,6 +41,33 @@ void ComplexColumns(std::complex<T>* data, int64_t rows, int64_t cols, int64_t r
 template <typename T>
 void RealRowsBackward(const std::complex<T>* in, int64_t in_stride, int64_t rows, int64_t n,
                       T* out, int64_t out_stride, T scale);
+
+// Real FFTs of n points over `width()` rows stored interleaved: value i of
+// row j at data[i * width() + j], the layout of the ISA's SIMD vectors
+// (width() is 8 floats with AVX2, 4 with SSE2). The forward transform
+// leaves the halfcomplex spectrum in place: bin 0's real part at position
+// 0, then bin k's real and imaginary parts at positions 2k - 1 and 2k, and
+// bin n/2's real part at n - 1 when n is even (positions, each holding
+// width() values). Backward is its unscaled inverse times `scale`. A plan
+// is built once per size and used by any number of threads; data must be
+// aligned to 64 bytes, and each call needs its own scratch of
+// scratch_elements() values, equally aligned.
+template <typename T>
+class LaneFft {
+ public:
+  explicit LaneFft(int64_t n);
+  ~LaneFft();
+  LaneFft(const LaneFft&) = delete;
+  LaneFft& operator=(const LaneFft&) = delete;
+  int64_t width() const;
+  int64_t scratch_elements() const;
+  void Forward(T* data, T* scratch) const;
+  void Backward(T* data, T* scratch, T scale) const;
+
+ private:
+  const Backend<T>* backend_;
+  void* plan_;
+};
 
 }  // namespace fft
 }  // namespace tfbigconv

@@ -42,6 +42,17 @@ constexpr int64_t kStageBytes1D = 8 << 20;
 
 int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& p) {
   const int64_t plane = SatMul({p.fft_d, p.fft_h, p.fft_w, ComputeBytes(dtype)});
+  // Lane plans: groups of kFftLanes planes per task, as many as fit
+  // kStageBytes1D (a staged set of them reads whole cache lines of an NWC row),
+  // and few enough that every worker has a task.
+  if (LaneFftPlan(g, p)) {
+    const int64_t lane_groups = CeilDiv(g.groups, kFftLanes);
+    const int64_t fit = kStageBytes1D / std::max<int64_t>(1, SatMul(plane, kFftLanes));
+    const int64_t busy = CeilDiv(SatMul(lane_groups, p.items), std::max(p.workers, 1));
+    const int64_t per_task = std::max<int64_t>(
+        1, std::min({kMaxStagePlanes1D / kFftLanes, fit, busy, lane_groups}));
+    return per_task * kFftLanes;
+  }
   // A block's filter planes (out_c * ci_block) are the most planes of any
   // phase (input planes: groups * ci_block; output planes: out_c).
   const int64_t most = g.out_c * p.ci_block;
@@ -74,6 +85,19 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
   // Saturating: a plan too large to allocate needs a workspace that fits no limit.
   const int64_t spectrum = SatMul({p->fft_d, p->fft_h, p->bins_w(), cplx});
   p->filter_spectra_bytes = SatMul({p->ci_block, g.out_c, spectrum});
+  p->lanes = LaneFftPlan(g, *p);
+  if (p->lanes) {  // no item spectra; buffers of kFftLanes rows (plan.h)
+    const int64_t group = SatMul({kFftLanes, p->fft_w, real});
+    p->filter_spectra_bytes =
+        g.in_c_per_group() == 1
+            ? SatAdd(SatMul(CeilDiv(g.groups, kFftLanes), group), kLaneAlignBytes)
+            : 0;
+    p->item_spectra_bytes = 0;
+    p->worker_bytes = SatAdd(SatMul(LaneWorkerBuffers(g, *p), group), kLaneAlignBytes);
+    p->workspace_bytes =
+        SatAdd(p->filter_spectra_bytes, SatMul(int64_t(p->workers), p->worker_bytes));
+    return;
+  }
   // Plane-local plans keep an item's spectra in the worker's (below).
   p->item_spectra_bytes =
       PlaneLocalFft(g, *p)

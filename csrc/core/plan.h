@@ -42,10 +42,13 @@ struct FftPlan {
   // of an NHWC tensor share cache lines, so a block of them is read and
   // written row by row while those lines are in L1.
   int64_t stage_planes = 0;
+  // Lane transforms (LaneFftPlan, set by FillFftWorkspace): stage_planes
+  // counts lanes, in groups of kFftLanes.
+  bool lanes = false;
   // Workspace layout, in this order; all sizes in bytes.
-  int64_t filter_spectra_bytes = 0;     // ci_block * out_c spectra
+  int64_t filter_spectra_bytes = 0;     // ci_block * out_c spectra (lane plans: halfcomplex lane groups, or none)
   int64_t item_spectra_bytes = 0;       // groups * ci_block (+ out_c unless fused) spectra of one item (none if PlaneLocalFft)
-  int64_t worker_bytes = 0;             // one worker's stage_planes real planes (+ a spectrum if fused, one per plane at height 1)
+  int64_t worker_bytes = 0;             // one worker's stage_planes real planes (+ a spectrum if fused, one per plane at height 1; lane plans: LaneWorkerBytes)
   int64_t workspace_bytes = 0;          // the exact total
   // The cost model's inputs: transform and channel-mixing flops, and bytes
   // moved through memory; and their weighted sum, in seconds (CostModel).
@@ -76,13 +79,48 @@ constexpr int64_t kMaxStagePlanes =
 // Input channels per group up to which FftPlan::fused_mix is used.
 constexpr int64_t kFusedMixMaxInChannels = 4;
 
+// Groups that a lane plan transforms together (LaneFftPlan): a vector of
+// eight float32 values is a cache line's half, and a group's buffer holds
+// kFftLanes rows whatever the ISA's vector width (fft::LaneFft, a divisor).
+constexpr int64_t kFftLanes = 8;
+
+// Whether a plan runs lane transforms (fft_cpu.cc, RunLanes): 1-D, every
+// output channel alone in its group, at least kFftLanes groups, and either
+// one input channel per group (depthwise: the filter's spectra are made once
+// for all items) or one item whose task sums over all input channels of its
+// groups (the filter gradient of a depthwise convolution). Lanes are adjacent
+// groups, which an NWC tensor holds side by side: a task reads and writes
+// whole cache lines, and ducc0 transforms the staged positions as its SIMD
+// vectors, with no transposes and no item spectra.
+inline bool LaneFftPlan(const ConvGeometry& g, const FftPlan& p) {
+  return p.fft_h == 1 && p.fft_d == 1 && g.out_c_per_group() == 1 && g.groups >= kFftLanes &&
+         (g.in_c_per_group() == 1 || (p.items == 1 && p.ci_block >= g.in_c_per_group()));
+}
+
+// A lane plan's groups per task (from stage_planes, which counts lanes), and
+// the buffers of kFftLanes x fft_w reals a worker holds: the task's groups
+// (three sets when the task sums input channels: input, filter and sum), then
+// two for the transforms' scratch (ducc0 needs at most 1.1 x the points for
+// 7-smooth sizes; RunLanes checks). The filter's lane spectra, when made once,
+// take a buffer per group.
+inline int64_t LaneGroupsPerTask(const FftPlan& p) {
+  return std::min(kMaxStagePlanes1D / kFftLanes, std::max<int64_t>(1, p.stage_planes / kFftLanes));
+}
+inline int64_t LaneWorkerBuffers(const ConvGeometry& g, const FftPlan& p) {
+  return (g.in_c_per_group() == 1 ? 1 : 3) * LaneGroupsPerTask(p) + 2;
+}
+// Workspace regions start 64-byte aligned in a lane plan (the transforms'
+// vectors need it): each region holds this much slack.
+constexpr int64_t kLaneAlignBytes = 64;
+
 // Whether output channel co of a plan needs input plane co alone (depthwise,
 // one output per channel) and the worker holds a spectrum per staged plane
-// (1-D): then one task transforms, mixes and inverts each block of planes in
-// its worker's spectra, and the plan needs no item spectra.
+// (1-D) in a plan too narrow for lanes: then one task transforms, mixes and
+// inverts each block of planes in its worker's spectra, and the plan needs no
+// item spectra.
 inline bool PlaneLocalFft(const ConvGeometry& g, const FftPlan& p) {
   return p.fft_h == 1 && p.fft_d == 1 && p.fused_mix && g.in_c_per_group() == 1 &&
-         g.out_c_per_group() == 1;
+         g.out_c_per_group() == 1 && !LaneFftPlan(g, p);
 }
 
 // Workspace of a plan with the given tile, chunk and workers (fills the byte

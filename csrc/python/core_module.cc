@@ -165,6 +165,7 @@ py::dict PlanDict(const FftPlan& p) {
   d["fused_mix"] = p.fused_mix;
   d["ci_block"] = p.ci_block;
   d["stage_planes"] = p.stage_planes;
+  d["lanes"] = p.lanes;
   d["workspace_bytes"] = p.workspace_bytes;
   d["transform_flops"] = p.transform_flops;
   d["mix_flops"] = p.mix_flops;

@@ -7,6 +7,11 @@ gradient pass, each against the float64 reference into NaN-poisoned outputs.
 Then what only one has: the direct kernel's tiles, blocking and image blocks;
 the FFT's overlap-save tiles, workspace contract, chunking and staged channel
 blocks."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -519,15 +524,42 @@ def test_stage_planes_planned_and_dropped_under_a_tight_limit():
                  workspace_limit=p["workspace_bytes"] - 1)
     assert tight["stage_planes"] == 1 and tight["workspace_bytes"] < p["workspace_bytes"]
     assert tight["worker_bytes"] == tight["fft_h"] * tight["fft_w"] * 4 + spectrum
-    # Height 1 (1-D): up to 64 planes within 8 MiB of staged rows, at least 16
-    # whatever their size; a spectrum each if fused.
-    long = fft_plan((2, 1, 4096, 96), (1, 4096, 1, 96), workers=2)
+    # Height 1 (1-D) without lanes (a multiplier of 2): up to 64 planes within
+    # 8 MiB of staged rows, at least 16 whatever their size; a spectrum each if fused.
+    long = fft_plan((2, 1, 4096, 48), (1, 4096, 1, 96), workers=2)
     assert long["fft_h"] == 1 and long["stage_planes"] == 64 and long["fused_mix"]
+    assert not long["lanes"]
     assert long["worker_bytes"] == 64 * long["fft_w"] * 4 + 64 * (long["fft_w"] // 2 + 1) * 8
-    assert fft_plan((2, 1, 4096, 32), (1, 4096, 1, 32))["stage_planes"] == 32  # as many as there are
+    assert fft_plan((2, 1, 4096, 16), (1, 4096, 1, 32))["stage_planes"] == 32  # as many as there are
     for length, want in ((100000, 16), (50000, 27), (20000, 64)):  # 8 MiB / (fft_w * 4 bytes), at least 16
-        longer = fft_plan((1, 1, length, 64), (1, length, 1, 64), padding="SAME", workers=2)
+        longer = fft_plan((1, 1, length, 32), (1, length, 1, 64), padding="SAME", workers=2)
         assert longer["stage_planes"] == max(16, min(64, (8 << 20) // (longer["fft_w"] * 4))) == want
+
+
+def test_lane_plans_size_their_groups_and_buffers():
+    # 1-D depthwise (LaneFftPlan): groups of 8 lanes, up to 8 groups a task
+    # within 8 MiB of staged groups and no more than keep the workers busy; a
+    # worker holds its task's groups and two of scratch, the filter a group
+    # buffer per group, and no item holds spectra.
+    group = lambda p: 8 * p["fft_w"] * 4
+    for x_shape, w_shape, workers, want in [
+            ((2, 1, 4096, 96), (1, 4096, 1, 1), 2, 8),     # 12 groups of lanes, 2 items
+            ((1, 1, 4096, 96), (1, 4096, 1, 1), 16, 1),    # 12 tasks for 16 workers
+            ((1, 1, 100000, 64), (1, 100000, 1, 1), 2, 1),  # 8 MiB hold one group
+            ((1, 1, 20000, 64), (1, 20000, 1, 1), 2, 4)]:   # two tasks, one per worker
+        w_shape = w_shape[:3] + (x_shape[3],)
+        p = fft_plan(x_shape, w_shape, padding="SAME", workers=workers)
+        assert p["lanes"] and p["item_spectra_bytes"] == 0, p
+        per_task = min(8, (8 << 20) // group(p), -(-12 * p["items"] // workers) if x_shape[3] == 96
+                       else -(-8 * p["items"] // workers))
+        assert p["stage_planes"] == 8 * per_task == 8 * want, p
+        assert p["worker_bytes"] == (per_task + 2) * group(p) + 64
+        assert p["filter_spectra_bytes"] == -(-x_shape[3] // 8) * group(p) + 64
+        assert p["workspace_bytes"] == p["filter_spectra_bytes"] + workers * p["worker_bytes"]
+    # Fewer than 8 groups, or a multiplier: no lanes.
+    assert not fft_plan((2, 1, 4096, 7), (1, 4096, 1, 7), padding="SAME")["lanes"]
+    assert not fft_plan((2, 1, 4096, 8), (1, 4096, 1, 16), padding="SAME")["lanes"]
+    assert not fft_plan((2, 40, 40, 16), (9, 9, 1, 16), padding="SAME")["lanes"]  # 2-D
     # Few channels: no more planes than a task can have; big transforms: fewer.
     assert fft_plan((1, 40, 40, 1), (9, 9, 1, 3))["stage_planes"] == 3
     assert fft_plan((1, 400, 400, 8), (135, 135, 1, 8))["stage_planes"] == 1
@@ -585,6 +617,85 @@ def test_height_1_depthwise_strided_and_dilated_match_reference(pass_, fmt, stri
     assert local == (multiplier == 1)
     got, ref = run_pass_fft(pass_, x, w, strides, "SAME", dil, fmt, num_threads=2)
     assert rel_l2(got, ref) <= FFT_TOL
+
+
+LANE_CASES = [  # (x as N,1,W,C; filter taps; strides; dilations; padding)
+    ((3, 1, 301, 21), 40, 1, 1, "SAME"),            # groups of 8, 8 and 5 lanes
+    ((2, 1, 257, 16), 31, (1, 2), 1, "SAME"),       # backprop_input: a stride-dilated input
+    ((2, 1, 200, 9), 13, 1, (1, 3), "VALID"),       # a second group of one lane
+    ((3, 1, 3001, 8), 7, 1, 1, "SAME"),             # tiles of a long row: items per image
+]
+
+
+@pytest.mark.parametrize("pass_", ["forward", "backprop_input", "backprop_filter"])
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("case", range(len(LANE_CASES)))
+def test_lane_plans_match_reference(pass_, fmt, dtype, case):
+    # Lane transforms (LaneFftPlan) in every pass: depthwise with one input
+    # channel per group, and the filter gradient's sum over the batch; NCHW
+    # holds the lanes a row apart, float64 runs vectors of half the lanes.
+    shape, k, strides, dil, padding = LANE_CASES[case]
+    c = shape[3]
+    if fmt == "NCHW":
+        shape = (shape[0], c, 1, shape[2])
+    x, w = random_case(shape, case), random_case((1, k, 1, c), case + 10)
+    if dtype == "float16":  # the reference sees the rounded values
+        x, w = x.astype(np.float16), w.astype(np.float16)
+    else:
+        x, w = x.astype(dtype), w.astype(dtype)
+    args = (hw_pair(strides), padding, hw_pair(dil), fmt, ((0, 0), (0, 0)))
+    if pass_ == "forward":
+        assert fft_plan(shape, w.shape, strides, padding, dil, fmt, dtype=dtype)["lanes"]
+        got, ref = run("fft", x, w, strides, padding, dil, fmt, num_threads=2), conv2d_reference(x, w, *args)
+    else:
+        dy = random_case(conv2d_reference(x, w, *args).shape, 7).astype(x.dtype)
+        if pass_ == "backprop_input":
+            got = run_core_pass("fft", pass_, dy, w, x.shape, strides, padding, dil, fmt, num_threads=2)
+            ref = conv2d_reference_backprop_input(dy, w, x.shape, *args)
+        else:
+            got = run_core_pass("fft", pass_, x, dy, w.shape, strides, padding, dil, fmt, num_threads=2)
+            ref = conv2d_reference_backprop_filter(x, dy, w.shape, *args)
+    tol = FFT_TOL if dtype == "float32" else TOLERANCE[dtype]
+    assert rel_l2(got.astype(np.float64), ref) <= tol
+
+
+def test_lane_plans_on_the_baseline_isa_match_reference():
+    # SSE2 vectors hold 4 float32 lanes: a group of 8 is two vector blocks.
+    # The ISA is chosen once per process, so this runs in a fresh one.
+    code = textwrap.dedent("""
+        import numpy as np
+        from conftest import random_case, rel_l2, run_core, run_core_pass
+        from reference import conv2d_reference, conv2d_reference_backprop_filter
+        from tfbigconv import _core
+        x, w = random_case((3, 1, 301, 21), 1), random_case((1, 40, 1, 21), 2)
+        args = ((1, 1), "SAME", (1, 1), "NHWC", ((0, 0), (0, 0)))
+        y = run_core("fft", x, w, 1, "SAME", num_threads=2)
+        dy = random_case(y.shape, 3)
+        dw = run_core_pass("fft", "backprop_filter", x, dy, w.shape, 1, "SAME", num_threads=2)
+        print(rel_l2(y, conv2d_reference(x, w, *args)),
+              rel_l2(dw, conv2d_reference_backprop_filter(x, dy, w.shape, *args)))
+    """)
+    env = dict(os.environ, TFBIGCONV_ISA="baseline")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=os.path.dirname(__file__) + "/..",
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    errs = [float(v) for v in out.stdout.split()]
+    assert len(errs) == 2 and all(e <= FFT_TOL for e in errs), errs
+
+
+def test_lane_filter_gradient_with_a_nan_matches_direct():
+    # The filter gradient's lane tasks sum over the batch: a NaN in the
+    # gradient sends the item (the whole filter) to the direct kernel.
+    x, w = random_case((3, 1, 120, 16), 1), random_case((1, 21, 1, 16), 2)
+    y_shape = conv2d_reference(x, w, (1, 1), "SAME", (1, 1), "NHWC", ((0, 0), (0, 0))).shape
+    dy = random_case(y_shape, 3)
+    dy[2, 0, 50, 11] = np.nan
+    got = run_core_pass("fft", "backprop_filter", x, dy, w.shape, 1, "SAME", num_threads=2)
+    want = run_core_pass("direct", "backprop_filter", x, dy, w.shape, 1, "SAME")
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    assert np.isnan(want).any() and rel_l2(got[finite], want[finite]) <= FFT_TOL
 
 
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
