@@ -102,6 +102,176 @@ bool EvenlySpaced(P* const* p, int64_t n, int64_t* step) {
   return n > 1 && *step > 0;
 }
 
+// The most groups of lanes a task stages (LaneGroupsPerTask).
+constexpr int64_t kMaxLaneGroupsPerTask = kMaxStagePlanes1D / kFftLanes;
+
+// A pointer rounded up to kLaneAlignBytes (the plan holds the slack).
+template <typename T>
+T* AlignLanes(char* p) {
+  const uintptr_t u = reinterpret_cast<uintptr_t>(p);
+  return reinterpret_cast<T*>((u + kLaneAlignBytes - 1) & ~uintptr_t(kLaneAlignBytes - 1));
+}
+
+// Lane transforms on group buffers: kFftLanes rows of n points each, in
+// fft::LaneFft's layout (lane j's position i at off_[j] + i * v, v the
+// backend's vector width, a group being kFftLanes / v vector blocks).
+// Staging from a tensor (S) into buffers (T), products of halfcomplex
+// spectra, transforms and write-back. Lane plans (FftRunner::RunLanes) and
+// the fused backward (LaneBackprop) use it.
+template <typename S, typename T>
+class LaneKit {
+ public:
+  explicit LaneKit(int64_t n) : fft_(n), n_(n), v_(fft_.width()) {
+    for (int64_t j = 0; j < kFftLanes; ++j) off_[j] = (j / v_) * n_ * v_ + j % v_;
+  }
+
+  // Whether the plan's buffers serve this backend: its vectors divide a
+  // group, and its scratch fits the two group buffers plans hold (7-smooth
+  // sizes need at most 1.1 x the points).
+  bool Fits() const {
+    return v_ > 0 && kFftLanes % v_ == 0 && fft_.scratch_elements() <= 2 * GroupValues();
+  }
+  int64_t GroupValues() const { return kFftLanes * n_; }
+
+  // Lanes [0, nl) of `base` (lane j at base + j * lane_stride) into the
+  // group buffers bufs[j / kFftLanes]: sample s at s * step goes to position
+  // first + s * spacing; every other position, and every lane beyond nl, is
+  // zero. Returns the largest magnitude staged and clears *finite on a NaN
+  // or an Inf.
+  T Stage(const S* base, int64_t lane_stride, int64_t nl, T* const* bufs, int64_t first,
+          int64_t count, int64_t step, int64_t spacing, bool* finite) const {
+    const int64_t ng = CeilDiv(nl, kFftLanes);
+    for (int64_t q = 0; q < ng; ++q) {
+      if (spacing == 1 && count > 0) {
+        ZeroPositions(bufs[q], 0, first);
+        ZeroPositions(bufs[q], first + count, n_);
+      } else {
+        ZeroPositions(bufs[q], 0, n_);
+      }
+    }
+    // NWC: a row's lanes are adjacent, and a set of groups covers whole cache
+    // lines, fetched a few rows ahead (the rows are the tensor's width apart).
+    const bool dense = lane_stride == 1 && v_ == kFftLanes;
+    const int64_t row_bytes = nl * int64_t(sizeof(S));
+    T most = 0;
+    bool ok = true;
+    for (int64_t s = 0; s < count; ++s) {
+      const S* row = base + s * step;
+      if (lane_stride == 1)
+        for (int64_t b = 0; b < row_bytes; b += 64)
+          __builtin_prefetch(reinterpret_cast<const char*>(row + kLanePrefetchRows * step) + b);
+      const int64_t pos = first + s * spacing;
+      for (int64_t q = 0; q < ng; ++q) {
+        const int64_t n_in = std::min(kFftLanes, nl - q * kFftLanes);
+        const S* r = row + q * kFftLanes * lane_stride;
+        if (dense && n_in == kFftLanes) {
+          T* d = bufs[q] + pos * kFftLanes;
+          for (int64_t j = 0; j < kFftLanes; ++j) {
+            const T v = Load<T>(r[j]);
+            d[j] = v;
+            most = std::max(most, std::abs(v));
+            ok &= std::abs(v) <= std::numeric_limits<T>::max();  // false for NaN
+          }
+        } else {
+          T* d = bufs[q] + pos * v_;
+          for (int64_t j = 0; j < kFftLanes; ++j) {
+            const T v = j < n_in ? Load<T>(r[j * lane_stride]) : T(0);
+            d[off_[j]] = v;
+            most = std::max(most, std::abs(v));
+            ok &= std::abs(v) <= std::numeric_limits<T>::max();
+          }
+        }
+      }
+    }
+    *finite &= ok;
+    return most;
+  }
+
+  // Lanes [0, nl) of positions first + c * spacing, c < count, of the
+  // group buffers to base + c * step (lane j at + j * lane_stride).
+  void Write(const T* const* bufs, int64_t nl, int64_t first, int64_t count, int64_t spacing,
+             S* base, int64_t lane_stride, int64_t step) const {
+    const int64_t ng = CeilDiv(nl, kFftLanes);
+    const bool dense = lane_stride == 1 && v_ == kFftLanes;
+    const int64_t row_bytes = nl * int64_t(sizeof(S));
+    for (int64_t c = 0; c < count; ++c) {
+      S* row = base + c * step;
+      if (lane_stride == 1)
+        for (int64_t b = 0; b < row_bytes; b += 64)
+          __builtin_prefetch(reinterpret_cast<char*>(row + kLanePrefetchRows * step) + b, 1);
+      const int64_t pos = first + c * spacing;
+      for (int64_t q = 0; q < ng; ++q) {
+        const int64_t n_out = std::min(kFftLanes, nl - q * kFftLanes);
+        S* r = row + q * kFftLanes * lane_stride;
+        if (dense && n_out == kFftLanes) {
+          const T* src = bufs[q] + pos * kFftLanes;
+          for (int64_t j = 0; j < kFftLanes; ++j) r[j] = Store<S, T>(src[j]);
+        } else {
+          const T* src = bufs[q] + pos * v_;
+          for (int64_t j = 0; j < n_out; ++j) r[j * lane_stride] = Store<S, T>(src[off_[j]]);
+        }
+      }
+    }
+  }
+
+  // A group buffer's transform, one vector block at a time; the inverse
+  // scaled by 1 / points.
+  void Transform(T* buf, T* scratch, bool forward) const {
+    const T scale = T(1) / T(n_);
+    for (int64_t blk = 0; blk < kFftLanes / v_; ++blk) {
+      T* b = buf + blk * n_ * v_;
+      if (forward) fft_.Forward(b, scratch);
+      else fft_.Backward(b, scratch, scale);
+    }
+  }
+
+  // y = x * conj(w) (conj) or x * w, or y += it, on halfcomplex lane
+  // spectra; y may be x.
+  void Mul(const T* x, const T* w, T* y, bool conj, bool accumulate) const {
+    const int64_t n = n_, v = v_;
+    const T sign = conj ? T(1) : T(-1);
+    for (int64_t blk = 0; blk < kFftLanes / v; ++blk) {
+      const int64_t o = blk * n * v;
+      const T *xb = x + o, *wb = w + o;
+      T* yb = y + o;
+      // Bin 0, and bin n/2 when n is even, are real.
+      const int64_t last = n % 2 == 0 ? n - 1 : n;
+      for (int64_t i : {int64_t(0), last}) {
+        if (i >= n) continue;
+        for (int64_t j = 0; j < v; ++j) {
+          const T p = xb[i * v + j] * wb[i * v + j];
+          yb[i * v + j] = accumulate ? yb[i * v + j] + p : p;
+        }
+      }
+      for (int64_t i = 1; i + 1 < n; i += 2) {
+        const T* xr = xb + i * v;
+        const T* wr = wb + i * v;
+        T* yr = yb + i * v;
+        for (int64_t j = 0; j < v; ++j) {
+          const T a = xr[j], b = xr[v + j], c = wr[j], d = sign * wr[v + j];
+          const T re = a * c + b * d, im = b * c - a * d;
+          yr[j] = accumulate ? yr[j] + re : re;
+          yr[v + j] = accumulate ? yr[v + j] + im : im;
+        }
+      }
+    }
+  }
+
+ private:
+  // Positions [a, b) of every lane of a group buffer.
+  void ZeroPositions(T* buf, int64_t a, int64_t b) const {
+    if (b <= a) return;
+    for (int64_t blk = 0; blk < kFftLanes / v_; ++blk) {
+      T* p = buf + blk * n_ * v_;
+      std::fill(p + a * v_, p + b * v_, T(0));
+    }
+  }
+
+  const fft::LaneFft<T> fft_;
+  const int64_t n_, v_;
+  int64_t off_[kFftLanes] = {};
+};
+
 // Where an item's tile sits: image, first output slice/row/col, valid extent.
 struct Tile {
   int64_t n, od0, oh0, ow0, vd, vh, vw;
@@ -554,20 +724,14 @@ class FftRunner {
   }
 
   // ---- Lane plans (LaneFftPlan): groups of kFftLanes adjacent groups,
-  // staged position-major as the backend's vectors (fft::LaneFft). A task
-  // stages LaneGroupsPerTask groups together, reading whole lines of an NWC
-  // row, then transforms, mixes and inverts one group at a time in L2.
+  // staged position-major as the backend's vectors (LaneKit). A task stages
+  // LaneGroupsPerTask groups together, reading whole lines of an NWC row,
+  // then transforms, mixes and inverts one group at a time in L2.
 
   void RunLanes(const ParallelFor& pf) {
-    lane_fft_ = std::make_unique<fft::LaneFft<T>>(pl_.fft_w);
-    const int64_t v = lane_fft_->width();
-    for (int64_t j = 0; j < kFftLanes; ++j) lane_off_[j] = (j / v) * pl_.fft_w * v + j % v;
-    lane_v_ = v;
-    // The plan holds two group buffers of scratch; 7-smooth sizes need at
-    // most 1.1 x the points. A backend that needs more (or whose vectors do
-    // not divide a group) gets the direct kernel, never an overrun.
-    if (kFftLanes % v != 0 || lane_fft_->scratch_elements() > 2 * LaneGroupValues())
-      return DirectConv(Direct(params_.problem), pf, ActiveIsa());
+    kit_ = std::make_unique<LaneKit<S, T>>(pl_.fft_w);
+    // A backend the plan's buffers do not serve gets the direct kernel, never an overrun.
+    if (!kit_->Fits()) return DirectConv(Direct(params_.problem), pf, ActiveIsa());
     const int64_t lane_groups = CeilDiv(g_.groups, kFftLanes);
     const int64_t tasks_per_item = CeilDiv(lane_groups, LaneGroupsPerTask(pl_));
     const bool sums = g_.in_c_per_group() > 1;
@@ -579,9 +743,10 @@ class FftRunner {
         for (int64_t lg = b; lg < e; ++lg) {
           bool finite = true;
           T* w = FilterLanes(lg);
-          most = std::max(most, StageTapLanes(0, lg * kFftLanes, std::min(g_.groups, (lg + 1) * kFftLanes), &w, &finite));
+          most = std::max(most, StageTapLanes(0, lg * kFftLanes,
+                                              std::min(g_.groups, (lg + 1) * kFftLanes), &w, &finite));
           if (!finite) most = std::numeric_limits<T>::infinity();
-          LaneTransform(w, LaneScratch(worker), true);
+          kit_->Transform(w, LaneScratch(worker), true);
         }
         RaiseFilterMax(most);
       });
@@ -612,7 +777,7 @@ class FftRunner {
     const int64_t per_task = LaneGroupsPerTask(pl_), l0 = task * per_task * kFftLanes;
     const int64_t l1 = std::min(g_.groups, l0 + per_task * kFftLanes);
     const int64_t ng = CeilDiv(l1 - l0, kFftLanes);
-    T* bufs[kMaxStagePlanes1D / kFftLanes];
+    T* bufs[kMaxLaneGroupsPerTask];
     for (int64_t q = 0; q < ng; ++q) bufs[q] = LaneBuffer(worker, q);
     bool finite = true;
     const T most = StageInputLanes(t, 0, l0, l1, bufs, &finite);
@@ -622,9 +787,9 @@ class FftRunner {
     }
     T* scratch = LaneScratch(worker);
     for (int64_t q = 0; q < ng; ++q) {
-      LaneTransform(bufs[q], scratch, true);
-      LaneMulConj(bufs[q], FilterLanes(l0 / kFftLanes + q), bufs[q], false);
-      LaneTransform(bufs[q], scratch, false);
+      kit_->Transform(bufs[q], scratch, true);
+      kit_->Mul(bufs[q], FilterLanes(l0 / kFftLanes + q), bufs[q], /*conj=*/true, false);
+      kit_->Transform(bufs[q], scratch, false);
     }
     WriteLanes(t, l0, l1, bufs);
   }
@@ -636,8 +801,7 @@ class FftRunner {
     const int64_t per_task = LaneGroupsPerTask(pl_), l0 = task * per_task * kFftLanes;
     const int64_t l1 = std::min(g_.groups, l0 + per_task * kFftLanes);
     const int64_t ng = CeilDiv(l1 - l0, kFftLanes);
-    T *x[kMaxStagePlanes1D / kFftLanes], *w[kMaxStagePlanes1D / kFftLanes],
-        *sum[kMaxStagePlanes1D / kFftLanes];
+    T *x[kMaxLaneGroupsPerTask], *w[kMaxLaneGroupsPerTask], *sum[kMaxLaneGroupsPerTask];
     for (int64_t q = 0; q < ng; ++q) {
       x[q] = LaneBuffer(worker, q);
       w[q] = LaneBuffer(worker, per_task + q);
@@ -650,16 +814,16 @@ class FftRunner {
       x_most = std::max(x_most, StageInputLanes(t, ci, l0, l1, x, &finite));
       w_most = std::max(w_most, StageTapLanes(ci, l0, l1, w, &finite));
       for (int64_t q = 0; q < ng && finite; ++q) {
-        LaneTransform(x[q], scratch, true);
-        LaneTransform(w[q], scratch, true);
-        LaneMulConj(x[q], w[q], sum[q], ci > 0);
+        kit_->Transform(x[q], scratch, true);
+        kit_->Transform(w[q], scratch, true);
+        kit_->Mul(x[q], w[q], sum[q], /*conj=*/true, ci > 0);
       }
     }
     if (!finite || !(x_most <= InputLimit(w_most))) {
       unsafe_[item].store(true, std::memory_order_relaxed);
       return;
     }
-    for (int64_t q = 0; q < ng; ++q) LaneTransform(sum[q], scratch, false);
+    for (int64_t q = 0; q < ng; ++q) kit_->Transform(sum[q], scratch, false);
     WriteLanes(t, l0, l1, sum);
   }
 
@@ -682,162 +846,30 @@ class FftRunner {
     const int64_t count = row ? std::max<int64_t>(0, i_hi - i_lo) : 0;
     const S* base = in_ + t.n * iv_.n + ci * iv_.c + l0 * iv_.g + (id0 / ud) * iv_.d +
                     (ih0 / uh) * iv_.h + i_lo * iv_.w;
-    return StageLanes(base, iv_.g, l1 - l0, bufs, i_lo * uw - iw0, count, iv_.w, uw, finite);
+    return kit_->Stage(base, iv_.g, l1 - l0, bufs, i_lo * uw - iw0, count, iv_.w, uw, finite);
   }
 
   // Filter taps of input channel ci for groups [l0, l1), placed at the origin.
   T StageTapLanes(int64_t ci, int64_t l0, int64_t l1, T* const* bufs, bool* finite) const {
     const S* base = filt_ + fv_.offset + ci * fv_.i + l0 * fv_.g;
-    return StageLanes(base, fv_.g, l1 - l0, bufs, 0, g_.filter_w, fv_.w, g_.dilation_w, finite);
-  }
-
-  // Lanes [0, nl) of `base` (lane j at base + j * lane_stride) into the
-  // group buffers bufs[j / kFftLanes]: sample s at s * step goes to position
-  // first + s * spacing; every other position, and every lane beyond nl, is
-  // zero. Returns the largest magnitude staged and clears *finite on a NaN
-  // or an Inf.
-  T StageLanes(const S* base, int64_t lane_stride, int64_t nl, T* const* bufs, int64_t first,
-               int64_t count, int64_t step, int64_t spacing, bool* finite) const {
-    const int64_t ng = CeilDiv(nl, kFftLanes), fw = pl_.fft_w;
-    for (int64_t q = 0; q < ng; ++q) {
-      if (spacing == 1 && count > 0) {
-        ZeroLanePositions(bufs[q], 0, first);
-        ZeroLanePositions(bufs[q], first + count, fw);
-      } else {
-        ZeroLanePositions(bufs[q], 0, fw);
-      }
-    }
-    // NWC: a row's lanes are adjacent, and a set of groups covers whole cache
-    // lines, fetched a few rows ahead (the rows are the tensor's width apart).
-    const bool dense = lane_stride == 1 && lane_v_ == kFftLanes;
-    const int64_t row_bytes = nl * int64_t(sizeof(S));
-    T most = 0;
-    bool ok = true;
-    for (int64_t s = 0; s < count; ++s) {
-      const S* row = base + s * step;
-      if (lane_stride == 1)
-        for (int64_t b = 0; b < row_bytes; b += 64)
-          __builtin_prefetch(reinterpret_cast<const char*>(row + kLanePrefetchRows * step) + b);
-      const int64_t pos = first + s * spacing;
-      for (int64_t q = 0; q < ng; ++q) {
-        const int64_t n_in = std::min(kFftLanes, nl - q * kFftLanes);
-        const S* r = row + q * kFftLanes * lane_stride;
-        if (dense && n_in == kFftLanes) {
-          T* d = bufs[q] + pos * kFftLanes;
-          for (int64_t j = 0; j < kFftLanes; ++j) {
-            const T v = Load<T>(r[j]);
-            d[j] = v;
-            most = std::max(most, std::abs(v));
-            ok &= std::abs(v) <= std::numeric_limits<T>::max();  // false for NaN
-          }
-        } else {
-          T* d = bufs[q] + pos * lane_v_;
-          for (int64_t j = 0; j < kFftLanes; ++j) {
-            const T v = j < n_in ? Load<T>(r[j * lane_stride]) : T(0);
-            d[lane_off_[j]] = v;
-            most = std::max(most, std::abs(v));
-            ok &= std::abs(v) <= std::numeric_limits<T>::max();
-          }
-        }
-      }
-    }
-    *finite &= ok;
-    return most;
-  }
-
-  // A group buffer's transform, one vector block at a time (kFftLanes /
-  // the vector width of them); the inverse scaled by 1 / points.
-  void LaneTransform(T* buf, T* scratch, bool forward) const {
-    const T scale = T(1) / T(pl_.fft_w);
-    for (int64_t blk = 0; blk < kFftLanes / lane_v_; ++blk) {
-      T* b = buf + blk * pl_.fft_w * lane_v_;
-      if (forward) lane_fft_->Forward(b, scratch);
-      else lane_fft_->Backward(b, scratch, scale);
-    }
-  }
-
-  // Positions [a, b) of every lane of a group buffer.
-  void ZeroLanePositions(T* buf, int64_t a, int64_t b) const {
-    if (b <= a) return;
-    for (int64_t blk = 0; blk < kFftLanes / lane_v_; ++blk) {
-      T* p = buf + blk * pl_.fft_w * lane_v_;
-      std::fill(p + a * lane_v_, p + b * lane_v_, T(0));
-    }
-  }
-
-  // y = x * conj(w), or y += x * conj(w), on halfcomplex lane spectra
-  // (fft::LaneFft's layout); y may be x.
-  void LaneMulConj(const T* x, const T* w, T* y, bool accumulate) const {
-    const int64_t n = pl_.fft_w, v = lane_v_;
-    for (int64_t blk = 0; blk < kFftLanes / v; ++blk) {
-      const int64_t o = blk * n * v;
-      const T *xb = x + o, *wb = w + o;
-      T* yb = y + o;
-      // Bin 0, and bin n/2 when n is even, are real.
-      const int64_t last = n % 2 == 0 ? n - 1 : n;
-      for (int64_t i : {int64_t(0), last}) {
-        if (i >= n) continue;
-        for (int64_t j = 0; j < v; ++j) {
-          const T p = xb[i * v + j] * wb[i * v + j];
-          yb[i * v + j] = accumulate ? yb[i * v + j] + p : p;
-        }
-      }
-      for (int64_t i = 1; i + 1 < n; i += 2) {
-        const T* xr = xb + i * v;
-        const T* wr = wb + i * v;
-        T* yr = yb + i * v;
-        for (int64_t j = 0; j < v; ++j) {
-          const T a = xr[j], b = xr[v + j], c = wr[j], d = wr[v + j];
-          const T re = a * c + b * d, im = b * c - a * d;
-          yr[j] = accumulate ? yr[j] + re : re;
-          yr[v + j] = accumulate ? yr[v + j] + im : im;
-        }
-      }
-    }
+    return kit_->Stage(base, fv_.g, l1 - l0, bufs, 0, g_.filter_w, fv_.w, g_.dilation_w, finite);
   }
 
   // The tile's outputs of groups [l0, l1) from their inverted buffers,
   // keeping the positions the stride samples.
   void WriteLanes(const Tile& t, int64_t l0, int64_t l1, T* const* bufs) const {
-    const int64_t nl = l1 - l0, ng = CeilDiv(nl, kFftLanes);
     S* base = out_ + t.n * ov_.n + t.od0 * ov_.d + t.oh0 * ov_.h + t.ow0 * ov_.w + l0 * ov_.g;
-    const bool dense = ov_.g == 1 && lane_v_ == kFftLanes;
-    const int64_t row_bytes = nl * int64_t(sizeof(S));
-    for (int64_t c = 0; c < t.vw; ++c) {
-      S* row = base + c * ov_.w;
-      if (ov_.g == 1)
-        for (int64_t b = 0; b < row_bytes; b += 64)
-          __builtin_prefetch(reinterpret_cast<char*>(row + kLanePrefetchRows * ov_.w) + b, 1);
-      const int64_t pos = c * g_.stride_w;
-      for (int64_t q = 0; q < ng; ++q) {
-        const int64_t n_out = std::min(kFftLanes, nl - q * kFftLanes);
-        S* r = row + q * kFftLanes * ov_.g;
-        if (dense && n_out == kFftLanes) {
-          const T* src = bufs[q] + pos * kFftLanes;
-          for (int64_t j = 0; j < kFftLanes; ++j) r[j] = Store<S, T>(src[j]);
-        } else {
-          const T* src = bufs[q] + pos * lane_v_;
-          for (int64_t j = 0; j < n_out; ++j) r[j * ov_.g] = Store<S, T>(src[lane_off_[j]]);
-        }
-      }
-    }
+    kit_->Write(bufs, l1 - l0, 0, t.vw, g_.stride_w, base, ov_.g, ov_.w);
   }
 
-  int64_t LaneGroupValues() const { return kFftLanes * pl_.fft_w; }
-  static T* AlignLanes(char* p) {
-    const uintptr_t u = reinterpret_cast<uintptr_t>(p);
-    return reinterpret_cast<T*>((u + kLaneAlignBytes - 1) & ~uintptr_t(kLaneAlignBytes - 1));
-  }
   // The worker's group buffer b (LaneWorkerBuffers: the task's, then scratch).
   T* LaneBuffer(int worker, int64_t b) const {
-    return AlignLanes(Worker(worker)) + b * LaneGroupValues();
+    return AlignLanes<T>(Worker(worker)) + b * kit_->GroupValues();
   }
-  T* LaneScratch(int worker) const {
-    return LaneBuffer(worker, LaneWorkerBuffers(g_, pl_) - 2);
-  }
+  T* LaneScratch(int worker) const { return LaneBuffer(worker, LaneWorkerBuffers(g_, pl_) - 2); }
   // The filter's lane spectra of group lg (one input channel per group).
   T* FilterLanes(int64_t lg) const {
-    return AlignLanes(reinterpret_cast<char*>(wspec_)) + lg * LaneGroupValues();
+    return AlignLanes<T>(reinterpret_cast<char*>(wspec_)) + lg * kit_->GroupValues();
   }
 
   const FftParams params_;
@@ -854,11 +886,8 @@ class FftRunner {
   char* workers_;
   // Per chunk slot: the item's window failed the staging check.
   std::unique_ptr<std::atomic<bool>[]> unsafe_;
-  // Lane plans: the transforms, the backend's vector width and where lane j
-  // of a position sits in a group buffer (fft::LaneFft's layout).
-  std::unique_ptr<fft::LaneFft<T>> lane_fft_;
-  int64_t lane_v_ = kFftLanes;
-  int64_t lane_off_[kFftLanes] = {};
+  // Lane plans: the transforms and their group buffers' layout.
+  std::unique_ptr<LaneKit<S, T>> kit_;
   // The current filter block's largest magnitude, and the input limit it allows.
   std::atomic<T> filter_max_{0};
   T x_limit_ = 0;
