@@ -112,6 +112,42 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
              SatMul(int64_t(p->workers), p->worker_bytes));
 }
 
+std::string PlanLaneBackprop(const ConvGeometry& g, DType dtype, int64_t limit, int workers,
+                             LaneBackpropPlan* out) {
+  if (workers < 1) workers = 1;
+  if (g.in_d != 1 || g.filter_d != 1 || g.out_d != 1 || g.pad_front != 0 || g.in_h != 1 ||
+      g.filter_h != 1 || g.out_h != 1 || g.pad_top != 0)
+    return "not a 1-D convolution";
+  if (g.in_c_per_group() != 1 || g.out_c_per_group() != 1)
+    return "not depthwise with one output per channel";
+  if (g.groups < kFftLanes) return "fewer channels than a group of lanes";
+  if (g.no_work()) return "no arithmetic";
+  FftPlan separate;
+  if (!PlanFft(BackpropInputProblem(g).g, dtype, limit, workers, &separate).empty() ||
+      separate.tiles_w != 1)
+    return "dL/dinput's own plan tiles the row";
+  LaneBackpropPlan p;
+  p.workers = workers;
+  p.fft_w = GoodFftSize(std::max(g.pad_left + g.in_w,
+                                 (g.out_w - 1) * g.stride_w + g.effective_filter_w()));
+  const int64_t group = SatMul({kFftLanes, p.fft_w, ComputeBytes(dtype)});
+  const int64_t lane_groups = CeilDiv(g.groups, kFftLanes);
+  // As PreferredStagePlanes: groups within kStageBytes1D a staged set, and a
+  // task for every worker (a task walks every image).
+  int64_t per_task = std::max<int64_t>(
+      1, std::min({kMaxStagePlanes1D / kFftLanes, kStageBytes1D / std::max<int64_t>(1, group),
+                   CeilDiv(lane_groups, workers), lane_groups}));
+  for (;; --per_task) {
+    p.stage_planes = per_task * kFftLanes;
+    p.worker_bytes = SatAdd(SatMul(4 * per_task + 2, group), kLaneAlignBytes);
+    p.workspace_bytes = SatMul(int64_t(workers), p.worker_bytes);
+    if (p.workspace_bytes <= limit) break;
+    if (per_task == 1) return "its workspace exceeds the limit";
+  }
+  *out = p;
+  return "";
+}
+
 std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int workers,
                            FftPlan* out) {
   if (workers < 1) workers = 1;

@@ -132,6 +132,32 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* plan);
 std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t workspace_limit,
                            int workers, FftPlan* plan);
 
+// Both gradients of a 1-D depthwise convolution from one transform of
+// dL/doutput (fft_cpu.h, FftLaneBackprop): a task takes LaneGroupsPerTask
+// groups of kFftLanes channels and, image by image, transforms dL/doutput
+// (placed at the output positions times the stride) and the input (placed
+// after the left padding) once each; dL/dinput is dL/doutput's spectrum
+// times the filter's, and dL/dfilter sums the input's times dL/doutput's
+// conjugate over the images. The transforms cover the whole row: fft_w >=
+// max(pad_left + in_w, (out_w - 1) * stride_w + effective filter), so that
+// neither product wraps onto the values kept.
+struct LaneBackpropPlan {
+  int64_t fft_w = 0;
+  int64_t stage_planes = 0;  // lanes a task stages, a multiple of kFftLanes
+  int workers = 0;
+  int64_t worker_bytes = 0;     // (4 x its groups + 2) group buffers, + kLaneAlignBytes
+  int64_t workspace_bytes = 0;  // workers x worker_bytes
+};
+
+// Fills *plan and returns "" where the fused backward serves the forward
+// geometry g: 1-D (depth, height and filter 1 with no padding there),
+// depthwise with one output per channel, at least kFftLanes channels, a
+// dL/dinput the separate pass would transform whole (PlanFft: one tile per
+// image, so that whole-row transforms are no larger than its), within the
+// limit. Else returns why not.
+std::string PlanLaneBackprop(const ConvGeometry& g, DType dtype, int64_t workspace_limit,
+                             int workers, LaneBackpropPlan* plan);
+
 // One candidate algorithm for one pass, as explain() shows it.
 struct Estimate {
   bool available = false;   // tf: TF runs this case; fft: a plan fits

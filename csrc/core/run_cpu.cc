@@ -58,4 +58,28 @@ Status RunConvCpu(const ConvProblem& problem, DType dtype, const AlgorithmChoice
   return Status::Ok();
 }
 
+Status RunLaneBackpropCpu(const ConvGeometry& g, DType dtype, const LaneBackpropPlan& plan,
+                          const void* x, const void* w, const void* dy, void* dx, void* dw,
+                          void* workspace, const ParallelFor& parallel_for) {
+  if (plan.workers < parallel_for.num_workers())
+    return Status::InvalidArgument("the fused backward's plan has buffers for " +
+                                   std::to_string(plan.workers) + " workers, but the thread pool has " +
+                                   std::to_string(parallel_for.num_workers()));
+  if (plan.workspace_bytes > 0 && !workspace)
+    return Status::InvalidArgument("the fused backward needs a workspace of " +
+                                   std::to_string(plan.workspace_bytes) + " bytes and none was given");
+  LaneBackpropParams p;
+  p.problem = ForwardProblem(g);
+  p.dtype = dtype;
+  p.plan = plan;
+  p.input = x;
+  p.filter = w;
+  p.out_backprop = dy;
+  p.input_backprop = dx;
+  p.filter_backprop = dw;
+  p.workspace = workspace;
+  FftLaneBackprop(p, parallel_for);
+  return Status::Ok();
+}
+
 }  // namespace tfbigconv

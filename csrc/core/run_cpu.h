@@ -26,4 +26,13 @@ Status RunConvCpu(const ConvProblem& problem, DType dtype, const AlgorithmChoice
                   const void* a, const void* b, void* out, void* workspace,
                   const ParallelFor& parallel_for, Isa isa);
 
+// Both gradients of the forward geometry g (PlanLaneBackprop's cases) with
+// plan from PlanLaneBackprop: x, w, dy in, dx, dw fully overwritten;
+// `workspace` holds plan.workspace_bytes (any alignment). Errors
+// (kInvalidArgument, nothing written): a plan for fewer workers than
+// `parallel_for` has, a missing workspace.
+Status RunLaneBackpropCpu(const ConvGeometry& g, DType dtype, const LaneBackpropPlan& plan,
+                          const void* x, const void* w, const void* dy, void* dx, void* dw,
+                          void* workspace, const ParallelFor& parallel_for);
+
 }  // namespace tfbigconv

@@ -276,6 +276,55 @@ py::array RunPass(const std::string& algorithm, const std::string& pass, py::arr
   return result;
 }
 
+LaneBackpropPlan LanePlanOrThrow(const ConvGeometry& g, DType dtype, int64_t workspace_limit,
+                                 int workers) {
+  LaneBackpropPlan plan;
+  const std::string why = PlanLaneBackprop(g, dtype, BudgetOrDefault(workspace_limit), workers, &plan);
+  if (!why.empty()) throw py::value_error("the fused backward does not serve this case: " + why);
+  return plan;
+}
+
+py::dict LanePlanDict(const LaneBackpropPlan& p) {
+  py::dict d;
+  d["fft_w"] = p.fft_w;
+  d["stage_planes"] = p.stage_planes;
+  d["workers"] = p.workers;
+  d["worker_bytes"] = p.worker_bytes;
+  d["workspace_bytes"] = p.workspace_bytes;
+  return d;
+}
+
+// Both gradients at once (RunLaneBackpropCpu): (dx, dw).
+py::tuple RunLaneBackprop(py::array x, py::array w, py::array dy,
+                          const std::vector<int64_t>& strides, const std::string& padding,
+                          const std::vector<int64_t>& explicit_paddings,
+                          const std::string& data_format, const std::vector<int64_t>& dilations,
+                          int64_t workspace_limit, int num_threads, const std::string& dtype) {
+  const ConvAttrs attrs = MakeAttrs(strides, padding, explicit_paddings, data_format, dilations);
+  if (!x.dtype().is(w.dtype()) || !x.dtype().is(dy.dtype()))
+    throw py::value_error("operand dtypes differ");
+  if (!Dense(x) || !Dense(w) || !Dense(dy)) throw py::value_error("operands must be C-contiguous");
+  const DType dt = PickDType(x, dtype);
+  const ConvGeometry g = Geometry(Shape(x), Shape(w), attrs);
+  if (Shape(dy) != g.output_shape())
+    throw py::value_error("out_backprop has the wrong shape for this convolution");
+  const ParallelFor pf = StdThreadParallelFor(num_threads);
+  const LaneBackpropPlan plan = LanePlanOrThrow(g, dt, workspace_limit, pf.num_workers());
+  py::array dx(x.dtype(), std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+  py::array dw(w.dtype(), std::vector<py::ssize_t>(w.shape(), w.shape() + w.ndim()));
+  std::vector<double> workspace((plan.workspace_bytes + 7) / 8,
+                                std::numeric_limits<double>::quiet_NaN());
+  Status status;
+  {
+    py::gil_scoped_release release;
+    status = RunLaneBackpropCpu(g, dt, plan, x.data(), w.data(), dy.data(), dx.mutable_data(),
+                                dw.mutable_data(), workspace.empty() ? nullptr : workspace.data(),
+                                pf);
+  }
+  ThrowIfError(status);
+  return py::make_tuple(dx, dw);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -340,6 +389,22 @@ PYBIND11_MODULE(_core, m) {
       py::arg("dtype") = "float32", py::arg("workspace_limit") = 0, py::arg("workers") = 1,
       "The FFT plan (tiles, chunk, exact workspace bytes) the forward pass would use; "
       "raises ValueError stating the minimum workspace when the limit is too small.");
+  m.def(
+      "lane_backprop_plan",
+      [](GEOMETRY_PARAMS, const std::string& dtype, int64_t workspace_limit, int workers) {
+        return LanePlanDict(
+            LanePlanOrThrow(GeometryOf(GEOMETRY_ARGS), DTypeFromName(dtype), workspace_limit, workers));
+      },
+      GEOMETRY_PY_ARGS,
+      py::arg("dtype") = "float32", py::arg("workspace_limit") = 0, py::arg("workers") = 1,
+      "The fused backward's plan (both gradients of a 1-D depthwise convolution from one "
+      "transform of dL/doutput); ValueError saying why where it does not serve the case.");
+  m.def("run_lane_backprop", &RunLaneBackprop, py::arg("x"), py::arg("w"), py::arg("dy"),
+        py::arg("strides"), py::arg("padding"), py::arg("explicit_paddings"),
+        py::arg("data_format"), py::arg("dilations"), py::arg("workspace_limit") = 0,
+        py::arg("num_threads") = 0, py::arg("dtype") = "",
+        "Both gradients (dx, dw) of a 1-D depthwise convolution with the fused backward; "
+        "ValueError where it does not serve the case.");
   m.def(
       "plan_pass",
       [](GEOMETRY_PARAMS, const std::string& pass, const std::string& dtype,

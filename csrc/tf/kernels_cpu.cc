@@ -59,9 +59,59 @@ class CpuDevice {
   const ParallelFor pf_;
 };
 
+// BigConv2DBackprop: both gradients with the fused FFT backward where
+// PlanLaneBackprop serves the case within the limit, else each as its own op
+// would run it (BigConvDeviceBase::Run).
+template <typename T>
+class BigConv2DBackpropOp : public BigConvDeviceBase<CpuDevice, T> {
+ public:
+  using BigConvDeviceBase<CpuDevice, T>::BigConvDeviceBase;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& input = ctx->input(0);
+    const Tensor& filter = ctx->input(1);
+    const Tensor& dy = ctx->input(2);
+    ConvGeometry g;
+    OP_REQUIRES_OK(ctx, this->Geometry(Dims(input.shape()), Dims(filter.shape()), &g));
+    OP_REQUIRES_OK(ctx, this->CheckOutBackprop(g, dy));
+    Tensor *dx = nullptr, *dw = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, input.shape(), &dx));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, filter.shape(), &dw));
+    const ParallelFor pf = TfParallelFor(ctx);
+    const int64_t limit = this->workspace_limit_ > 0 ? this->workspace_limit_ : DefaultHostWorkspaceBudget();
+    LaneBackpropPlan plan;
+    const std::string why = this->algorithm_ == "direct" || this->planned_ == "direct"
+                                ? "direct was requested"
+                                : PlanLaneBackprop(g, kDType<T>, limit, pf.num_workers(), &plan);
+    if (!why.empty()) {
+      VLOG(1) << this->name() << ": the two gradients on their own (" << why << ")";
+      if (dx->NumElements() > 0)
+        this->Run(ctx, BackpropInputProblem(g), this->Data(dy), this->Data(filter), this->Data(dx));
+      if (!ctx->status().ok() || dw->NumElements() == 0) return;
+      this->Run(ctx, BackpropFilterProblem(g), this->Data(input), this->Data(dy), this->Data(dw));
+      return;
+    }
+    VLOG(1) << this->name() << ": fused fft backward, " << plan.fft_w << " points";
+    Tensor workspace;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8, TensorShape({plan.workspace_bytes}),
+                                           &workspace));
+    OP_REQUIRES_OK(ctx, ToTfStatus(RunLaneBackpropCpu(g, kDType<T>, plan, this->Data(input),
+                                                      this->Data(filter), this->Data(dy),
+                                                      this->Data(dx), this->Data(dw),
+                                                      this->Data(&workspace), pf)));
+  }
+};
+
 }  // namespace
 
 TFBIGCONV_REGISTER_DEVICE_OPS(tensorflow::DEVICE_CPU, CpuDevice)
+#define TFBIGCONV_REGISTER_CPU_BACKPROP(T)                                               \
+  REGISTER_KERNEL_BUILDER(                                                               \
+      Name("BigConv2DBackprop").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+      BigConv2DBackpropOp<T>);
+TFBIGCONV_REGISTER_CPU_BACKPROP(Eigen::half)
+TFBIGCONV_REGISTER_CPU_BACKPROP(Eigen::bfloat16)
+TFBIGCONV_REGISTER_CPU_BACKPROP(float)
+TFBIGCONV_REGISTER_CPU_BACKPROP(double)
 // The 3-D ops: CPU only for now.
 #define TFBIGCONV_REGISTER_CPU_OPS_3D(T) \
   TFBIGCONV_REGISTER_OPS("BigConv3D", tensorflow::DEVICE_CPU, BigConvDeviceBaseOfCpuDevice, T)

@@ -185,6 +185,27 @@ output pixels for every tap, in a fixed order (deterministic). Same attributes
 as BigConv2D.
 )doc");
 
+REGISTER_OP("BigConv2DBackprop")
+    .Input("input: T")
+    .Input("filter: T")
+    .Input("out_backprop: T")
+    .Output("input_backprop: T")
+    .Output("filter_backprop: T")
+    .TFBIGCONV_CONV2D_ATTRS
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(1));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Both gradients of BigConv2D, with respect to its input and its filter, in
+one op. For a 1-D depthwise convolution (height 1, one output per channel, at
+least 8 channels) each image's out_backprop is transformed once for both
+(the fused FFT backward); other cases, or a plan beyond the workspace limit,
+run the two gradients as BigConv2DBackpropInput and BigConv2DBackpropFilter
+do. CPU only. Same attributes as BigConv2D.
+)doc");
+
 // The 3-D ops: the same in NDHWC/NCDHW with DHWIO filters and the same kernels
 // (the core is 3-D); CPU only for now.
 REGISTER_OP("BigConv3D")
