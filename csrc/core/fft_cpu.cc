@@ -257,6 +257,42 @@ class LaneKit {
     }
   }
 
+  // The fused backward's two products in one pass over the spectra:
+  // sum (+)= x * conj(dy), then dy = dy * w.
+  void MulBackprop(const T* x, T* dy, const T* w, T* sum, bool accumulate) const {
+    const int64_t n = n_, v = v_;
+    for (int64_t blk = 0; blk < kFftLanes / v; ++blk) {
+      const int64_t o = blk * n * v;
+      const T *xb = x + o, *wb = w + o;
+      T *db = dy + o, *sb = sum + o;
+      const int64_t last = n % 2 == 0 ? n - 1 : n;  // bins 0 and n/2 are real
+      for (int64_t i : {int64_t(0), last}) {
+        if (i >= n) continue;
+        for (int64_t j = 0; j < v; ++j) {
+          const int64_t k = i * v + j;
+          const T p = xb[k] * db[k];
+          sb[k] = accumulate ? sb[k] + p : p;
+          db[k] = db[k] * wb[k];
+        }
+      }
+      for (int64_t i = 1; i + 1 < n; i += 2) {
+        const T* xr = xb + i * v;
+        const T* wr = wb + i * v;
+        T* dr = db + i * v;
+        T* sr = sb + i * v;
+        for (int64_t j = 0; j < v; ++j) {
+          const T a = xr[j], b = xr[v + j], c = dr[j], d = dr[v + j];
+          const T re = a * c + b * d, im = b * c - a * d;
+          sr[j] = accumulate ? sr[j] + re : re;
+          sr[v + j] = accumulate ? sr[v + j] + im : im;
+          const T e = wr[j], f = wr[v + j];
+          dr[j] = c * e - d * f;
+          dr[v + j] = d * e + c * f;
+        }
+      }
+    }
+  }
+
  private:
   // Positions [a, b) of every lane of a group buffer.
   void ZeroPositions(T* buf, int64_t a, int64_t b) const {
@@ -969,8 +1005,7 @@ class LaneBackprop {
       for (int64_t q = 0; q < ng; ++q) {
         kit_.Transform(dy[q], scratch, true);
         kit_.Transform(x[q], scratch, true);
-        kit_.Mul(x[q], dy[q], sum[q], /*conj=*/true, n > 0);
-        kit_.Mul(dy[q], w[q], dy[q], /*conj=*/false, false);
+        kit_.MulBackprop(x[q], dy[q], w[q], sum[q], n > 0);
         kit_.Transform(dy[q], scratch, false);
       }
       kit_.Write(dy, nl, g_.pad_left, g_.in_w, 1, dx_ + n * xv_.n + l0 * xv_.g, xv_.g, xv_.w);
