@@ -12,6 +12,7 @@ namespace tfbigconv {
   }
 TFBIGCONV_DECLARE_BACKENDS(fft_baseline)
 TFBIGCONV_DECLARE_BACKENDS(fft_avx2)
+TFBIGCONV_DECLARE_BACKENDS(fft_avx512)
 #undef TFBIGCONV_DECLARE_BACKENDS
 
 namespace fft {
@@ -22,8 +23,9 @@ const Backend<T>& Pick();
 template <>
 const Backend<float>& Pick<float>() {
 #if defined(TFBIGCONV_HAVE_X86_VARIANTS)
-  static const Backend<float>& b =
-      ActiveIsa() == Isa::kBaseline ? fft_baseline::kFloat : fft_avx2::kFloat;
+  static const Backend<float>& b = ActiveIsa() == Isa::kBaseline ? fft_baseline::kFloat
+                                  : ActiveIsa() == Isa::kAvx2   ? fft_avx2::kFloat
+                                                                : fft_avx512::kFloat;
   return b;
 #else
   return fft_baseline::kFloat;
@@ -32,8 +34,9 @@ const Backend<float>& Pick<float>() {
 template <>
 const Backend<double>& Pick<double>() {
 #if defined(TFBIGCONV_HAVE_X86_VARIANTS)
-  static const Backend<double>& b =
-      ActiveIsa() == Isa::kBaseline ? fft_baseline::kDouble : fft_avx2::kDouble;
+  static const Backend<double>& b = ActiveIsa() == Isa::kBaseline ? fft_baseline::kDouble
+                                  : ActiveIsa() == Isa::kAvx2   ? fft_avx2::kDouble
+                                                                : fft_avx512::kDouble;
   return b;
 #else
   return fft_baseline::kDouble;

@@ -1,8 +1,8 @@
 // A thin wrapper over ducc0's FFTs (the library TensorFlow itself uses), on
 // plain pointers. Every call is single-threaded: callers parallelise over
 // channels, images and frequency blocks themselves. ducc0 is built for the
-// baseline ISA and for AVX2 (its widest float vectors are 8 lanes), and the
-// build that ActiveIsa() allows is used.
+// baseline ISA, AVX2 and AVX-512 (its widest float vectors are 8 lanes in
+// both; AVX-512 adds registers), and the build that ActiveIsa() allows is used.
 #pragma once
 
 #include <complex>
