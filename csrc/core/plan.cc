@@ -123,9 +123,9 @@ std::string PlanLaneBackprop(const ConvGeometry& g, DType dtype, int64_t limit, 
   if (g.groups < kFftLanes) return "fewer channels than a group of lanes";
   if (g.no_work()) return "no arithmetic";
   FftPlan separate;
-  if (!PlanFft(BackpropInputProblem(g).g, dtype, limit, workers, &separate).empty() ||
-      separate.tiles_w != 1)
-    return "dL/dinput's own plan tiles the row";
+  if (!PlanFft(BackpropInputProblem(g).g, dtype, limit, workers, &separate).empty())
+    return "dL/dinput has no FFT plan within the limit";
+  if (separate.tiles_w != 1) return "dL/dinput's own plan tiles the row";
   LaneBackpropPlan p;
   p.workers = workers;
   p.fft_w = GoodFftSize(std::max(g.pad_left + g.in_w,

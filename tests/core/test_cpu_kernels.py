@@ -18,7 +18,8 @@ import pytest
 from tfbigconv import _core
 
 from conftest import (DILATIONS, LARGE_FILTERS, PADDINGS, STRIDES, TOLERANCE, check_core,
-                      explicit_pairs, hw_pair, random_case, run_core, run_core_pass, to4)
+                      explicit_pairs, flat_explicit, hw_pair, random_case, run_core, run_core_pass,
+                      to4)
 from reference import (conv2d_reference, conv2d_reference_backprop_filter,
                        conv2d_reference_backprop_input, rel_l2)
 
@@ -696,6 +697,98 @@ def test_lane_filter_gradient_with_a_nan_matches_direct():
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     finite = np.isfinite(want)
     assert np.isnan(want).any() and rel_l2(got[finite], want[finite]) <= FFT_TOL
+
+
+FUSED_CASES = [  # (x as N,1,W,C; filter taps; stride; dilation; padding)
+    ((3, 1, 301, 21), 200, 1, 1, "SAME"),      # groups of 8, 8 and 5 lanes
+    ((2, 1, 257, 16), 200, 2, 1, "SAME"),      # strided: dL/dy at every other position
+    ((2, 1, 200, 9), 90, 1, 2, "VALID"),       # dilated, a group of one lane
+    ((2, 1, 100, 16), 100, 1, 1, "CAUSAL"),    # explicit (k - 1, 0): Hyena's
+]
+
+
+def fused_args(case, fmt, dtype="float32"):
+    """x, w, dy and the attributes of a FUSED_CASES case, with the float64 references."""
+    shape, k, stride, dil, padding = FUSED_CASES[case]
+    c = shape[3]
+    pads = ((0, 0), (k - 1, 0)) if padding == "CAUSAL" else ((0, 0), (0, 0))
+    padding = "EXPLICIT" if padding == "CAUSAL" else padding
+    if fmt == "NCHW":
+        shape = (shape[0], c, 1, shape[2])
+    np_dtype = np.float16 if dtype == "float16" else np.dtype(dtype)
+    x = random_case(shape, case).astype(np_dtype)
+    w = random_case((1, k, 1, c), case + 10).astype(np_dtype)
+    args = ((1, stride), padding, (1, dil), fmt, pads)
+    dy = random_case(conv2d_reference(x, w, *args).shape, case + 20).astype(np_dtype)
+    attrs = dict(strides=to4((1, stride), fmt), padding=padding,
+                 explicit_paddings=flat_explicit(pads, fmt) if padding == "EXPLICIT" else [],
+                 data_format=fmt, dilations=to4((1, dil), fmt))
+    refs = (conv2d_reference_backprop_input(dy, w, x.shape, *args),
+            conv2d_reference_backprop_filter(x, dy, w.shape, *args))
+    return x, w, dy, attrs, refs
+
+
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("case", range(len(FUSED_CASES)))
+def test_fused_backprop_matches_reference(fmt, dtype, case):
+    # Both gradients of a 1-D depthwise convolution from one transform of dL/dy
+    # per image (FftLaneBackprop): strides, dilations, partial lane groups,
+    # NCHW's lanes a row apart, float64's half-width vectors.
+    x, w, dy, attrs, (rdx, rdw) = fused_args(case, fmt, dtype)
+    plan = _core.lane_backprop_plan(list(x.shape), list(w.shape), dtype=dtype, workers=2, **attrs)
+    assert plan["stage_planes"] % 8 == 0 and plan["workspace_bytes"] == 2 * plan["worker_bytes"]
+    dx, dw = _core.run_lane_backprop(x, w, dy, num_threads=2, **attrs)
+    tol = FFT_TOL if dtype == "float32" else TOLERANCE[dtype]
+    assert rel_l2(dx.astype(np.float64), rdx) <= tol and rel_l2(dw.astype(np.float64), rdw) <= tol
+
+
+def test_fused_backprop_plan_sizes_its_transforms_and_buffers():
+    # Causal: the input after k - 1 zeros, and dL/dy's products, within one
+    # transform of the 7-smooth size >= max(pad + in, (out - 1) * stride + k).
+    attrs = dict(strides=[1, 1, 1, 1], padding="EXPLICIT", explicit_paddings=[0, 0, 0, 0, 99, 0, 0, 0],
+                 data_format="NHWC", dilations=[1, 1, 1, 1])
+    p = _core.lane_backprop_plan([2, 1, 100, 16], [1, 100, 1, 16], workers=2, **attrs)
+    assert p["fft_w"] == 200 and p["stage_planes"] == 8  # two groups, a task each
+    # A task's four buffers per group (filter, dL/dy, input, sum) and two of scratch.
+    assert p["worker_bytes"] == (4 * 1 + 2) * 8 * 200 * 4 + 64
+    big = _core.lane_backprop_plan([8, 1, 16384, 256], [1, 16384, 1, 256], workers=2,
+                                   **dict(attrs, explicit_paddings=[0, 0, 0, 0, 16383, 0, 0, 0]))
+    assert big["fft_w"] == 32768 and big["stage_planes"] == 64
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs,why", [
+    ((2, 1, 300, 7), (1, 200, 1, 7), {}, "fewer channels"),
+    ((2, 1, 300, 8), (1, 200, 1, 16), {}, "not depthwise"),
+    ((2, 5, 300, 8), (1, 200, 1, 8), {}, "not a 1-D"),
+    ((2, 1, 3000, 8), (1, 9, 1, 8), {}, "tiles the row"),
+    ((2, 1, 300, 8), (1, 200, 1, 8), {"workspace_limit": 1000}, "within the limit"),
+    # dL/dinput's plan fits 150 kB (88 kB), the fused backward's two workers not (188 kB).
+    ((2, 1, 300, 8), (1, 200, 1, 8), {"workspace_limit": 150000}, "exceeds the limit"),
+])
+def test_fused_backprop_refuses_what_it_does_not_serve(x_shape, w_shape, attrs, why):
+    with pytest.raises(ValueError, match=why):
+        _core.lane_backprop_plan(list(x_shape), list(w_shape), [1, 1, 1, 1], "SAME", [], "NHWC",
+                                 [1, 1, 1, 1], workers=2, **attrs)
+    x, w = random_case(x_shape, 0), random_case(w_shape, 1)
+    dy = random_case(conv2d_reference(x, w, (1, 1), "SAME").shape, 2)
+    with pytest.raises(ValueError, match=why):
+        _core.run_lane_backprop(x, w, dy, [1, 1, 1, 1], "SAME", [], "NHWC", [1, 1, 1, 1],
+                                num_threads=2, **attrs)
+
+
+def test_fused_backprop_with_a_nan_matches_direct():
+    # A NaN in dL/dy: both gradients from the direct kernel, NaNs where TF puts them.
+    x, w, dy, attrs, _ = fused_args(0, "NHWC")
+    dy[1, 0, 150, 3] = np.nan
+    dx, dw = _core.run_lane_backprop(x, w, dy, num_threads=2, **attrs)
+    args = ((1, 1), "SAME", (1, 1), "NHWC")
+    want_dx = run_core_pass("direct", "backprop_input", dy, w, x.shape, *args)
+    want_dw = run_core_pass("direct", "backprop_filter", x, dy, w.shape, *args)
+    for got, want in ((dx, want_dx), (dw, want_dw)):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        finite = np.isfinite(want)
+        assert np.isnan(want).any() and rel_l2(got[finite], want[finite]) <= FFT_TOL
 
 
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])

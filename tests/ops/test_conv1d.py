@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
-from conftest import TOLERANCE, random_case, second_order_grads
+from conftest import TOLERANCE, random_case, second_order_grads, tape_types
 from reference import conv1d_reference, conv1d_reference_grads, rel_l2
 
 ALGORITHMS = ["direct", "fft", "auto"]
@@ -98,6 +98,70 @@ def test_long_depthwise_causal_fft_walks_stage_blocks(channels, fmt):
     rdx, rdw = conv1d_reference_grads(x, w, dy, 1, "CAUSAL", 1, fmt)
     assert rel_l2(y, conv1d_reference(x, w, 1, "CAUSAL", 1, fmt)) < 1e-4
     assert rel_l2(dx, rdx) < 1e-4 and rel_l2(dw, rdw) < 1e-4
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("channels,algorithm,fused", [
+    (16, "fft", True),
+    (7, "fft", False),  # fewer channels than a group of lanes
+    (16, "direct", False)])
+def test_depthwise_gradients_share_one_transform_of_dy(channels, algorithm, fused):
+    """Both gradients of a long 1-D depthwise convolution planned as fft on the CPU
+    are one BigConv2DBackprop op (dL/dy transformed once for both); they match
+    the float64 reference, in eager, in a tf.function and in a TF1 graph."""
+    x = random_case((2, 300, channels), 0)
+    w = random_case((200, 1, channels), 1)
+    dy = random_case((2, 300, channels), 2)
+    conv = lambda x, w: tfbigconv.bigconv1d(x, w, 1, "CAUSAL", algorithm=algorithm)
+    types = tape_types(conv, x.shape, w.shape)
+    assert ("BigConv2DBackprop" in types) == fused, types
+    assert ("BigConv2DBackpropFilter" in types) != fused, types
+    rdx, rdw = conv1d_reference_grads(x, w, dy, 1, "CAUSAL")
+
+    def grads(x, w):
+        with tf.GradientTape() as tape:
+            tape.watch([x, w])
+            y = conv(x, w)
+        return tape.gradient(y, [x, w], output_gradients=tf.constant(dy))
+    xt, wt = tf.constant(x), tf.constant(w)
+    for got in (grads(xt, wt), tf.function(grads)(xt, wt)):
+        assert rel_l2(got[0], rdx) < 1e-4 and rel_l2(got[1], rdw) < 1e-4
+    with tf.Graph().as_default():
+        xg, wg = tf.compat.v1.placeholder(tf.float32, x.shape), tf.compat.v1.placeholder(tf.float32, w.shape)
+        g = tf.gradients(conv(xg, wg), [xg, wg], grad_ys=tf.constant(dy))
+        assert any(op.type == "BigConv2DBackprop" for op in tf.compat.v1.get_default_graph().get_operations()) == fused
+        with tf.compat.v1.Session() as sess:
+            gdx, gdw = sess.run(g, {xg: x, wg: w})
+    assert rel_l2(gdx, rdx) < 1e-4 and rel_l2(gdw, rdw) < 1e-4
+
+
+@pytest.mark.native
+def test_fused_gradients_of_second_order_match_tf():
+    x = tf.constant(random_case((2, 120, 8), 3).astype(np.float64))
+    w = tf.constant(random_case((80, 1, 8), 4).astype(np.float64))
+    conv = lambda x, w: tfbigconv.bigconv1d(x, w, 1, "CAUSAL", algorithm="fft")
+    assert "BigConv2DBackprop" in tape_types(conv, x.shape, w.shape, tf.float64)
+    ours = second_order_grads(conv, x, w)
+    theirs = second_order_grads(lambda x, w: tf.nn.depthwise_conv2d(
+        tf.pad(x, [[0, 0], [79, 0], [0, 0]])[:, None], tf.reshape(w, (1, 80, 8, 1)),
+        [1, 1, 1, 1], "VALID")[:, 0], x, w)
+    for a, b in zip(ours, theirs):
+        assert rel_l2(a, b) < 1e-10
+
+
+@pytest.mark.native
+def test_fused_backprop_op_runs_what_it_does_not_fuse():
+    """BigConv2DBackprop on a case the fused backward does not serve (2-D,
+    grouped) runs the two gradients as their own ops do."""
+    from tfbigconv._native import ops as native
+    x, w = random_case((2, 9, 11, 6), 5), random_case((3, 4, 2, 6), 6)
+    a = dict(strides=[1, 1, 2, 1], padding="SAME", algorithm="fft")
+    dy = random_case(native.big_conv2d(x, w, **a).shape, 7)
+    dx, dw = native.big_conv2d_backprop(x, w, dy, **a)
+    assert rel_l2(dx, native.big_conv2d_backprop_input(x.shape, w, dy, **a)) < 1e-6
+    assert rel_l2(dw, native.big_conv2d_backprop_filter(x, w.shape, dy, **a)) < 1e-6
+    with pytest.raises(tf.errors.InvalidArgumentError, match="out_backprop shape"):
+        native.big_conv2d_backprop(x, w, dy[:, :3], **a)
 
 
 @pytest.mark.parametrize("algorithm", ["direct", "fft"])
