@@ -661,6 +661,31 @@ def test_lane_plans_match_reference(pass_, fmt, dtype, case):
     assert rel_l2(got.astype(np.float64), ref) <= tol
 
 
+@pytest.mark.parametrize("pass_", ["forward", "backprop_input", "backprop_filter"])
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+def test_lane_plans_of_a_2d_row_filter_match_reference(pass_, fmt):
+    # A 1 x k depthwise filter on images: transforms of height 1, an item per
+    # output row (EXPLICIT rows of padding above and below read zeros).
+    shape = (2, 5, 40, 16) if fmt == "NHWC" else (2, 16, 5, 40)
+    x, w = random_case(shape, 1), random_case((1, 9, 1, 16), 2)
+    pads = ((1, 2), (4, 4))
+    assert _core.fft_plan(list(shape), list(w.shape), to4((2, 1), fmt), "EXPLICIT",
+                          flat_explicit(pads, fmt), fmt, to4(1, fmt), workers=2)["lanes"]
+    args = ((2, 1), "EXPLICIT", (1, 1), fmt, pads)
+    if pass_ == "forward":
+        got = run("fft", x, w, (2, 1), "EXPLICIT", 1, fmt, pads, num_threads=2)
+        ref = conv2d_reference(x, w, *args)
+    else:
+        dy = random_case(conv2d_reference(x, w, *args).shape, 3)
+        if pass_ == "backprop_input":
+            got = run_core_pass("fft", pass_, dy, w, x.shape, (2, 1), "EXPLICIT", 1, fmt, pads, num_threads=2)
+            ref = conv2d_reference_backprop_input(dy, w, x.shape, *args)
+        else:
+            got = run_core_pass("fft", pass_, x, dy, w.shape, (2, 1), "EXPLICIT", 1, fmt, pads, num_threads=2)
+            ref = conv2d_reference_backprop_filter(x, dy, w.shape, *args)
+    assert rel_l2(got, ref) <= FFT_TOL
+
+
 def test_lane_plans_on_the_baseline_isa_match_reference():
     # SSE2 vectors hold 4 float32 lanes: a group of 8 is two vector blocks.
     # The ISA is chosen once per process, so this runs in a fresh one.

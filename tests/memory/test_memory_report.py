@@ -301,6 +301,27 @@ def test_conv_workspaces_come_from_the_planner(eigen_kernels):
 
 
 
+@pytest.mark.native
+def test_a_fused_backward_counts_one_workspace():
+    """A long causal BigDepthwiseConv1D whose two gradients plan as fft on the CPU
+    runs them as one BigConv2DBackprop op: its backward workspace is that op's
+    plan, not the sum of the two passes' plans."""
+    inp = keras.Input((300, 16))
+    layer = tfbigconv.keras.BigDepthwiseConv1D(200, padding="causal", algorithm="fft", name="long")
+    # A layer before it, so that its input needs a gradient too.
+    model = keras.Model(inp, layer(keras.layers.Dense(16)(inp)))
+    r = tfbigconv.memory_report(model, 2, device="CPU", advice=False)
+    row = next(row for row in r.rows if row.layer == "long" and row.op == "BigConv2D")
+    attrs = dict(strides=[1, 1, 1, 1], padding="EXPLICIT",
+                 explicit_paddings=[0, 0, 0, 0, 199, 0, 0, 0], data_format="NHWC",
+                 dilations=[1, 1, 1, 1])
+    fused = planner.fused_backward([2, 1, 300, 16], [1, 200, 1, 16], attrs, "float32", "CPU")
+    separate = sum(planner.plan(p, [2, 1, 300, 16], [1, 200, 1, 16], attrs, "float32", "fft", 0)
+                   ["fft"]["workspace_bytes"] for p in planner.PASSES[1:])
+    assert fused and fused["workspace_bytes"] != separate
+    assert row.bigconv_workspace[1] == fused["workspace_bytes"]
+
+
 def test_a_tf_ops_gradient_workspace_is_its_own_kernels(eigen_kernels):
     """tf.nn.conv2d with a dilated depthwise filter is TF's grouped Conv2D,
     whose registered gradients run Conv2DBackprop* (col_buffer), not the

@@ -33,7 +33,8 @@ from tfbigconv import _core, host
 from tfbigconv.memory.rules import (ALIASES, CONVS, NO_GRADIENT, SAFETY_MARGIN, fmt_bytes,
                                     optimizer_slots)
 from tfbigconv.memory.trace import Trace
-from tfbigconv.memory.workspaces import (ConvPlans, decode, onednn_maxpool_workspace,
+from tfbigconv.memory.workspaces import (ConvPlans, decode, gradient_workspace,
+                                         onednn_maxpool_workspace,
                                          tf_conv2d_onednn)
 from tfbigconv.memory.simulate import simulate
 
@@ -379,7 +380,7 @@ class MemoryReport:
                                    if i in gi]
                     tf_ws = (tf_w["forward"], sum(tf_w[p] for p in grad_passes))
                     if big:
-                        big_ws = (big["forward"][1], sum(big[p][1] for p in grad_passes))
+                        big_ws = (big["forward"][1], gradient_workspace(big, grad_passes)[0])
                     for p, (algorithm, _, note) in (big or {}).items():
                         if note and op.type == "BigConv2D":
                             self.notes.append(f"{call.label}, {p} ({algorithm}): {note}")

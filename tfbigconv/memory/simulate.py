@@ -3,6 +3,7 @@ ops in reverse, with what each keeps; the largest total is the peak."""
 import collections
 
 from tfbigconv.memory.rules import ALIASES, CONVS
+from tfbigconv.memory.workspaces import gradient_workspace
 
 # ---------------------------------------------------------------------------
 # Simulation
@@ -152,8 +153,7 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0)
                 parts = [("backprop_input", 0 in gi), ("backprop_filter", 1 in gi)]
             # Both gradient passes are ready together; TensorFlow's executor
             # may run them at the same time.
-            ws = sum(runs[p][1] for p, used in parts if used)
-            passes = " + ".join(f"{p} ({runs[p][0]})" for p, used in parts if used)
+            ws, passes = gradient_workspace(runs, [p for p, used in parts if used])
             alloc(("ws", op.name), ws, f"workspace of {op.type}'s gradient: {passes}", op)
         out_grad = grads.get(op.outputs[0]) if op.outputs else None
         made = []

@@ -112,6 +112,10 @@ class ConvPlans:
                     note = note or e.message
                     plan = planner.plan(p, xs, ws, attrs, dtype, chosen, 0, self.device)
                 out[p] = (chosen, plan[chosen]["workspace_bytes"], note)
+            if g is not None and out["backprop_input"][0] == out["backprop_filter"][0] == "fft":
+                fused = planner.fused_backward(xs, ws, attrs, dtype, self.device, limit)
+                if fused:
+                    out[FUSED] = ("fft (fused backward)", fused["workspace_bytes"], "")
             self.cache[key] = out
         return self.cache[key]
 
@@ -160,6 +164,21 @@ class ConvPlans:
             ours = self.bigconv(op, batch)
             runs.update({p: ours[p] for p in planner.PASSES[1:]})
         return runs
+
+
+# The entry of ConvPlans.bigconv's runs for BigConv2DBackprop, which computes
+# both gradients in one op where the fused FFT backward serves the case.
+FUSED = "fused backward"
+
+
+def gradient_workspace(runs, passes):
+    """(bytes, what runs) of the gradient passes `passes` (names) of one
+    convolution, which may run at once: one fused op where both gradients are
+    wanted and it serves them."""
+    if FUSED in runs and set(passes) == {"backprop_input", "backprop_filter"}:
+        return runs[FUSED][1], runs[FUSED][0]
+    return (sum(runs[p][1] for p in passes),
+            " + ".join(f"{p} ({runs[p][0]})" for p in passes))
 
 
 def gradients_routed(op):

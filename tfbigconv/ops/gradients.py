@@ -3,7 +3,7 @@ TensorFlow's nn_grad.py for Conv2D and its backprops). Each gradient pass is
 planned on its own (planner.choose_gradients) and emitted as its candidate."""
 import tensorflow as tf
 
-from tfbigconv import _core, host, kernels
+from tfbigconv import host, kernels
 from tfbigconv._native import ops as native
 from tfbigconv.planning import candidates, planner
 
@@ -33,31 +33,14 @@ def _big_conv_grad(op, grad):
     skip = set(getattr(op, "skip_input_indices", None) or ())
     bpi, bpf = planner.choose_gradients(x.shape, w.shape, a, x.dtype, device,
                                         needed=(0 not in skip, 1 not in skip))
-    if bpi == bpf == "fft" and _fused_backprop_serves(op, x, w, a):
+    # Both as fft where one op transforms dL/dy once for both (1-D depthwise, CPU).
+    if bpi == bpf == "fft" and not kernels.is_3d(a) and planner.fused_backward(
+            x.shape, w.shape, a, x.dtype, _device_of(op), a["workspace_limit_bytes"]):
         return native.big_conv2d_backprop(x, w, grad, **candidates.ours(a, "fft"))
     return (candidates.backprop_input(tf.shape(x), w, grad, a, bpi, x.shape, device)
             if bpi else None,
             candidates.backprop_filter(x, w.shape if w.shape.is_fully_defined() else tf.shape(w),
                                        grad, a, bpf, device) if bpf else None)
-
-
-def _fused_backprop_serves(op, x, w, a):
-    """Whether BigConv2DBackprop's fused FFT backward (one transform of dL/dy
-    for both gradients: 1-D depthwise, _core.lane_backprop_plan) serves both
-    gradients of `op`, both planned as fft: a 2-D op of static shapes that
-    runs on the CPU, where the op has its kernel."""
-    if kernels.is_3d(a) or not (x.shape.is_fully_defined() and w.shape.is_fully_defined()):
-        return False
-    if _device_of(op) != "CPU":
-        return False
-    try:
-        _core.lane_backprop_plan(x.shape.as_list(), w.shape.as_list(), a["strides"], a["padding"],
-                                 a["explicit_paddings"], a["data_format"], a["dilations"],
-                                 dtype=x.dtype.name, workspace_limit=a["workspace_limit_bytes"],
-                                 workers=host.current().threads())
-    except ValueError:  # it says why; the two gradients run on their own
-        return False
-    return True
 
 
 @tf.RegisterGradient("BigConv2DBackprop")

@@ -138,6 +138,24 @@ def decide_gradients(input_shape, filter_shape, attrs, dtype, algorithm, workspa
     return plans
 
 
+def fused_backward(input_shape, filter_shape, attrs, dtype, device, workspace_limit=0):
+    """The plan of the fused FFT backward (BigConv2DBackprop: both gradients of a
+    1-D depthwise convolution from one transform of dL/dy, _core.lane_backprop_plan)
+    for static 2-D shapes on the CPU, or None where it does not serve the case.
+    Used where both gradients are wanted and both are planned as fft."""
+    input_shape, filter_shape = static_shape(input_shape), static_shape(filter_shape)
+    if device != "CPU" or input_shape is None or filter_shape is None or len(input_shape) != 4:
+        return None
+    try:
+        return _core.lane_backprop_plan(
+            input_shape, filter_shape, attrs["strides"], attrs["padding"],
+            attrs["explicit_paddings"], attrs["data_format"], attrs["dilations"],
+            dtype=tf.as_dtype(dtype).name, workspace_limit=workspace_limit,
+            workers=host.current().threads())
+    except ValueError:  # it says why; the two gradients run on their own
+        return None
+
+
 def log_choice(a, p):
     """Logs plan `p` of a pass of the op with attributes `a` (ours)."""
     how = "measured" if p.get("measured") else "estimated"
