@@ -56,3 +56,18 @@ def test_explain_warns_when_the_profile_is_from_another_machine(monkeypatch):
     # The GPU's constants are the H100 grids' fit wherever explain runs.
     e = tfbigconv.explain((2, 20, 20, 3), (5, 5, 3, 4), padding="SAME", device="GPU")
     assert e.cost_model_warning == "" and warn not in e.table()
+
+
+@pytest.mark.native
+def test_explain_shows_the_fused_backward_where_it_serves():
+    """A long 1-D depthwise layer whose gradients are fft on the CPU: one op for
+    both (its plan and a line in the table); a 2-D layer: none."""
+    e = tfbigconv.explain([2, 300, 16], [200, 1, 16], padding="CAUSAL", algorithm="fft",
+                          device="CPU")
+    assert e.fused_backward and e.fused_backward["fft_w"] >= 300 + 199
+    assert "both gradients in one op (BigConv2DBackprop)" in e.table()
+    assert tfbigconv.explain([2, 300, 7], [200, 1, 7], padding="CAUSAL", algorithm="fft",
+                             device="CPU").fused_backward is None  # fewer than 8 channels
+    e2 = tfbigconv.explain([2, 40, 40, 16], [9, 9, 1, 16], padding="SAME", algorithm="fft",
+                           device="CPU")
+    assert e2.fused_backward is None and "BigConv2DBackprop" not in e2.table()

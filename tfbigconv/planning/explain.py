@@ -45,6 +45,9 @@ class Explanation:
         cost_model_fit: how its CPU values were fitted (profiles.how_fitted);
         cost_model_warning: why they may not fit this machine
         (profiles.machine_mismatch), or "".
+      fused_backward: where both gradients are fft and one op computes them
+        from a single transform of dL/doutput (planner.fused_backward: 1-D
+        depthwise on the CPU), its plan (fft_w, workspace_bytes, ...); else None.
     """
 
     def __init__(self, plans, budget, cost_model_source, device):
@@ -70,6 +73,7 @@ class Explanation:
         # on one like it); the GPU's come from the H100 grids' fit either way.
         self.cost_model_warning = profiles.machine_mismatch() if device == "CPU" else ""
         self.cost_model_fit = profiles.how_fitted() if device == "CPU" else ""
+        self.fused_backward = None
 
     def table(self):
         head = ["pass", "algorithm", "est. time", "measured", "workspace", "peak", "fits",
@@ -99,6 +103,12 @@ class Explanation:
             out.append(f"cost model: {self.cost_model_warning}; its estimates may be off "
                        "several-fold here (`python -m tfbigconv calibrate` measures this machine)")
         out += [f"{p}: {self.how[p]}; {why}" for p, why in self.reasons.items()]
+        if self.fused_backward:
+            f = self.fused_backward
+            out.append(f"backward: both gradients in one op (BigConv2DBackprop), dL/doutput "
+                       f"transformed once for both: {f['fft_w']}-point transforms, workspace "
+                       f"{_bytes(f['workspace_bytes'])} in place of the two passes' (when both "
+                       "gradients are wanted)")
         return "\n".join(out)
 
     def _budget(self):
@@ -239,4 +249,8 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
         else:
             tuner.refine_gradients(*plans[1:], input_shape, filter_shape, attrs, dtype, device,
                                    limit, enabled=autotune)
-    return Explanation(plans, plans[0]["limit"], profiles.active_source, device)
+    e = Explanation(plans, plans[0]["limit"], profiles.active_source, device)
+    if len(input_shape) == 4 and e.chosen["backprop_input"] == e.chosen["backprop_filter"] == "fft":
+        e.fused_backward = planner.fused_backward(input_shape, filter_shape, attrs, dtype, device,
+                                                  limit)
+    return e
