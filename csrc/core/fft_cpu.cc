@@ -308,6 +308,20 @@ class LaneKit {
   int64_t off_[kFftLanes] = {};
 };
 
+// The largest input magnitude that transforms of `points` take safely with
+// filter values up to w_max, summed over `terms` input channels of `taps`
+// filter taps: each spectrum value is at most points x max |x| (or taps x
+// max |w|), the sum adds `terms` products of two such (each of up to 2 real
+// products), and the unscaled inverse multiplies by the points again. A
+// factor 2 to spare.
+template <typename T>
+T FftInputLimit(double points, double terms, double taps, T w_max) {
+  if (w_max == 0) return std::numeric_limits<T>::max();
+  const double growth = 4.0 * points * points * terms * taps * double(w_max);
+  return T(std::min(double(std::numeric_limits<T>::max()),
+                    double(std::numeric_limits<T>::max()) / growth));
+}
+
 // Where an item's tile sits: image, first output slice/row/col, valid extent.
 struct Tile {
   int64_t n, od0, oh0, ow0, vd, vh, vw;
@@ -420,19 +434,11 @@ class FftRunner {
   }
 
  private:
-  // The largest input magnitude the transforms take safely with filter
-  // values up to w_max: each spectrum value is at most (fft points) x max
-  // |x| (or taps x max |w|), the channel sum adds cig products of two such
-  // (each of up to 2 real products), and the unscaled inverse transform
-  // multiplies by the points again. A factor 2 to spare.
+  // The largest input magnitude this plan's transforms take safely with
+  // filter values up to w_max (FftInputLimit).
   T InputLimit(T w_max) const {
-    if (w_max == 0) return std::numeric_limits<T>::max();
-    const double points = double(Plane());
-    const double growth = 4.0 * points * points * double(g_.in_c_per_group()) *
-                          double(g_.filter_d) * double(g_.filter_h) * double(g_.filter_w) *
-                          double(w_max);
-    return T(std::min(double(std::numeric_limits<T>::max()),
-                      double(std::numeric_limits<T>::max()) / growth));
+    return FftInputLimit(double(Plane()), double(g_.in_c_per_group()),
+                         double(g_.filter_d) * double(g_.filter_h) * double(g_.filter_w), w_max);
   }
 
   void RaiseFilterMax(T v) {
@@ -929,16 +935,6 @@ class FftRunner {
   T x_limit_ = 0;
 };
 
-// Whether FFT products of operands up to a_most and b_most in magnitude,
-// summed over `terms` pairs of `taps` nonzero values, stay finite through
-// transforms of `points` (FftRunner::InputLimit's bound).
-template <typename T>
-bool FftSafe(T a_most, T b_most, double points, double terms, double taps) {
-  if (b_most == 0) return true;
-  const double growth = 4.0 * points * points * terms * taps * double(b_most);
-  return double(a_most) <= double(std::numeric_limits<T>::max()) / growth;
-}
-
 // FftLaneBackprop (LaneBackpropPlan): a task holds its groups' filter
 // spectra, and image by image transforms dL/doutput and the input once each.
 template <typename S, typename T>
@@ -1010,9 +1006,10 @@ class LaneBackprop {
       }
       kit_.Write(dy, nl, g_.pad_left, g_.in_w, 1, dx_ + n * xv_.n + l0 * xv_.g, xv_.g, xv_.w);
     }
+    // dL/dx: dL/dy against the filter; dL/dw: the input against dL/dy, summed over the batch.
     const double points = double(p_.plan.fft_w);
-    if (!FftSafe(dy_most, w_most, points, 1.0, double(g_.filter_w)) ||
-        !FftSafe(x_most, dy_most, points, double(g_.batch), double(g_.out_w)))
+    if (!(dy_most <= FftInputLimit(points, 1.0, double(g_.filter_w), w_most)) ||
+        !(x_most <= FftInputLimit(points, double(g_.batch), double(g_.out_w), dy_most)))
       return false;
     for (int64_t q = 0; q < ng; ++q) kit_.Transform(sum[q], scratch, false);
     kit_.Write(sum, nl, 0, g_.filter_w, g_.dilation_w, dw_ + fv_.offset + l0 * fv_.g, fv_.g,

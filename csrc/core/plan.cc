@@ -40,19 +40,24 @@ constexpr int64_t kStageBytes = 384 << 10;
 // 32768 points take 8 MiB.
 constexpr int64_t kStageBytes1D = 8 << 20;
 
+// Lane groups a task stages (lane plans, and the fused backward): as many as
+// fit kStageBytes1D, where a set of them reads whole cache lines of an NWC
+// row, and few enough that each worker has a task (a group set of each of
+// `items` items being a task).
+int64_t LaneGroupsForTasks(int64_t lane_groups, int64_t items, int64_t group_bytes, int workers) {
+  return std::max<int64_t>(
+      1, std::min({kMaxStagePlanes1D / kFftLanes, kStageBytes1D / std::max<int64_t>(1, group_bytes),
+                   CeilDiv(SatMul(lane_groups, items), std::max(workers, 1)), lane_groups}));
+}
+
 int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& p) {
   const int64_t plane = SatMul({p.fft_d, p.fft_h, p.fft_w, ComputeBytes(dtype)});
   // Lane plans: groups of kFftLanes planes per task, as many as fit
   // kStageBytes1D (a staged set of them reads whole cache lines of an NWC row),
   // and few enough that every worker has a task.
-  if (LaneFftPlan(g, p)) {
-    const int64_t lane_groups = CeilDiv(g.groups, kFftLanes);
-    const int64_t fit = kStageBytes1D / std::max<int64_t>(1, SatMul(plane, kFftLanes));
-    const int64_t busy = CeilDiv(SatMul(lane_groups, p.items), std::max(p.workers, 1));
-    const int64_t per_task = std::max<int64_t>(
-        1, std::min({kMaxStagePlanes1D / kFftLanes, fit, busy, lane_groups}));
-    return per_task * kFftLanes;
-  }
+  if (LaneFftPlan(g, p))
+    return kFftLanes * LaneGroupsForTasks(CeilDiv(g.groups, kFftLanes), p.items,
+                                          SatMul(plane, kFftLanes), p.workers);
   // A block's filter planes (out_c * ci_block) are the most planes of any
   // phase (input planes: groups * ci_block; output planes: out_c).
   const int64_t most = g.out_c * p.ci_block;
@@ -132,12 +137,8 @@ std::string PlanLaneBackprop(const ConvGeometry& g, DType dtype, int64_t limit, 
                                  (g.out_w - 1) * g.stride_w + g.effective_filter_w()));
   const int64_t group = SatMul({kFftLanes, p.fft_w, ComputeBytes(dtype)});
   const int64_t lane_groups = CeilDiv(g.groups, kFftLanes);
-  // As PreferredStagePlanes: groups within kStageBytes1D a staged set, and a
-  // task for every worker (a task walks every image).
-  int64_t per_task = std::max<int64_t>(
-      1, std::min({kMaxStagePlanes1D / kFftLanes, kStageBytes1D / std::max<int64_t>(1, group),
-                   CeilDiv(lane_groups, workers), lane_groups}));
-  for (;; --per_task) {
+  // A task walks every image: one item's worth of tasks.
+  for (int64_t per_task = LaneGroupsForTasks(lane_groups, 1, group, workers);; --per_task) {
     p.stage_planes = per_task * kFftLanes;
     p.worker_bytes = SatAdd(SatMul(4 * per_task + 2, group), kLaneAlignBytes);
     p.workspace_bytes = SatMul(int64_t(workers), p.worker_bytes);
