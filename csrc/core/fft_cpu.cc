@@ -102,9 +102,6 @@ bool EvenlySpaced(P* const* p, int64_t n, int64_t* step) {
   return n > 1 && *step > 0;
 }
 
-// The most groups of lanes a task stages (LaneGroupsPerTask).
-constexpr int64_t kMaxLaneGroupsPerTask = kMaxStagePlanes1D / kFftLanes;
-
 // A pointer rounded up to kLaneAlignBytes (the plan holds the slack).
 template <typename T>
 T* AlignLanes(char* p) {
@@ -1020,20 +1017,17 @@ class LaneBackprop {
   // Each gradient as its own problem with the direct kernel, which places
   // NaNs and Infs as TensorFlow's kernels do.
   void Separately(const ParallelFor& pf) const {
-    DirectParams bpi;
-    bpi.problem = BackpropInputProblem(g_);
-    bpi.dtype = p_.dtype;
-    bpi.input = p_.out_backprop;
-    bpi.filter = p_.filter;
-    bpi.output = p_.input_backprop;
-    DirectConv(bpi, pf, ActiveIsa());
-    DirectParams bpf;
-    bpf.problem = BackpropFilterProblem(g_);
-    bpf.dtype = p_.dtype;
-    bpf.input = p_.input;
-    bpf.filter = p_.out_backprop;
-    bpf.output = p_.filter_backprop;
-    DirectConv(bpf, pf, ActiveIsa());
+    const auto direct = [&](const ConvProblem& problem, const void* a, const void* b, void* out) {
+      DirectParams d;
+      d.problem = problem;
+      d.dtype = p_.dtype;
+      d.input = a;
+      d.filter = b;
+      d.output = out;
+      DirectConv(d, pf, ActiveIsa());
+    };
+    direct(BackpropInputProblem(g_), p_.out_backprop, p_.filter, p_.input_backprop);
+    direct(BackpropFilterProblem(g_), p_.input, p_.out_backprop, p_.filter_backprop);
   }
 
   const LaneBackpropParams p_;

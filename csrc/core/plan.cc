@@ -46,15 +46,13 @@ constexpr int64_t kStageBytes1D = 8 << 20;
 // `items` items being a task).
 int64_t LaneGroupsForTasks(int64_t lane_groups, int64_t items, int64_t group_bytes, int workers) {
   return std::max<int64_t>(
-      1, std::min({kMaxStagePlanes1D / kFftLanes, kStageBytes1D / std::max<int64_t>(1, group_bytes),
+      1, std::min({kMaxLaneGroupsPerTask, kStageBytes1D / std::max<int64_t>(1, group_bytes),
                    CeilDiv(SatMul(lane_groups, items), std::max(workers, 1)), lane_groups}));
 }
 
 int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& p) {
   const int64_t plane = SatMul({p.fft_d, p.fft_h, p.fft_w, ComputeBytes(dtype)});
-  // Lane plans: groups of kFftLanes planes per task, as many as fit
-  // kStageBytes1D (a staged set of them reads whole cache lines of an NWC row),
-  // and few enough that every worker has a task.
+  // Lane plans count lanes, in groups of kFftLanes (LaneGroupsForTasks).
   if (LaneFftPlan(g, p))
     return kFftLanes * LaneGroupsForTasks(CeilDiv(g.groups, kFftLanes), p.items,
                                           SatMul(plane, kFftLanes), p.workers);

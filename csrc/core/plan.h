@@ -48,7 +48,7 @@ struct FftPlan {
   // Workspace layout, in this order; all sizes in bytes.
   int64_t filter_spectra_bytes = 0;     // ci_block * out_c spectra (lane plans: halfcomplex lane groups, or none)
   int64_t item_spectra_bytes = 0;       // groups * ci_block (+ out_c unless fused) spectra of one item (none if PlaneLocalFft)
-  int64_t worker_bytes = 0;             // one worker's stage_planes real planes (+ a spectrum if fused, one per plane at height 1; lane plans: LaneWorkerBytes)
+  int64_t worker_bytes = 0;             // one worker's stage_planes real planes (+ a spectrum if fused, one per plane at height 1; lane plans: LaneWorkerBuffers)
   int64_t workspace_bytes = 0;          // the exact total
   // The cost model's inputs: transform and channel-mixing flops, and bytes
   // moved through memory; and their weighted sum, in seconds (CostModel).
@@ -103,8 +103,9 @@ inline bool LaneFftPlan(const ConvGeometry& g, const FftPlan& p) {
 // two for the transforms' scratch (ducc0 needs at most 1.1 x the points for
 // 7-smooth sizes; RunLanes checks). The filter's lane spectra, when made once,
 // take a buffer per group.
+constexpr int64_t kMaxLaneGroupsPerTask = kMaxStagePlanes1D / kFftLanes;
 inline int64_t LaneGroupsPerTask(const FftPlan& p) {
-  return std::min(kMaxStagePlanes1D / kFftLanes, std::max<int64_t>(1, p.stage_planes / kFftLanes));
+  return std::min(kMaxLaneGroupsPerTask, std::max<int64_t>(1, p.stage_planes / kFftLanes));
 }
 inline int64_t LaneWorkerBuffers(const ConvGeometry& g, const FftPlan& p) {
   return (g.in_c_per_group() == 1 ? 1 : 3) * LaneGroupsPerTask(p) + 2;

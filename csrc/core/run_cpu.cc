@@ -21,6 +21,21 @@ Params WithOperands(const ConvProblem& problem, DType dtype, const void* a, cons
   return p;
 }
 
+// A plan's per-worker buffers and workspace against the pool and the
+// caller's workspace: `what` ("the fft plan") names the plan in the message.
+Status CheckPlanBuffers(const std::string& what, int plan_workers, int64_t workspace_bytes,
+                        const void* workspace, const ParallelFor& parallel_for) {
+  // Each worker id indexes its own buffer in the workspace.
+  if (plan_workers < parallel_for.num_workers())
+    return Status::InvalidArgument(what + " has buffers for " + std::to_string(plan_workers) +
+                                   " workers, but the thread pool has " +
+                                   std::to_string(parallel_for.num_workers()));
+  if (workspace_bytes > 0 && !workspace)
+    return Status::InvalidArgument(what + " needs a workspace of " +
+                                   std::to_string(workspace_bytes) + " bytes and none was given");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status RunConvCpu(const ConvProblem& problem, DType dtype, const AlgorithmChoice& choice,
@@ -42,15 +57,9 @@ Status RunConvCpu(const ConvProblem& problem, DType dtype, const AlgorithmChoice
   const FftPlan& plan = choice.fft_plan;
   if (plan.items <= 0 || plan.chunk <= 0)
     return Status::InvalidArgument("the fft choice carries no plan (fft_plan is empty)");
-  // Each worker id indexes its own buffer in the workspace.
-  if (plan.workers < parallel_for.num_workers())
-    return Status::InvalidArgument("the fft plan has buffers for " + std::to_string(plan.workers) +
-                                   " workers, but the thread pool has " +
-                                   std::to_string(parallel_for.num_workers()));
-  if (plan.workspace_bytes > 0 && !workspace)
-    return Status::InvalidArgument("the fft plan needs a workspace of " +
-                                   std::to_string(plan.workspace_bytes) +
-                                   " bytes and none was given");
+  const Status buffers =
+      CheckPlanBuffers("the fft plan", plan.workers, plan.workspace_bytes, workspace, parallel_for);
+  if (!buffers.ok()) return buffers;
   FftParams p = WithOperands<FftParams>(problem, dtype, a, b, out);
   p.plan = plan;
   p.workspace = workspace;
@@ -61,13 +70,9 @@ Status RunConvCpu(const ConvProblem& problem, DType dtype, const AlgorithmChoice
 Status RunLaneBackpropCpu(const ConvGeometry& g, DType dtype, const LaneBackpropPlan& plan,
                           const void* x, const void* w, const void* dy, void* dx, void* dw,
                           void* workspace, const ParallelFor& parallel_for) {
-  if (plan.workers < parallel_for.num_workers())
-    return Status::InvalidArgument("the fused backward's plan has buffers for " +
-                                   std::to_string(plan.workers) + " workers, but the thread pool has " +
-                                   std::to_string(parallel_for.num_workers()));
-  if (plan.workspace_bytes > 0 && !workspace)
-    return Status::InvalidArgument("the fused backward needs a workspace of " +
-                                   std::to_string(plan.workspace_bytes) + " bytes and none was given");
+  const Status buffers = CheckPlanBuffers("the fused backward's plan", plan.workers,
+                                          plan.workspace_bytes, workspace, parallel_for);
+  if (!buffers.ok()) return buffers;
   LaneBackpropParams p;
   p.problem = ForwardProblem(g);
   p.dtype = dtype;
