@@ -77,7 +77,8 @@ class BigConv2DBackpropOp : public BigConvDeviceBase<CpuDevice, T> {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, input.shape(), &dx));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, filter.shape(), &dw));
     const ParallelFor pf = TfParallelFor(ctx);
-    const int64_t limit = this->workspace_limit_ > 0 ? this->workspace_limit_ : DefaultHostWorkspaceBudget();
+    const int64_t limit =
+        this->workspace_limit_ > 0 ? this->workspace_limit_ : DefaultHostWorkspaceBudget();
     LaneBackpropPlan plan;
     const std::string why = this->algorithm_ == "direct" || this->planned_ == "direct"
                                 ? "direct was requested"

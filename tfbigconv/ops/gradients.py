@@ -34,7 +34,7 @@ def _big_conv_grad(op, grad):
     bpi, bpf = planner.choose_gradients(x.shape, w.shape, a, x.dtype, device,
                                         needed=(0 not in skip, 1 not in skip))
     # Both as fft where one op transforms dL/dy once for both (1-D depthwise, CPU).
-    if bpi == bpf == "fft" and not kernels.is_3d(a) and planner.fused_backward(
+    if bpi == bpf == "fft" and planner.fused_backward(
             x.shape, w.shape, a, x.dtype, _device_of(op), a["workspace_limit_bytes"]):
         return native.big_conv2d_backprop(x, w, grad, **candidates.ours(a, "fft"))
     return (candidates.backprop_input(tf.shape(x), w, grad, a, bpi, x.shape, device)
@@ -49,15 +49,14 @@ def _fused_backprop_grad(op, grad_dx, grad_dw):
     dy) in x and dy: the sum of the two ops' gradients below."""
     x, w, dy = op.inputs
     a = _attrs(op)
-    f = native.big_conv2d
-    d_x = (native.big_conv2d_backprop_input(tf.shape(x), grad_dw, dy, **a)
-           if grad_dw is not None else None)
-    d_w = (native.big_conv2d_backprop_filter(grad_dx, tf.shape(w), dy, **a)
-           if grad_dx is not None else None)
-    parts = [f(grad_dx, w, **a) if grad_dx is not None else None,
-             f(x, grad_dw, **a) if grad_dw is not None else None]
-    parts = [t for t in parts if t is not None]
-    d_dy = tf.add_n(parts) if len(parts) > 1 else (parts[0] if parts else None)
+    d_x = d_w = d_dy = None
+    if grad_dx is not None:
+        d_w = native.big_conv2d_backprop_filter(grad_dx, tf.shape(w), dy, **a)
+        d_dy = native.big_conv2d(grad_dx, w, **a)
+    if grad_dw is not None:
+        d_x = native.big_conv2d_backprop_input(tf.shape(x), grad_dw, dy, **a)
+        from_dw = native.big_conv2d(x, grad_dw, **a)
+        d_dy = from_dw if d_dy is None else d_dy + from_dw
     return d_x, d_w, d_dy
 
 

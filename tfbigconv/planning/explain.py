@@ -250,7 +250,7 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
             tuner.refine_gradients(*plans[1:], input_shape, filter_shape, attrs, dtype, device,
                                    limit, enabled=autotune)
     e = Explanation(plans, plans[0]["limit"], profiles.active_source, device)
-    if len(input_shape) == 4 and e.chosen["backprop_input"] == e.chosen["backprop_filter"] == "fft":
+    if e.chosen["backprop_input"] == e.chosen["backprop_filter"] == "fft":
         e.fused_backward = planner.fused_backward(input_shape, filter_shape, attrs, dtype, device,
                                                   limit)
     return e
