@@ -80,11 +80,22 @@ def _explicit_pairs(a):
     return [p[i:i + 2] for i in range(0, len(p), 2)] if a["padding"] == "EXPLICIT" else None
 
 
-def tf_forward(x, w, a, depthwise):
+def tf_forward(x, w, a, depthwise, per_group=False):
+    """TF's forward kernel. per_group: a grouped Conv2D as one Conv2D per group
+    (split, convolve, concatenate), as TF's Eigen kernel runs it, where a
+    BiasAdd after it would fuse into a kernel without groups
+    (planning.tf_rules.grouped_conv2d_fusion_fails); nothing fuses into the
+    concatenation, and each group's Conv2D and gradients are ungrouped."""
     if is_3d(a):
         pairs = _explicit_pairs(a)
         x = tf.pad(x, pairs) if pairs else x
         return tf.raw_ops.Conv3D(input=x, filter=w, **_conv3d_attrs(a))
+    if not depthwise and per_group:
+        axis = 3 if a["data_format"] == "NHWC" else 1
+        groups = in_depth(x.shape, a["data_format"]) // w.shape[2]
+        ys = [tf.raw_ops.Conv2D(input=xg, filter=wg, **tf_attrs(a))
+              for xg, wg in zip(tf.split(x, groups, axis=axis), tf.split(w, groups, axis=3))]
+        return tf.concat(ys, axis=axis)
     if not depthwise:
         return tf.raw_ops.Conv2D(input=x, filter=w, **tf_attrs(a))
     c = in_depth(x.shape, a["data_format"])

@@ -10,6 +10,8 @@ wins unless TF's kernel (then direct, then fft: PREFERENCE) is within
 TF_MARGIN of it; the result is remembered in memory and in a JSON cache
 (TFBIGCONV_AUTOTUNE_CACHE). TFBIGCONV_AUTOTUNE=0 turns it off.
 """
+import functools
+import hashlib
 import json
 import math
 import os
@@ -127,7 +129,34 @@ def cache_path():
 
 
 def _version():
-    return version.__version__
+    """What a cache entry must have been timed by: the package version and the
+    compiled libraries (build_id), so that a rebuild of the kernels times again."""
+    return f"{version.__version__}+{build_id()}"
+
+
+@functools.lru_cache(maxsize=None)
+def build_id():
+    """A digest of the compiled libraries' bytes (the op library, whose kernels
+    are timed, and _core, whose planner sized them), read once per process
+    (17 MB: about 30 ms); "none" where they did not load (pure TensorFlow)."""
+    digest = hashlib.blake2b(digest_size=8)
+    found = False
+    for path in library_paths():
+        try:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            found = True
+        except OSError:
+            continue
+    return digest.hexdigest() if found else "none"
+
+
+def library_paths():
+    """The files of the compiled libraries this process loaded."""
+    from tfbigconv import _core, _native
+    paths = [getattr(_native, "LIB_PATH", None), getattr(_core, "__file__", None)]
+    return [p for p in paths if isinstance(p, str)]
 
 
 def _load(path, warn=True):
@@ -231,9 +260,11 @@ def _tf_for_auto(p):
 
 def _eligible(p):
     """The candidates of a planned pass that may run for auto: available, fitting,
-    and TF's kernel unless it is excluded for precision."""
+    and neither TF's kernel nor fft where it is excluded for precision
+    (tf_rules' verdict "never"; the planner's precision rule, fft "for_auto")."""
     return [n for n in CANDIDATES if p[n]["available"] and p[n]["fits"]
-            and (n != "tf" or _tf_for_auto(p) != "never")]
+            and (n != "tf" or _tf_for_auto(p) != "never")
+            and p[n].get("for_auto", True)]
 
 
 def candidates_to_time(p):

@@ -4,10 +4,14 @@ The estimates and the choice come from the planner in C++ (plan.cc, through
 _core.plan_pass), so that they are the ones the ops use at run time. This
 module adds what only Python knows: which TensorFlow kernel runs each case on
 the device and whether it can (tf_rules), the host's facts (host), and
-measured choices (autotune) where estimates are not to be trusted.
+measured choices (autotune) where estimates are not to be trusted, and the
+precision rule (_precision_rule: fft is not for auto where it is the less
+precise), which both the estimated and the measured choice follow.
 """
 import contextlib
 import contextvars
+import math
+import re
 
 import tensorflow as tf
 from absl import logging
@@ -84,7 +88,83 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
     p["tf_trusted"] = for_auto == "trusted"
     p["tf_for_auto"] = for_auto
     p["measured"] = None
+    _precision_rule(p, algorithm)
     return p
+
+
+# The precision rule. Rounding error per output, relative, measured against
+# float64 (float32; ramp, uniform and normal data; 1-D to 3-D; sums of 18 to
+# 3969 terms; FFTs of 60 to 40000 points): direct's grows with the square root
+# of the terms it sums per output, K (0.2-0.3 x unit roundoff u x sqrt(K) from
+# K = 600 on, less below), the FFT's with log2 of its transform size N
+# (0.13-0.41 x u x log2(N)). fft is the less precise for certain where its
+# smallest factor exceeds direct's largest: 0.13 log2(N) > 0.3 sqrt(K). Nearer
+# the line both were measured as precise (4x97x89x6 by 17x13x2x9, stride 2,
+# backprop_input: log2(N) 13.1 against sqrt(K) 12.8, fft 1.3e-7, direct 1.9e-7),
+# and time decides.
+# The FFT's error also differs in kind: it lands on every output and changes
+# with any change of any operand, where direct's sums change only in the terms
+# that changed. Numerical gradient checks see it as noise over their step: TF's
+# 3-D filter gradient check (5x4x3 filter on a 5x4x3 input, K = 120, N = 60 to
+# 168) missed its 5e-3 with fft in the forward pass (5.7e-3 to 6.1e-3), though
+# that forward's error (5.8e-8) was under tf.nn.conv3d's (7.4e-8); direct gave
+# 1.9e-3. Its depthwise float64 checks (K = 16) missed 1e-12 with fft (1.3e-12 to
+# 1.8e-12; TF's kernels 4.8e-13 to 8.6e-13). Those are problems of 720 and
+# 2560 multiply-adds; on problems under SMALL_PASS_MACS fft can save little
+# time on any device, and it is not for auto either.
+SMALL_PASS_MACS = 1 << 20
+FFT_ROUNDING_LOW, DIRECT_ROUNDING_HIGH = 0.13, 0.3
+_FFT_SIZE = re.compile(r"\(FFT ([0-9x]+)\)")
+
+
+def summed_terms(pass_, g):
+    """K: how many products the pass sums into each of its outputs."""
+    if pass_ == "forward":
+        return g["filter_d"] * g["filter_h"] * g["filter_w"] * g["filter_in_c"]
+    if pass_ == "backprop_input":  # a stride s uses one tap in s per dimension
+        taps = g["filter_d"] * g["filter_h"] * g["filter_w"] * (g["out_c"] // max(g["groups"], 1))
+        return max(1, taps // (g["stride_d"] * g["stride_h"] * g["stride_w"]))
+    return g["batch"] * g["out_d"] * g["out_h"] * g["out_w"]
+
+
+def fft_size(p):
+    """N: the points of the pass's FFT, as its CPU plan states them (the note
+    "tile ... (FFT 7x6x4) ..." of plan.cc); None where the plan does not say
+    (the GPU's kernel tiles at run time)."""
+    m = _FFT_SIZE.search(p["fft"]["note"]) if p["fft"]["available"] else None
+    return math.prod(int(n) for n in m.group(1).split("x")) if m else None
+
+
+def fft_less_precise(p):
+    """Why the pass's fft is not for auto (see above), or "" where it may be."""
+    n, k = fft_size(p), summed_terms(p["pass"], p["geometry"])
+    if n is not None and (FFT_ROUNDING_LOW * math.log2(max(n, 2))
+                          > DIRECT_ROUNDING_HIGH * math.sqrt(k)):
+        return (f"fft is less precise than direct here (rounding ~log2 of its {n} points "
+                f"against ~sqrt of {k} terms)")
+    if p["geometry"]["macs"] < SMALL_PASS_MACS:
+        return (f"fft's rounding, unlike direct's, moves with every operand, on a problem of "
+                f"{p['geometry']['macs']} multiply-adds")
+    return ""
+
+
+def _precision_rule(p, algorithm):
+    """Where fft_less_precise says why and another candidate may run for auto
+    (direct, or TF's kernel), fft is not for auto: p["fft"]["for_auto"] is False
+    (autotune neither times nor picks it) and an estimated choice of fft goes to
+    the fastest other one, the reason saying why. A requested fft runs as asked."""
+    if not p["fft"]["available"]:
+        return
+    why = fft_less_precise(p)
+    others = [n for n in ("tf", "direct") if p[n]["available"] and p[n]["fits"]
+              and (n != "tf" or p["tf_for_auto"] != "never")]
+    if not why or not others:
+        return
+    p["fft"]["for_auto"] = False
+    if algorithm == "auto" and p["chosen"] == "fft":
+        usable = [n for n in others if n != "tf" or p["tf_for_auto"] == "trusted"] or others
+        p["chosen"] = min(usable, key=lambda n: p[n]["seconds"])
+        p["reason"] = f"auto: {p['chosen']}: {why}; estimates: {p['reason']}"
 
 
 @contextlib.contextmanager

@@ -1,0 +1,144 @@
+"""The planner's precision rule (planner._precision_rule, issue 52 item 4): where
+the FFT is estimated less precise than direct (rounding growing with log2 of
+its transform size against the square root of the terms direct sums per
+output), fft is not for auto, neither by its estimate nor timed fastest.
+
+The cases are TensorFlow's own gradient checks, run as its tests run them
+(tf.compat.v1.test.compute_gradient, graph mode, the same ramp data), with
+autotuning rigged so that fft is timed fastest in every pass: before the rule,
+auto then ran fft and missed TF's tolerances.
+"""
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfbigconv
+from tfbigconv.planning import autotune, planner
+
+CONV3D = dict(strides=[1] * 5, padding="VALID", explicit_paddings=[], data_format="NDHWC",
+              dilations=[1] * 5)
+
+
+def ramp(shape):
+    """TF's test data: 0, 1/n, 2/n, ... in the shape."""
+    n = int(np.prod(shape))
+    return (np.arange(n, dtype=np.float64) / n).reshape(shape)
+
+
+@pytest.fixture
+def fft_timed_fastest(autotuning, eigen_tf, monkeypatch):
+    """Autotuning on, its clock saying fft (and any gradient pair with fft) is
+    10x faster than the rest, and TF's kernels planned as without oneDNN, where
+    their estimates are not trusted: so every candidate is timed, on any host.
+    Yields the list of (pass, candidates) timed."""
+    timed = []
+
+    def measure(pass_, names, *args, **kwargs):
+        timed.append((pass_, tuple(names)))
+        return {n: 1e-3 if "fft" in n.split("+") else 1e-2 for n in names}
+    monkeypatch.setattr(autotune, "measure", measure)
+    yield timed
+
+
+def gradient_error(conv, x_shape, w_shape, dtype, wrt):
+    """max |theoretical - numerical| Jacobian entry, as TF's conv tests compute it."""
+    with tf.Graph().as_default(), tf.compat.v1.Session():
+        x = tf.constant(ramp(x_shape), dtype)
+        w = tf.constant(ramp(w_shape), dtype)
+        y = conv(x, w)
+        t = x if wrt == "input" else w
+        jt, jn = tf.compat.v1.test.compute_gradient(t, t.shape.as_list(), y, y.shape.as_list())
+        return float(np.abs(jt - jn).max())
+
+
+# conv_ops_3d_test.py, testFilterGradientKernelSizeMatchesInputSize and its
+# input twin: float32, tolerance 5e-3. Measured here (oneDNN on / off):
+# filter fft 6.1e-3 / 5.7e-3, direct 1.85e-3, tf.nn.conv3d 3.0e-3 / 1.9e-3.
+@pytest.mark.parametrize("wrt", ["filter", "input"])
+def test_3d_gradient_check_holds_where_fft_is_timed_fastest(fft_timed_fastest, wrt):
+    err = gradient_error(lambda x, w: tfbigconv.bigconv3d(x, w, [1] * 5, "VALID"),
+                         [2, 5, 4, 3, 2], [5, 4, 3, 2, 3], tf.float32, wrt)
+    assert err < 5e-3
+    timed = [names for _, names in fft_timed_fastest]
+    assert not any("fft" in n for names in timed for n in names), timed
+
+
+# depthwise_conv_op_base.py, CheckGradConfigsToTest with one input channel
+# (TF's tests under TF1 behaviour): float64, tolerance 1e-12. fft gave
+# 1.3e-12 to 1.8e-12; TF's Conv2D 4.8e-13 to 1.16e-12, tf.nn.depthwise_conv2d
+# 6.2e-13 to 8.6e-13, direct 4.2e-13 to 6.2e-13.
+@pytest.mark.parametrize("x_shape,w_shape,stride,padding", [
+    ([2, 5, 8, 1], [4, 4, 1, 2], 1, "SAME"),
+    ([2, 15, 16, 1], [3, 3, 1, 2], 3, "VALID"),
+])
+@pytest.mark.parametrize("wrt", ["filter", "input"])
+def test_depthwise_float64_gradient_check_holds_where_fft_is_timed_fastest(
+        fft_timed_fastest, x_shape, w_shape, stride, padding, wrt):
+    def conv(x, w):
+        kh, kw, c, m = w.shape
+        return tfbigconv.bigconv2d(x, tf.reshape(w, [kh, kw, 1, c * m]), [1, stride, stride, 1],
+                                   padding)
+    err = gradient_error(conv, x_shape, w_shape, tf.float64, wrt)
+    # TF's own Conv2D, which auto may keep here, varied from 7.4e-13 to 1.16e-12
+    # with oneDNN off (TF's depthwise kernel 6.9e-13 to 8.0e-13 in the same runs).
+    reference = gradient_error(
+        lambda x, w: tf.nn.depthwise_conv2d(x, w, [1, stride, stride, 1], padding),
+        x_shape, w_shape, tf.float64, wrt)
+    assert err < max(1e-12, 2 * reference), (err, reference)
+    timed = [names for _, names in fft_timed_fastest]
+    assert not any("fft" in n for names in timed for n in names), timed
+
+
+def plan(pass_, x_shape, w_shape, attrs, algorithm="auto"):
+    return planner.plan(pass_, x_shape, w_shape, attrs, "float32", algorithm, 0)
+
+
+@pytest.mark.parametrize("pass_", planner.PASSES)
+def test_small_3d_case_keeps_fft_out_of_auto(pass_):
+    p = plan(pass_, [2, 5, 4, 3, 2], [5, 4, 3, 2, 3], CONV3D)
+    assert planner.fft_less_precise(p)
+    assert p["fft"]["for_auto"] is False and p["chosen"] != "fft"
+    assert "fft" not in autotune._eligible(p)
+    # Asked for, it runs.
+    assert plan(pass_, [2, 5, 4, 3, 2], [5, 4, 3, 2, 3], CONV3D, "fft")["chosen"] == "fft"
+
+
+def test_estimated_fft_goes_to_the_fastest_precise_candidate(monkeypatch):
+    """Where the estimates pick fft on a small case, the choice is the fastest of
+    the others, and the reason says why."""
+    p = plan("forward", [2, 5, 4, 3, 2], [5, 4, 3, 2, 3], CONV3D)
+    fake = dict(p, chosen="fft", reason="auto: fft is the fastest that fits")
+    fake["fft"] = dict(p["fft"])
+    fake["fft"].pop("for_auto", None)
+    monkeypatch.setattr(planner._core, "plan_pass", lambda *a, **k: {
+        key: (dict(v) if isinstance(v, dict) else v) for key, v in fake.items()
+        if key not in ("geometry", "tf_trusted", "tf_for_auto", "measured")})
+    got = plan("forward", [2, 5, 4, 3, 2], [5, 4, 3, 2, 3], CONV3D)
+    others = [n for n in ("tf", "direct") if got[n]["available"] and got[n]["fits"]
+              and (n != "tf" or got["tf_for_auto"] == "trusted")]
+    assert got["chosen"] == min(others, key=lambda n: got[n]["seconds"])
+    assert planner.fft_less_precise(got) in got["reason"]
+
+
+@pytest.mark.parametrize("x_shape,w_shape", [
+    ([16, 321, 481, 1], [135, 135, 1, 3]),     # the seed case
+    ([8, 56, 56, 128], [31, 31, 1, 128]),      # RepLKNet-style depthwise
+    ([4, 128, 128, 32], [31, 31, 32, 32]),
+])
+def test_large_filters_keep_fft(x_shape, w_shape):
+    attrs = dict(strides=[1] * 4, padding="SAME", explicit_paddings=[], data_format="NHWC",
+                 dilations=[1] * 4)
+    for pass_ in planner.PASSES:
+        p = plan(pass_, x_shape, w_shape, attrs)
+        assert not planner.fft_less_precise(p), (pass_, planner.fft_less_precise(p))
+        assert p["fft"].get("for_auto", True)
+
+
+def test_fft_size_is_read_from_the_plan():
+    p = plan("forward", [2, 40, 40, 4], [15, 15, 4, 4],
+             dict(strides=[1] * 4, padding="VALID", explicit_paddings=[], data_format="NHWC",
+                  dilations=[1] * 4))
+    n = planner.fft_size(p)
+    assert n is not None and n >= 15 * 15 and math.log2(n) > 7
