@@ -50,19 +50,122 @@ def graph_error(message, graph_class=ValueError):
     return graph_class(message) if not tf.executing_eagerly() else errors.invalid_argument(message)
 
 
+# TF1's names of the ops' arguments (tf.compat.v1.nn.conv1d's value=, conv2d's and
+# conv3d's filter=), each for the TF2 name it stands for.
+TF1_NAMES = {"value": "input", "filter": "filters"}
+
+
+def tf1_operands(input, filters, padding, use_cudnn_on_gpu=None, **tf1):
+    """(input, filters) of a call in TF2's terms or TF1's (tf.compat.v1.nn), as TF
+    resolves them: a TF1 name in `tf1` (value=, filter=; None: not given) stands
+    for its TF2 name, and both given raise ValueError
+    (deprecation.deprecated_argument_lookup's words). use_cudnn_on_gpu (conv1d's
+    and conv2d's) must be a bool or None, as TF's op attribute (TypeError in its
+    words); it is ignored, as TF's CPU kernels ignore it. A missing operand or
+    padding raises the class tf.compat.v1.nn raises for None."""
+    given = {"input": input, "filters": filters}
+    for old, value in tf1.items():
+        new = TF1_NAMES[old]
+        if value is not None:
+            if given[new] is not None:
+                raise ValueError(f"Cannot specify both '{old}' and '{new}'.")
+            given[new] = value
+    for new, value in given.items():
+        if value is None:
+            old = [o for o, n in TF1_NAMES.items() if n == new and o in tf1]
+            raise ValueError(f"{new} must be given" + (f" (or {old[0]}=, its TF1 name)" if old
+                                                       else "") + ", got None")
+    if padding is None:
+        raise TypeError("padding must be given: 'SAME', 'VALID' or explicit [before, after] "
+                        "pairs, got None")
+    if use_cudnn_on_gpu is not None and not isinstance(use_cudnn_on_gpu, bool):
+        raise TypeError(f"Expected bool for argument 'use_cudnn_on_gpu' not {use_cudnn_on_gpu!r}.")
+    return given["input"], given["filters"]
+
+
+def _value(t):
+    """A tensor's value: a TF1 reference (dtype float32_ref, as a reference
+    variable's _ref()) is read, as TF's own ops read it."""
+    return tf.identity(t) if t.dtype != t.dtype.base_dtype else t
+
+
 def convert_operands(input, filters, dtypes):
     """input and filters as tensors of one dtype among `dtypes`, as the ops' definitions
-    check them (TypeError while a graph is built, InvalidArgumentError eagerly)."""
-    input = tf.convert_to_tensor(input, name="input")
+    check them (TypeError while a graph is built, InvalidArgumentError eagerly). TF1's
+    reference variables and tensors (tf.Variable under disable_v2_behavior, dtype
+    float32_ref) count as their base dtype and are read."""
+    input = _value(tf.convert_to_tensor(input, name="input"))
     if input.dtype not in dtypes:
         names = [d.name for d in dtypes]
         raise graph_error(f"input dtype must be one of {', '.join(names[:-1])} or {names[-1]}, "
                           f"got {input.dtype.name}", TypeError)
-    if isinstance(filters, (tf.Tensor, tf.Variable)) and filters.dtype != input.dtype:
-        raise graph_error(
-            f"filters dtype {filters.dtype.name} must match input dtype {input.dtype.name}",
-            TypeError)
+    if isinstance(filters, (tf.Tensor, tf.Variable)):
+        if filters.dtype.base_dtype != input.dtype:
+            raise graph_error(f"filters dtype {filters.dtype.base_dtype.name} must match input "
+                              f"dtype {input.dtype.name}", TypeError)
+        return input, _value(tf.convert_to_tensor(filters, name="filters"))
     return input, tf.convert_to_tensor(filters, dtype=input.dtype, name="filters")
+
+
+# The filter's layout per number of spatial dimensions, for messages.
+FILTER_LAYOUTS = {1: "[width, in_channels / groups, out_channels]",
+                  2: "[height, width, in_depth / groups, out_depth]",
+                  3: "[depth, height, width, in_depth / groups, out_depth]"}
+
+
+def with_ranks(input, filters, spatial, batch_dims=False):
+    """input and filters of a convolution with `spatial` dimensions (rank spatial + 2
+    each; batch_dims: input may have more, batch dimensions first): a known wrong rank
+    raises ValueError naming the operand (callers raise graph_error's class); an
+    unknown rank (tf.TensorSpec(None)) is checked when the graph runs
+    (InvalidArgumentError naming the operand) and known from here on, so that what
+    follows sees the rank, with unknown dimensions."""
+    rank = spatial + 2
+    out = []
+    for t, what, layout in ((input, "input", ""), (filters, "filters",
+                                                   " " + FILTER_LAYOUTS[spatial])):
+        if t.shape.rank is None:
+            t = _rank_checked(t, rank, f"{what} must be rank {rank}{layout}, got shape")
+        elif t.shape.rank < rank or t.shape.rank > rank and not (batch_dims and what == "input"):
+            more = " (or more, with batch dimensions first)" if what == "input" else ""
+            raise ValueError(f"{what} must be rank {rank}{layout}{more}, got rank "
+                             f"{t.shape.rank}: shape {t.shape}")
+        out.append(t)
+    return out
+
+
+def _rank_checked(t, rank, message):
+    """t of unknown rank, asserted to have `rank` when the graph runs. A tf.cond, not an
+    assertion beside t: where grappler knows the fed shapes (a tf.function's call), it
+    folds the condition and drops the wrong branch's value, so TF's kernels never see
+    (or infer) a wrong rank, which aborts the process in some (oneDNN's Conv2D on a
+    rank-3 input, TF 2.21), and our assertion is what fails."""
+    def wrong():
+        check = tf.debugging.Assert(False, [message, tf.shape(t)])
+        with tf.control_dependencies([check]):
+            return tf.zeros([1] * rank, t.dtype)  # never used: the assertion fails first
+
+    t = tf.cond(tf.equal(tf.rank(t), rank), lambda: tf.identity(t), wrong)
+    t.set_shape([None] * rank)
+    return t
+
+
+def check_filter_not_empty(filter_shape, spatial):
+    """TF's kernels' check of a filter with no elements (of rank spatial + 2, else
+    nothing to check), its class and words, which code and tests match:
+    InvalidArgumentError, in 3-D for any zero dimension (TF's Conv3D, on every
+    host), in 1-D and 2-D for a zero spatial or in_depth dimension (a zero
+    out_depth gives an empty output, as TF's Eigen Conv2D; oneDNN's raises)."""
+    if filter_shape.rank != spatial + 2:
+        return
+    dims = filter_shape.as_list()
+    checked = dims if spatial == 3 else dims[:-1]
+    if 0 in checked:
+        where = {1: " in width and in_channels", 2: " in height, width and in_depth",
+                 3: ""}[spatial]
+        raise errors.invalid_argument(
+            f"filter must not have zero elements (i.e. all dimensions must be non-zero){where}: "
+            f"filters has shape {dims}")
 
 
 def parse_data_format(value):
@@ -105,9 +208,10 @@ def parse_int(value, name, minimum=-INT64_MAX - 1, maximum=INT64_MAX):
         raise ValueError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
     value = int(value)
     if not minimum <= value <= maximum:
-        what = "non-negative " if minimum == 0 else "positive " if minimum == 1 else ""
         bits = 31 if maximum == INT32_MAX else 63
-        raise ValueError(f"{name} must be a {what}int below 2**{bits}, got {value}")
+        what = ("a non-negative int" if minimum == 0 else "a positive int" if minimum == 1
+                else f"an int of at least -2**{bits}")
+        raise ValueError(f"{name} must be {what} below 2**{bits}, got {value}")
     return value
 
 
@@ -162,9 +266,10 @@ def parse_strides(value, name, data_format):
     return value
 
 
-def parse_padding(padding, dims=4):
+def parse_padding(padding, dims=4, names="'SAME', 'VALID'"):
     """'SAME' / 'VALID' / [[before, after]] * dims -> (padding attr, explicit_paddings);
-    dims is 4 (conv2d) or 5 (conv3d)."""
+    dims is 3 (conv1d), 4 (conv2d) or 5 (conv3d); names: the padding names the op
+    takes, for messages."""
     if isinstance(padding, str):
         if padding.upper() == "EXPLICIT":  # as tf.nn.conv2d: the pairs say it
             raise ValueError("padding 'EXPLICIT' is not a value to pass: for explicit padding, "
@@ -178,7 +283,7 @@ def parse_padding(padding, dims=4):
             isinstance(p, (str, bytes)) or not hasattr(p, "__len__") or len(p) != 2
             for p in pairs):
         raise ValueError(
-            f"padding must be 'SAME', 'VALID' or a list of {dims} [before, after] pairs (one "
+            f"padding must be {names} or a list of {dims} [before, after] pairs (one "
             f"per dimension), got {padding!r}")
     return "EXPLICIT", [parse_int(x, "explicit padding", -INT32_MAX - 1, INT32_MAX)
                         for p in pairs for x in p]
@@ -203,36 +308,52 @@ def conv1d_as_conv2d(stride, padding, data_format, dilations, filter_width):
     """tf.nn.conv1d's stride, padding and dilations (and CAUSAL, as Keras' Conv1D pads)
     as bigconv2d's (strides, padding, dilations) with a height of 1; data_format is
     bigconv2d's ("NHWC" or "NCHW", from conv1d_data_format). filter_width may be None
-    (unknown) except for CAUSAL padding."""
+    (unknown) except for CAUSAL padding. Explicit padding (3 pairs) is checked here, in
+    1-D terms: non-negative, zeros in the batch and channel pairs (graph_error's class)."""
     channels_last = data_format == "NHWC"
     strides = _conv1d_strides(stride, "stride", channels_last)
     dils = _conv1d_strides(1 if dilations is None else dilations, "dilations", channels_last)
+    for name, values in (("stride", strides), ("dilations", dils)):
+        if values[2 if channels_last else 3] <= 0:  # said in 1-D, not bigconv2d's 4 entries
+            raise graph_error(f"{name} must be positive, got {values[2 if channels_last else 3]}")
     none = [0, 0]
     if isinstance(padding, str) and padding.upper() == "CAUSAL":
         if filter_width is None:
             raise ValueError("CAUSAL padding needs the filter width when the op is built; "
                              "the filter width is unknown")
-        pair = [(filter_width - 1) * (dils[2] if channels_last else dils[3]), 0]
-        pads = [none, none, pair, none] if channels_last else [none, none, none, pair]
-    elif isinstance(padding, str):
-        pads = padding  # bigconv2d checks the name
-    else:
-        try:
-            pairs = [list(p) for p in padding]
-        except TypeError:
-            pairs = None
-        if pairs is None or isinstance(padding, bytes) or len(pairs) != 3 or any(
-                len(p) != 2 for p in pairs):
-            raise ValueError("padding must be 'SAME', 'VALID', 'CAUSAL' or a list of 3 "
-                             f"[before, after] pairs (one per dimension), got {padding!r}")
-        # bigconv2d checks the batch and channel pairs (zeros), with height [0, 0] added.
-        pads = [pairs[0], none] + pairs[1:] if channels_last else pairs[:2] + [none, pairs[2]]
-    return strides, pads, dils
+        dilation = dils[2] if channels_last else dils[3]
+        before = (filter_width - 1) * dilation
+        if before > INT32_MAX:  # an int32 attribute, as tf.nn.conv2d's explicit padding
+            raise ValueError(
+                f"CAUSAL padding puts (filter width - 1) * dilation = ({filter_width} - 1) * "
+                f"{dilation} = {before} zeros before the sequence, which must be below 2**31: "
+                f"the filter width or dilations is too large")
+        pair = [before, 0]
+        return strides, ([none, none, pair, none] if channels_last
+                         else [none, none, none, pair]), dils
+    pad, explicit = parse_padding(padding, dims=3, names="'SAME', 'VALID', 'CAUSAL'")
+    if pad != "EXPLICIT":
+        return strides, pad, dils  # bigconv2d checks the name
+    pairs = [explicit[i:i + 2] for i in range(0, 6, 2)]
+    fmt = "NWC" if channels_last else "NCW"
+    # What bigconv2d would check in its 4 pairs, in 1-D terms.
+    if any(x < 0 for x in explicit):
+        raise graph_error(f"explicit padding must be non-negative, got {pairs} for "
+                          f"data_format {fmt}")
+    if pairs[0] != none or pairs[2 if channels_last else 1] != none:
+        raise graph_error(f"explicit padding on the batch and channel dimensions must be 0, "
+                          f"got {pairs} for data_format {fmt}")
+    # Height [0, 0] added.
+    return strides, ([pairs[0], none] + pairs[1:] if channels_last
+                     else pairs[:2] + [none, pairs[2]]), dils
 
 
 def _conv1d_strides(value, name, channels_last):
     """A 1-D stride or dilation (an int, or 1 or 3 ints in data_format order) as
-    bigconv2d's 4 ints, height 1."""
+    bigconv2d's 4 ints, height 1. Batch and channel entries other than 1 stay
+    where they were: bigconv2d raises TF's Conv2D's class for them, which
+    depends on the host and dtype (tf_rules.check_batch_depth), as
+    tf.nn.conv1d's Conv2D does."""
     if isinstance(value, np.ndarray) and value.ndim == 1:
         value = value.tolist()
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
@@ -243,8 +364,4 @@ def _conv1d_strides(value, name, channels_last):
     if len(value) == 1:
         return [1, 1, value[0], 1] if channels_last else [1, 1, 1, value[0]]
     n, w, c = value if channels_last else (value[0], value[2], value[1])
-    if (n, c) != (1, 1) and all(v > 0 for v in value):
-        cls = tf.errors.UnimplementedError if name == "stride" else tf.errors.InvalidArgumentError
-        raise cls(None, None, f"Current implementation does not yet support {name} in the "
-                  f"batch and depth dimensions: {name} must be 1 there, got {value}")
     return [n, 1, w, c] if channels_last else [n, c, 1, w]

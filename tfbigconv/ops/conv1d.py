@@ -12,8 +12,9 @@ from tfbigconv.ops.conv2d import bigconv2d
 
 
 @tf.autograph.experimental.do_not_convert
-def bigconv1d(input, filters, stride, padding, data_format="NWC", dilations=None, name=None,
-              *, algorithm="auto", workspace_limit=0):
+def bigconv1d(input=None, filters=None, stride=None, padding=None, data_format="NWC",
+              dilations=None, name=None, *, algorithm="auto", workspace_limit=0, value=None,
+              use_cudnn_on_gpu=None):
     """Computes a 1-D convolution like `tf.nn.conv1d`, without im2col.
 
     Arguments and semantics are tf.nn.conv1d's: `input` is [batch, width, channels]
@@ -22,7 +23,11 @@ def bigconv1d(input, filters, stride, padding, data_format="NWC", dilations=None
     out_channels], where groups = input channels / filter in_channels (grouped and
     depthwise convolution: a filter [K, 1, C * multiplier] on C channels is depthwise).
     `stride` and `dilations` are an int or a list of 1 or 3 ints (data_format order,
-    1 in the batch and channel entries).
+    1 in the batch and channel entries). An unknown rank is checked to be 3 when the
+    graph runs, as TF's kernel checks it. TF1's keywords are taken too
+    (tf.compat.v1.nn.conv1d's): `value=` for `input` (ValueError for both, as TF
+    says), `use_cudnn_on_gpu` (a bool, ignored, as TF's CPU kernels ignore it), and
+    stride None for 1; and TF1's reference variables as operands.
 
     `padding` is "SAME", "VALID", "CAUSAL" (Keras Conv1D's: (width - 1) * dilation
     zeros before the sequence and none after, so output t sees inputs up to t) or an
@@ -40,21 +45,19 @@ def bigconv1d(input, filters, stride, padding, data_format="NWC", dilations=None
       op is built.
     """
     with tf.name_scope(name or "bigconv1d"):
+        input, filters = arguments.tf1_operands(input, filters, padding, use_cudnn_on_gpu,
+                                                value=value)
         fmt = arguments.conv1d_data_format(data_format)
-        input = tf.convert_to_tensor(input, name="input")
-        if input.shape.rank is not None and input.shape.rank < 3:
-            raise arguments.graph_error(
-                f"input must be rank 3 (or more, with batch dimensions first), got rank "
-                f"{input.shape.rank}: shape {input.shape}")
-        if not isinstance(filters, (tf.Tensor, tf.Variable)) or filters.dtype == input.dtype:
-            filters = tf.convert_to_tensor(filters, dtype=input.dtype, name="filters")
-        if filters.shape.rank is not None and filters.shape.rank != 3:
-            raise arguments.graph_error(
-                f"filters must be rank 3 [width, in_channels, out_channels], got rank "
-                f"{filters.shape.rank}: shape {filters.shape}")
-        width = filters.shape[0] if filters.shape.rank == 3 else None
-        strides, padding, dils = arguments.conv1d_as_conv2d(stride, padding, fmt, dilations,
-                                                            width)
+        input, filters = arguments.convert_operands(
+            input, filters, arguments.DTYPES + arguments.TF_ONLY_DTYPES)
+        try:
+            input, filters = arguments.with_ranks(input, filters, 1, batch_dims=True)
+        except ValueError as e:
+            raise arguments.graph_error(str(e)) from None
+        arguments.check_filter_not_empty(filters.shape, 1)
+        # stride None: 1, as tf.nn.conv1d (TF1's and TF2's) reads it
+        strides, padding, dils = arguments.conv1d_as_conv2d(
+            1 if stride is None else stride, padding, fmt, dilations, filters.shape[0])
         # [N, W, C] -> [N, 1, W, C]; [N, C, W] -> [N, C, 1, W]; filters [1, K, I, O].
         spatial = -3 if fmt == "NHWC" else -2
         y = bigconv2d(tf.expand_dims(input, spatial), tf.expand_dims(filters, 0), strides,

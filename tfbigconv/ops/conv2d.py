@@ -6,12 +6,13 @@ from tfbigconv._native import ops as native
 from tfbigconv.arguments import ALGORITHMS  # noqa: F401  (tfbigconv.ALGORITHMS)
 from tfbigconv import pure_tf
 from tfbigconv.ops import planned
-from tfbigconv.planning import planner
+from tfbigconv.planning import planner, tf_rules
 
 
 @tf.autograph.experimental.do_not_convert  # plain Python at trace time (planning, autotuning)
-def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=None, name=None,
-              *, algorithm="auto", workspace_limit=0):
+def bigconv2d(input, filters=None, strides=None, padding=None, data_format="NHWC",
+              dilations=None, name=None, *, algorithm="auto", workspace_limit=0, filter=None,
+              use_cudnn_on_gpu=None):
     """Computes a 2-D convolution like `tf.nn.conv2d`, without im2col.
 
     Arguments and semantics are tf.nn.conv2d's: `input` is 4-D in `data_format`
@@ -21,7 +22,12 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
     where groups = input depth / filter in_depth (grouped and depthwise convolution);
     `strides` and `dilations` are an int or a list of 1, 2 or 4 ints; `padding` is
     "SAME", "VALID" or an explicit list of 4 [before, after] pairs in data_format
-    order. Works in eager mode and in tf.function, also with unknown shapes.
+    order. Works in eager mode and in tf.function, also with unknown shapes (and an
+    unknown rank, checked when the graph runs, as TF's kernel checks it). TF1's
+    keywords are taken too (tf.compat.v1.nn.conv2d's): `filter=` for `filters`
+    (ValueError for both, as TF says), `use_cudnn_on_gpu` (a bool, ignored, as TF's
+    CPU kernels ignore it), and strides None for 1; and TF1's reference variables
+    (tf.Variable under tf.compat.v1.disable_v2_behavior()) as operands.
     Supported dtypes: float16, bfloat16 (both accumulate in float32), float32, float64;
     int32, which tf.nn.conv2d also takes, runs TensorFlow's own Conv2D.
 
@@ -64,35 +70,40 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
       shape); for what TensorFlow's shape function checks (ranks, depths,
       attribute values), ValueError while a graph is built (tf.function,
       tf.Graph) and tf.errors.InvalidArgumentError eagerly (TypeError and
-      InvalidArgumentError for dtypes); tf.errors.UnimplementedError for strides
-      in the batch or depth dimension; InvalidArgumentError for dilations there,
-      a filter of zero height, width or in_depth (an out_depth of 0 gives an
-      empty output), and for `algorithm` and `workspace_limit`.
+      InvalidArgumentError for dtypes); for strides or dilations in the batch or
+      depth dimension the class TF's Conv2D raises on this host for the dtype
+      (tf_rules.tf_batch_depth_error: strides UnimplementedError; dilations
+      InvalidArgumentError where oneDNN runs it, else UnimplementedError);
+      InvalidArgumentError for a filter of zero height, width or in_depth (an
+      out_depth of 0 gives an empty output), and for `algorithm` and
+      `workspace_limit`.
     """
     with tf.name_scope(name or "bigconv2d"):
+        input, filters = arguments.tf1_operands(input, filters, padding, use_cudnn_on_gpu,
+                                                filter=filter)
         data_format = arguments.parse_data_format(data_format)
         asked = algorithm  # before TFBIGCONV_ALGORITHM, which does not apply to int32
         algorithm = arguments.requested_algorithm(algorithm)
         workspace_limit = arguments.parse_byte_count(workspace_limit, "workspace_limit", 0)
         input = tf.convert_to_tensor(input, name="input")
         if input.shape.rank is not None and input.shape.rank > 4:
-            return _with_batch_flattened(input, lambda x: bigconv2d(
+            return with_batch_flattened(input, 3, lambda x: bigconv2d(
                 x, filters, strides, padding, data_format, dilations,
                 algorithm=algorithm, workspace_limit=workspace_limit))
         input, filters = arguments.convert_operands(
             input, filters, arguments.DTYPES + arguments.TF_ONLY_DTYPES)
-        strides = arguments.parse_strides(strides, "strides", data_format)
+        # None: 1, as tf.nn.conv2d (TF1's and TF2's) reads it
+        strides = arguments.parse_strides(1 if strides is None else strides, "strides",
+                                          data_format)
         dilations = arguments.parse_strides(1 if dilations is None else dilations, "dilations",
                                             data_format)
         pad, explicit = arguments.parse_padding(padding)
-        _check_kernel_limits(strides, dilations, data_format, filters.shape)
+        _check_kernel_limits(strides, dilations, data_format, input, filters.shape)
         pure = pure_tf.active()  # under XLA, or without the compiled library
         try:
             if pure_tf.missing_library is None:
                 _core.validate_attrs(strides, pad, explicit, data_format, dilations)
-            for t, what in ((input, "input"), (filters, "filters")):
-                if t.shape.rank is not None and t.shape.rank != 4:
-                    raise ValueError(f"{what} must be rank 4, got rank {t.shape.rank}: shape {t.shape}")
+            input, filters = arguments.with_ranks(input, filters, 2)
             in_shape = planner.static_shape(input.shape)
             f_shape = planner.static_shape(filters.shape)
             if in_shape is not None and f_shape is not None:
@@ -133,30 +144,24 @@ def bigconv2d(input, filters, strides, padding, data_format="NHWC", dilations=No
         return native.big_conv2d(input=input, filter=filters, **a)
 
 
-def _check_kernel_limits(strides, dilations, data_format, filter_shape):
-    """What only TF's kernel checks, with its exception class (arguments.graph_error
-    says which class when)."""
-    depth = 3 if data_format == "NHWC" else 1
-    for name, values, error in (("strides", strides, tf.errors.UnimplementedError),
-                                ("dilations", dilations, tf.errors.InvalidArgumentError)):
-        if all(v > 0 for v in values) and (values[0] != 1 or values[depth] != 1):
-            # TF's words, which code and tests match
-            raise error(None, None, f"Current implementation does not yet support {name} in "
-                        f"the batch and depth dimensions: {name} must be 1 there, got {values} "
-                        f"for data_format {data_format}")
-    dims = filter_shape.as_list() if filter_shape.rank == 4 else []
-    if 0 in dims[:3]:  # an empty out_depth gives an empty output
-        raise errors.invalid_argument(
-            f"filter must not have zero elements (i.e. all dimensions must be non-zero) in "
-            f"height, width and in_depth: filters has shape {dims}")
+def _check_kernel_limits(strides, dilations, data_format, input, filter_shape):
+    """What only TF's kernel checks, with its exception class: for strides and
+    dilations in the batch or depth dimension the one TF's Conv2D raises where
+    `input` would run it (tf_rules.check_batch_depth: it depends on the host
+    and dtype); for the filter InvalidArgumentError."""
+    tf_rules.check_batch_depth("Conv2D", strides, dilations, data_format, input)
+    arguments.check_filter_not_empty(filter_shape, 2)
 
 
-def _with_batch_flattened(x, conv):
-    """tf.nn.conv2d's input of rank 5 or more: batch_shape + 3 dimensions runs
-    as one batch of prod(batch_shape), and the output keeps batch_shape."""
-    outer, shape = x.shape[:-3], tf.shape(x)
-    count = outer.num_elements() if outer.is_fully_defined() else tf.reduce_prod(shape[:-3])
-    y = conv(tf.reshape(x, tf.concat([[count], shape[-3:]], axis=0)))
-    out = tf.reshape(y, tf.concat([shape[:-3], tf.shape(y)[1:]], axis=0))
+def with_batch_flattened(x, inner_rank, conv):
+    """An input with batch dimensions (batch_shape + inner_rank dimensions: 3 for
+    tf.nn.conv2d (and conv1d, run as it), 4 for tf.nn.conv3d) as TF's
+    squeeze_batch_dims runs it: conv on one batch of prod(batch_shape), the output
+    with batch_shape again."""
+    outer, shape = x.shape[:-inner_rank], tf.shape(x)
+    count = (outer.num_elements() if outer.is_fully_defined()
+             else tf.reduce_prod(shape[:-inner_rank]))
+    y = conv(tf.reshape(x, tf.concat([[count], shape[-inner_rank:]], axis=0)))
+    out = tf.reshape(y, tf.concat([shape[:-inner_rank], tf.shape(y)[1:]], axis=0))
     out.set_shape(outer.concatenate(y.shape[1:]))
     return out

@@ -16,10 +16,17 @@ def output_shape(input_shape, filter_shape, a):
                                a["dilations"])["output_shape"]
 
 
+def filter_dims(f_shape, a):
+    """A filter shape as a list (None where unknown), also of unknown rank: then
+    as many unknown dimensions as the attributes `a` say (4 in 2-D, 5 in 3-D)."""
+    f_shape = tf.TensorShape(f_shape)
+    return f_shape.as_list() if f_shape.rank is not None else [None] * len(a["strides"])
+
+
 def depthwise(pass_, in_depth, f_shape, a, dtype, device=None):
     """Whether TF's kernel for the pass is DepthwiseConv2dNative on `device` (the
     one the pass was planned for; None: where ops built here run)."""
-    f_shape = tf.TensorShape(f_shape).as_list()
+    f_shape = filter_dims(f_shape, a)
     if f_shape[2] != 1:
         return False
     # Only a depthwise filter's kernel depends on the device: resolve it then.
@@ -28,7 +35,7 @@ def depthwise(pass_, in_depth, f_shape, a, dtype, device=None):
 
 
 def filter_gradient_crashes(in_depth, f_shape, a, dtype, device):
-    return tf_rules.tf_filter_gradient_crashes(in_depth, tf.TensorShape(f_shape).as_list(), a,
+    return tf_rules.tf_filter_gradient_crashes(in_depth, filter_dims(f_shape, a), a,
                                                tf.as_dtype(dtype).name,
                                                host.kernel_device(device))
 
@@ -43,7 +50,10 @@ def ours(a, chosen):
 def forward(x, w, a, chosen, device=None):
     if chosen == "tf":
         c = kernels.in_depth(x.shape, a["data_format"])
-        return kernels.tf_forward(x, w, a, depthwise("forward", c, w.shape, a, x.dtype, device))
+        dw = depthwise("forward", c, w.shape, a, x.dtype, device)
+        per_group = not dw and tf_rules.grouped_fusion_fails(
+            c, w.shape, a, tf.as_dtype(x.dtype).name, host.kernel_device(device))
+        return kernels.tf_forward(x, w, a, dw, per_group=per_group)
     op = native.big_conv3d if kernels.is_3d(a) else native.big_conv2d
     return op(input=x, filter=w, **ours(a, chosen))
 

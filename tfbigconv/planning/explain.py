@@ -193,10 +193,14 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
     try:  # bigconv2d raises tf.nn.conv2d's classes for these; explain InvalidArgumentError
         input_shape = arguments.parse_shape(input_shape, "input_shape")
         filter_shape = arguments.parse_shape(filter_shape, "filter_shape")
-        if len(input_shape) == 3:  # 1-D, as bigconv1d runs it: height 1
-            if len(filter_shape) != 3:
-                raise ValueError(f"filter_shape must be [width, in_channels, out_channels] for "
-                                 f"a 1-D input_shape, got {filter_shape}")
+        spatial = len(input_shape) - 2
+        if spatial not in arguments.FILTER_LAYOUTS:
+            raise ValueError(f"input_shape must have 3 dimensions (1-D, as bigconv1d), 4 (2-D) "
+                             f"or 5 (3-D, as bigconv3d), got {len(input_shape)}: {input_shape}")
+        if len(filter_shape) != len(input_shape):
+            raise ValueError(f"filter_shape must be {arguments.FILTER_LAYOUTS[spatial]} for a "
+                             f"{spatial}-D input_shape, got {filter_shape}")
+        if spatial == 1:  # as bigconv1d runs it: height 1
             data_format = arguments.conv1d_data_format(
                 None if data_format == "NHWC" else data_format)
             strides, padding, dilations = arguments.conv1d_as_conv2d(
