@@ -32,6 +32,10 @@ the report does not model.
   .venv/bin/python benchmarks/bench_memory_report.py unet conv135
   .venv/bin/python benchmarks/bench_memory_report.py unet_bn unet_bn_wide --onednn
   .venv/bin/python benchmarks/bench_memory_report.py --max-batch # the max-batch check
+  .venv/bin/python benchmarks/bench_memory_report.py unet_small --variants tf --batches 4,16
+
+unet_bn21, unet_bn3 and unet_small (issue 52) have a 21x21 BigConv2D bottleneck;
+tests/memory/test_measured_peak.py measures unet_small through measure().
 """
 import argparse
 import json
@@ -39,10 +43,10 @@ import os
 import subprocess
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# RSS must follow the live tensors (above); --onednn measures TF's allocator instead.
+# RSS must follow the live tensors (above); --onednn measures TF's allocator
+# instead. Set before TensorFlow loads, when run as a script (main); importing
+# the module (tests/memory) sets nothing.
 ONEDNN = "--onednn" in sys.argv
-os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if ONEDNN else "0"
 
 
 # --- the models ----------------------------------------------------------
@@ -99,6 +103,22 @@ def unet_bn_wide(keras):
     return _unet_bn(keras, (96, 160, 4), (24, 48), 31, 2, "unet_bn_wide")
 
 
+def unet_small(keras):
+    """(B,64,64,3), 2 levels of 8/16 filters, a 21x21 BigConv2D at 16x16x32:
+    the one tests/memory measures."""
+    return _unet_bn(keras, (64, 64, 3), (8, 16), 21, 3, "unet_small")
+
+
+def unet_bn21(keras):
+    """(B,96,96,3), 2 levels of 16/32 filters, a 21x21 BigConv2D at 24x24x64 (issue 52)."""
+    return _unet_bn(keras, (96, 96, 3), (16, 32), 21, 3, "unet_bn21")
+
+
+def unet_bn3(keras):
+    """(B,128,128,3), 3 levels of 16/32/64 filters, a 21x21 BigConv2D at 16x16x128."""
+    return _unet_bn(keras, (128, 128, 3), (16, 32, 64), 21, 3, "unet_bn3")
+
+
 def resnet(keras):
     """ResNet-style: 7x7 stem, BatchNorm, residual 3x3 blocks, pooling, dense head."""
     L = keras.layers
@@ -151,7 +171,8 @@ def conv135(keras):
 
 MODELS = {"unet": (unet, (2, 4)), "resnet": (resnet, (4, 8)), "replknet": (replknet, (2, 4)),
           "subtracted": (subtracted, (2, 4)), "conv135": (conv135, (1, 2)),
-          "unet_bn": (unet_bn, (2, 16)), "unet_bn_wide": (unet_bn_wide, (2, 16))}
+          "unet_bn": (unet_bn, (2, 16)), "unet_bn_wide": (unet_bn_wide, (2, 16)), "unet_bn21": (unet_bn21, (4, 16)),
+          "unet_bn3": (unet_bn3, (2, 8)), "unet_small": (unet_small, (4, 16))}
 VARIANTS = ("tf", "bigconv")
 
 
@@ -175,7 +196,7 @@ def _status(field):
                 return int(line.split()[1]) * 1024
 
 
-def measure_here(name, variant, batch):
+def measure_here(name, variant, batch, onednn=ONEDNN):
     import numpy as np
     import tensorflow as tf
     model = build(name, variant)
@@ -186,23 +207,25 @@ def measure_here(name, variant, batch):
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
     before = _status("VmRSS")
-    if ONEDNN:  # oneDNN's pooled allocator: its own peak of bytes in use
+    if onednn:  # oneDNN's pooled allocator: its own peak of bytes in use
         tf.config.experimental.reset_memory_stats("CPU:0")
         in_use = tf.config.experimental.get_memory_info("CPU:0")["current"]
     model.train_on_batch(x, t)
     rss = _status("VmHWM") - before
-    if ONEDNN:
+    if onednn:
         peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - in_use
         print(json.dumps({"measured": peak, "rss": rss, "baseline": before}))
         return
     print(json.dumps({"measured": rss, "baseline": before}))
 
 
-def measure(name, variant, batch):
+def measure(name, variant, batch, onednn=ONEDNN):
+    """The measured step peak in a fresh process, with oneDNN on or off
+    (TF_ENABLE_ONEDNN_OPTS): {"measured": bytes, ...} or {"error": line}."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", MALLOC_MMAP_THRESHOLD_="65536",
-               TFBIGCONV_AUTOTUNE="0")
+               TFBIGCONV_AUTOTUNE="0", TF_ENABLE_ONEDNN_OPTS="1" if onednn else "0")
     r = subprocess.run([sys.executable, __file__, "--measure", name, variant, str(batch)]
-                       + (["--onednn"] if ONEDNN else []),
+                       + (["--onednn"] if onednn else []),
                        env=env, capture_output=True, text=True)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
@@ -227,6 +250,9 @@ def main():
                         help="check max_batch_size: a budget, its suggested batch, and +25%%")
     parser.add_argument("--onednn", action="store_true",
                         help="oneDNN on; measure TF's allocator's peak bytes in use (above)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated subset of " + ", ".join(VARIANTS))
+    parser.add_argument("--batches", help="comma-separated batch sizes (default: per model)")
     args = parser.parse_args()
     if args.measure:
         name, variant, batch = args.measure
@@ -242,10 +268,11 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     worst = 0.0
     slopes = []
+    batches = [int(b) for b in args.batches.split(",")] if args.batches else None
     for name in args.models:
-        for variant in VARIANTS:
+        for variant in args.variants.split(","):
             pairs = []
-            for batch in MODELS[name][1]:
+            for batch in batches or MODELS[name][1]:
                 report = predict(name, variant, batch)
                 m = measure(name, variant, batch)
                 if "error" in m:
@@ -259,8 +286,8 @@ def main():
                 print(f"| {name} | {variant} | {batch} | {mib(report.step_peak_bytes)} | "
                       f"{mib(m['measured'])} | {100 * err:+.0f}% | {mib(report.peak_bytes)} | "
                       f"{s.phase} {s.layer} |", flush=True)
-            if len(pairs) == 2 and pairs[1][2] != pairs[0][2]:
-                (b0, p0, m0), (b1, p1, m1) = pairs
+            if len(pairs) >= 2 and pairs[-1][2] != pairs[0][2]:
+                (b0, p0, m0), (b1, p1, m1) = pairs[0], pairs[-1]
                 slopes.append(f"{name} {variant}: batch {b0} -> {b1} adds {mib(p1 - p0)} MiB "
                               f"predicted, {mib(m1 - m0)} measured "
                               f"({(p1 - p0) / (m1 - m0):.2f} of it)")
@@ -299,4 +326,6 @@ def check_max_batch(names):
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if ONEDNN else "0"
     main()

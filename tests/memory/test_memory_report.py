@@ -429,8 +429,12 @@ def test_explain_oom_on_a_real_resource_exhausted_error():
             model.fit(x, y, batch_size=2, epochs=1, verbose=0)
     assert "workspace" in str(caught.value)  # the op's own message, unchanged
     text = out.getvalue()
-    assert "ResourceExhaustedError at batch 2" in text
-    assert "largest batch that fits:" in text
+    summary = text.splitlines()[0]
+    # The cause is the layer's workspace_limit, not the memory: no batch advice.
+    assert "ResourceExhaustedError at batch 2 is a tfbigconv workspace_limit" in summary
+    assert "tight does not fit its workspace_limit of 1024 bytes" in summary
+    assert "largest batch that fits" not in summary
+    assert "a smaller batch does not help" in summary  # the FFT's one tile, whatever the batch
     assert "tight, forward (fft)" in text  # the note naming the layer that cannot fit
     assert explainer.report is not None and explainer.report.batch_size == 2
     # Other errors pass through without a report.
@@ -439,6 +443,81 @@ def test_explain_oom_on_a_real_resource_exhausted_error():
         with tfbigconv.explain_oom(model, 2, file=out2):
             raise KeyError("x")
     assert out2.getvalue() == ""
+
+
+@pytest.mark.native
+def test_explain_oom_on_a_workspace_limit_names_the_limit_and_what_fits():
+    """explain_oom advised "largest batch that fits: 8401" after a layer's
+    workspace_limit raised, which more memory or a smaller budget never
+    fixes. Its summary now names the layer, the pass and the planner's
+    message, says auto fits the limit, and gives the largest batch within the
+    limit; fit runs at that batch and raises at the next."""
+    inp = keras.Input((40, 40, 4))
+    big = tfbigconv.keras.BigConv2D(8, 15, algorithm="direct", workspace_limit=200000,
+                                    name="tight")
+    model = keras.Model(inp, big(inp))
+    model.compile(optimizer="sgd", loss="mse")
+
+    def fit(b):
+        x = np.random.default_rng(0).standard_normal((b, 40, 40, 4)).astype(np.float32)
+        model.fit(x, np.zeros((b, 26, 26, 8), np.float32), batch_size=b, epochs=1, verbose=0)
+
+    out = io.StringIO()
+    with pytest.raises(tf.errors.ResourceExhaustedError) as caught:
+        with tfbigconv.explain_oom(model, 8, budget=1 << 30, file=out) as explainer:
+            fit(8)
+    summary = out.getvalue().splitlines()[0]
+    assert "at batch 8 is a tfbigconv workspace_limit, not the memory" in summary
+    failures = explainer.report.workspace_limit_failures()
+    raised = [f for f in failures if f.message in caught.value.message]
+    assert raised and all(f.layer == "tight" and f.algorithm == "direct" for f in raised)
+    assert all(f"{f.pass_} (direct): {f.message}" in summary for f in raised)
+    assert 'use algorithm="auto", which fits the limit' in summary
+    assert "largest batch that fits" not in summary
+    n = int(re.search(r"the largest batch within the limits is (\d+)", summary).group(1))
+    assert 1 <= n < 8
+    fit(n)
+    with pytest.raises(tf.errors.ResourceExhaustedError):
+        fit(n + 1)
+    # The report's advice says the same first.
+    assert explainer.report.advice[0].startswith("workspace_limit: tight does not fit")
+    # An out-of-memory error that is not the limit's keeps the batch advice.
+    out2 = io.StringIO()
+    with pytest.raises(tf.errors.ResourceExhaustedError):
+        with tfbigconv.explain_oom(model, 2, budget=1 << 30, file=out2):
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+    assert "largest batch that fits:" in out2.getvalue().splitlines()[0]
+
+
+def test_inference_under_mixed_precision_has_no_loss_ops():
+    """training=False under mixed_float16 counted the loss's Casts and Sub
+    (three tensors of the output's size in float32) and put the peak there,
+    so the inference advice said mixed precision raises the peak (+48%)."""
+    def model():
+        return keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(8, 3, name="conv")])
+
+    full = tfbigconv.memory_report(model(), 16, training=False, advice=False, device="CPU")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        mixed = tfbigconv.memory_report(model(), 16, training=False, advice=False,
+                                        device="CPU")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    for r in (full, mixed):
+        assert r.peak_step.phase == "forward" and r.peak_step.layer == "conv"
+        assert all(a.layer != "(loss)" for a in r.alive_at_peak)
+    out = 16 * 62 * 62 * 8
+    # The conv's and BiasAdd's outputs, 2 bytes each under mixed_float16.
+    assert [a.bytes for a in mixed.alive_at_peak if a.shape == [16, 62, 62, 8]] == [2 * out] * 2
+    assert mixed.peak_bytes < full.peak_bytes
+    # The float32 model's advice: its mixed-precision clone lowers the peak.
+    advice = tfbigconv.memory_report(model(), 16, training=False, device="CPU",
+                                     budget=1 << 30).advice
+    line = next(a for a in advice if a.startswith("mixed precision ("))
+    assert re.search(r"\(-\d+%\)$", line), line
+    # Training still counts the loss (its gradient starts there).
+    train = tfbigconv.memory_report(model(), 16, advice=False, device="CPU")
+    assert train.peak_bytes > full.peak_bytes
 
 
 # --- the report's trace plans without timing, in its own thread only -------
@@ -581,17 +660,18 @@ def test_onednn_maxpool_keeps_its_workspace_until_its_gradient(onednn_kernels, m
     _MklNativeMaxPool(workspace_enabled=true): a second output, one uint8 per
     output element for windows up to 255, that MaxPoolGrad reads (measured: 1.0
     MiB of DT_UINT8 for a 16x64x64x16 pool output). It lives from the forward
-    pass until the pool's gradient, here across the peak at c2's gradient."""
+    pass until the pool's gradient, here across the peak at c2's gradient (or
+    the upsampling's, which runs while c2's filter gradient still does)."""
     def model():
         inp = keras.Input((64, 64, 4))
         h = keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="c1")(inp)
         h = keras.layers.MaxPooling2D(name="pool")(h)
-        h = keras.layers.UpSampling2D(4)(h)
+        h = keras.layers.UpSampling2D(4, name="up")(h)
         return keras.Model(inp, keras.layers.Conv2D(4, 3, padding="same", name="c2")(h))
 
     ws = 4 * 32 * 32 * 16
     r = tfbigconv.memory_report(model(), 4, device="CPU", advice=False)
-    assert (r.peak_step.phase, r.peak_step.layer) == ("backward", "c2")
+    assert r.peak_step.phase == "backward" and r.peak_step.layer in ("c2", "up")
     assert [a.bytes for a in r.alive_at_peak if a.what == "oneDNN MaxPool workspace"] == [ws]
     assert any("MaxPool keeps a workspace" in n for n in r.notes)
     inference = tfbigconv.memory_report(model(), 4, device="CPU", advice=False, training=False)
@@ -602,6 +682,57 @@ def test_onednn_maxpool_keeps_its_workspace_until_its_gradient(onednn_kernels, m
     assert r.step_peak_bytes - without.step_peak_bytes == ws
     pool = lambda report: next(row for row in report.rows if row.layer == "pool" and not row.op)
     assert pool(r).kept_bytes - pool(without).kept_bytes == ws
+
+
+def test_tf_maxpool_gradient_counts_its_argmax():
+    """TF's own MaxPoolGrad (oneDNN off) fills an int64 argmax of the pool
+    output's shape while it runs (allocator log: 1.0 MiB DT_INT64 for an
+    8x32x32x16 output); oneDNN's keeps its uint8 workspace from the forward
+    pass instead."""
+    def model():
+        inp = keras.Input((64, 64, 8))
+        h = keras.layers.Conv2D(8, 1, name="c")(inp)
+        return keras.Model(inp, keras.layers.MaxPooling2D(name="pool")(h))
+
+    out = 4 * 32 * 32 * 8
+    for onednn, argmax, workspace in ((False, [8 * out], []), (True, [], [out])):
+        with host.use(host.Host(onednn=onednn, workers=1,
+                                onednn_runs=lambda kernel, dtype, explicit, fmt: not explicit)):
+            r = tfbigconv.memory_report(model(), 4, device="CPU", advice=False)
+        assert (r.peak_step.phase, r.peak_step.layer) == ("backward", "pool")
+        assert [a.bytes for a in r.alive_at_peak if "argmax" in a.what] == argmax
+        assert [a.bytes for a in r.alive_at_peak if a.what == "oneDNN MaxPool workspace"] \
+            == workspace
+
+
+def test_a_filter_gradient_runs_beside_its_input_gradients_consumers():
+    """Issue 52: TF's executor runs a conv's filter gradient, which nothing in
+    the backward pass waits for, on another thread while the input gradient's
+    consumers run; it holds the conv's input and incoming gradient meanwhile
+    (allocator log of a U-Net step: the concatenation's output alive through
+    the concat's and upsampling's gradients). With one worker the ops run one
+    at a time."""
+    def model():
+        inp = keras.Input((32, 32, 4))
+        c1 = keras.layers.Conv2D(8, 3, padding="same", name="c1")(inp)
+        h = keras.layers.Concatenate(name="cat")([c1, inp])
+        h = keras.layers.Conv2D(4, 3, padding="same", name="c2")(h)
+        return keras.Model(inp, keras.layers.MaxPooling2D(name="pool")(h))
+
+    reports = {}
+    for workers in (1, 2):
+        with host.use(host.Host(onednn=True, workers=workers,
+                                onednn_runs=lambda kernel, dtype, explicit, fmt: not explicit)):
+            reports[workers] = tfbigconv.memory_report(model(), 8, device="CPU", advice=False)
+    one, two = reports[1], reports[2]
+    cat, c1_grad, c2_grad = 8 * 32 * 32 * 12 * 4, 8 * 32 * 32 * 8 * 4, 8 * 32 * 32 * 4 * 4
+    assert (one.peak_step.layer, two.peak_step.layer) == ("c2", "cat")
+    # One worker: c2's gradients done, its input and incoming gradient freed
+    # before the concat's gradient; two: both still held by c2's filter gradient.
+    alive = lambda r: sorted(a.bytes for a in r.alive_at_peak if a.bytes >= c2_grad)
+    assert alive(one) == [c2_grad, cat, cat]
+    assert alive(two) == [c2_grad, c1_grad, cat, cat]
+    assert two.step_peak_bytes - one.step_peak_bytes == c1_grad
 
 
 # --- advice that adds up (issue 36) -------------------------------------------

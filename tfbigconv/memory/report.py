@@ -9,14 +9,16 @@ How it works:
   these rules, one entry per op type, as TensorFlow's gradient functions
   (nn_grad.py, math_grad.py, array_grad.py) and tfbigconv's own define them.
 - A liveness simulation runs the forward ops in graph order, then the gradient
-  ops in reverse order. A tensor lives while a forward op still reads it or a
-  gradient rule keeps it. Gradients live until their producer's gradient has
-  used them; the parameters' gradients until the optimizer's update. Each
-  convolution adds its transient workspace while it runs: TensorFlow's kernel
-  (CPU: the gradient kernels' col_buffer, as tfbigconv's planner estimates
-  it; none where TF runs oneDNN, its default on many CPUs, whose MaxPool
-  instead keeps a workspace for its gradient) or tfbigconv's planned
-  algorithm. The largest total is the peak.
+  ops in reverse order (with more than one CPU thread, a convolution's filter
+  gradient runs on beside the ops after it, as TF's executor runs it). A
+  tensor lives while a forward op still reads it or a gradient rule keeps it.
+  Gradients live until their producer's gradient has used them; the
+  parameters' gradients until the optimizer's update. Each convolution adds
+  its transient workspace while it runs: TensorFlow's kernel (CPU: the
+  gradient kernels' col_buffer, as tfbigconv's planner estimates it; none
+  where TF runs oneDNN, its default on many CPUs, whose MaxPool instead keeps
+  a workspace for its gradient) or tfbigconv's planned algorithm. The largest
+  total is the peak.
 - Advice re-runs the simulation with one change at a time: a layer converted
   by `convert_model`, a batch size, a mixed-precision clone of the model, a
   layer wrapped in `tf.recompute_grad`.
@@ -24,6 +26,7 @@ How it works:
 import collections
 import contextlib
 import math
+import re
 import sys
 import warnings
 
@@ -41,6 +44,8 @@ from tfbigconv.memory.simulate import simulate
 # ---------------------------------------------------------------------------
 # The report
 
+LimitFailure = collections.namedtuple(
+    "LimitFailure", "layer op pass_ algorithm limit message auto_fits")
 Row = collections.namedtuple(
     "Row", "layer op output_shape output_bytes param_bytes grad_bytes slot_bytes kept_bytes "
            "kept tf_workspace bigconv_workspace note")
@@ -76,6 +81,10 @@ class MemoryReport:
         self._model, self._input_shape, self._optimizer = model, input_shape, optimizer
         self.slots_per_weight, self.optimizer = optimizer_slots(optimizer) if training else (0, "")
         self._plans = ConvPlans(trace, device)
+        # TF's CPU executor runs ready ops on as many threads as the host has
+        # workers (inter-op threads default to the cores, as intra-op ones);
+        # a GPU's kernels queue on one stream.
+        self._overlap = device == "CPU" and host.current().threads() > 1
         self.param_bytes = sum(var_bytes(v) for v in trace.weights)
         trainable = [v for v in trace.weights if id(v) in trace.trainable]
         self.slot_bytes = self.slots_per_weight * sum(var_bytes(v) for v in trainable)
@@ -121,7 +130,7 @@ class MemoryReport:
         if not self.training:
             trace = inference_view(trace)
         return simulate(trace, self._plans, batch, self._persistent(batch),
-                         slots=self.slots_per_weight, **kw)
+                         slots=self.slots_per_weight, overlap=self._overlap, **kw)
 
     def peak_at(self, batch_size, convert=(), recompute=()):
         """The simulated peak in bytes at another batch size, optionally with the
@@ -236,6 +245,47 @@ class MemoryReport:
         p0, p1 = self._run(b).peak, self._run(b + 1).peak
         return p0 - b * (p1 - p0), p1 - p0
 
+    def workspace_limit_failures(self, batch_size=None):
+        """[LimitFailure(layer, op, pass_, algorithm, limit, message, auto_fits)]:
+        the tfbigconv ops whose planned passes do not fit the op's
+        workspace_limit at batch_size (default: the report's), where the op
+        raises ResourceExhaustedError whatever memory is free. auto_fits:
+        whether algorithm="auto" fits the same limit (None for an op already
+        auto, or BigConv3D)."""
+        b = batch_size or self.batch_size
+        out = []
+        for op in self._trace.ops:
+            failed = self._plans.limit_failures(op, b)
+            if not failed:
+                continue
+            a = op.tf_op
+            algorithm = decode(a.get_attr("algorithm"))
+            auto_fits = None
+            if op.type == "BigConv2D" and algorithm != "auto":
+                auto_fits = not self._plans.limit_failures(op, b, "auto")
+            label = op.layer.label if op.layer is not None else op.name
+            for p, (ran, message) in failed.items():
+                out.append(LimitFailure(label, op.name, p, ran,
+                                        int(a.get_attr("workspace_limit_bytes")), message,
+                                        auto_fits))
+        return out
+
+    def largest_batch_within_workspace_limits(self):
+        """The largest batch below the report's at which every tfbigconv op fits
+        its workspace_limit (0: not even batch 1; None: the report's batch does)."""
+        if not self.workspace_limit_failures():
+            return None
+        if self.workspace_limit_failures(1):
+            return 0
+        lo, hi = 1, self.batch_size  # lo fits, hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.workspace_limit_failures(mid):
+                hi = mid
+            else:
+                lo = mid
+        return lo
+
     # --- advice -----------------------------------------------------------
 
     def convertible_layers(self):
@@ -313,6 +363,9 @@ class MemoryReport:
             if not helping and each:
                 lines.append("convert_model: converting any one convolution leaves the peak "
                              "as it is or raises it")
+        limits = self.workspace_limit_failures()
+        if limits:  # these raise at this batch whatever the memory
+            lines.append("workspace_limit: " + workspace_limit_advice(self, limits))
         budget, fits = self.batch_fit()
         if fits == 0:
             lines.append(f"largest batch within {fmt_bytes(budget)}: none, "
@@ -501,8 +554,9 @@ def memory_report(model, batch_size, training=True, optimizer=None, device=None,
       model: a built Keras 3 model (Sequential, functional, or subclassed; a
         subclassed one needs `input_shape`).
       batch_size: the batch to report on (positive int).
-      training: True for a training step (forward, backward, optimizer
-        update); False for inference (forward only).
+      training: True for a training step (forward, the loss, backward,
+        optimizer update); False for inference (the forward pass only: no
+        loss, the outputs alive to the end).
       optimizer: a Keras optimizer or its name, for its slot variables
         (default: the model's compiled optimizer; none: plain SGD).
       device: "CPU" or "GPU" (default: a visible GPU, else the CPU). It picks
@@ -557,6 +611,10 @@ class explain_oom(contextlib.ContextDecorator):
     it writes to `file` (default: stderr) the report for `batch_size`: the
     step and layer at the simulated peak, the tensors alive then, and the
     largest batch that fits `budget` (default: the device's free memory).
+    When the error is a tfbigconv layer's workspace_limit (the report's
+    planner message or op is the error's), the summary says so instead:
+    the layer, pass and message, whether algorithm="auto" fits the limit,
+    and the largest batch within the limits, if any.
     The error is re-raised unchanged; a failure while reporting is noted and
     never replaces it. Other exceptions pass through untouched.
     """
@@ -578,22 +636,68 @@ class explain_oom(contextlib.ContextDecorator):
                 self.report = memory_report(self.model, self.batch_size, optimizer=self.optimizer,
                                             device=self.device, budget=self.budget,
                                             input_shape=self.input_shape)
-                # The advice's own number (one computation, one reading of free memory).
-                budget, fits = self.report.batch_fit()
-                s = self.report.peak_step
-                top = self.report.alive_at_peak[0] if self.report.alive_at_peak else None
-                print(f"tfbigconv.explain_oom: ResourceExhaustedError at batch {self.batch_size}. "
-                      f"Simulated peak {fmt_bytes(self.report.peak_bytes)} at the {s.phase} step "
-                      f"of {s.layer}"
-                      + (f"; largest tensor then: {top.what} of {top.layer} "
-                         f"({fmt_bytes(top.bytes)})" if top else "")
-                      + ("; largest batch that fits: unknown (no budget given, free memory "
-                         "unknown)." if fits is None else
-                         f"; largest batch that fits: {fits} (within {fmt_bytes(budget)}"
-                         + ("; not even batch 1: see the advice)." if fits == 0 else ").")),
-                      file=out)
+                limits = limit_failures_raised(self.report, error)
+                if limits:
+                    print(workspace_limit_summary(self.report, limits), file=out)
+                else:
+                    print(memory_summary(self.report), file=out)
                 print(self.report, file=out)
             except Exception as e:  # noqa: BLE001 - never hide the user's error
                 print(f"tfbigconv.explain_oom: could not make the report ({type(e).__name__}: "
                       f"{e})", file=out)
         return False  # re-raise
+
+
+def memory_summary(report):
+    """explain_oom's line for running out of memory: the simulated peak, its
+    largest tensor and the largest batch that fits."""
+    # The advice's own number (one computation, one reading of free memory).
+    budget, fits = report.batch_fit()
+    s = report.peak_step
+    top = report.alive_at_peak[0] if report.alive_at_peak else None
+    return (f"tfbigconv.explain_oom: ResourceExhaustedError at batch {report.batch_size}. "
+            f"Simulated peak {fmt_bytes(report.peak_bytes)} at the {s.phase} step of {s.layer}"
+            + (f"; largest tensor then: {top.what} of {top.layer} ({fmt_bytes(top.bytes)})"
+               if top else "")
+            + ("; largest batch that fits: unknown (no budget given, free memory unknown)."
+               if fits is None else
+               f"; largest batch that fits: {fits} (within {fmt_bytes(budget)}"
+               + ("; not even batch 1: see the advice)." if fits == 0 else ").")))
+
+
+def limit_failures_raised(report, error):
+    """The report's workspace-limit failures (LimitFailure) that `error` is:
+    those whose planner message it carries or whose op it names. A tfbigconv
+    op raises ResourceExhaustedError when no plan fits its workspace_limit,
+    free memory or not."""
+    text = getattr(error, "message", None) or str(error)
+    nodes = set(re.findall(r"\{\{node ([^}]+)\}\}|Detected at node (\S+)", text))
+    nodes = {n for pair in nodes for n in pair if n}
+    return [f for f in report.workspace_limit_failures() if f.message in text or f.op in nodes]
+
+
+def workspace_limit_summary(report, failures):
+    """explain_oom's line for a workspace_limit failure."""
+    return (f"tfbigconv.explain_oom: ResourceExhaustedError at batch {report.batch_size} is a "
+            f"tfbigconv workspace_limit, not the memory: "
+            + workspace_limit_advice(report, failures))
+
+
+def workspace_limit_advice(report, failures):
+    """What a workspace_limit failure needs (text): which layer and pass, the
+    planner's message, and what fits: a larger workspace_limit, the algorithm
+    auto picks, or a smaller batch where one does."""
+    lines = []
+    for layer in dict.fromkeys(f.layer for f in failures):
+        mine = [f for f in failures if f.layer == layer]
+        passes = "; ".join(f"{f.pass_} ({f.algorithm}): {f.message}" for f in mine)
+        fixes = ["raise its workspace_limit (0: no limit)"]
+        if mine[0].auto_fits:
+            fixes.append('use algorithm="auto", which fits the limit')
+        lines.append(f"{layer} does not fit its workspace_limit of {mine[0].limit} bytes: "
+                     f"{passes}. Fix: " + ", or ".join(fixes))
+    smaller = report.largest_batch_within_workspace_limits()
+    batch = (f"a smaller batch does not help (batch 1 does not fit either)" if smaller == 0
+             else f"the largest batch within the limits is {smaller}" if smaller else "")
+    return " ".join(lines) + (f"; {batch}." if batch else ".")
+

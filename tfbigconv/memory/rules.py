@@ -78,6 +78,16 @@ SAVED_FOR_BACKWARD = {
 }
 VARIADIC_NOTHING = ("AddN", "ConcatV2", "Pack")  # any input index: nothing kept
 
+# Op type -> (tensor, bytes per element, what): a transient buffer that TF's
+# own CPU gradient kernel (oneDNN off, or not rewritten) allocates while it
+# runs, per element of that tensor of the forward op. MaxPoolGrad
+# (maxpooling_op.cc) fills an int64 argmax of the output's shape
+# (TF_CPP_VMODULE=log_memory=2: 1.0 MiB DT_INT64 for an 8x32x32x16 output);
+# oneDNN's MaxPool keeps its own workspace instead (workspaces.py).
+GRADIENT_TEMPORARIES = {
+    "MaxPool": ("out0", 8, "MaxPoolGrad's argmax (int64)"),
+}
+
 # Ops whose output shares its input's buffer (TensorFlow forwards it).
 ALIASES = ("Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Snapshot",
             "PreventGradient")

@@ -2,7 +2,7 @@
 ops in reverse, with what each keeps; the largest total is the peak."""
 import collections
 
-from tfbigconv.memory.rules import ALIASES, CONVS
+from tfbigconv.memory.rules import ALIASES, CONVS, GRADIENT_TEMPORARIES, SAVED_FOR_BACKWARD
 from tfbigconv.memory.workspaces import gradient_workspace
 
 # ---------------------------------------------------------------------------
@@ -30,12 +30,28 @@ def passes_gradient_through(op, index, trace):
     return False
 
 
-def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0):
+def gradient_temporary(op, trace, batch):
+    """(bytes, what) of the transient buffer op's gradient kernel allocates
+    while it runs (GRADIENT_TEMPORARIES), or (0, ""): none where oneDNN's
+    kernel keeps a workspace from the forward pass instead."""
+    rule = GRADIENT_TEMPORARIES.get(op.type)
+    if rule is None or trace.extra_outputs.get(op.name):
+        return 0, ""
+    which, k = rule[0][:-1], int(rule[0][-1])
+    tensor = trace.tensors[(op.inputs if which == "in" else op.outputs)[k]]
+    return tensor.bytes(batch) // tensor.itemsize * rule[1] if tensor.itemsize else 0, rule[2]
+
+
+def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0,
+             overlap=False):
     """Live bytes through forward, backward and the optimizer's update.
 
     persistent: bytes alive throughout (weights, optimizer slots, the batch);
     convert: layers whose TF convolutions run as tfbigconv's; recompute: layer
-    calls whose internal saved tensors are recomputed in the backward pass.
+    calls whose internal saved tensors are recomputed in the backward pass;
+    overlap: TensorFlow's executor has more than one thread, so a
+    convolution's filter gradient, which nothing in the backward pass waits
+    for, runs on beside the ops that follow its input gradient (see below).
     Returns a Result: peak (including persistent), its step, the tensors alive
     then (largest first).
     """
@@ -56,7 +72,10 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0)
         for name in names:
             base = t.tensors[name].base
             saved_by[base].append(op.index)
-    uses[t.tensors[t.loss].base] += 1  # held until the backward pass starts
+    # The loss is held until the backward pass starts; inference's outputs
+    # (a trace without a loss) are returned, alive to the end.
+    for name in ([t.loss] if t.loss is not None else t.outputs):
+        uses[t.tensors[name].base] += 1
 
     for base in list(saved_by):
         producer = t.tensors[base].op
@@ -104,6 +123,8 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0)
                 uses[base] -= 1
             if uses[base] <= 0 and (not saved_by.get(base) or base in recomputed_bases):
                 live.pop(base, None)
+    if t.loss is None:  # inference: no backward pass
+        return res
     live.pop(t.tensors[t.loss].base, None)
 
     # Backward: each op's gradient runs once the gradients of all its outputs
@@ -135,6 +156,27 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0)
         if holders[key] <= 0 and not (isinstance(key, tuple) and key[0] == "param"):
             live.pop(key, None)
 
+    # Filter gradients still running: [(gradient keys, saved buffers, workspace key)].
+    # With more than one executor thread, a convolution's filter gradient runs
+    # beside the ops that take its input gradient, holding its inputs (the
+    # forward input and the incoming gradient) and its workspace; it is taken
+    # to finish before the next convolution's gradients start, the next long
+    # ops. TF's allocator log of a U-Net step (oneDNN on, batch 4) showed the
+    # concatenation's forward output and the conv's incoming gradient alive
+    # through the concat's and the upsampling's gradients.
+    running = []
+
+    def finish_running():
+        while running:
+            keys, bases, ws_key = running.pop()
+            live.pop(ws_key, None)
+            for key in keys:
+                release(key)
+            for base in bases:
+                readers_left[base] -= 1
+                if readers_left[base] <= 0:
+                    live.pop(base, None)
+
     while ready:
         op = ready.popleft()
         call = op.layer
@@ -151,10 +193,18 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0)
                 parts = [("forward", 2 in gi), ("backprop_filter", 1 in gi)]
             else:
                 parts = [("backprop_input", 0 in gi), ("backprop_filter", 1 in gi)]
+            finish_running()
             # Both gradient passes are ready together; TensorFlow's executor
             # may run them at the same time.
-            ws, passes = gradient_workspace(runs, [p for p, used in parts if used])
+            used = [p for p, u in parts if u]
+            ws, passes = gradient_workspace(runs, used)
             alloc(("ws", op.name), ws, f"workspace of {op.type}'s gradient: {passes}", op)
+            # Two ops (not one fused op) whose filter gradient can run on.
+            filter_runs_on = overlap and len(used) == 2 and "fused" not in passes
+        else:
+            filter_runs_on = False
+            temp, what = gradient_temporary(op, t, batch)
+            alloc(("ws", op.name), temp, what, op)
         out_grad = grads.get(op.outputs[0]) if op.outputs else None
         made = []
         for i in t.grad_inputs(op):
@@ -176,14 +226,32 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0)
             made.append(name)
         check(Step("backward", label(op), op.name))
         live.pop(("ws", op.name), None)
+        held_keys, held_bases = [], []
+        if filter_runs_on:
+            # The filter (input 1) gradient's reads, as the rule states them.
+            reads = [op.inputs[int(r[-1])] if r.startswith("in") else op.outputs[int(r[-1])]
+                     for r in SAVED_FOR_BACKWARD[op.type].get(1, ())]
+            held_bases = list({t.tensors[n].base for n in reads if n in op_saved[op.name]})
+            ws_key = ("ws", op.name, "filter")
+            alloc(ws_key, runs["backprop_filter"][1],
+                  f"workspace of {op.type}'s filter gradient ({runs['backprop_filter'][0]}), "
+                  "still running", op)
         for o in op.outputs:
             if o in grads:
-                release(grads.pop(o))
+                key = grads.pop(o)
+                if filter_runs_on and key is not None:
+                    held_keys.append(key)
+                else:
+                    release(key)
         for name in op_saved[op.name]:
             base = t.tensors[name].base
+            if base in held_bases:
+                continue
             readers_left[base] -= 1
             if readers_left[base] <= 0:
                 live.pop(base, None)
+        if filter_runs_on:
+            running.append((held_keys, held_bases, ws_key))
         for name in made:
             if len(pending[name]) < expected[name]:
                 continue
@@ -205,6 +273,7 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0)
                 waiting[producer.name] -= 1
                 if waiting[producer.name] == 0:
                     ready.append(producer)
+    finish_running()
     # The optimizer's update: every weight's gradient is alive; a few
     # temporaries of one weight's size each at a time.
     if param_grad_bytes:

@@ -88,7 +88,8 @@ def input_specs(model, input_shape):
 
 
 class Trace:
-    """The model's ops with static shapes (batch unknown), layer calls and weights."""
+    """The model's ops with static shapes (batch unknown), layer calls and
+    weights; with training, the loss (`loss`), else none (`loss` None)."""
 
     def __init__(self, model, input_shape=None, training=True):
         from tensorflow.python.framework import func_graph
@@ -104,16 +105,24 @@ class Trace:
                     planner.planning_only() as failures:
                 ys = model(xs[0] if len(xs) == 1 else xs, training=training)
             self.plan_failures = failures
-            # The loss: mean squared error against a target of each output's shape.
-            with tf.name_scope("loss"):
-                losses = []
-                for y in tf.nest.flatten(ys):
-                    t = tf.compat.v1.placeholder(y.dtype, y.shape, name="target")
-                    losses.append(tf.reduce_mean(tf.square(tf.cast(y, tf.float32) -
-                                                           tf.cast(t, tf.float32))))
-                loss = tf.add_n(losses) if len(losses) > 1 else losses[0]
+            # Training: the loss, mean squared error against a target of each
+            # output's shape. Inference has no loss: its ops (under mixed
+            # precision, Casts to float32 and a Sub of the output's size) are
+            # not part of a forward pass.
+            loss = None
+            if training:
+                with tf.name_scope("loss"):
+                    losses = []
+                    for y in tf.nest.flatten(ys):
+                        t = tf.compat.v1.placeholder(y.dtype, y.shape, name="target")
+                        losses.append(tf.reduce_mean(tf.square(tf.cast(y, tf.float32) -
+                                                               tf.cast(t, tf.float32))))
+                    loss = tf.add_n(losses) if len(losses) > 1 else losses[0]
         self.graph = graph
-        self.loss = loss.name
+        self.training = training
+        # The loss (None in inference) and the model's outputs: the step's results.
+        self.loss = loss.name if loss is not None else None
+        self.outputs = [y.name for y in tf.nest.flatten(ys)]
         self.input_names = [x.name for x in xs]
         self._variables(model, graph)
         self._ops(graph, owner)
@@ -189,7 +198,7 @@ class Trace:
                         self.needs_grad.add(name)
                 elif any(i in self.needs_grad for i in op.inputs):
                     self.needs_grad.add(name)
-        self.has_grad = {self.loss}
+        self.has_grad = {self.loss} if self.loss is not None else set()
         for op in reversed(self.ops):
             if op.type in NO_GRADIENT or not any(o in self.has_grad for o in op.outputs):
                 continue

@@ -21,6 +21,10 @@ class ConvPlans:
     def __init__(self, trace, device):
         self.trace, self.device = trace, device
         self.cache = {}
+        # cache key of bigconv/bigconv3d -> {pass: the planner's message} for the
+        # passes that do not fit their workspace limit (the op raises
+        # ResourceExhaustedError there)
+        self.failures = {}
 
     def geometry(self, op, batch):
         """(input shape, filter shape in tfbigconv's form, attrs, dtype) or None."""
@@ -103,6 +107,8 @@ class ConvPlans:
                     note = failures[0] if failures else ""
                 else:
                     chosen = algorithm
+                if note:
+                    self.failures.setdefault(key, {})[p] = note
                 if chosen in ("tf", "im2col"):
                     out[p] = (self._tf_name(op), self.tf_workspace(op, batch)[p], note)
                     continue
@@ -110,6 +116,7 @@ class ConvPlans:
                     plan = planner.plan(p, xs, ws, attrs, dtype, chosen, limit, self.device)
                 except tf.errors.ResourceExhaustedError as e:
                     note = note or e.message
+                    self.failures.setdefault(key, {})[p] = note
                     plan = planner.plan(p, xs, ws, attrs, dtype, chosen, 0, self.device)
                 out[p] = (chosen, plan[chosen]["workspace_bytes"], note)
             if g is not None and out["backprop_input"][0] == out["backprop_filter"][0] == "fft":
@@ -140,11 +147,29 @@ class ConvPlans:
                     plan = planner.plan(p, *g[:3], g[3], algorithm, limit, "CPU")
                 except tf.errors.ResourceExhaustedError as e:
                     out[p] = (algorithm, 0, e.message)
+                    self.failures.setdefault(key, {})[p] = e.message
                     continue
                 note = "runs on the CPU: host memory" if self.device == "GPU" else ""
                 out[p] = (plan["chosen"], plan[plan["chosen"]]["workspace_bytes"], note)
             self.cache[key] = out
         return self.cache[key]
+
+    def limit_failures(self, op, batch, algorithm=None):
+        """{pass: (algorithm, the planner's message)} of a tfbigconv op's passes
+        that do not fit the op's workspace_limit at `batch`: where its kernel
+        raises ResourceExhaustedError. algorithm: plan with this one instead
+        of the op's own (BigConv2D). {} for other ops."""
+        if op.type not in ("BigConv2D", "BigConv3D"):
+            return {}
+        a = op.tf_op
+        limit = int(a.get_attr("workspace_limit_bytes"))
+        if op.type == "BigConv3D":
+            runs, key = self.bigconv3d(op, batch), ("big3d", op.name, batch)
+        else:
+            algorithm = algorithm or decode(a.get_attr("algorithm"))
+            runs = self.bigconv(op, batch, algorithm, limit)
+            key = ("big", op.name, batch, algorithm, limit)
+        return {p: (runs[p][0], message) for p, message in self.failures.get(key, {}).items()}
 
     def runs(self, op, batch, convert):
         """{pass: (algorithm, bytes, note)} of what runs for op; convert: as

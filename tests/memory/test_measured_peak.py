@@ -1,0 +1,42 @@
+"""memory_report against a measured training step, in fresh processes, with
+oneDNN as this process runs it (TF_ENABLE_ONEDNN_OPTS=0/1): a small U-Net
+(Conv2D + BatchNorm + ReLU, MaxPooling2D, a 21x21 BigConv2D, UpSampling2D,
+skip Concatenate, Adam). The measurement is benchmarks/bench_memory_report.py's
+(oneDNN off: the RSS high-water mark over the second step; on: TF's
+allocator's peak bytes in use over it)."""
+import importlib.util
+import pathlib
+
+import pytest
+
+from tfbigconv import host
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_memory_report.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_memory_report", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.native
+def test_small_unet_peak_within_20_percent_of_the_measured_one():
+    """Issue 52: 0.73 of the measured batch-dependent peak on a host where TF
+    runs its own kernels. The step peak at two batch sizes, and what the
+    larger batch adds, are within 20% of the measured ones."""
+    bench = _bench()
+    onednn = host.current().runs_onednn()
+    rows = []
+    for batch in bench.MODELS["unet_small"][1]:
+        measured = bench.measure("unet_small", "tf", batch, onednn=onednn)
+        assert "error" not in measured, measured
+        predicted = bench.predict("unet_small", "tf", batch).step_peak_bytes
+        rows.append((batch, predicted, measured["measured"]))
+    text = ", ".join(f"batch {b}: {p / 2**20:.1f} MiB predicted, {m / 2**20:.1f} measured"
+                     for b, p, m in rows) + f" (oneDNN {'on' if onednn else 'off'})"
+    for _, predicted, measured in rows:
+        assert 0.8 <= predicted / measured <= 1.2, text
+    (_, p0, m0), (_, p1, m1) = rows
+    assert 0.8 <= (p1 - p0) / (m1 - m0) <= 1.2, text
