@@ -72,6 +72,9 @@ def main(argv=None):
     cal = sub.add_parser("calibrate", help="measure this machine and store its cost model")
     cal.add_argument("--output", default=None, help="profile path (default: the user's cache)")
     cal.add_argument("--quick", action="store_true", help="tiny problems (tests only)")
+    cal.add_argument("--budget", type=float, default=calibrate.BUDGET_S,
+                     help="seconds the measurements may take (default %(default)g; 0: no "
+                     "limit): each is taken once, again while time is left")
     fit = sub.add_parser("fit-gpu", help="fit the GPU cost model to measured grid CSV files")
     fit.add_argument("grids", nargs="+", help="CSV files of scripts/gpu_check.sh --calibrate")
     fit.add_argument("--output", default=None,
@@ -102,8 +105,8 @@ def main(argv=None):
                                           device=args.device, budget=args.budget))
         elif args.command == "calibrate":
             output = args.output or profiles.user_path()
-            _check_writable(output)  # before minutes of measuring, not after
-            calibrate.calibrate(output, quick=args.quick)
+            _check_writable(output)  # before the measuring, not after
+            calibrate.calibrate(output, quick=args.quick, budget_s=args.budget or None)
         else:
             output = args.output or profiles.user_path()
             rows = gpu_fit.read_grid(args.grids)

@@ -35,7 +35,7 @@ def test_a_slow_measurement_is_not_repeated_in_later_rounds(monkeypatch):
     results = {"fast": [0.010, 0.008], "slow": [calibrate.REPEAT_BELOW_S * 2, 0.001]}
     calls = []
 
-    def fake_time(fn, budget_s, warm=False):
+    def fake_time(fn, budget_s, warm=False, share_s=None):
         key = fn()
         calls.append((key, warm))
         return results[key][sum(1 for k, _ in calls if k == key) - 1]
@@ -163,3 +163,44 @@ def test_table_cases_are_sized_by_the_active_profile():
     assert abs(calibrate._sized(work, rate_at(10 * calibrate.CALL_S)) - work / 10) < 1
     assert abs(calibrate._sized(work, rate_at(calibrate.CALL_S), 10) - work / 10) < 1
     assert calibrate._sized(work, rate_at(1e6)) == work / 64
+
+
+def test_a_measurement_short_of_time_takes_one_call_after_its_warm_up():
+    """_time within a share of the budget (_Clock.share): the warm-up and one
+    call where the share is spent, else calls until budget_s (at least two)."""
+    calls = []
+    fn = lambda: calls.append(1)  # noqa: E731
+    calibrate._time(fn, budget_s=1.0, reps=5, share_s=0.0)
+    assert len(calls) == 2
+    calls.clear()
+    calibrate._time(fn, budget_s=1.0, reps=5)
+    assert len(calls) == 6
+    assert calibrate._Clock(None).call_s() == calibrate.CALL_S
+    assert calibrate._Clock(0.0, pending=10).call_s() == calibrate.MIN_CALL_S
+
+
+def test_calibrate_keeps_its_time_budget(tmp_path):
+    """With no time left (a budget of 0 s) calibrate still takes every
+    measurement once, each short, and no second round, and writes a profile
+    the planner can use; without a budget it takes the second round."""
+    def run_once(budget_s):
+        path = tmp_path / f"p{budget_s}.json"
+        calibrate.calibrate(str(path), quick=True, rounds=2, log=lambda line: None,
+                            progress=False, budget_s=budget_s)
+        return json.loads(path.read_text())
+
+    short, unlimited = run_once(0.0), run_once(None)
+    assert short["meta"]["budget_s"] == 0.0 and short["meta"]["repeated"] == 0
+    assert unlimited["meta"]["repeated"] > 0
+    fields = _core.cost_model_fields()
+    assert set(short["values"]) == set(fields)
+    values = short["values"]
+    for name in fields:
+        v = values[name]
+        assert v == v and abs(v) != float("inf"), name  # no NaN or Inf
+        if "flops_per_second" in name or "dtype_slowdown" in name:
+            assert v > 0, name
+        if name.startswith(profiles.CHANNEL_BLOCK):
+            assert v in calibrate.BLOCK_PROBE, name
+    loaded, _ = profiles.read_profile_and_meta(str(tmp_path / "p0.0.json"))
+    assert len(loaded) == len(fields)

@@ -216,14 +216,25 @@ def test_every_candidate_of_every_pass(fmt):
 
 @pytest.mark.native
 def test_auto_runs_tf_conv3d_for_a_small_filter_and_ours_for_a_large_one():
-    """auto weighs TF's Conv3D per pass when the op is built (explain's choice),
-    and the training step's results hold on either route."""
+    """auto weighs TF's Conv3D per pass when the op is built (explain's choice):
+    for a small filter it runs TF's Conv3D where the kernel rules trust its
+    estimate (oneDNN's Conv3D) and ours where they time it first (TF's Eigen
+    Conv3D: autotuning is off here); for a large filter ours on every host. The
+    training step's results hold on either route."""
     small, large = ((2, 8, 12, 12, 16), (3, 3, 3, 16, 16)), ((1, 12, 20, 20, 2), (9, 9, 9, 2, 2))
-    for (xs, ws), tf_wanted in ((small, True), (large, False)):
+    attrs = dict(strides=[1] * 5, padding="SAME", explicit_paddings=[], data_format="NDHWC",
+                 dilations=[1] * 5)
+    trusted = {p: planner.plan(p, *small, attrs, "float32", "auto", 0)["tf_for_auto"] == "trusted"
+               for p in planner.PASSES}
+    # The rules' own fact: trusted exactly where TF runs Conv3D through oneDNN.
+    assert set(trusted.values()) == {tf_rules.tf_cpu_onednn("Conv3D", "float32", False)}
+    for (xs, ws), is_small in ((small, True), (large, False)):
         chosen = tfbigconv.explain(xs, ws, padding="SAME").chosen
-        assert all(c.startswith("tf") == tf_wanted for c in chosen.values()), chosen
+        wanted = {p: is_small and trusted[p] for p in planner.PASSES}
+        assert {p: c.startswith("tf") for p, c in chosen.items()} == wanted, chosen
         types = tape_types(lambda x, w: tfbigconv.bigconv3d(x, w, 1, "SAME"), xs, ws)
-        assert ("Conv3D" in types) == tf_wanted and ("BigConv3D" in types) != tf_wanted, types
+        assert ("Conv3D" in types) == any(wanted.values()), types
+        assert ("BigConv3D" in types) != wanted["forward"], types
         x, w = random_case(xs, 14), random_case(ws, 15)
         xt, wt = tf.constant(x), tf.constant(w)
         with tf.GradientTape() as tape:
@@ -239,7 +250,12 @@ def test_auto_runs_tf_conv3d_for_a_small_filter_and_ours_for_a_large_one():
 @pytest.mark.native
 def test_tf_forward_with_our_gradients(monkeypatch):
     """A forward pass planned as TF's Conv3D whose gradient passes are planned as
-    ours: the routed gradient (ops.planned.tf_forward_routed) in 3-D."""
+    ours: the routed gradient (ops.planned.tf_forward_routed) in 3-D. Both
+    choices are forced: auto picks TF's Conv3D here only where oneDNN runs it
+    (the test above), and TF's Eigen kernel runs this case too."""
+    from tfbigconv.ops import planned
+    plan_forward = planned.plan_forward
+    monkeypatch.setattr(planned, "plan_forward", lambda *a: dict(plan_forward(*a), chosen="tf"))
     monkeypatch.setattr(planner, "choose_gradients", lambda *a, **k: ("direct", "fft"))
     x, w = random_case((2, 6, 7, 8, 4), 17), random_case((3, 3, 3, 4, 4), 18)
     xt, wt = tf.constant(x), tf.constant(w)
@@ -249,10 +265,12 @@ def test_tf_forward_with_our_gradients(monkeypatch):
     dy = random_case(y.shape, 19)
     dx, dw = tape.gradient(y, [xt, wt], output_gradients=tf.constant(dy))
     rdx, rdw = conv3d_reference_grads(x, w, dy, (1, 2, 1), "VALID")
+    assert rel_l2(y, conv3d_reference(x, w, (1, 2, 1), "VALID")) < 1e-4
     assert rel_l2(dx, rdx) < 1e-4 and rel_l2(dw, rdw) < 1e-4
     types = tape_types(lambda x, w: tfbigconv.bigconv3d(x, w, (1, 2, 1), "VALID"),
                        x.shape, w.shape)
     assert {"Conv3D", "BigConv3DBackpropInput", "BigConv3DBackpropFilter"} <= types, types
+    assert "BigConv3D" not in types, types
 
 
 @pytest.mark.native

@@ -78,15 +78,29 @@ def test_depthwise_that_tf_depthwise_cannot_run(kwargs, eigen_tf):
     assert max(errors) < 1e-4, errors
 
 
+@pytest.mark.parametrize("onednn", [True, False, None], ids=["onednn", "eigen", "this_host"])
 @pytest.mark.parametrize("strides, data_format", [(2, "NHWC"), (1, "NCHW")])
-def test_dilated_depthwise_that_tf_nn_depthwise_conv2d_cannot_run_stays_grouped(strides,
-                                                                             data_format):
+def test_dilated_depthwise_that_tf_nn_depthwise_conv2d_cannot_run_stays_grouped(
+        strides, data_format, onednn):
     """tf.nn.depthwise_conv2d takes dilations only at stride 1, and
-    DepthwiseConv2dNative in NHWC: TF's kernel there is grouped Conv2D."""
+    DepthwiseConv2dNative in NHWC: TF's kernel there is grouped Conv2D, on
+    every host. Where oneDNN runs Conv2D, it runs every pass; where TF's Eigen
+    kernels do, they run none in NCHW and no grouped gradient (no kernel)."""
     shape = (2, 8, 12, 12) if data_format == "NCHW" else (2, 12, 12, 8)
-    e = tfbigconv.explain(shape, (3, 3, 1, 8), strides, "SAME", dilations=2,
-                          data_format=data_format)
-    assert {r.algorithm for r in e.rows if r.algorithm.startswith("tf.")} == {"tf.Conv2D"}
+    facts = (onednn_host() if onednn else host.use(host.Host(onednn=False)) if onednn is False
+             else host.use(host.current()))
+    with facts:
+        e = tfbigconv.explain(shape, (3, 3, 1, 8), strides, "SAME", dilations=2,
+                              data_format=data_format)
+        runs_onednn = tf_rules.tf_cpu_onednn("Conv2D", "float32", False)
+    tf_rows = {r.pass_: r for r in e.rows if r.algorithm.startswith("tf")}
+    assert len(tf_rows) == 3, e
+    for p, r in tf_rows.items():
+        eigen_runs = p == "forward" and data_format == "NHWC"
+        if runs_onednn or eigen_runs:
+            assert r.algorithm == "tf.Conv2D", r
+        else:
+            assert r.algorithm == "tf" and not r.available, r
 
 
 def test_tfs_bfloat16_grouped_dilated_filter_gradient_is_never_run(onednn_tf):
@@ -473,3 +487,45 @@ def test_conv3d_onednn_check_runs_here():
     with host.use(host.Host()):
         runs = tf_rules.tf_cpu_onednn("Conv3D", "float32", False)
     assert runs == bool(host.tf_onednn())
+
+
+# (our op, TF's, input shape, filter shape, data_format, index of the batch and
+# of the depth in strides and dilations). 1-D: only the channel entry, which
+# tf.nn.conv1d passes to Conv2D's depth (its NWC batch entry lands on the height).
+BATCH_DEPTH_OPS = [
+    (tfbigconv.bigconv1d, tf.nn.conv1d, (1, 6, 2), (1, 2, 2), "NWC", (2,)),
+    (tfbigconv.bigconv2d, tf.nn.conv2d, (1, 5, 6, 2), (1, 1, 2, 2), "NHWC", (0, 3)),
+    (tfbigconv.bigconv2d, tf.nn.conv2d, (1, 2, 5, 6), (1, 1, 2, 2), "NCHW", (0, 1)),
+    (tfbigconv.bigconv3d, tf.nn.conv3d, (1, 3, 4, 5, 2), (1, 1, 1, 2, 2), "NDHWC", (0, 4)),
+    (tfbigconv.bigconv3d, tf.nn.conv3d, (1, 2, 3, 4, 5), (1, 1, 1, 2, 2), "NCDHW", (0, 1)),
+]
+
+
+def _raised(fn):
+    try:
+        fn()
+    except (tf.errors.OpError, ValueError, TypeError) as e:
+        return type(e)
+    return None
+
+
+@pytest.mark.parametrize("ours,theirs,x_shape,w_shape,fmt,where", BATCH_DEPTH_OPS,
+                         ids=[case[4] for case in BATCH_DEPTH_OPS])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
+def test_strides_and_dilations_in_batch_or_depth_raise_tfs_class_here(
+        ours, theirs, x_shape, w_shape, fmt, where, dtype):
+    """Which class TF raises for them depends on the kernel that runs the dtype
+    (oneDNN's or TF's own; tf_rules.tf_batch_depth_error): our ops raise what TF's
+    op raises here, eagerly and in a tf.function, asked of TF's op itself."""
+    x, w = tf.ones(x_shape, dtype), tf.ones(w_shape, dtype)
+    for name in ("strides", "dilations"):
+        for at in where:
+            values = [1] * len(x_shape)
+            values[at] = 2
+            stride = "stride" if theirs is tf.nn.conv1d else "strides"  # conv1d's name
+            kwargs = {stride: [1] * len(x_shape), "padding": "VALID", "data_format": fmt}
+            kwargs[stride if name == "strides" else name] = values
+            for run in (lambda f: f(), lambda f: tf.function(f)()):
+                want = _raised(lambda: run(lambda: theirs(x, w, **kwargs)))
+                got = _raised(lambda: run(lambda: ours(x, w, **kwargs)))
+                assert want is not None and got is want, (name, values, want, got)

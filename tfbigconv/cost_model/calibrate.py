@@ -6,8 +6,8 @@ convolutions, all pinned to the CPU (on a machine with a GPU, TensorFlow
 would otherwise place them there), fits the model's CPU constants
 (cost_model.h, CostModel) and writes a profile that profiles.py loads; the
 GPU constants are kept from the active profile (gpu_fit.py fits those).
-`python -m tfbigconv calibrate` writes the user's profile;
-benchmarks/calibrate.py writes the one shipped in the package.
+`python -m tfbigconv calibrate` writes the user's profile, within a time
+budget (BUDGET_S); benchmarks/calibrate.py writes the one shipped in the package.
 """
 import datetime
 import math
@@ -45,8 +45,21 @@ BLOCK_TOLERANCE = 1.5
 # second rounds, 8% of the calibration.
 REPEAT_BELOW_S = 0.25
 # The longest call a TF-table case is sized for where the active profile knows
-# its rate (_sized).
+# its rate (_sized). TF's kernels are timed eagerly (tracing a graph for each
+# took longer than its calls; eager dispatch is ~0.05 ms of a call of 10 ms or
+# more), our ops in graphs, as they run (the per-call cost is fitted).
 CALL_S = 0.05
+# The CLI's time budget for the measurements: with TensorFlow's import (5-9 s)
+# and the fits, `python -m tfbigconv calibrate` takes at most a minute. Without
+# one it took 55 s on a 2-core Xeon and 96 s on a 2-core Zen 3 (TF's own
+# kernels). Within a budget every measurement is taken once first (the fits
+# need them all), each with a share of the time left: fewer calls, and TF's
+# table cases sized down to MIN_CALL_S a call, where that is short; then a
+# second round while time is left (_Clock).
+BUDGET_S = 45.0
+# The shortest call a case is sized down to under a budget: TF's per-call cost
+# (~0.1 ms a graph call) stays about 1% of it.
+MIN_CALL_S = 0.01
 
 # (input NHWC, filter HWIO, padding): convolutions for the direct and FFT fits,
 # spanning channels, filter sizes and both kernels' shapes of work.
@@ -75,25 +88,78 @@ KERNEL_CASES = (
 ATTRS = dict(strides=[1, 1, 1, 1], explicit_paddings=[], data_format="NHWC", dilations=[1, 1, 1, 1])
 
 
-def _time(fn, budget_s, reps=5, first_cap_s=2.0, warm=False):
+class _Clock:
+    """A calibration's time budget (None: none). `pending` counts the first
+    round's measurements still to take, which the fits need all of: each gets
+    an even share of the time left (share), later rounds what remains (left)."""
+
+    def __init__(self, budget_s, pending=0):
+        self.start = time.perf_counter()
+        self.end = None if budget_s is None else self.start + budget_s
+        self.pending, self.done = pending, 0
+
+    def left(self):
+        return math.inf if self.end is None else max(0.0, self.end - time.perf_counter())
+
+    def share(self):
+        return self.left() / max(1, self.pending)
+
+    def took(self, count=1):
+        self.pending = max(0, self.pending - count)
+        self.done += count
+
+    def spare(self):
+        """Seconds left beyond what the pending measurements need at the pace so far."""
+        pace = (time.perf_counter() - self.start) / max(1, self.done)
+        return self.left() - self.pending * pace
+
+    def call_s(self):
+        """The longest call a case is sized for: CALL_S, or a quarter of a share
+        (a warm-up and two calls, with the tracing), down to MIN_CALL_S."""
+        return min(CALL_S, max(MIN_CALL_S, self.share() / 4))
+
+
+def _time(fn, budget_s, reps=5, first_cap_s=2.0, warm=False, share_s=math.inf):
     """Median seconds of fn() (after one warm-up call unless `warm`: fn ran
-    before, in an earlier round), within about budget_s."""
+    before, in an earlier round): calls until budget_s of them, at least two,
+    or where the calibration is short of time, until the measurement has taken
+    `share_s` (_Clock.share), at least one after the warm-up."""
+    spent = 0.0
     if not warm:
         t0 = time.perf_counter()
         fn()
-        first = time.perf_counter() - t0
-        if first > first_cap_s:  # too slow to repeat; its first call is the measurement
-            return first
+        spent = time.perf_counter() - t0
+        if spent > first_cap_s:  # too slow to repeat; its first call is the measurement
+            return spent  # (not sooner: a first call can take 0.7 s more, in-process setup)
     times = []
     while len(times) < reps and (sum(times) < budget_s or len(times) < 2):
+        if times and spent + sum(times) >= share_s:
+            break
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
 
+# While calibrate runs: operands by (shape, dtype, seed), which a case's passes
+# and algorithms share, cut from one pool of normal values (drawing them took a
+# quarter of a calibration; the values do not change a kernel's time).
+_operands = None
+_pool = np.zeros(0, np.float32)
+
+
 def _random(shape, dtype=tf.float32, seed=0):
-    return tf.cast(tf.random.stateless_normal(shape, seed=[seed, 1]), dtype)
+    global _pool
+    key = (tuple(shape), tf.as_dtype(dtype).name, seed)
+    if _operands is None:
+        values = np.random.default_rng(seed).standard_normal(key[0], dtype=np.float32)
+        return tf.cast(tf.constant(values), dtype)
+    if key not in _operands:
+        size, start = math.prod(key[0]), 4099 * seed  # the seeds' operands differ
+        if len(_pool) < start + size:
+            _pool = np.random.default_rng(0).standard_normal(2 * (start + size), np.float32)
+        _operands[key] = tf.cast(tf.constant(_pool[start:start + size].reshape(key[0])), dtype)
+    return _operands[key]
 
 
 def _pass_fn(pass_, x_shape, w_shape, padding, dtype, forward, backprop_input, backprop_filter,
@@ -155,19 +221,40 @@ def _measurements(cases, rounds):
     return (kernels + blocks + tables) * rounds
 
 
-def _best_times(fns, budget_s, rounds, progress):
+def _best_times(fns, budget_s, rounds, progress, clock=None):
     """{key: the smallest of `rounds` median times of fns[key]}, measured
     round-robin so that the machine's slow minutes spread over all of them
     (one round where the first took over REPEAT_BELOW_S)."""
+    clock = clock or _Clock(None)
+    best = _first_times(fns, budget_s, progress, clock)
+    _more_rounds(fns, best, budget_s, rounds, progress, clock)
+    return best
+
+
+def _first_times(fns, budget_s, progress, clock):
+    """{key: median time of fns[key]}, each in its share of the clock's time."""
     best = {}
-    for rnd in range(rounds):
+    for key, fn in fns.items():
+        best[key] = _time(fn, budget_s, share_s=clock.share())
+        clock.took()
+        progress.advance()
+    return best
+
+
+def _more_rounds(fns, best, budget_s, rounds, progress, clock):
+    """Rounds 2..`rounds` over fns (warm), round-robin, while the clock has time
+    left, keeping each key's best in `best`; keys over REPEAT_BELOW_S are not
+    repeated. Returns how many were measured again."""
+    again = 0
+    for _ in range(1, rounds):
         for key, fn in fns.items():
             progress.advance()
-            if rnd and best[key] > REPEAT_BELOW_S:
-                continue  # long enough not to need a second round
-            t = _time(fn, budget_s, warm=rnd > 0)
-            best[key] = min(t, best.get(key, t))
-    return best
+            left = clock.left()
+            if best[key] > REPEAT_BELOW_S or left <= 0:
+                continue  # long enough not to need a second round, or no time
+            best[key] = min(best[key], _time(fn, budget_s, warm=True, share_s=left))
+            again += 1
+    return again
 
 
 def im2col_fn(pass_, x_shape, w_shape, padding, dtype, graph=True):
@@ -191,19 +278,20 @@ def depthwise_fn(pass_, x_shape, w_shape, padding, dtype, graph=True):
         lambda x, s, dy: kernels.tf_backprop_filter(x, ours, dy, a, depthwise=True), graph)
 
 
-def _sized(target, rate, slowdown=1.0):
+def _sized(target, rate, slowdown=1.0, call_s=CALL_S):
     """The work (FLOPs) of a timed case: `target`, or less where the active
     profile's `rate` (FLOP/s; None: unknown) over `slowdown` makes a call of it
-    take over CALL_S (down to target / 64). TF's Conv2D filter gradient from
-    side 15 (oneDNN's slow path, 0.3-0.6 GFLOP/s) and half-precision gradients
-    ran seconds a call at `target`: half of a calibration's time."""
+    take over call_s (CALL_S, less under a short budget; down to target / 64).
+    TF's Conv2D filter gradient from side 15 (oneDNN's slow path, 0.3-0.6
+    GFLOP/s) and half-precision gradients ran seconds a call at `target`: half
+    of a calibration's time."""
     seconds = target * slowdown / rate if rate else 0.0
-    if seconds <= CALL_S:
+    if seconds <= call_s:
         return target
-    return max(target / 64, target * CALL_S / seconds)
+    return max(target / 64, target * call_s / seconds)
 
 
-def _dtype_slowdown_fns(target, prior):
+def _dtype_slowdown_fns(target, prior, call_s=CALL_S):
     """{timing key: fn} for the dtype slowdowns of TF's kernels, per kernel and
     pass, at side 7: Conv2D at 16x16 channels, DepthwiseConv2dNative at 32
     channels (as its rate table); keys <prefix><pass>.<dtype>, float32 included.
@@ -217,14 +305,15 @@ def _dtype_slowdown_fns(target, prior):
         rate_key, work = rates[prefix]
         for pass_ in arguments.PASSES:
             slowest = max([1.0] + [prior.get(f"{prefix}{pass_}.{n}", 1.0) for n in SLOWDOWN_DTYPES])
-            work_p = _sized(work, prior.get(rate_key.format(pass_)), slowest)
+            work_p = _sized(work, prior.get(rate_key.format(pass_)), slowest, call_s)
             if prefix == profiles.DTYPE_SLOWDOWNS[0]:
                 xs, ws = _im2col_case(7, 16, 16, work_p)
             else:  # the depthwise table's case
                 xs, ws = _im2col_case(7, 32, 1, work_p)
                 ws = ws[:2] + (32, 1)
             for name in ("float32",) + SLOWDOWN_DTYPES:
-                fns[f"{prefix}{pass_}.{name}"] = make(pass_, xs, ws, "SAME", tf.as_dtype(name))
+                fns[f"{prefix}{pass_}.{name}"] = make(pass_, xs, ws, "SAME", tf.as_dtype(name),
+                                                      graph=False)
     return fns
 
 
@@ -253,11 +342,11 @@ def table_case(product, block):
     return product // written, written
 
 
-def _block_case(pass_, side, written, quick):
+def _block_case(pass_, side, written, quick, work=1e9):
     """(input, filter): side x side, SAME, the pass writing `written` channels
     and 16 the other way, on an image sized so that 16 written channels are
-    about 1 GFLOP (per-call costs would hide the blocks)."""
-    (n, h, w, _), _ = _im2col_case(side, 16, 16, 2e6 if quick else 1e9)
+    about `work` FLOPs (1 GFLOP: per-call costs would hide the blocks)."""
+    (n, h, w, _), _ = _im2col_case(side, 16, 16, 2e6 if quick else work)
     cin, cout = _in_out(pass_, 16, written)
     return (n, h, w, cin), (side, side, cin, cout)
 
@@ -274,18 +363,31 @@ def channel_block(seconds):
     return float(block)
 
 
-def _channel_blocks(quick, rounds, budget_s, log, progress):
-    """{profile field: block} for every pass and side, timed count by count."""
+def _channel_blocks(quick, rounds, budget_s, log, progress, clock=None, prior=None):
+    """{profile field: block} for every pass and side, timed count by count.
+    Under a clock each count's first time takes its share, a second round only
+    where the time left allows it; the image is sized (_sized, by the active
+    profile `prior`'s rate at 16x16 channels) for clock.call_s()."""
+    clock, prior = clock or _Clock(None), prior or {}
     values = {}
     for pass_ in arguments.PASSES:
         for side in IM2COL_SIDES:
             seconds = {}
+            rate = prior.get(f"im2col_flops_per_second.{pass_}.side{side}.channels256")
+            work = _sized(1e9, rate, call_s=clock.call_s())
             for i, c in enumerate(BLOCK_PROBE):
-                fn = im2col_fn(pass_, *_block_case(pass_, side, c, quick), "SAME", tf.float32)
-                seconds[c] = min(_time(fn, budget_s, warm=r > 0) for r in range(rounds))
+                fn = im2col_fn(pass_, *_block_case(pass_, side, c, quick, work), "SAME",
+                               tf.float32, graph=False)
+                seconds[c] = _time(fn, budget_s, share_s=clock.share())
+                clock.took()
+                for _ in range(1, rounds):
+                    if clock.spare() > 2 * max(2 * seconds[c], budget_s):  # margin 2x
+                        seconds[c] = min(seconds[c], _time(fn, budget_s, warm=True))
                 progress.advance(rounds)
                 if channel_block(seconds) < c:  # past the block: no need to time more
-                    progress.advance(rounds * (len(BLOCK_PROBE) - i - 1))
+                    skipped = len(BLOCK_PROBE) - i - 1
+                    progress.advance(rounds * skipped)
+                    clock.took(skipped)
                     break
             block = channel_block(seconds)
             values[f"{profiles.CHANNEL_BLOCK}{pass_}.side{side}"] = block
@@ -327,39 +429,86 @@ def _model_terms(algorithm, pass_, x_shape, w_shape, padding):
     return p[algorithm]["terms"]
 
 
-def calibrate(output, quick=False, rounds=2, log=print, progress=True, cpu_only=False):
+def calibrate(output, quick=False, rounds=None, log=print, progress=True, cpu_only=False,
+              budget_s=None):
     """Measures, fits and writes a profile to `output`; returns its values.
 
-    quick: tiny problems and one round, for tests of the round trip (the
-    numbers are then not meaningful). rounds: each measurement is the best of
-    this many, taken round-robin. log: the summary lines (each measurement's
-    result goes to absl's log at verbosity 1). progress: a progress bar with
-    the time left. cpu_only: a profile without the GPU values (read, it takes
-    the main profile's).
+    quick: tiny problems and (unless `rounds` says) one round, for tests of the
+    round trip (the numbers are then not meaningful). rounds: each measurement
+    is the best of this many (default 2), taken round-robin. log: the summary
+    lines (each measurement's result goes to absl's log at verbosity 1).
+    progress: a progress bar with the time left. cpu_only: a profile without
+    the GPU values (read, it takes the main profile's). budget_s: seconds the
+    measurements may take (None: no limit; the CLI's is BUDGET_S): every
+    measurement is taken once, each in its share of the time left (fewer
+    calls, and smaller TF-table cases, where that is short), and again only
+    while time is left; the profile's meta says how many were (repeated).
     """
-    # Hundreds of one-pass graphs, each called first without Grappler, as
-    # autotuning's are (host.without_graph_optimizer: ~4 ms less a graph).
-    with tf.device("/CPU:0"), host.without_graph_optimizer():
-        return _calibrate_cpu(output, quick, rounds, log, progress, cpu_only)
+    global _operands, _pool
+    _operands = {}
+    try:
+        # Hundreds of one-pass graphs, each called first without Grappler, as
+        # autotuning's are (host.without_graph_optimizer: ~4 ms less a graph).
+        with tf.device("/CPU:0"), host.without_graph_optimizer():
+            return _calibrate_cpu(output, quick, rounds, log, progress, cpu_only, budget_s)
+    finally:
+        _operands, _pool = None, np.zeros(0, np.float32)
 
 
 def _detail(line):
     logging.vlog(1, "calibrate: %s", line)
 
 
-def _calibrate_cpu(output, quick, rounds, log, show_progress, cpu_only):
-    rounds = 1 if quick else rounds
-    budget_s = 0.02 if quick else 0.1
+def _calibrate_cpu(output, quick, rounds, log, show_progress, cpu_only, budget_s):
+    rounds = rounds or (1 if quick else 2)
+    rep_s = 0.02 if quick else 0.1  # a measurement's calls take about this long
     cases = [((1, 24, 24, 1), (5, 5, 1, 2), "SAME"), ((1, 24, 24, 4), (3, 3, 4, 4), "SAME"),
              ((1, 32, 32, 2), (9, 9, 2, 2), "VALID")] if quick else KERNEL_CASES
+    clock = _Clock(budget_s, pending=_measurements(cases, 1))
     progress = _Progress(_measurements(cases, rounds), show_progress)
     summary = []  # printed after the progress bar
-    fns = {(algorithm, pass_, case): kernel_fn(algorithm, pass_, *case)
-           for algorithm in ("direct", "fft") for case in cases for pass_ in arguments.PASSES}
-    times = _best_times(fns, budget_s, rounds, progress)
+    kernel_fns = {(algorithm, pass_, case): kernel_fn(algorithm, pass_, *case)
+                  for algorithm in ("direct", "fft") for case in cases
+                  for pass_ in arguments.PASSES}
+    times = _first_times(kernel_fns, rep_s, progress, clock)
+    target = 2e6 if quick else 2e9
+    # The active profile: it sizes the TF-table cases, and its GPU values are kept.
+    prior = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))
+    values = _channel_blocks(quick, rounds, rep_s / 3, _detail, progress, clock, prior)
+    fns, macs = {}, {}
+    call_s = clock.call_s()
+    for pass_ in arguments.PASSES:
+        for side in IM2COL_SIDES:
+            block = int(values[f"{profiles.CHANNEL_BLOCK}{pass_}.side{side}"])
+            for product in IM2COL_PRODUCTS:
+                cin, cout = _in_out(pass_, *table_case(product, block))
+                key = f"im2col_flops_per_second.{pass_}.side{side}.channels{cin * cout}"
+                work = _sized(target, prior.get(key), call_s=call_s)
+                x_shape, w_shape = _im2col_case(side, cin, cout, work)
+                fns[key] = im2col_fn(pass_, x_shape, w_shape, "SAME", tf.float32, graph=False)
+                macs[key] = _core.conv_geometry(list(x_shape), list(w_shape), padding="SAME",
+                                                **ATTRS)["macs"]
+    for table, multiplier in ((profiles.DEPTHWISE_TABLE, 1), (profiles.MULTIPLIER_TABLE, 2)):
+        for pass_ in arguments.PASSES:
+            for side in IM2COL_SIDES:
+                # TF's depthwise kernels run at ~10 GFLOP/s: a tenth of the work.
+                key = f"{table}{pass_}.side{side}"
+                work = _sized(target / 10, prior.get(key), call_s=call_s)
+                x_shape, w_shape = _im2col_case(side, 32, 1, work)
+                w_shape = w_shape[:2] + (32, multiplier)
+                fns[key] = depthwise_fn(pass_, x_shape, w_shape, "SAME", tf.float32,
+                                        graph=False)
+                macs[key] = _core.conv_geometry(list(x_shape), [side, side, 1, 32 * multiplier],
+                                                padding="SAME", **ATTRS)["macs"]
+    fns.update(_dtype_slowdown_fns(target, prior, call_s))
+    times.update(_first_times(fns, rep_s, progress, clock))
+    # Later rounds over every measurement, kernels and tables, while time is left.
+    every = {**kernel_fns, **fns}
+    repeated = _more_rounds(every, times, rep_s, rounds, progress, clock)
+    progress.finish()
     fits = {}
     for algorithm in ("direct", "fft"):
-        keys = [k for k in fns if k[0] == algorithm]
+        keys = [k for k in kernel_fns if k[0] == algorithm]
         terms = [_model_terms(algorithm, pass_, *case) for _, pass_, case in keys]
         seconds = [times[k] for k in keys]
         for (_, pass_, (x_shape, w_shape, padding)), t in zip(keys, seconds):
@@ -368,42 +517,14 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress, cpu_only):
         predicted = np.asarray(terms) @ np.asarray(fits[algorithm])
         ratio = predicted / np.asarray(seconds)
         summary.append(f"{algorithm} model / measured: median {np.median(ratio):.2f}, "
-            f"range {ratio.min():.2f}-{ratio.max():.2f}")
-    values = {name: profiles.coefficient(name, c)
-              for names, fit in ((profiles.DIRECT_TERMS, fits["direct"]),
-                                 (profiles.FFT_TERMS, fits["fft"]))
-              for name, c in zip(names, fit)}
-    target = 2e6 if quick else 2e9
-    # The active profile: it sizes the TF-table cases, and its GPU values are kept.
-    prior = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))
-    fns, macs = {}, {}
-    blocks = _channel_blocks(quick, rounds, budget_s / 3, _detail, progress)
-    values.update(blocks)
-    for pass_ in arguments.PASSES:
-        for side in IM2COL_SIDES:
-            block = int(blocks[f"{profiles.CHANNEL_BLOCK}{pass_}.side{side}"])
-            for product in IM2COL_PRODUCTS:
-                cin, cout = _in_out(pass_, *table_case(product, block))
-                key = f"im2col_flops_per_second.{pass_}.side{side}.channels{cin * cout}"
-                work = _sized(target, prior.get(key))
-                x_shape, w_shape = _im2col_case(side, cin, cout, work)
-                fns[key] = im2col_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
-                macs[key] = _core.conv_geometry(list(x_shape), list(w_shape), padding="SAME",
-                                                **ATTRS)["macs"]
-    for table, multiplier in ((profiles.DEPTHWISE_TABLE, 1), (profiles.MULTIPLIER_TABLE, 2)):
-        for pass_ in arguments.PASSES:
-            for side in IM2COL_SIDES:
-                # TF's depthwise kernels run at ~10 GFLOP/s: a tenth of the work.
-                key = f"{table}{pass_}.side{side}"
-                work = _sized(target / 10, prior.get(key))
-                x_shape, w_shape = _im2col_case(side, 32, 1, work)
-                w_shape = w_shape[:2] + (32, multiplier)
-                fns[key] = depthwise_fn(pass_, x_shape, w_shape, "SAME", tf.float32)
-                macs[key] = _core.conv_geometry(list(x_shape), [side, side, 1, 32 * multiplier],
-                                                padding="SAME", **ATTRS)["macs"]
-    fns.update(_dtype_slowdown_fns(target, prior))
-    times = _best_times(fns, budget_s, rounds, progress)
-    progress.finish()
+                       f"range {ratio.min():.2f}-{ratio.max():.2f}")
+    values.update({name: profiles.coefficient(name, c)
+                   for names, fit in ((profiles.DIRECT_TERMS, fits["direct"]),
+                                      (profiles.FFT_TERMS, fits["fft"]))
+                   for name, c in zip(names, fit)})
+    if budget_s is not None and rounds > 1:
+        summary.append(f"within the {budget_s:g} s budget: {repeated} of {len(every)} "
+                       f"measurements taken again (call size {call_s * 1e3:.0f} ms)")
     for line in summary:
         log(line)
     for key, m in macs.items():
@@ -423,7 +544,8 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress, cpu_only):
     meta = dict(created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 machine=f"{cpu['name']}, {cpu['cpus']} CPUs", cpu=cpu,
                 tensorflow=tf.__version__, tf_onednn=host.tf_onednn(),
-                quick=bool(quick), rounds=rounds,
+                quick=bool(quick), rounds=rounds, budget_s=budget_s, repeated=repeated,
+                seconds=round(time.perf_counter() - clock.start, 1),
                 fits={"direct": fits["direct"], "fft": fits["fft"]})
     if "gpu_grids" in profiles.active_meta and not cpu_only:  # the GPU section kept, and its source
         meta["gpu_grids"] = profiles.active_meta["gpu_grids"]

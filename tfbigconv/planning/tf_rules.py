@@ -6,6 +6,7 @@ they read: which kernel runs a depthwise filter, oneDNN's reach on this host
 The planner, the emitters (planning.candidates), memory_report and calibrate
 all ask here.
 """
+import contextlib
 import dataclasses
 import functools
 from typing import Callable
@@ -133,6 +134,49 @@ def onednn_compiles_slowly(pass_, geometry, dtype):
 # width. So auto trusts its estimate from this many channels per group, in
 # float32 and bfloat16; elsewhere it is timed first.
 ONEDNN_GROUPED_TRUSTED_CHANNELS = 8
+
+
+def check_batch_depth(kernel, strides, dilations, data_format, input):
+    """Raises what TF's `kernel` ("Conv2D" or "Conv3D") raises where `input` would
+    run it (tf_batch_depth_error) for positive strides or dilations other than 1
+    in the batch or depth dimension; the parsers name non-positive ones."""
+    depth = data_format.index("C")
+    for name, values in (("strides", strides), ("dilations", dilations)):
+        if all(v > 0 for v in values) and (values[0] != 1 or values[depth] != 1):
+            error = tf_batch_depth_error(kernel, name, input.dtype.name,
+                                         host.kernel_device(host.resolve_device(input)))
+            # TF's words, which code and tests match
+            raise error(None, None, f"Current implementation does not yet support {name} in "
+                        f"the batch and depth dimensions: {name} must be 1 there, got {values} "
+                        f"for data_format {data_format}")
+
+
+@functools.lru_cache(maxsize=None)
+@tf.autograph.experimental.do_not_convert
+def tf_batch_depth_error(kernel, attr, dtype, device):
+    """The exception class TF's `kernel` ("Conv2D" or "Conv3D") raises on `device`
+    ("CPU" or "GPU") in this process for `attr` ("strides" or "dilations") other
+    than 1 in the batch dimension (the depth's is the same check).
+
+    TF's shape functions let these through, and each kernel raises its own class,
+    eagerly, in a tf.function and in a Session alike. In TF 2.21 it depends on
+    which kernel runs the dtype: Conv2D's strides UnimplementedError everywhere,
+    its dilations InvalidArgumentError where oneDNN runs it (float32 and bfloat16
+    with oneDNN on), else UnimplementedError (Eigen: float16, float64, int32, and
+    every dtype with oneDNN off); Conv3D's dilations InvalidArgumentError, its
+    strides UnimplementedError under oneDNN, else InvalidArgumentError. So TF is
+    asked: its kernel runs once on one element, per process and arguments.
+    UnimplementedError where TF runs the case (ours do not)."""
+    rank = 5 if kernel == "Conv3D" else 4
+    attrs = dict(strides=[1] * rank, dilations=[1] * rank)
+    attrs[attr] = [2] + [1] * (rank - 1)
+    try:
+        with host.eager_scope(), tf.device(f"/{device}:0"):
+            one = tf.ones([1] * rank, dtype)
+            getattr(tf.raw_ops, kernel)(input=one, filter=one, padding="VALID", **attrs)
+    except tf.errors.OpError as e:
+        return type(e)
+    return tf.errors.UnimplementedError
 
 
 EMPTY_NOTE = "TensorFlow's kernels mishandle empty tensors"
@@ -382,3 +426,68 @@ def _onednn_probe(kernel, dtype, explicit_padding, fmt):
         if not err <= max(2 * rounding, 1e-5):  # NaN fails
             return False
     return True
+
+
+def grouped_fusion_fails(in_depth, filter_shape, attrs, dtype, device):
+    """Whether TF's Conv2D forward of a grouped 2-D case on `device` would fail
+    where a BiasAdd follows it in a graph (grouped_conv2d_fusion_fails); then
+    planning.candidates emits it per group. Needs only the channel counts."""
+    filter_shape = tf.TensorShape(filter_shape)
+    f_depth = filter_shape[2] if filter_shape.rank == 4 else None
+    if (kernels.is_3d(attrs) or device != "CPU" or in_depth is None or f_depth is None
+            or in_depth == f_depth):
+        return False
+    return grouped_conv2d_fusion_fails(dtype, attrs["data_format"],
+                                       attrs["padding"] == "EXPLICIT")
+
+
+@functools.lru_cache(maxsize=None)
+@tf.autograph.experimental.do_not_convert
+def grouped_conv2d_fusion_fails(dtype, data_format, explicit_padding):
+    """Whether, in a graph on the CPU, a grouped Conv2D that runs on its own
+    fails once a BiasAdd follows it: Grappler's remapper fuses the two into
+    _FusedConv2D, whose Eigen kernel rejects groups ("Fused conv implementation
+    does not support grouped convolutions"); oneDNN's fused kernel runs them.
+    Which kernel a fusion gets depends on TF's build and the host (TF 2.21:
+    float32 and float64 in NHWC with oneDNN off), so this is measured, once per
+    process and arguments. kernels.tf_forward then runs the case per group."""
+    nhwc = data_format == "NHWC"
+    pads = ([0, 0, 1, 0, 0, 1, 0, 0] if nhwc else [0, 0, 0, 0, 1, 0, 0, 1]) \
+        if explicit_padding else []
+    attrs = dict(strides=[1, 1, 1, 1], padding="EXPLICIT" if explicit_padding else "SAME",
+                 explicit_paddings=pads, data_format=data_format, dilations=[1, 1, 1, 1])
+    with host.eager_scope(), tf.device("/CPU:0"), _graph_optimizer_on():
+        x = tf.ones((1, 3, 4, 4) if nhwc else (1, 4, 3, 4), dtype)
+        w, b = tf.ones([2, 2, 2, 4], dtype), tf.ones([4], dtype)
+        try:  # eagerly, without Grappler: whether TF's kernel runs the case at all
+            tf.raw_ops.Conv2D(input=x, filter=w, **attrs).numpy()
+        except (tf.errors.OpError, TypeError, ValueError):
+            return False
+        try:
+            tf.function(lambda: tf.nn.bias_add(tf.raw_ops.Conv2D(input=x, filter=w, **attrs), b,
+                                               data_format=data_format), autograph=False)().numpy()
+        except tf.errors.OpError as e:
+            logging.vlog(1, "TF's fused CPU Conv2D rejects groups in %s, %s: %s", dtype,
+                         data_format, str(e).splitlines()[0] if str(e) else type(e).__name__)
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _graph_optimizer_on():
+    """The thread's function-call options with Grappler on: the probe above must
+    see what a user's graph gets, also when asked from within autotuning's
+    host.without_graph_optimizer()."""
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.eager import context  # no public per-thread call options
+    ctx = context.context()
+    old = ctx.function_call_options
+    config = config_pb2.ConfigProto()
+    config.ParseFromString(old.config_proto_serialized)
+    config.graph_options.rewrite_options.disable_meta_optimizer = False
+    ctx.function_call_options = context.FunctionCallOptions(
+        executor_type=old.executor_type, config_proto=config)
+    try:
+        yield
+    finally:
+        ctx.function_call_options = old
