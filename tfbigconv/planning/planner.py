@@ -152,16 +152,26 @@ def _precision_rule(p, algorithm):
     """Where fft_less_precise says why and another candidate may run for auto
     (direct, or TF's kernel), fft is not for auto: p["fft"]["for_auto"] is False
     (autotune neither times nor picks it) and an estimated choice of fft goes to
-    the fastest other one, the reason saying why. A requested fft runs as asked."""
-    if not p["fft"]["available"]:
+    the fastest other one, the reason saying why. On a pass under SMALL_PASS_MACS
+    only direct is for auto where it can run: there TF's kernels, too, missed
+    TF's own gradient checks (its Conv2D for a one-channel depthwise filter in
+    float64: 1.1e-12 to 1.3e-12 against 1e-12; direct 4.2e-13 to 6.2e-13), and the
+    time at stake is microseconds. A requested algorithm runs as asked."""
+    if not p["fft"]["available"] and not p["tf"]["available"]:
         return
-    why = fft_less_precise(p)
     others = [n for n in ("tf", "direct") if p[n]["available"] and p[n]["fits"]
               and (n != "tf" or p["tf_for_auto"] != "never")]
+    small = p["geometry"]["macs"] < SMALL_PASS_MACS and "direct" in others
+    why = fft_less_precise(p) if p["fft"]["available"] else ""
+    if small:
+        why = (f"on a problem of {p['geometry']['macs']} multiply-adds precision decides: "
+               f"direct sums each output in order")
+        others = ["direct"]
+        p["tf"]["for_auto"] = False
     if not why or not others:
         return
     p["fft"]["for_auto"] = False
-    if algorithm == "auto" and p["chosen"] == "fft":
+    if algorithm == "auto" and p["chosen"] not in others:
         usable = [n for n in others if n != "tf" or p["tf_for_auto"] == "trusted"] or others
         p["chosen"] = min(usable, key=lambda n: p[n]["seconds"])
         p["reason"] = f"auto: {p['chosen']}: {why}; estimates: {p['reason']}"
