@@ -223,11 +223,12 @@ def test_gpu_floor_bounds_estimates_and_a_tie_goes_to_tf():
     assert len(floors) == 3 * 3 * 2 and all(values[k] > 0 for k in floors)
     saved = _core.get_cost_model()
     try:
-        tiny = (1, 8, 8, 4, 4, 3, 1, 1)
+        # small, but over the planner's SMALL_PASS_MACS, below which precision decides
+        small = (1, 32, 32, 16, 16, 3, 1, 1)
         for k in floors:
             values[k] = 1.0
         _core.set_cost_model([values[n] for n in _core.cost_model_fields()])
-        x, f, strides = gpu_fit.shapes(tiny)
+        x, f, strides = gpu_fit.shapes(small)
         e = tfbigconv.explain(x, f, strides=strides, padding="SAME", device="GPU")
         assert all(r.seconds == 1.0 for r in e.rows), e
         assert set(e.chosen.values()) == {"tf.Conv2D"}, e.chosen
