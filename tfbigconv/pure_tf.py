@@ -198,10 +198,13 @@ def output_size(padded, eff, stride):
 
 
 def check_geometry(in_shape, f_shape, strides, padding, explicit, data_format, dilations):
-    """Raises ValueError, naming the argument, where tf.nn.conv2d would not build,
-    in the compiled library's words (its conv_geometry does this when it is there)."""
-    hd, wd, cd = (1, 2, 3) if data_format == "NHWC" else (2, 3, 1)
-    cin, (kh, kw, cig, cout) = in_shape[cd], f_shape
+    """Raises ValueError, naming the argument, where tf.nn.conv2d (tf.nn.conv3d for
+    rank 5) would not build, in the compiled library's words (its conv_geometry does
+    this when it is there)."""
+    rank = len(in_shape) - 2
+    last = data_format.endswith("C")
+    dims = tuple(range(1, rank + 1)) if last else tuple(range(2, rank + 2))
+    cin, ks, (cig, cout) = in_shape[-1 if last else 1], f_shape[:rank], f_shape[rank:]
     if cig <= 0 or cin % cig:
         raise ValueError(f"input depth {cin} must be a multiple of the filter's in_depth {cig} "
                          f"(groups = input depth / filter in_depth); input shape "
@@ -209,8 +212,8 @@ def check_geometry(in_shape, f_shape, strides, padding, explicit, data_format, d
     if cout % (cin // cig):
         raise ValueError(f"filter out_depth {cout} must be a multiple of groups {cin // cig} "
                          f"(input depth {cin} / filter in_depth {cig})")
-    for d, k, pair, name in zip((hd, wd), (kh, kw), spatial_pairs(padding, explicit, (hd, wd)),
-                                ("height", "width")):
+    names = ("depth", "height", "width")[3 - rank:]
+    for d, k, pair, name in zip(dims, ks, spatial_pairs(padding, explicit, dims), names):
         if pads_1d(in_shape[d], k, strides[d], dilations[d], padding, pair)[2] < 0:
             raise ValueError(f"filter is larger than the padded input along {name}: effective "
                              f"filter size {(k - 1) * dilations[d] + 1} > padded input size "

@@ -29,3 +29,17 @@ def test_explain_1d_explicit_and_causal_messages_are_1d():
         tfbigconv.explain([1, 8, 1], [3, 1, 1], padding="EXPLICIT")
     with pytest.raises(tf.errors.InvalidArgumentError, match="CAUSAL padding puts"):
         tfbigconv.explain([1, 8, 1], [9, 1, 1], padding="CAUSAL", dilations=2**29)
+
+
+def test_explain_under_xla_shows_the_3d_plan_bigconv3d_runs():
+    """The pure path's 3-D plan (pure_tf.plan: rfft2d over height and width, an FFT
+    over depth) for a large kernel, TF's conv3d for a small one, and the geometry
+    checked in 3-D terms."""
+    big = tfbigconv.explain([2, 32, 32, 32, 2], [15, 15, 15, 2, 2], padding="SAME", xla=True)
+    assert big.chosen["forward"] == "fft" and len(big.fft) == 3
+    assert "fft/ifft over depth" in str(big)
+    small = tfbigconv.explain([2, 8, 8, 8, 2], [3, 3, 3, 2, 2], padding="SAME", xla=True)
+    assert small.chosen["forward"] == "tf" and "tf.nn.conv3d" in str(small)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="larger than the padded input "
+                                                             "along depth"):
+        tfbigconv.explain([2, 8, 8, 8, 2], [12, 3, 3, 2, 2], padding="VALID", xla=True)

@@ -138,9 +138,13 @@ class XlaExplanation:
         self.per_image_bytes, self.budget = p["per_image_bytes"], budget
 
     def table(self):
-        runs = {"fft": f"FFT convolution (rfft2d/irfft2d {self.fft[0]}x{self.fft[1]}, one tile "
+        size = "x".join(str(n) for n in self.fft)
+        transforms = ("rfft2d/irfft2d" if len(self.fft) == 2 else "rfft2d/irfft2d over height "
+                      "and width, fft/ifft over depth")
+        runs = {"fft": f"FFT convolution ({transforms} {size}, one tile "
                        f"per image, batch chunks of {_bytes(self.per_image_bytes)} per image)",
-                "tf": "TensorFlow's convolution (tf.nn.conv2d / tf.nn.depthwise_conv2d)"}
+                "tf": "TensorFlow's convolution (tf.nn.conv2d / tf.nn.depthwise_conv2d / "
+                      "tf.nn.conv3d)"}
         return "\n".join([
             f"under XLA: {runs[self.chosen['forward']]}; {self.reason}",
             f"estimates: TF's convolution {_seconds(self.tf_seconds)}, FFT "
@@ -211,9 +215,6 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
         if len(input_shape) == 5:  # 3-D, as bigconv3d runs it
             data_format = arguments.parse_data_format_3d(
                 {"NHWC": None, "NCHW": "NCDHW"}.get(data_format, data_format))
-            if xla:
-                raise ValueError("under XLA bigconv3d is tf.nn.conv3d: xla=True is for 1-D "
-                                 "and 2-D shapes")
         else:
             data_format = arguments.parse_data_format(data_format)
         pad, explicit = arguments.parse_padding(padding, dims=len(input_shape))
