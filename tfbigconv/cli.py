@@ -5,7 +5,7 @@
   python -m tfbigconv explain --input 8,16384,256 --filter 16384,1,256 --padding CAUSAL  # 1-D
   python -m tfbigconv calibrate            # this machine's CPU profile, into the user's cache
   python -m tfbigconv fit-gpu GRID.csv ... # the GPU section from scripts/gpu_check.sh --calibrate
-  python -m tfbigconv memory MODEL.keras --batch 16 [--budget 8G] [--device GPU]
+  python -m tfbigconv memory MODEL.keras --batch 16 [--budget 8G] [--device GPU] [--plot m.png]
 """
 import argparse
 import os
@@ -87,6 +87,9 @@ def main(argv=None):
     mem.add_argument("--device", default=None, choices=["CPU", "GPU"],
                      help="default: a visible GPU, else the CPU")
     mem.add_argument("--inference", action="store_true", help="forward pass only")
+    mem.add_argument("--plot", default=None, metavar="PATH",
+                     help="also draw live memory over the step into PATH (.png or .svg; "
+                     "needs matplotlib)")
     args = parser.parse_args(argv)
 
     try:
@@ -100,9 +103,24 @@ def main(argv=None):
             if args.batch < 1:
                 print("error: --batch must be a positive int", file=sys.stderr)
                 return 2
+            if args.plot is not None:
+                try:
+                    from tfbigconv.memory.plot import image_format
+                    image_format(args.plot)  # before the report, not after
+                except ValueError as e:
+                    print(f"error: --plot: {e}", file=sys.stderr)
+                    return 2
             model = keras.models.load_model(args.model, compile=True)
-            print(tfbigconv.memory_report(model, args.batch, training=not args.inference,
-                                          device=args.device, budget=args.budget))
+            report = tfbigconv.memory_report(model, args.batch, training=not args.inference,
+                                             device=args.device, budget=args.budget)
+            print(report)
+            if args.plot is not None:
+                try:
+                    report.plot(args.plot)
+                except ImportError as e:
+                    print(f"error: --plot: {e}", file=sys.stderr)
+                    return 2
+                print(f"Plot: {args.plot}")
         elif args.command == "calibrate":
             output = args.output or profiles.user_path()
             _check_writable(output)  # before the measuring, not after

@@ -40,6 +40,7 @@ from tfbigconv.memory.workspaces import (ConvPlans, decode, gradient_workspace,
                                          onednn_maxpool_workspace,
                                          tf_conv2d_onednn)
 from tfbigconv.memory.simulate import simulate
+from tfbigconv.memory.timeline import BATCH, SLOTS, WEIGHTS, MemoryTimeline
 
 # ---------------------------------------------------------------------------
 # The report
@@ -70,6 +71,10 @@ class MemoryReport:
         and bigconv_workspace: (forward, backward) bytes under TensorFlow's
         kernel and tfbigconv's plan (None for non-convolutions; a layer row
         sums its ops'); backward counts the gradient passes that run.
+      timeline: MemoryTimeline, the simulated step's live bytes at each op by
+        kind (weights, optimizer slots, input batch, activations kept for
+        backward, other forward outputs, weight and activation gradients,
+        workspaces); its peak is peak_bytes at peak_step. `plot` draws it.
       batch_size, device, training, optimizer, notes.
       advice: list of lines, computed (see `advise`).
     """
@@ -109,7 +114,10 @@ class MemoryReport:
                               "simulation has not been checked against measured GPU peaks")
         for message in dict.fromkeys(trace.plan_failures):
             self.notes.append(f"a tfbigconv layer does not fit its workspace_limit: {message}")
-        result = self._run(batch_size)
+        result = self._run(batch_size, record=True)
+        self.timeline = MemoryTimeline.from_simulation(result.timeline, {
+            WEIGHTS: self.param_bytes, SLOTS: self.slot_bytes,
+            BATCH: self._persistent(batch_size) - self.param_bytes - self.slot_bytes})
         self.peak_bytes = result.peak
         self.step_peak_bytes = result.peak - self._persistent(batch_size)
         self.peak_step, self.alive_at_peak = result.step, result.alive
@@ -504,6 +512,25 @@ class MemoryReport:
         return "\n".join(out)
 
     __str__ = table
+
+    def plot(self, path):
+        """Draws the timeline into path, a PNG or SVG by its suffix (.png, .svg):
+        live bytes at each simulated step, stacked by kind, the peak marked
+        with its step, layer, op and bytes. Returns the matplotlib Figure.
+
+        Needs matplotlib (an optional dependency; ImportError without it).
+        Raises ValueError for another suffix."""
+        from tfbigconv.memory import plot
+        return plot.plot(self, path)
+
+    def to_tensorboard(self, logdir, step=0):
+        """Writes the table (Markdown, TensorBoard's text plugin, tag
+        "memory_report/table") and the plot (PNG, its images plugin, tag
+        "memory_report/timeline") at `step` into an event file in logdir,
+        with TensorFlow's own summary writer (the tensorboard package is not
+        needed to write them). Needs matplotlib for the plot."""
+        from tfbigconv.memory import plot
+        plot.to_tensorboard(self, logdir, step)
 
     def __repr__(self):
         return f"<MemoryReport batch={self.batch_size} peak={fmt_bytes(self.peak_bytes)}>"

@@ -11,10 +11,23 @@ from tfbigconv.memory.workspaces import gradient_workspace
 Alive = collections.namedtuple("Alive", "bytes what layer shape")
 Step = collections.namedtuple("Step", "phase layer op")
 
+# The kinds of what a step allocates, as the timeline stacks them (the
+# persistent kinds, weights, slots and the batch, are the report's).
+KEPT = "activations kept for backward"   # and oneDNN workspaces kept for a gradient
+OUTPUTS = "other forward outputs"        # read by later forward ops (or returned), not kept
+PARAM_GRADS = "weight gradients"
+GRADS = "activation gradients"
+WORKSPACES = "workspaces"                # kernels' transient buffers, optimizer temporaries
+STEP_KINDS = (KEPT, OUTPUTS, PARAM_GRADS, GRADS, WORKSPACES)
+_KEY_KINDS = {"ws": WORKSPACES, "optimizer": WORKSPACES, "param": PARAM_GRADS, "grad": GRADS}
+
 
 class Result:
     def __init__(self):
         self.peak, self.step, self.alive = -1, None, []
+        # With record=True: [(Step, {kind: bytes}, total)], one per step: its
+        # live bytes by kind (STEP_KINDS; persistent excluded), and in all.
+        self.timeline = []
 
 
 def passes_gradient_through(op, index, trace):
@@ -43,7 +56,7 @@ def gradient_temporary(op, trace, batch):
 
 
 def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0,
-             overlap=False):
+             overlap=False, record=False):
     """Live bytes through forward, backward and the optimizer's update.
 
     persistent: bytes alive throughout (weights, optimizer slots, the batch);
@@ -52,11 +65,13 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0,
     overlap: TensorFlow's executor has more than one thread, so a
     convolution's filter gradient, which nothing in the backward pass waits
     for, runs on beside the ops that follow its input gradient (see below).
+    record: also keep each step's live bytes by kind (Result.timeline).
     Returns a Result: peak (including persistent), its step, the tensors alive
-    then (largest first).
+    then (largest first), the timeline if recorded.
     """
     t = trace
     live = {}  # buffer key -> (bytes, what, layer call, shape)
+    kinds = {}  # buffer key -> its kind (STEP_KINDS)
     res = Result()
     saved_by = collections.defaultdict(list)  # buffer -> backward ops that read it
     uses = collections.Counter()              # buffer -> forward reads left
@@ -89,12 +104,25 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0,
             return op.layer.label
         return "(loss)" if op.name.startswith("loss/") else "(model)"
 
-    def alloc(key, n, what, op, shape=None):
+    def alloc(key, n, what, op, shape=None, kind=None):
         if n > 0:
             live[key] = Alive(n, what, label(op), shape)
+            kinds[key] = kind or key_kind(key)
+
+    def key_kind(key):
+        if not isinstance(key, tuple):
+            return KEPT  # tensor-named buffers allocated without a kind: kept for a gradient
+        if key[0] == "grad" and t.tensors[t.tensors[key[1]].base].kind == "parameter":
+            return PARAM_GRADS  # the gradient of a view of a weight (a bias's Squeeze)
+        return _KEY_KINDS[key[0]]
 
     def check(step):
         total = persistent + sum(a.bytes for a in live.values())
+        if record:
+            by_kind = dict.fromkeys(STEP_KINDS, 0)
+            for key, a in live.items():
+                by_kind[kinds[key]] += a.bytes
+            res.timeline.append((step, by_kind, total))
         if total > res.peak:
             res.peak, res.step = total, step
             res.alive = sorted(live.values(), key=lambda a: -a.bytes)
@@ -109,7 +137,9 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0,
         for name in op.outputs:
             tensor = t.tensors[name]
             if tensor.kind == "activation" and tensor.base == name:
-                alloc(name, tensor.bytes(batch), f"{op.type} output", op, tensor.shape(batch))
+                kept = bool(saved_by.get(name)) and name not in recomputed_bases
+                alloc(name, tensor.bytes(batch), f"{op.type} output", op, tensor.shape(batch),
+                      KEPT if kept else OUTPUTS)
         for name in t.extra_outputs.get(op.name, ()):
             if name in op_saved[op.name]:  # kept for the gradient (not in inference)
                 tensor = t.tensors[name]
