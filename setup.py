@@ -81,5 +81,6 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
     install_requires=["numpy"],
+    extras_require={"plot": ["matplotlib"]},  # MemoryReport.plot / to_tensorboard
     zip_safe=False,
 )
