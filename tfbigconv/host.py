@@ -181,7 +181,6 @@ def cuda_total_memory(ordinal):
         return 0
 
 
-@contextlib.contextmanager
 def without_graph_optimizer():
     """Functions called inside run without Grappler, on this thread only.
 
@@ -190,13 +189,20 @@ def without_graph_optimizer():
     ~2 ms without, and a layer's tuning calls 6 to 9 new graphs. The setting is
     the thread's function-call options (a function is instantiated with the
     options of its calls), not the process-wide optimizer options."""
+    return graph_optimizer(False)
+
+
+@contextlib.contextmanager
+def graph_optimizer(enabled):
+    """Functions called inside run with Grappler on or off (`enabled`), on this
+    thread only (see without_graph_optimizer)."""
     from tensorflow.core.protobuf import config_pb2
     from tensorflow.python.eager import context  # no public per-thread call options
     ctx = context.context()
     old = ctx.function_call_options
     config = config_pb2.ConfigProto()
     config.ParseFromString(old.config_proto_serialized)
-    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    config.graph_options.rewrite_options.disable_meta_optimizer = not enabled
     ctx.function_call_options = context.FunctionCallOptions(
         executor_type=old.executor_type, config_proto=config)
     try:

@@ -6,7 +6,6 @@ they read: which kernel runs a depthwise filter, oneDNN's reach on this host
 The planner, the emitters (planning.candidates), memory_report and calibrate
 all ask here.
 """
-import contextlib
 import dataclasses
 import functools
 from typing import Callable
@@ -456,7 +455,7 @@ def grouped_conv2d_fusion_fails(dtype, data_format, explicit_padding):
         if explicit_padding else []
     attrs = dict(strides=[1, 1, 1, 1], padding="EXPLICIT" if explicit_padding else "SAME",
                  explicit_paddings=pads, data_format=data_format, dilations=[1, 1, 1, 1])
-    with host.eager_scope(), tf.device("/CPU:0"), _graph_optimizer_on():
+    with host.eager_scope(), tf.device("/CPU:0"), host.graph_optimizer(True):
         x = tf.ones((1, 3, 4, 4) if nhwc else (1, 4, 3, 4), dtype)
         w, b = tf.ones([2, 2, 2, 4], dtype), tf.ones([4], dtype)
         try:  # eagerly, without Grappler: whether TF's kernel runs the case at all
@@ -471,23 +470,3 @@ def grouped_conv2d_fusion_fails(dtype, data_format, explicit_padding):
                          data_format, str(e).splitlines()[0] if str(e) else type(e).__name__)
             return True
     return False
-
-
-@contextlib.contextmanager
-def _graph_optimizer_on():
-    """The thread's function-call options with Grappler on: the probe above must
-    see what a user's graph gets, also when asked from within autotuning's
-    host.without_graph_optimizer()."""
-    from tensorflow.core.protobuf import config_pb2
-    from tensorflow.python.eager import context  # no public per-thread call options
-    ctx = context.context()
-    old = ctx.function_call_options
-    config = config_pb2.ConfigProto()
-    config.ParseFromString(old.config_proto_serialized)
-    config.graph_options.rewrite_options.disable_meta_optimizer = False
-    ctx.function_call_options = context.FunctionCallOptions(
-        executor_type=old.executor_type, config_proto=config)
-    try:
-        yield
-    finally:
-        ctx.function_call_options = old
