@@ -6,7 +6,8 @@ layers `BigConv2D` and `BigDepthwiseConv2D`; `convert_model` swaps them into an
 existing Keras model; `memory_report` shows where a model's training step keeps
 its memory (and `explain_oom` prints it when a step runs out); `fuse_linear`
 merges chains and branches of linear convolutions into one large-kernel
-convolution (kernel algebra: `tfbigconv.fuse`).
+convolution (kernel algebra: `tfbigconv.fuse`); inside `portable()` our ops trace as
+stock TensorFlow ops, for a SavedModel that loads without tfbigconv.
 
 Importing this package loads the custom ops, registers their gradients and the
 Keras layers, so SavedModels and `.keras` files that use them load afterwards.
@@ -51,6 +52,7 @@ from tfbigconv.ops.conv1d import bigconv1d  # noqa: E402
 from tfbigconv.ops.conv2d import ALGORITHMS, bigconv2d  # noqa: E402
 from tfbigconv.ops.conv3d import bigconv3d  # noqa: E402
 from tfbigconv.planning.explain import explain  # noqa: E402
+from tfbigconv.pure_tf import portable  # noqa: E402
 
 from tfbigconv import keras  # registers the Keras layers (needs Keras 3, a TensorFlow dependency)
 from tfbigconv.keras.convert import convert_model
@@ -71,7 +73,7 @@ if not _cause:
 
 __all__ = ["bigconv1d", "bigconv2d", "bigconv3d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_train", "fuse_linear",
            "SubgraphReport", "keras", "register_all", "memory_report", "MemoryReport",
-           "explain_oom"]
+           "explain_oom", "portable"]
 
 
 def register_all():

@@ -4,8 +4,9 @@ the compiled library.
 XLA cannot compile a custom op, and a pip-installed library cannot register an
 XLA lowering (TF#60489). So inside `tf.function(jit_compile=True)` (also a
 Keras model compiled with `jit_compile=True`), and where tfbigconv's compiled
-library is missing or TFBIGCONV_PURE_TF=1 (see `active`), bigconv2d (`conv2d`)
-and bigconv3d (`conv3d`) build their convolution from ops XLA compiles:
+library is missing or TFBIGCONV_PURE_TF=1, and inside `portable()` (an export that
+must load without the library; see `active`), bigconv2d (`conv2d`) and bigconv3d
+(`conv3d`) build their convolution from ops XLA compiles:
 
 - large filters: FFT convolution over the whole padded input (one overlap-save
   tile) at static good sizes: in 2-D `tf.signal.rfft2d`/`irfft2d`, in 3-D
@@ -23,6 +24,8 @@ and bigconv3d (`conv3d`) build their convolution from ops XLA compiles:
 order are TensorFlow's own, through the composition. Shapes must be static
 except the batch; with other unknown dimensions TensorFlow's convolution runs.
 """
+import contextlib
+import contextvars
 import math
 import os
 
@@ -64,6 +67,40 @@ def forced():
     return os.environ.get(PURE_TF_ENV, "") not in ("", "0")
 
 
+# Why `portable()` asks for the pure path here ("" outside it): a context
+# variable, so that other threads and asyncio tasks keep our ops.
+_portable = contextvars.ContextVar("tfbigconv_portable", default="")
+
+
+@contextlib.contextmanager
+def portable():
+    """Within it, our ops trace as stock TensorFlow ops: export without the library.
+
+        with tfbigconv.portable():
+            model.export(path, format="tf_saved_model")
+
+    Every bigconv1d/2d/3d built inside it (the Keras layers' included) takes the
+    pure-TF path (`active` says "tfbigconv.portable()"), as under XLA or without
+    the compiled library, so a SavedModel exported inside it holds no BigConv*
+    ops and loads where tfbigconv is not installed (TF Serving's stock server).
+    Outside it the export keeps our ops, which are faster.
+
+    It acts while functions are traced: Keras' `model.export` and
+    `tf.saved_model.save` of a tf.Module trace inside it. A `tf.function`
+    already traced before entering it keeps that trace (our ops) for the same
+    input signature, also in an export: make its first call or
+    `get_concrete_function` inside, or use a new `tf.function`. Local to the
+    thread (and asyncio task), re-entrant, and restored on exit, also when the
+    body raises. LiteRT and ONNX exports convert only where the pure path runs
+    TensorFlow's own convolution, not its FFT (docs/usage.md).
+    """
+    token = _portable.set("tfbigconv.portable()")
+    try:
+        yield
+    finally:
+        _portable.reset(token)
+
+
 def in_xla():
     """True while a function XLA compiles is traced (tf.function(jit_compile=True),
     a Keras model compiled with jit_compile=True)."""
@@ -77,6 +114,8 @@ def active():
         return "the compiled library did not load"
     if forced():
         return f"{PURE_TF_ENV}=1"
+    if _portable.get():
+        return _portable.get()
     if in_xla():
         return "XLA compiles this function"
     return ""
