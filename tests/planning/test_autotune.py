@@ -130,9 +130,11 @@ def test_wrong_estimate_is_corrected_by_timing(model, autotuning, monkeypatch):
     assert rel_l2(got, conv2d_reference(x, w, (1, 1), "SAME")) < 1e-4
 
 
-def test_untrusted_tf_kernel_made_free_by_the_model_is_timed_and_loses(model, autotuning):
+def test_untrusted_tf_kernel_made_free_by_the_model_is_timed_and_the_fastest_wins(
+        model, autotuning):
     """A profile that makes (grouped) Conv2D look free: without timing auto
-    does not trust it; with timing it is measured, and the fastest wins."""
+    does not trust it; with timing it is measured, and the fastest wins (which
+    one that is depends on the host: oneDNN's grouped Conv2D can beat ours)."""
     model("im2col_flops_per_second", 1e6)
     e = tfbigconv.explain(*GROUPED, padding="SAME")
     tf_row = rows(e, "forward")["tf.Conv2D"]
@@ -144,8 +146,7 @@ def test_untrusted_tf_kernel_made_free_by_the_model_is_timed_and_loses(model, au
     assert measured["tf.Conv2D"] is not None, "the untrusted candidate must be timed"
     assert e.how["forward"] == "measured"
     assert e.chosen["forward"] == min((n for n in measured if measured[n] is not None),
-                                      key=measured.get)
-    assert e.chosen["forward"] != "tf.Conv2D", measured
+                                      key=measured.get), measured
 
 
 def train_step(x_shape, w_shape):
