@@ -23,6 +23,10 @@ $(PY):
 $(VENV)/.deps-stamp: requirements-dev.txt Makefile | $(PY)
 	$(PIP) install --upgrade pip
 	$(PIP) install -r requirements-dev.txt "$(TF_PACKAGE)==$(TF_VERSION)"
+	# tests/keras: the layers under Keras 2 (optional for users). tf-keras shares TF's
+	# version and requires the `tensorflow` wheel by name, which would land beside
+	# $(TF_PACKAGE): installed without its dependencies, which TF brings.
+	$(PIP) install --no-deps "tf-keras==$(TF_VERSION)"
 	touch $@
 
 deps: $(VENV)/.deps-stamp

@@ -22,17 +22,15 @@ Mixed precision: under a "mixed_float16" or "mixed_bfloat16" policy the kernel
 stays float32 and the convolution runs in the compute dtype (the kernels
 accumulate half types in float32), like the Keras layers.
 
-Requires Keras 3 with the TensorFlow backend.
+Requires Keras 3 with the TensorFlow backend. The layers' logic is in
+`tfbigconv.keras.base`, shared with the Keras 2 (tf_keras) classes of
+`tfbigconv.keras.keras2`; this module adds Keras 3's base classes and `KERAS3`.
 """
-import numbers
-
 import keras
-import tensorflow as tf
 
-from tfbigconv.arguments import ALGORITHMS
-from tfbigconv.ops.conv1d import bigconv1d
-from tfbigconv.ops.conv2d import bigconv2d
-from tfbigconv.ops.conv3d import bigconv3d
+from tfbigconv.keras.base import (BigConv1DLogic, BigConv2DLogic, BigConv3DLogic,
+                                  BigDepthwiseConv1DLogic, BigDepthwiseConv2DLogic,
+                                  BigDepthwiseConv3DLogic, Flavour, check_options, declares_jit)
 
 # Keras' base class of DepthwiseConv1D/2D, which takes the rank; Keras has no
 # DepthwiseConv3D to subclass.
@@ -41,15 +39,10 @@ from keras.src.layers.convolutional.base_depthwise_conv import BaseDepthwiseConv
 if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - depends on the install
     raise ImportError(
         f"tfbigconv.keras needs Keras 3 (found keras {keras.__version__}); "
-        "for tf.keras 2 (tf_keras) call tfbigconv.bigconv2d from your own layer")
+        "for Keras 2 use tfbigconv.keras.keras2 (pip install tf-keras)")
 
 __all__ = ["BigConv1D", "BigConv2D", "BigConv3D", "BigDepthwiseConv1D", "BigDepthwiseConv2D",
-           "BigDepthwiseConv3D"]
-
-# Keras' rank -> our op and its data formats.
-_OPS = {1: (bigconv1d, {"channels_last": "NWC", "channels_first": "NCW"}),
-        2: (bigconv2d, {"channels_last": "NHWC", "channels_first": "NCHW"}),
-        3: (bigconv3d, {"channels_last": "NDHWC", "channels_first": "NCDHW"})}
+           "BigDepthwiseConv3D", "check_backend", "check_options", "declares_jit"]
 
 
 def check_backend():
@@ -59,286 +52,41 @@ def check_backend():
             f"the Keras backend is {keras.backend.backend()!r} (set KERAS_BACKEND=tensorflow)")
 
 
-def declares_jit():
-    """The layers' `supports_jit`: True where no GPU is visible, else False.
-
-    Keras compiles a model with XLA under `jit_compile=True` only when every
-    layer declares support, and under the default `jit_compile="auto"` only on
-    machines with a GPU (Keras 3 turns XLA off on CPU-only machines). Under XLA
-    our layers run bigconv2d's pure-TensorFlow path, slower than our kernels
-    (benchmarks/RESULTS.md, "XLA"). So: on a CPU-only machine they declare it,
-    which lets `jit_compile=True` compile the model and changes nothing by
-    default; where a GPU is visible they do not, so that "auto" keeps our CUDA
-    kernels (the pure-TF path on the GPU has not been measured against them)."""
-    return not tf.config.list_physical_devices("GPU")
+KERAS3 = Flavour(check_backend=check_backend, depthwise_kernel="kernel", declares_jit=True)
+_register = keras.saving.register_keras_serializable(package="tfbigconv")
 
 
-def check_options(algorithm, workspace_limit):
-    """The two arguments the Big layers add, checked as Keras checks its own."""
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        raise ValueError(f"Invalid value for argument `algorithm`: expected one of "
-                         f"{ALGORITHMS}. Received algorithm={algorithm!r}")
-    if (isinstance(workspace_limit, bool) or not isinstance(workspace_limit, numbers.Integral)
-            or workspace_limit < 0):
-        raise ValueError("Invalid value for argument `workspace_limit`: expected a non-negative "
-                         f"int (bytes; 0 = from free memory). Received "
-                         f"workspace_limit={workspace_limit!r}")
-    return algorithm, int(workspace_limit)
+@_register
+class BigConv2D(BigConv2DLogic, keras.layers.Conv2D):
+    __doc__ = BigConv2DLogic.__doc__
+    _flavour = KERAS3
 
 
-class _BigConvMixin:
-    """What both layers add to their Keras base class."""
-
-    def _init_big(self, algorithm, workspace_limit):
-        check_backend()
-        self.algorithm, self.workspace_limit = check_options(algorithm, workspace_limit)
-        self.supports_jit = declares_jit()
-
-    def _bigconv(self, inputs, kernel):
-        # The kernel variable may be float32 under a mixed policy while the
-        # inputs come in the compute dtype; our ops want equal dtypes.
-        kernel = tf.cast(kernel, inputs.dtype)
-        conv, formats = _OPS[self.rank]
-        return conv(
-            inputs, kernel, list(self.strides), self.padding.upper(),
-            data_format=formats[self.data_format], dilations=list(self.dilation_rate),
-            algorithm=self.algorithm, workspace_limit=self.workspace_limit)
-
-    def _bias_and_activation(self, outputs):
-        """What Keras' call adds after the convolution."""
-        if self.use_bias:
-            bias = tf.cast(self.bias, outputs.dtype)
-            if self.data_format == "channels_first":
-                bias = tf.reshape(bias, (1, -1) + (1,) * self.rank)
-            outputs = outputs + bias
-        if self.activation is not None:
-            return self.activation(outputs)
-        return outputs
-
-    def _big_config(self, config):
-        config.update({"algorithm": self.algorithm, "workspace_limit": self.workspace_limit})
-        return config
+@_register
+class BigDepthwiseConv2D(BigDepthwiseConv2DLogic, keras.layers.DepthwiseConv2D):
+    __doc__ = BigDepthwiseConv2DLogic.__doc__
+    _flavour = KERAS3
 
 
-@keras.saving.register_keras_serializable(package="tfbigconv")
-class BigConv2D(_BigConvMixin, keras.layers.Conv2D):
-    """`keras.layers.Conv2D` computed by `tfbigconv.bigconv2d`.
-
-    Same arguments, defaults, weights and outputs as `keras.layers.Conv2D`
-    (filters, kernel_size, strides, padding, data_format, dilation_rate, groups,
-    activation, use_bias, the initializers, regularizers and constraints), plus:
-
-      algorithm: "auto" (default) or another entry of `tfbigconv.ALGORITHMS`.
-      workspace_limit: workspace budget in bytes for the FFT; 0 (default) means
-        half of the free memory.
-
-    Unlike Keras' TensorFlow backend, grouped convolution and "channels_first"
-    run on CPU without XLA.
-    """
-
-    def __init__(self, filters, kernel_size, strides=(1, 1), padding="valid", data_format=None,
-                 dilation_rate=(1, 1), groups=1, activation=None, use_bias=True,
-                 kernel_initializer="glorot_uniform", bias_initializer="zeros",
-                 kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
-                 kernel_constraint=None, bias_constraint=None, algorithm="auto",
-                 workspace_limit=0, **kwargs):
-        super().__init__(
-            filters=filters, kernel_size=kernel_size, strides=strides, padding=padding,
-            data_format=data_format, dilation_rate=dilation_rate, groups=groups,
-            activation=activation, use_bias=use_bias, kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer, kernel_regularizer=kernel_regularizer,
-            bias_regularizer=bias_regularizer, activity_regularizer=activity_regularizer,
-            kernel_constraint=kernel_constraint, bias_constraint=bias_constraint, **kwargs)
-        self._init_big(algorithm, workspace_limit)
-
-    def convolution_op(self, inputs, kernel):
-        return self._bigconv(inputs, kernel)
-
-    def get_config(self):
-        return self._big_config(super().get_config())
+@_register
+class BigConv1D(BigConv1DLogic, keras.layers.Conv1D):
+    __doc__ = BigConv1DLogic.__doc__
+    _flavour = KERAS3
 
 
-@keras.saving.register_keras_serializable(package="tfbigconv")
-class BigDepthwiseConv2D(_BigConvMixin, keras.layers.DepthwiseConv2D):
-    """`keras.layers.DepthwiseConv2D` computed by `tfbigconv.bigconv2d`.
-
-    Same arguments, defaults, weights and outputs as
-    `keras.layers.DepthwiseConv2D` (kernel_size, strides, padding,
-    depth_multiplier, data_format, dilation_rate, activation, use_bias, the
-    initializers, regularizers and constraints), plus `algorithm` and
-    `workspace_limit` as in `BigConv2D`.
-
-    The kernel keeps Keras' shape [kh, kw, channels, depth_multiplier]; the
-    call runs it as a grouped convolution with one group per input channel and
-    filter [kh, kw, 1, channels * depth_multiplier], whose output channel
-    c * depth_multiplier + m is Keras' (and tf.nn.depthwise_conv2d's) channel
-    order.
-    """
-
-    def __init__(self, kernel_size, strides=(1, 1), padding="valid", depth_multiplier=1,
-                 data_format=None, dilation_rate=(1, 1), activation=None, use_bias=True,
-                 depthwise_initializer="glorot_uniform", bias_initializer="zeros",
-                 depthwise_regularizer=None, bias_regularizer=None, activity_regularizer=None,
-                 depthwise_constraint=None, bias_constraint=None, algorithm="auto",
-                 workspace_limit=0, **kwargs):
-        super().__init__(
-            kernel_size=kernel_size, strides=strides, padding=padding,
-            depth_multiplier=depth_multiplier, data_format=data_format,
-            dilation_rate=dilation_rate, activation=activation, use_bias=use_bias,
-            depthwise_initializer=depthwise_initializer, bias_initializer=bias_initializer,
-            depthwise_regularizer=depthwise_regularizer, bias_regularizer=bias_regularizer,
-            activity_regularizer=activity_regularizer, depthwise_constraint=depthwise_constraint,
-            bias_constraint=bias_constraint, **kwargs)
-        self._init_big(algorithm, workspace_limit)
-
-    def call(self, inputs):
-        return _depthwise_call(self, inputs)
-
-    def get_config(self):
-        return self._big_config(super().get_config())
+@_register
+class BigDepthwiseConv1D(BigDepthwiseConv1DLogic, keras.layers.DepthwiseConv1D):
+    __doc__ = BigDepthwiseConv1DLogic.__doc__
+    _flavour = KERAS3
 
 
-def _depthwise_call(layer, inputs):
-    """Keras' depthwise kernel [*kernel_size, channels, multiplier] run as a grouped
-    convolution, one group per channel: filter [*kernel_size, 1, channels * multiplier],
-    whose output channel c * multiplier + m is Keras' (and TensorFlow's) order."""
-    *size, channels, multiplier = layer.kernel.shape
-    kernel = tf.reshape(layer.kernel, (*size, 1, channels * multiplier))
-    return layer._bias_and_activation(layer._bigconv(inputs, kernel))
+@_register
+class BigConv3D(BigConv3DLogic, keras.layers.Conv3D):
+    __doc__ = BigConv3DLogic.__doc__
+    _flavour = KERAS3
 
 
-@keras.saving.register_keras_serializable(package="tfbigconv")
-class BigConv1D(_BigConvMixin, keras.layers.Conv1D):
-    """`keras.layers.Conv1D` computed by `tfbigconv.bigconv1d`.
-
-    Same arguments, defaults, weights and outputs as `keras.layers.Conv1D`
-    (filters, kernel_size, strides, padding "valid", "same" or "causal",
-    data_format, dilation_rate, groups, activation, use_bias, the initializers,
-    regularizers and constraints), plus `algorithm` and `workspace_limit` as in
-    `BigConv2D`. Long kernels (a filter as long as the sequence, as in Hyena-style
-    models) run as 1-D FFTs.
-    """
-
-    def __init__(self, filters, kernel_size, strides=1, padding="valid", data_format=None,
-                 dilation_rate=1, groups=1, activation=None, use_bias=True,
-                 kernel_initializer="glorot_uniform", bias_initializer="zeros",
-                 kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
-                 kernel_constraint=None, bias_constraint=None, algorithm="auto",
-                 workspace_limit=0, **kwargs):
-        super().__init__(
-            filters=filters, kernel_size=kernel_size, strides=strides, padding=padding,
-            data_format=data_format, dilation_rate=dilation_rate, groups=groups,
-            activation=activation, use_bias=use_bias, kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer, kernel_regularizer=kernel_regularizer,
-            bias_regularizer=bias_regularizer, activity_regularizer=activity_regularizer,
-            kernel_constraint=kernel_constraint, bias_constraint=bias_constraint, **kwargs)
-        self._init_big(algorithm, workspace_limit)
-
-    def call(self, inputs):  # Conv1D.call pads "causal" itself; bigconv1d takes it
-        return self._bias_and_activation(self._bigconv(inputs, self.kernel))
-
-    def get_config(self):
-        return self._big_config(super().get_config())
-
-
-@keras.saving.register_keras_serializable(package="tfbigconv")
-class BigDepthwiseConv1D(_BigConvMixin, keras.layers.DepthwiseConv1D):
-    """`keras.layers.DepthwiseConv1D` computed by `tfbigconv.bigconv1d`.
-
-    Same arguments, defaults, weights and outputs as
-    `keras.layers.DepthwiseConv1D`, plus `algorithm` and `workspace_limit` as in
-    `BigConv2D`, and one more padding: "causal" (as Conv1D's: output t sees inputs
-    up to t), for long causal filters such as Hyena's. The kernel keeps Keras'
-    shape [k, channels, depth_multiplier].
-    """
-
-    def __init__(self, kernel_size, strides=1, padding="valid", depth_multiplier=1,
-                 data_format=None, dilation_rate=1, activation=None, use_bias=True,
-                 depthwise_initializer="glorot_uniform", bias_initializer="zeros",
-                 depthwise_regularizer=None, bias_regularizer=None, activity_regularizer=None,
-                 depthwise_constraint=None, bias_constraint=None, algorithm="auto",
-                 workspace_limit=0, **kwargs):
-        causal = isinstance(padding, str) and padding.lower() == "causal"
-        super().__init__(
-            kernel_size=kernel_size, strides=strides, padding="valid" if causal else padding,
-            depth_multiplier=depth_multiplier, data_format=data_format,
-            dilation_rate=dilation_rate, activation=activation, use_bias=use_bias,
-            depthwise_initializer=depthwise_initializer, bias_initializer=bias_initializer,
-            depthwise_regularizer=depthwise_regularizer, bias_regularizer=bias_regularizer,
-            activity_regularizer=activity_regularizer, depthwise_constraint=depthwise_constraint,
-            bias_constraint=bias_constraint, **kwargs)
-        if causal:  # Keras' output-shape rule reads "causal" as "same"
-            self.padding = "causal"
-        self._init_big(algorithm, workspace_limit)
-
-    def call(self, inputs):
-        return _depthwise_call(self, inputs)
-
-    def get_config(self):
-        return self._big_config(super().get_config())
-
-
-@keras.saving.register_keras_serializable(package="tfbigconv")
-class BigConv3D(_BigConvMixin, keras.layers.Conv3D):
-    """`keras.layers.Conv3D` computed by `tfbigconv.bigconv3d`.
-
-    Same arguments, defaults, weights and outputs as `keras.layers.Conv3D`, plus
-    `algorithm` and `workspace_limit` as in `BigConv2D`. Grouped convolution
-    (`groups`), which TensorFlow's CPU Conv3D refuses, runs.
-    """
-
-    def __init__(self, filters, kernel_size, strides=(1, 1, 1), padding="valid",
-                 data_format=None, dilation_rate=(1, 1, 1), groups=1, activation=None,
-                 use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
-                 kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
-                 kernel_constraint=None, bias_constraint=None, algorithm="auto",
-                 workspace_limit=0, **kwargs):
-        super().__init__(
-            filters=filters, kernel_size=kernel_size, strides=strides, padding=padding,
-            data_format=data_format, dilation_rate=dilation_rate, groups=groups,
-            activation=activation, use_bias=use_bias, kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer, kernel_regularizer=kernel_regularizer,
-            bias_regularizer=bias_regularizer, activity_regularizer=activity_regularizer,
-            kernel_constraint=kernel_constraint, bias_constraint=bias_constraint, **kwargs)
-        self._init_big(algorithm, workspace_limit)
-
-    def convolution_op(self, inputs, kernel):
-        return self._bigconv(inputs, kernel)
-
-    def get_config(self):
-        return self._big_config(super().get_config())
-
-
-@keras.saving.register_keras_serializable(package="tfbigconv")
-class BigDepthwiseConv3D(_BigConvMixin, BaseDepthwiseConv):
-    """Depthwise 3-D convolution, which Keras lacks, computed by `tfbigconv.bigconv3d`.
-
-    `keras.layers.DepthwiseConv2D`'s arguments in 3-D: kernel_size (an int or 3
-    ints), strides, padding ("valid" or "same"), depth_multiplier, data_format,
-    dilation_rate, activation, use_bias, the depthwise initializer, regularizer and
-    constraint, the bias's, plus `algorithm` and `workspace_limit` as in
-    `BigConv2D`. Its kernel is [kd, kh, kw, channels, depth_multiplier], its
-    output channel c * depth_multiplier + m, as DepthwiseConv2D's.
-    """
-
-    def __init__(self, kernel_size, strides=(1, 1, 1), padding="valid", depth_multiplier=1,
-                 data_format=None, dilation_rate=(1, 1, 1), activation=None, use_bias=True,
-                 depthwise_initializer="glorot_uniform", bias_initializer="zeros",
-                 depthwise_regularizer=None, bias_regularizer=None, activity_regularizer=None,
-                 depthwise_constraint=None, bias_constraint=None, algorithm="auto",
-                 workspace_limit=0, **kwargs):
-        super().__init__(
-            rank=3, kernel_size=kernel_size, strides=strides, padding=padding,
-            depth_multiplier=depth_multiplier, data_format=data_format,
-            dilation_rate=dilation_rate, activation=activation, use_bias=use_bias,
-            depthwise_initializer=depthwise_initializer, bias_initializer=bias_initializer,
-            depthwise_regularizer=depthwise_regularizer, bias_regularizer=bias_regularizer,
-            activity_regularizer=activity_regularizer, depthwise_constraint=depthwise_constraint,
-            bias_constraint=bias_constraint, **kwargs)
-        self._init_big(algorithm, workspace_limit)
-
-    def call(self, inputs):
-        return _depthwise_call(self, inputs)
-
-    def get_config(self):
-        return self._big_config(super().get_config())
+@_register
+class BigDepthwiseConv3D(BigDepthwiseConv3DLogic, BaseDepthwiseConv):
+    __doc__ = BigDepthwiseConv3DLogic.__doc__
+    _flavour = KERAS3
