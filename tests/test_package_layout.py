@@ -1,6 +1,6 @@
 """The package's imports run one way: no cycle among tfbigconv's modules (imports
-inside functions included), and no module uses another's private names. Read
-from the source with ast; nothing is imported."""
+inside functions included), no loop between its subpackages, and no module uses
+another's private names. Read from the source with ast; nothing is imported."""
 import ast
 import os
 
@@ -11,16 +11,16 @@ import tfbigconv
 ROOT = os.path.dirname(os.path.abspath(tfbigconv.__file__))
 
 
-def modules():
-    """{dotted name: path} of every module of the installed package (compiled ones
+def modules(root=ROOT):
+    """{dotted name: path} of every module of the package under root (compiled ones
     too: they import nothing of the package)."""
     out = {}
-    for folder, _, files in os.walk(ROOT):
+    for folder, _, files in os.walk(root):
         for f in files:
             if f.endswith(".so"):
                 out["tfbigconv." + f.split(".")[0]] = None
             if f.endswith(".py"):
-                rel = os.path.relpath(os.path.join(folder, f), os.path.dirname(ROOT))
+                rel = os.path.relpath(os.path.join(folder, f), os.path.dirname(root))
                 name = rel[:-3].replace(os.sep, ".")
                 out[name[:-len(".__init__")] if name.endswith(".__init__") else name] = \
                     os.path.join(folder, f)
@@ -50,10 +50,15 @@ def imports(name, path, known):
     return out
 
 
-def test_no_import_cycle():
-    known = modules()
-    graph = {m: {dep for dep, _, _ in imports(m, p, known) if dep != m} if p else set()
-             for m, p in known.items()}
+def import_graph(root=ROOT):
+    """{module: {(imported module, line)}} for every module of the package under root."""
+    known = modules(root)
+    return {m: {(dep, line) for dep, _, line in imports(m, p, known) if dep != m} if p else set()
+            for m, p in known.items()}
+
+
+def find_cycle(graph):
+    """A cycle [a, b, ..., a] in {node: set of nodes}, or None."""
     state, path = {}, []
 
     def visit(m):
@@ -61,17 +66,69 @@ def test_no_import_cycle():
         path.append(m)
         for dep in sorted(graph[m]):
             if state.get(dep) == "open":
-                cycle = path[path.index(dep):] + [dep]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
+                return path[path.index(dep):] + [dep]
             if dep not in state:
-                visit(dep)
+                cycle = visit(dep)
+                if cycle:
+                    return cycle
         path.pop()
         state[m] = "done"
+        return None
 
     for m in sorted(graph):
         if m not in state:
-            visit(m)
+            cycle = visit(m)
+            if cycle:
+                return cycle
+    return None
+
+
+def unit(module):
+    """A module's place at package level: its subpackage of tfbigconv (tfbigconv.keras
+    for tfbigconv.keras.layers), or itself for a top-level module (tfbigconv.host)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_loop(graph):
+    """A loop between tfbigconv's subpackages (and top-level modules), even where the
+    modules inside them form no cycle, e.g. keras/__init__ -> fusion/layers ->
+    keras/layers; with the imports that make each step. None if there is none."""
+    why = {}
+    for m, deps in graph.items():
+        for dep, line in deps:
+            if unit(dep) != unit(m):
+                why.setdefault((unit(m), unit(dep)), f"{m}:{line} imports {dep}")
+    loop = find_cycle({u: {b for a, b in why if a == u} for u in {unit(m) for m in graph}})
+    return loop and " -> ".join(loop) + " (" + "; ".join(
+        why[a, b] for a, b in zip(loop, loop[1:])) + ")"
+
+
+def test_no_import_cycle():
+    graph = {m: {dep for dep, _ in deps} for m, deps in import_graph().items()}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
     assert len(graph) > 20  # the walk saw the package
+
+
+def test_no_import_loop_between_subpackages():
+    """Imports between subpackages run one way too: a module-level cycle is not needed
+    for a loop (keras -> fusion -> keras worked only because tfbigconv/__init__.py
+    imported keras first)."""
+    graph = import_graph()
+    loop = package_loop(graph)
+    assert loop is None, "package-level import loop: " + loop
+    assert len({unit(m) for m in graph}) > 10  # the walk saw the subpackages
+
+
+def test_the_loop_check_finds_a_loop():
+    """package_loop on a made-up graph where two subpackages import each other through
+    different modules (no module-level cycle)."""
+    graph = {"tfbigconv.a": {("tfbigconv.b.y", 3)}, "tfbigconv.a.x": {("tfbigconv.c", 1)},
+             "tfbigconv.b.y": {("tfbigconv.a.x", 7)}, "tfbigconv.c": set(), "tfbigconv.b": set()}
+    assert find_cycle({m: {d for d, _ in deps} for m, deps in graph.items()}) is None
+    assert package_loop(graph) == ("tfbigconv.a -> tfbigconv.b -> tfbigconv.a "
+                                   "(tfbigconv.a:3 imports tfbigconv.b.y; "
+                                   "tfbigconv.b.y:7 imports tfbigconv.a.x)")
 
 
 def test_no_private_names_across_modules():

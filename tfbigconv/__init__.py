@@ -59,7 +59,7 @@ from tfbigconv.keras.convert import convert_model
 from tfbigconv.memory import MemoryReport, explain_oom, memory_report
 from tfbigconv import fusion as fuse
 from tfbigconv.fusion import train as fuse_train
-from tfbigconv.fusion.model import SubgraphReport, fuse_linear
+from tfbigconv.keras.fuse_model import SubgraphReport, fuse_linear
 from tfbigconv.version import __version__
 
 # tfbigconv.fuse and tfbigconv.fuse_train, public modules before the package was

@@ -1,6 +1,7 @@
 """tfbigconv.fuse_train (tfbigconv/fusion/train.py): recompute mode's gradients against the float64 reference (the
 unfused program differentiated by TensorFlow), what it keeps for backprop, training
-through FusedLinearConv in each mode against the unfused model, and the mode choice."""
+through FusedLinearConv in each mode against the unfused model (in both Keras
+flavours: `flavour`), and the mode choice."""
 import keras
 import numpy as np
 import pytest
@@ -9,13 +10,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tfbigconv
 from tfbigconv import fuse, fuse_train
-from tfbigconv.keras import FusedLinearConv
 from conftest import TOLERANCE, random_case
+from flavours import flavour  # noqa: F401  (the fixture)
 from reference import rel_l2
 from test_fusion_algebra import conv_step, programs, weights_for
 from test_fusion_model import randomize, seed_block
 
-L = keras.layers
 GRAD_TOL = 1e-5  # float32 gradients against float64, relative L2
 
 
@@ -182,9 +182,9 @@ def activations(tensors, batch):
     return [t for t in tensors if t.shape.rank == 4 and t.shape[0] == batch]
 
 
-def test_recompute_keeps_only_the_input():
+def test_recompute_keeps_only_the_input(flavour):
     batch, h, w, c = 5, 20, 18, 16
-    model = randomize(seed_block(h, w, c, 7))
+    model = randomize(seed_block(flavour.keras, h, w, c, 7))
     x = tf.constant(random_case((batch, h, w, c), 0))
     unfused = activations(saved_for_backprop(model, x), batch)
     # The checker sees what the unfused block keeps: p = 1x1 conv(x), N x H x W x C/2.
@@ -201,7 +201,7 @@ def test_recompute_keeps_only_the_input():
 
 # ----- training through FusedLinearConv -----------------------------------------------
 
-def train(model, data, steps, lr=0.05):
+def train(keras, model, data, steps, lr=0.05):
     """Plain SGD on a mean-squared loss; returns the losses."""
     opt = keras.optimizers.SGD(lr)
     losses = []
@@ -215,46 +215,49 @@ def train(model, data, steps, lr=0.05):
     return losses
 
 
-def head(block):
+def head(keras, block):
     x = keras.Input(block.inputs[0].shape[1:])
-    return keras.Model(x, L.Conv2D(3, 1, name="head")(block(x)))
+    return keras.Model(x, keras.layers.Conv2D(3, 1, name="head")(block(x)))
 
 
 @pytest.mark.parametrize("mode", ["fused", "recompute", "auto"])
-def test_training_matches_unfused(mode):
+def test_training_matches_unfused(flavour, mode):
     """Six SGD steps on the seed block: the same loss curve and the same weights."""
-    block = randomize(seed_block(24, 22, 16, 7), scale=0.2)
+    keras = flavour.keras
+    block = randomize(seed_block(keras, 24, 22, 16, 7), scale=0.2)
     fused_block, (report,) = tfbigconv.fuse_linear(block, trainable=True, mode=mode)
     assert report.mode in ("fused", "recompute") and mode in ("auto", report.mode)
-    unfused, fused = head(block), head(fused_block)
+    unfused, fused = head(keras, block), head(keras, fused_block)
     fused.get_layer("head").set_weights(unfused.get_layer("head").get_weights())
     data = [(random_case((4, 24, 22, 16), s), random_case((4, 24, 22, 3), s + 10))
             for s in range(3)]
-    a = train(unfused, data, 6)
-    b = train(fused, data, 6)
+    a = train(keras, unfused, data, 6)
+    b = train(keras, fused, data, 6)
     assert a[-1] < a[0]  # it learns
     np.testing.assert_allclose(b, a, rtol=1e-4)
-    layer = next(l for l in fused_block.layers if isinstance(l, FusedLinearConv))
+    layer = next(l for l in fused_block.layers if isinstance(l, flavour.big.FusedLinearConv))
     for name in ("p", "dw", "low"):
         got = layer.branch_weights[f"{name}_kernel"].numpy()
-        assert rel_l2(got, block.get_layer(name).kernel.numpy()) < 1e-4
+        kernel = block.get_layer(name).weights[0]  # "depthwise_kernel" in tf_keras' dw
+        assert rel_l2(got, kernel.numpy()) < 1e-4
 
 
-def repvgg_train_block(h, w, c):
+def repvgg_train_block(keras, h, w, c):
     """RepVGG's branches without BatchNormalization (which trains on batch statistics and
     so is not fused when trainable): 3x3 + 1x1 + identity."""
+    L = keras.layers
     x = keras.Input((h, w, c))
     a = L.Conv2D(c, 3, padding="same", name="conv3")(x)
     b = L.Conv2D(c, 1, name="conv1")(x)
     return keras.Model(x, L.ReLU()(L.Add(name="add")([a, b, x])))
 
 
-@pytest.mark.parametrize("build", [lambda: seed_block(20, 18, 8, 3),
-                                   lambda: seed_block(20, 18, 8, 7),
-                                   lambda: repvgg_train_block(16, 14, 6)],
+@pytest.mark.parametrize("build", [lambda K: seed_block(K, 20, 18, 8, 3),
+                                   lambda K: seed_block(K, 20, 18, 8, 7),
+                                   lambda K: repvgg_train_block(K, 16, 14, 6)],
                          ids=["seed K=3", "seed K=7", "repvgg"])
-def test_keras_gradients_recompute_equal_unfused(build):
-    model = randomize(build())
+def test_keras_gradients_recompute_equal_unfused(flavour, build):
+    model = randomize(build(flavour.keras))
     fused, (report,) = tfbigconv.fuse_linear(model, trainable=True, mode="recompute")
     assert report.status == "fused" and report.mode == "recompute"
     x = tf.constant(random_case((3,) + tuple(model.inputs[0].shape[1:]), 4))
@@ -264,12 +267,14 @@ def test_keras_gradients_recompute_equal_unfused(build):
             tape.watch(x)
             loss = tf.reduce_sum(tf.square(m(x)))
         grads.append(tape.gradient(loss, m.trainable_weights))
-    # FusedLinearConv names the weights layer_attribute, e.g. "p_kernel".
-    fused_grads = dict(zip([w.name for w in fused.trainable_weights], grads[1]))
+    # FusedLinearConv names the weights layer_attribute, e.g. "p_kernel", and a depthwise
+    # kernel "dw_kernel" in both flavours (tf_keras' attribute: "depthwise_kernel").
+    fused_grads = dict(zip([flavour.weight_name(w) for w in fused.trainable_weights], grads[1]))
     assert len(fused_grads) == len(grads[0])
     for w, ref in zip(model.trainable_weights, grads[0]):
-        got = fused_grads[w.path.replace("/", "_")]
-        assert rel_l2(got.numpy(), ref.numpy()) < GRAD_TOL, w.path
+        path = flavour.weight_path(w)
+        got = fused_grads[path.replace("/depthwise_kernel", "/kernel").replace("/", "_")]
+        assert rel_l2(got.numpy(), ref.numpy()) < GRAD_TOL, path
 
 
 # ----- the choice -----------------------------------------------------------------------
@@ -277,12 +282,12 @@ def test_keras_gradients_recompute_equal_unfused(build):
 def test_auto_picks_the_smaller_estimate_and_reports_why():
     # The seed block with many channels: the fused C -> C kernel is ~4x the branches'
     # multiply-adds, so recompute wins.
-    _, (report,) = tfbigconv.fuse_linear(seed_block(14, 14, 128, 7), trainable=True)
+    _, (report,) = tfbigconv.fuse_linear(seed_block(keras, 14, 14, 128, 7), trainable=True)
     assert report.mode == "recompute"
     assert report.mode_seconds["fused"] > 2 * report.mode_seconds["recompute"]
     assert "recompute" in str(report) and "batch 32" in report.mode_reason
     # RepVGG: one 3x3 conv instead of a 3x3 and a 1x1 one: fused wins.
-    _, (report,) = tfbigconv.fuse_linear(repvgg_train_block(32, 32, 64), trainable=True)
+    _, (report,) = tfbigconv.fuse_linear(repvgg_train_block(keras, 32, 32, 64), trainable=True)
     assert report.mode == "fused"
     assert report.mode_seconds["fused"] < report.mode_seconds["recompute"]
 
@@ -301,8 +306,9 @@ def test_fused_estimate_counts_the_composition():
     assert costly["fused"] > cheap["fused"] + 1  # 10^12 multiply-adds take seconds
 
 
-def test_mode_argument():
-    model = seed_block(10, 10, 4, 3)
+def test_mode_argument(flavour):
+    FusedLinearConv = flavour.big.FusedLinearConv
+    model = seed_block(flavour.keras, 10, 10, 4, 3)
     with pytest.raises(ValueError, match="mode"):
         tfbigconv.fuse_linear(model, trainable=True, mode="fast")
     with pytest.raises(ValueError, match="mode"):

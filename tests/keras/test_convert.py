@@ -1,18 +1,18 @@
 """convert_model (tfbigconv/keras/convert.py): Keras models with large-filter
 Conv2D and DepthwiseConv2D layers get tfbigconv's layers in their place, with
-the same weights and outputs."""
-import keras
+the same weights and outputs, in both Keras flavours (`flavour`): a tf_keras
+model gives a tf_keras model with the layers of tfbigconv.keras.keras2."""
 import pytest
 
 import tfbigconv
-from tfbigconv.keras import BigConv2D
 from conftest import random_case
+from flavours import flavour  # noqa: F401  (the fixture)
 from reference import rel_l2
 
 TOL = 1e-5  # float32
 
 
-def _conv_model(seed):
+def _conv_model(keras, seed):
     keras.utils.set_random_seed(seed)
     inner = keras.Sequential([keras.Input((32, 32, 4)),
                               keras.layers.Conv2D(4, 21, padding="same", name="inner_big"),
@@ -33,8 +33,8 @@ def _layer_types(model):
     return {layer.name: type(layer).__name__ for layer in model._flatten_layers(include_self=False)}
 
 
-def test_convert_model():
-    model = _conv_model(0)
+def test_convert_model(flavour):
+    model = _conv_model(flavour.keras, 0)
     before = _layer_types(model)
     x = random_case((2, 32, 32, 3), 11)
     converted = tfbigconv.convert_model(model, algorithm="direct")
@@ -44,22 +44,27 @@ def test_convert_model():
     assert types["c3"] == "Conv2D" and types["c3x31"] == "Conv2D"
     assert converted.get_layer("c15").algorithm == "direct"
     assert _layer_types(model) == before  # the original is untouched
+    assert isinstance(converted, flavour.keras.Model)
+    assert type(converted.get_layer("c15")) is flavour.big.BigConv2D
+    assert type(converted.get_layer("inner").layers[0]) is flavour.big.BigConv2D
     assert rel_l2(converted(x).numpy(), model(x).numpy()) < TOL
 
     only_larger = tfbigconv.convert_model(model, min_kernel_size=(16, 16))
     types = _layer_types(only_larger)
     assert types["c15"] == "Conv2D" and types["dw"] == "BigDepthwiseConv2D"
     assert tfbigconv.convert_model(model, min_kernel_size=(3, 31)).get_layer("c3x31").__class__ \
-        is BigConv2D
+        is flavour.big.BigConv2D
     assert rel_l2(only_larger(x).numpy(), model(x).numpy()) < TOL
 
 
-def test_convert_sequential_and_trains():
+def test_convert_sequential_and_trains(flavour):
+    keras = flavour.keras
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((24, 24, 2)), keras.layers.Conv2D(3, 15),
                               keras.layers.Flatten(), keras.layers.Dense(1)])
     converted = tfbigconv.convert_model(model)
-    assert isinstance(converted.layers[0], BigConv2D)
+    assert isinstance(converted, keras.Sequential)
+    assert isinstance(converted.layers[0], flavour.big.BigConv2D)
     x = random_case((8, 24, 24, 2), 12)
     y = random_case((8, 1), 13)
     assert rel_l2(converted(x).numpy(), model(x).numpy()) < TOL
@@ -68,7 +73,8 @@ def test_convert_sequential_and_trains():
     assert history[-1] < history[0]
 
 
-def test_convert_model_bad_arguments():
+def test_convert_model_bad_arguments(flavour):
+    keras = flavour.keras
     model = keras.Sequential([keras.Input((24, 24, 2)), keras.layers.Conv2D(3, 15)])
     for bad in (0, -3, (15,), "15", 2.5, (15, 0)):
         with pytest.raises(ValueError, match="min_kernel_size"):

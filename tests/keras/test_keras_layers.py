@@ -1,5 +1,7 @@
 """tfbigconv.keras layers (tfbigconv/keras/layers.py) against keras.layers.Conv2D /
-DepthwiseConv2D (convert_model: test_convert.py).
+DepthwiseConv2D, in both Keras flavours (`flavour`: Keras 3, and Keras 2 = tf_keras
+with tfbigconv/keras/keras2.py) where the test is not about Keras 3 alone
+(convert_model: test_convert.py; the six layers in both: test_keras_flavours.py).
 
 Parity: the same weights give the same outputs and gradients (input, kernel,
 bias) as the Keras layers, by relative L2 error. Keras' TensorFlow backend
@@ -14,9 +16,9 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
-from tfbigconv.keras import (BigConv1D, BigConv2D, BigConv3D, BigDepthwiseConv1D,
-                             BigDepthwiseConv2D)
+from tfbigconv.keras import BigConv2D, BigDepthwiseConv2D
 from conftest import TOLERANCE, random_case
+from flavours import flavour  # noqa: F401  (the fixture)
 from reference import rel_l2
 
 TOL = 1e-5  # float32, for outputs and gradients
@@ -43,9 +45,9 @@ INPUT_SHAPE = (2, 23, 19, 6)  # NHWC; 6 channels so that groups=3 divides them
 
 
 @pytest.fixture
-def float32_policy():
+def float32_policy(flavour):
     yield
-    keras.mixed_precision.set_global_policy("float32")
+    flavour.keras.mixed_precision.set_global_policy("float32")
 
 
 def _split(kwargs):
@@ -80,9 +82,23 @@ def _outputs_and_grads(layer, x, cotangent_seed, channels_first=False):
     return out, grads
 
 
+def refusal(make):
+    """The ValueError message `make()` raises, or None when it makes the layer."""
+    try:
+        make()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _check_parity(ref_cls, big_cls, kwargs, data_format, seed):
     kwargs, big_only = _split(kwargs)
     x = random_case(INPUT_SHAPE, seed)
+    # tf_keras refuses strides with dilations in DepthwiseConv2D; so do we there.
+    refused = refusal(lambda: ref_cls(**kwargs, data_format="channels_last"))
+    if refused:
+        assert refusal(lambda: big_cls(**kwargs, **big_only, data_format=data_format)) == refused
+        return
     ref = ref_cls(**kwargs, data_format="channels_last")
     big = big_cls(**kwargs, **big_only, data_format=data_format)
     ref.build(x.shape)
@@ -105,27 +121,29 @@ def _check_parity(ref_cls, big_cls, kwargs, data_format, seed):
 
 @pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
 @pytest.mark.parametrize("case", range(len(CONV_CASES)))
-def test_conv2d_parity(case, data_format):
-    _check_parity(keras.layers.Conv2D, BigConv2D, CONV_CASES[case], data_format, 10 * case)
+def test_conv2d_parity(flavour, case, data_format):
+    _check_parity(flavour.layers.Conv2D, flavour.big.BigConv2D, CONV_CASES[case], data_format,
+                  10 * case)
 
 
 @pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
 @pytest.mark.parametrize("case", range(len(DEPTHWISE_CASES)))
-def test_depthwise_parity(case, data_format):
-    _check_parity(keras.layers.DepthwiseConv2D, BigDepthwiseConv2D, DEPTHWISE_CASES[case],
-                  data_format, 10 * case + 5)
+def test_depthwise_parity(flavour, case, data_format):
+    _check_parity(flavour.layers.DepthwiseConv2D, flavour.big.BigDepthwiseConv2D,
+                  DEPTHWISE_CASES[case], data_format, 10 * case + 5)
 
 
-def test_unknown_spatial_size_and_float64():
+def test_unknown_spatial_size_and_float64(flavour):
     """Inputs of any size through one model (the op's run-time path); float64 layers."""
-    inp = keras.Input((None, None, 2), dtype="float64")
-    big = keras.Model(inp, BigDepthwiseConv2D(15, padding="same", depth_multiplier=2,
-                                              dtype="float64")(
-        BigConv2D(4, 15, padding="same", dtype="float64")(inp)))
-    ref = keras.Sequential([keras.Input((None, None, 2), dtype="float64"),
-                            keras.layers.Conv2D(4, 15, padding="same", dtype="float64"),
-                            keras.layers.DepthwiseConv2D(15, padding="same", depth_multiplier=2,
-                                                         dtype="float64")])
+    K, big_layers = flavour.keras, flavour.big
+    inp = K.Input((None, None, 2), dtype="float64")
+    big = K.Model(inp, big_layers.BigDepthwiseConv2D(15, padding="same", depth_multiplier=2,
+                                                     dtype="float64")(
+        big_layers.BigConv2D(4, 15, padding="same", dtype="float64")(inp)))
+    ref = K.Sequential([K.Input((None, None, 2), dtype="float64"),
+                        K.layers.Conv2D(4, 15, padding="same", dtype="float64"),
+                        K.layers.DepthwiseConv2D(15, padding="same", depth_multiplier=2,
+                                                 dtype="float64")])
     ref.set_weights([random_case(w.shape, 20 + i, np.float64) for i, w in enumerate(ref.weights)])
     big.set_weights(ref.get_weights())
     predict = tf.function(big, input_signature=[tf.TensorSpec([None, None, None, 2], tf.float64)])
@@ -136,24 +154,22 @@ def test_unknown_spatial_size_and_float64():
         assert rel_l2(out.numpy(), ref(x).numpy()) < TOLERANCE["float64"]
 
 
-def test_depthwise_matches_tf_nn_depthwise_conv2d():
+def test_depthwise_matches_tf_nn_depthwise_conv2d(flavour):
     """Output channel c * multiplier + m, as tf.nn.depthwise_conv2d orders them."""
     x = random_case((1, 20, 20, 3), 1)
     w = random_case((9, 9, 3, 4), 2)
-    layer = BigDepthwiseConv2D(9, depth_multiplier=4, padding="same", use_bias=False)
+    layer = flavour.big.BigDepthwiseConv2D(9, depth_multiplier=4, padding="same", use_bias=False)
     layer.build(x.shape)
     layer.set_weights([w])
     ref = tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME")
     assert rel_l2(layer(x).numpy(), ref.numpy()) < TOL
 
 
-@pytest.mark.parametrize("big_cls,keras_cls", [
-    (BigConv2D, keras.layers.Conv2D), (BigDepthwiseConv2D, keras.layers.DepthwiseConv2D),
-    (BigConv1D, keras.layers.Conv1D), (BigDepthwiseConv1D, keras.layers.DepthwiseConv1D),
-    (BigConv3D, keras.layers.Conv3D)])
-def test_same_arguments_and_defaults_as_keras(big_cls, keras_cls):
-    big = inspect.signature(big_cls.__init__).parameters
-    ref = inspect.signature(keras_cls.__init__).parameters
+@pytest.mark.parametrize("name", ["Conv2D", "DepthwiseConv2D", "Conv1D", "DepthwiseConv1D",
+                                  "Conv3D"])
+def test_same_arguments_and_defaults_as_keras(flavour, name):
+    big = inspect.signature(getattr(flavour.big, "Big" + name).__init__).parameters
+    ref = inspect.signature(getattr(flavour.layers, name).__init__).parameters
     extra = {"algorithm": "auto", "workspace_limit": 0}
     assert [p for p in big if p not in extra] == list(ref)
     for name, p in ref.items():
@@ -162,22 +178,23 @@ def test_same_arguments_and_defaults_as_keras(big_cls, keras_cls):
         assert big[name].default == default
 
 
-def test_config_round_trip():
-    layer = BigConv2D(5, (15, 17), strides=2, padding="same", groups=1, activation="relu",
-                      kernel_regularizer="l2", bias_initializer="ones", algorithm="fft",
-                      workspace_limit=1 << 26, name="big")
+def test_config_round_trip(flavour):
+    K, big = flavour.keras, flavour.big
+    layer = big.BigConv2D(5, (15, 17), strides=2, padding="same", groups=1, activation="relu",
+                          kernel_regularizer="l2", bias_initializer="ones", algorithm="fft",
+                          workspace_limit=1 << 26, name="big")
     config = layer.get_config()
-    ref = keras.layers.Conv2D(5, (15, 17), strides=2, padding="same", activation="relu",
-                              kernel_regularizer="l2", bias_initializer="ones",
-                              name="big").get_config()
+    ref = K.layers.Conv2D(5, (15, 17), strides=2, padding="same", activation="relu",
+                          kernel_regularizer="l2", bias_initializer="ones",
+                          name="big").get_config()
     assert {k: v for k, v in config.items() if k not in ("algorithm", "workspace_limit")} == ref
     assert config["algorithm"] == "fft" and config["workspace_limit"] == 1 << 26
-    again = BigConv2D.from_config(config)
+    again = big.BigConv2D.from_config(config)
     assert again.get_config() == config
 
-    dw = BigDepthwiseConv2D(31, depth_multiplier=2, algorithm="direct")
-    dw_again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(dw))
-    assert type(dw_again) is BigDepthwiseConv2D
+    dw = big.BigDepthwiseConv2D(31, depth_multiplier=2, algorithm="direct")
+    dw_again = K.saving.deserialize_keras_object(K.saving.serialize_keras_object(dw))
+    assert type(dw_again) is big.BigDepthwiseConv2D
     assert dw_again.get_config() == dw.get_config()
     assert dw_again.algorithm == "direct" and dw_again.depth_multiplier == 2
 
@@ -194,18 +211,19 @@ def test_registered_for_loading():
     assert keras.saving.get_registered_object("tfbigconv>BigDepthwiseConv2D") is BigDepthwiseConv2D
 
 
-def test_the_package_exports_all_eight_layers():
-    """tfbigconv.keras holds its own six layers (keras/layers.py) and fuse_linear's
-    two (fusion/layers.py)."""
-    from tfbigconv.fusion import layers as fusion_layers
+def test_the_package_exports_all_eight_layers(flavour):
+    """tfbigconv.keras (Keras 3) and tfbigconv.keras.keras2 (tf_keras) each hold the
+    six Big layers and fuse_linear's two, under the same names."""
     from tfbigconv.keras import layers
-    assert tfbigconv.keras.__all__ == ["BigConv1D", "BigConv2D", "BigConv3D", "BigDepthwiseConv1D",
-                                       "BigDepthwiseConv2D", "BigDepthwiseConv3D",
-                                       "FusedLinearConv", "FusedBiasMap"]
-    assert (tfbigconv.keras.BigConv2D, tfbigconv.keras.BigDepthwiseConv2D) == (
-        layers.BigConv2D, layers.BigDepthwiseConv2D) == (BigConv2D, BigDepthwiseConv2D)
-    assert tfbigconv.keras.FusedLinearConv is fusion_layers.FusedLinearConv
-    assert tfbigconv.keras.FusedBiasMap is fusion_layers.FusedBiasMap
+    names = ["BigConv1D", "BigConv2D", "BigConv3D", "BigDepthwiseConv1D", "BigDepthwiseConv2D",
+             "BigDepthwiseConv3D", "FusedLinearConv", "FusedBiasMap"]
+    assert tfbigconv.keras.__all__ == names
+    assert [getattr(tfbigconv.keras, n) for n in names] == [getattr(layers, n) for n in names]
+    assert [n for n in flavour.big.__all__ if n in names] == names
+    assert all(issubclass(getattr(flavour.big, n), flavour.layers.Layer) for n in names)
+    # Registered under the names saved files carry: "tfbigconv>BigConv2D", ...
+    assert [flavour.keras.saving.get_registered_name(getattr(flavour.big, n)) for n in names] \
+        == ["tfbigconv>" + n for n in names]
 
 
 def test_jit_support_declared_where_no_gpu_is_visible(monkeypatch):
@@ -240,43 +258,47 @@ def test_jit_support_declared_where_no_gpu_is_visible(monkeypatch):
     (dict(workspace_limit=1.5), "workspace_limit"),
     (dict(workspace_limit=True), "workspace_limit"),
 ])
-def test_bad_arguments(kwargs, match):
+def test_bad_arguments(flavour, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        BigConv2D(2, 15, **kwargs)
+        flavour.big.BigConv2D(2, 15, **kwargs)
     with pytest.raises(ValueError, match=match):
-        BigDepthwiseConv2D(15, **kwargs)
+        flavour.big.BigDepthwiseConv2D(15, **kwargs)
 
 
-def test_keras_argument_checks_still_apply():
-    with pytest.raises(ValueError, match="groups"):
-        BigConv2D(5, 15, groups=2)
-    with pytest.raises(ValueError, match="filters"):
-        BigConv2D(0, 15)
-    with pytest.raises(ValueError, match="depth_multiplier"):
-        BigDepthwiseConv2D(15, depth_multiplier=0)
+@pytest.mark.parametrize("name,args,kwargs", [("Conv2D", (5, 15), dict(groups=2)),
+                                              ("Conv2D", (0, 15), {}),
+                                              ("DepthwiseConv2D", (15,), dict(depth_multiplier=0))])
+def test_keras_argument_checks_still_apply(flavour, name, args, kwargs):
+    """The flavour's own checks, with its messages (tf_keras takes depth_multiplier=0)."""
+    theirs = refusal(lambda: getattr(flavour.layers, name)(*args, **kwargs))
+    assert refusal(lambda: getattr(flavour.big, "Big" + name)(*args, **kwargs)) == theirs
+    assert theirs or flavour.name == "keras2"
 
 
-def test_fit_lowers_loss():
+def test_fit_lowers_loss(flavour):
+    K = flavour.keras
     rng = np.random.default_rng(3)
     x = rng.standard_normal((16, 40, 40, 1)).astype(np.float32)
     true = rng.standard_normal((15, 15, 1, 1)).astype(np.float32) / 15
     y = tf.nn.conv2d(x, true, 1, "VALID").numpy()
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((40, 40, 1)), BigConv2D(1, 15, use_bias=False)])
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    K.utils.set_random_seed(0)
+    model = K.Sequential([K.Input((40, 40, 1)), flavour.big.BigConv2D(1, 15, use_bias=False)])
+    model.compile(optimizer=K.optimizers.Adam(0.01), loss="mse")
     history = model.fit(x, y, batch_size=8, epochs=15, verbose=0).history["loss"]
     assert history[-1] < 0.05 * history[0], history
 
 
 @pytest.mark.parametrize("policy,dtype", [("mixed_float16", "float16"),
                                           ("mixed_bfloat16", "bfloat16")])
-def test_mixed_precision(policy, dtype, float32_policy):
+def test_mixed_precision(flavour, policy, dtype, float32_policy):
+    K, BigConv2D, BigDepthwiseConv2D = flavour.keras, flavour.big.BigConv2D, \
+        flavour.big.BigDepthwiseConv2D
     x = random_case((2, 30, 30, 4), 7)
-    ref = keras.layers.Conv2D(4, 15, padding="same", dtype="float32")
-    ref_dw = keras.layers.DepthwiseConv2D(15, depth_multiplier=2, dtype="float32")
+    ref = K.layers.Conv2D(4, 15, padding="same", dtype="float32")
+    ref_dw = K.layers.DepthwiseConv2D(15, depth_multiplier=2, dtype="float32")
     ref.build(x.shape)
     ref_dw.build(x.shape)
-    keras.mixed_precision.set_global_policy(policy)
+    K.mixed_precision.set_global_policy(policy)
     big = BigConv2D(4, 15, padding="same")
     big_dw = BigDepthwiseConv2D(15, depth_multiplier=2)
     for r, b in ((ref, big), (ref_dw, big_dw)):
@@ -295,9 +317,9 @@ def test_mixed_precision(policy, dtype, float32_policy):
         assert rel_l2(tf.cast(out, tf.float32).numpy(), r(xr).numpy()) < TOLERANCE[dtype]
         assert all(g.dtype == tf.float32 and np.all(np.isfinite(g.numpy())) for g in grads)
 
-    model = keras.Sequential([keras.Input((30, 30, 4)), BigConv2D(2, 15, padding="same"),
-                              BigDepthwiseConv2D(15, padding="same")])
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model = K.Sequential([K.Input((30, 30, 4)), BigConv2D(2, 15, padding="same"),
+                          BigDepthwiseConv2D(15, padding="same")])
+    model.compile(optimizer=K.optimizers.Adam(0.01), loss="mse")
     y = tf.nn.conv2d(x, random_case((15, 15, 4, 2), 9) / 30, 1, "SAME").numpy()
     history = model.fit(x, y, epochs=5, verbose=0).history["loss"]
     assert all(np.isfinite(history)) and history[-1] < history[0], history

@@ -1,7 +1,9 @@
 """Fusing linear convolutions (tfbigconv.fuse is this package): the kernel
 algebra on LinearMaps (algebra), a linear subgraph as a program of steps
-(program), training a fused subgraph (train, tfbigconv.fuse_train), the Keras
-layers it makes (layers) and fuse_linear on a model (model)."""
+(program), and training a fused subgraph (train, tfbigconv.fuse_train). Plain
+TensorFlow, no Keras: fuse_linear, which reads and rewrites Keras models, and
+the layers it makes are in tfbigconv.keras (fuse_model.py, fused.py), which
+builds on this package."""
 from tfbigconv.fusion.algebra import (  # noqa: F401
     LinearMap, NotFusable, add, affine, batchnorm_affine, border_strips, compose_kernels,
     composition_macs, concat, convolve, dilate_kernel, fused_padding, identity, pad, regroup,

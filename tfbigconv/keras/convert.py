@@ -1,20 +1,15 @@
-"""convert_model: swap tfbigconv's layers into an existing Keras model."""
+"""convert_model: swap tfbigconv's layers into an existing Keras model (Keras 3 or
+tf_keras: the flavour's own layers in, the flavour's Big layers out)."""
 import numbers
 
-import keras
+from tfbigconv.keras import flavours
+from tfbigconv.keras.base import check_options
 
-from tfbigconv.keras.layers import (BigConv1D, BigConv2D, BigConv3D, BigDepthwiseConv1D,
-                                    BigDepthwiseConv2D, check_options)
-
-# Exact Keras classes -> their tfbigconv counterparts. Subclasses of Conv2D are
-# left alone: they may override call() with something else.
-_REPLACEMENTS = {
-    keras.layers.Conv1D: BigConv1D,
-    keras.layers.Conv2D: BigConv2D,
-    keras.layers.Conv3D: BigConv3D,
-    keras.layers.DepthwiseConv1D: BigDepthwiseConv1D,
-    keras.layers.DepthwiseConv2D: BigDepthwiseConv2D,
-}
+# Exact Keras classes -> their tfbigconv counterparts, by name in the model's
+# flavour. Subclasses of Conv2D are left alone: they may override call() with
+# something else.
+_REPLACEMENTS = {name: "Big" + name for name in
+                 ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D")}
 
 
 def _min_size(min_kernel_size):
@@ -46,10 +41,11 @@ def convert_model(model, min_kernel_size=15, *, algorithm="auto", workspace_limi
     dtype policy, trainable, initializers, ...) and the same weights. All other
     layers are cloned with their weights. The result computes the same
     function as `model` (up to floating-point rounding); `model` is not
-    changed.
+    changed. A tf_keras (Keras 2) model gives a tf_keras model with the layers
+    of `tfbigconv.keras.keras2`.
 
     Args:
-      model: a built Functional or Sequential Keras model. Subclassed models
+      model: a built Functional or Sequential Keras model, Keras 3 or tf_keras. Subclassed models
         cannot be cloned by Keras; construct them with tfbigconv's layers.
       min_kernel_size: int, or (height, width): the smallest kernel converted
         (1-D kernels: their length against the width).
@@ -66,9 +62,9 @@ def convert_model(model, min_kernel_size=15, *, algorithm="auto", workspace_limi
     """
     min_h, min_w = _min_size(min_kernel_size)
     algorithm, workspace_limit = check_options(algorithm, workspace_limit)
-    if not isinstance(model, keras.Model):
-        raise ValueError("Invalid value for argument `model`: expected a Keras model, received "
-                         f"{type(model).__name__}")
+    flavour = flavours.of(model)
+    replacements = {getattr(flavour.keras.layers, name): getattr(flavour.layers, big)
+                    for name, big in _REPLACEMENTS.items()}
     if not model.built:
         raise ValueError("Invalid value for argument `model`: the model is not built, so it has "
                          "no weights to copy; build it (call it on data or give it an Input).")
@@ -76,7 +72,7 @@ def convert_model(model, min_kernel_size=15, *, algorithm="auto", workspace_limi
     pairs = []  # (original layer, its clone), to copy the weights once built
 
     def clone(layer):
-        big = _REPLACEMENTS.get(type(layer))
+        big = replacements.get(type(layer))
         size = tuple(layer.kernel_size) if big is not None else ()
         if big is not None and size[-1] >= min_w and (len(size) == 1 or size[-2] >= min_h):
             config = layer.get_config()
@@ -88,7 +84,7 @@ def convert_model(model, min_kernel_size=15, *, algorithm="auto", workspace_limi
         return new
 
     # Subclassed models make clone_model raise a ValueError that says so.
-    converted = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    converted = flavour.clone_model(model, clone)
     for old, new in pairs:
         if not new.built and old.weights:
             raise ValueError(f"convert_model: layer {old.name!r} was not rebuilt by the clone; "

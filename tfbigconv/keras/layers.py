@@ -1,5 +1,6 @@
 """Keras 3 layers on tfbigconv's kernels: drop-in for Conv1D, Conv2D, Conv3D,
-DepthwiseConv1D and DepthwiseConv2D, and the DepthwiseConv3D Keras lacks.
+DepthwiseConv1D and DepthwiseConv2D, and the DepthwiseConv3D Keras lacks; and
+fuse_linear's FusedLinearConv and FusedBiasMap (their logic: `tfbigconv.keras.fused`).
 
 `BigConv1D`, `BigConv2D`, `BigConv3D`, `BigDepthwiseConv1D` and
 `BigDepthwiseConv2D` subclass the Keras layer of the same name without "Big", so
@@ -31,6 +32,7 @@ import keras
 from tfbigconv.keras.base import (BigConv1DLogic, BigConv2DLogic, BigConv3DLogic,
                                   BigDepthwiseConv1DLogic, BigDepthwiseConv2DLogic,
                                   BigDepthwiseConv3DLogic, Flavour, check_options, declares_jit)
+from tfbigconv.keras.fused import FusedBiasMapLogic, FusedLinearConvLogic
 
 # Keras' base class of DepthwiseConv1D/2D, which takes the rank; Keras has no
 # DepthwiseConv3D to subclass.
@@ -42,7 +44,8 @@ if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - depends on th
         "for Keras 2 use tfbigconv.keras.keras2 (pip install tf-keras)")
 
 __all__ = ["BigConv1D", "BigConv2D", "BigConv3D", "BigDepthwiseConv1D", "BigDepthwiseConv2D",
-           "BigDepthwiseConv3D", "check_backend", "check_options", "declares_jit"]
+           "BigDepthwiseConv3D", "FusedLinearConv", "FusedBiasMap", "check_backend",
+           "check_options", "declares_jit"]
 
 
 def check_backend():
@@ -89,4 +92,16 @@ class BigConv3D(BigConv3DLogic, keras.layers.Conv3D):
 @_register
 class BigDepthwiseConv3D(BigDepthwiseConv3DLogic, BaseDepthwiseConv):
     __doc__ = BigDepthwiseConv3DLogic.__doc__
+    _flavour = KERAS3
+
+
+@_register
+class FusedLinearConv(FusedLinearConvLogic, keras.layers.Layer):
+    __doc__ = FusedLinearConvLogic.__doc__
+    _flavour = KERAS3
+
+
+@_register
+class FusedBiasMap(FusedBiasMapLogic, keras.layers.Layer):
+    __doc__ = FusedBiasMapLogic.__doc__
     _flavour = KERAS3

@@ -1,17 +1,39 @@
-"""The Keras layers fuse_linear makes: FusedLinearConv (a linear subgraph run as
-one convolution, trainable) and FusedBiasMap (its biases where they meet zero
-padding)."""
-import keras
+"""The logic of the two layers fuse_linear makes, written once for both Keras
+flavours (as `tfbigconv.keras.base` is for the Big layers): FusedLinearConv (a
+linear subgraph run as one convolution, trainable) and FusedBiasMap (its biases
+where they meet zero padding). The thin classes are in `tfbigconv.keras.layers`
+(Keras 3) and `tfbigconv.keras.keras2` (tf_keras); the math they run is
+`tfbigconv.fusion` (program: the subgraph's steps; train: the two modes)."""
 import tensorflow as tf
 
 from tfbigconv.fusion import program as steps, train
-from tfbigconv.keras.layers import check_backend, check_options, declares_jit
-
-__all__ = ["FusedLinearConv", "FusedBiasMap"]
+from tfbigconv.keras.base import check_options, declares_jit
 
 
-@keras.saving.register_keras_serializable(package="tfbigconv")
-class FusedLinearConv(keras.layers.Layer):
+def check_mode(mode):
+    if not isinstance(mode, str) or mode not in train.MODES:
+        raise ValueError(f"Invalid value for argument `mode`: expected one of "
+                         f"{train.MODES}. Received mode={mode!r}")
+    return mode
+
+
+def _plain(value):
+    """`value` as plain dicts, lists and numbers: tf_keras wraps lists and dicts set
+    on a layer in its tracking types, which its configs should not carry."""
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class _Choices(dict):
+    """(batch, trainable) -> the ModeChoice made. A dict subclass: tf_keras wraps a
+    plain dict set on a layer for tracking, and its flattening sorts the keys,
+    which fails on None (unknown batch) among ints."""
+
+
+class FusedLinearConvLogic:
     """A linear subgraph of convolutions that keeps only its input for backprop, trainable.
 
     Made by `tfbigconv.fuse_linear(model, trainable=True)`. It keeps the
@@ -49,19 +71,22 @@ class FusedLinearConv(keras.layers.Layer):
     Input and output are channels_last.
     """
 
+    _flavour = None  # set by the flavour's thin class (tfbigconv.keras.base.Flavour)
+
     def __init__(self, program, weight_shapes, input_size, channels, algorithm="auto",
                  workspace_limit=0, mode="auto", **kwargs):
         super().__init__(**kwargs)
-        check_backend()
+        self._flavour.check_backend()
         self.algorithm, self.workspace_limit = check_options(algorithm, workspace_limit)
         self.mode = check_mode(mode)
         self.program = [dict(step) for step in program]
         self.weight_shapes = [[name, [int(d) for d in shape]] for name, shape in weight_shapes]
         self.input_size = tuple(int(v) for v in input_size)
         self.channels = int(channels)
-        self.supports_jit = declares_jit()
+        if self._flavour.declares_jit:
+            self.supports_jit = declares_jit()
         self.branch_weights = {}
-        self._choices = {}  # (batch, trainable) -> ModeChoice
+        self._choices = _Choices()
 
     def build(self, input_shape):
         for name, shape in self.weight_shapes:
@@ -74,10 +99,10 @@ class FusedLinearConv(keras.layers.Layer):
         a bias map [out_h, out_w, channels], or None."""
         weights = dict(self.branch_weights)
         m = steps.compose_program(self.program, weights, self.input_size, self.channels,
-                                 self.variable_dtype, patch_borders=True)
+                                  self.variable_dtype, patch_borders=True)
         if m.bias_padded and not m.patched:
             return m, steps.bias_map(self.program, weights, self.input_size, self.channels,
-                                    self.variable_dtype)
+                                     self.variable_dtype)
         return m, m.bias
 
     def choose_mode(self, batch=None):
@@ -95,29 +120,21 @@ class FusedLinearConv(keras.layers.Layer):
     def call(self, inputs):
         if self.choose_mode(inputs.shape[0]).mode == "recompute":
             return train.run_recompute(inputs, self.program, dict(self.branch_weights),
-                                            self.algorithm, self.workspace_limit)
+                                       self.algorithm, self.workspace_limit)
         m, bias = self.fused()
         return steps.apply_fused(inputs, m, bias, self.algorithm, self.workspace_limit,
-                                self.program, dict(self.branch_weights))
+                                 self.program, dict(self.branch_weights))
 
     def get_config(self):
         config = super().get_config()
-        config.update(program=self.program, weight_shapes=self.weight_shapes,
+        config.update(program=_plain(self.program), weight_shapes=_plain(self.weight_shapes),
                       input_size=list(self.input_size), channels=self.channels,
                       algorithm=self.algorithm, workspace_limit=self.workspace_limit,
                       mode=self.mode)
         return config
 
 
-def check_mode(mode):
-    if not isinstance(mode, str) or mode not in train.MODES:
-        raise ValueError(f"Invalid value for argument `mode`: expected one of "
-                         f"{train.MODES}. Received mode={mode!r}")
-    return mode
-
-
-@keras.saving.register_keras_serializable(package="tfbigconv")
-class FusedBiasMap(keras.layers.Layer):
+class FusedBiasMapLogic:
     """Adds a fixed [height, width, channels] bias map: the exact bias of a fused
     subgraph whose biases meet zero padding (made by `tfbigconv.fuse_linear`)."""
 

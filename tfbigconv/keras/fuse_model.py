@@ -1,20 +1,33 @@
-"""fuse_linear: replace linear subgraphs of a Keras model by one large-kernel convolution."""
+"""fuse_linear: replace linear subgraphs of a Keras model (Keras 3 or tf_keras) by
+one large-kernel convolution. The kernel algebra is tfbigconv.fusion; this module
+reads the model's graph and rebuilds it in the model's flavour (flavours.py)."""
 import dataclasses
 import time
 from typing import List, Optional, Tuple
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from tfbigconv.fusion import algebra, program as steps
-from tfbigconv.fusion.layers import FusedBiasMap, FusedLinearConv, check_mode
-from tfbigconv.keras.layers import BaseDepthwiseConv, BigConv2D, BigDepthwiseConv2D, check_options
+from tfbigconv.keras import flavours
+from tfbigconv.keras.base import check_options
+from tfbigconv.keras.fused import check_mode
 
-_CONVS = (keras.layers.Conv2D, BigConv2D)
-_DEPTHWISE = (keras.layers.DepthwiseConv2D, BigDepthwiseConv2D)
-_MERGES = {keras.layers.Add: "add", keras.layers.Subtract: "subtract",
-           keras.layers.Concatenate: "concat"}
+
+class _Kinds:
+    """The layer classes fuse_linear reads, in one Keras flavour."""
+
+    def __init__(self, flavour):
+        L, big = flavour.keras.layers, flavour.layers
+        self.convs = (L.Conv2D, big.BigConv2D)
+        self.depthwise = (L.DepthwiseConv2D, big.BigDepthwiseConv2D)
+        self.merges = {L.Add: "add", L.Subtract: "subtract", L.Concatenate: "concat"}
+        self.pad, self.batchnorm = L.ZeroPadding2D, L.BatchNormalization
+        self.concat = L.Concatenate
+        # Convolutions of other ranks: fuse_linear composes 2-D kernels only, and
+        # reports chains of these as refused.
+        self.other_ranks = (L.Conv1D, L.Conv3D, L.DepthwiseConv1D, big.BaseDepthwiseConv)
+        self.linear = flavour.keras.activations.linear
 
 
 @dataclasses.dataclass
@@ -68,28 +81,24 @@ class SubgraphReport:
         return text
 
 
-def _is_linear(layer, trainable):
+def _is_linear(layer, trainable, kinds):
     """Whether the layer is one fuse_linear can merge (and, if not, nothing)."""
     t = type(layer)
-    if t in _CONVS or t in _DEPTHWISE:
+    if t in kinds.convs or t in kinds.depthwise:
         return (layer.data_format == "channels_last"
-                and layer.activation is keras.activations.linear
-                and layer.dtype_policy.compute_dtype == "float32"
+                and layer.activation is kinds.linear
+                and layer.compute_dtype == "float32"
                 and not (trainable and _has_regularizer_or_constraint(layer)))
-    if t in _MERGES:
-        return t is not keras.layers.Concatenate or layer.axis in (-1, 3)
-    if t is keras.layers.ZeroPadding2D:
+    if t in kinds.merges:
+        return t is not kinds.concat or layer.axis in (-1, 3)
+    if t is kinds.pad:
         return layer.data_format == "channels_last"
-    if t is keras.layers.BatchNormalization:  # inference only: a fixed affine map
+    if t is kinds.batchnorm:  # inference only: a fixed affine map
         axis = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
         return not trainable and list(axis) in ([-1], [3])
     return False
 
 
-# Convolutions of other ranks: fuse_linear composes 2-D kernels only, and reports
-# chains of these as refused.
-_OTHER_RANKS = (keras.layers.Conv1D, keras.layers.Conv3D, keras.layers.DepthwiseConv1D,
-                BaseDepthwiseConv)
 OTHER_RANK_REASON = ("fuse_linear composes 2-D convolutions only; these 1-D or 3-D "
                      "convolutions are kept as they are")
 
@@ -97,19 +106,21 @@ OTHER_RANK_REASON = ("fuse_linear composes 2-D convolutions only; these 1-D or 3
 def _other_rank_chains(graph):
     """Chains of at least two linear 1-D or 3-D convolutions, each reading only the
     previous one's output: what fuse_linear would merge in 2-D."""
+    kinds = graph.kinds
+
     def linear_other(node):
-        layer = node.operation
-        return (isinstance(layer, _OTHER_RANKS) and not isinstance(layer, _DEPTHWISE)
-                and layer.activation is keras.activations.linear)
+        layer = node.layer
+        return (isinstance(layer, kinds.other_ranks) and not isinstance(layer, kinds.depthwise)
+                and layer.activation is kinds.linear)
     chains, seen = [], set()
     for node in graph.nodes:
         if not linear_other(node) or id(node) in seen:
             continue
         chain = [node]
         while True:
-            users = graph.consumers.get(id(chain[-1].output_tensors[0]), [])
+            users = graph.consumers.get(id(chain[-1].outputs[0]), [])
             if len(users) != 1 or not linear_other(users[0]) or \
-                    len(users[0].input_tensors) != 1:
+                    len(users[0].inputs) != 1:
                 break
             chain.append(users[0])
         seen.update(id(n) for n in chain)
@@ -125,21 +136,18 @@ def _has_regularizer_or_constraint(layer):
 
 
 class _Graph:
-    """The model's call nodes, in execution order, with who consumes each tensor."""
+    """The model's layer calls (flavours.Call), in execution order, with who consumes
+    each tensor, and the flavour's layer classes."""
 
-    def __init__(self, functional):
-        self.fn = functional
-        self.nodes = []
-        for depth in sorted(functional._nodes_by_depth, reverse=True):
-            for node in functional._nodes_by_depth[depth]:
-                if node.operation is not None and not node.is_input:
-                    self.nodes.append(node)
+    def __init__(self, flavour, functional):
+        self.kinds = _Kinds(flavour)
+        self.nodes = flavour.calls(functional)
         self.consumers = {}
         for node in self.nodes:
-            for t in node.input_tensors:
+            for t in node.inputs:
                 self.consumers.setdefault(id(t), []).append(node)
         self.outputs = {id(t) for t in functional.outputs}
-        self.producer = {id(t): node for node in self.nodes for t in node.output_tensors}
+        self.producer = {id(t): node for node in self.nodes for t in node.outputs}
 
 
 def _regions(graph, trainable):
@@ -147,19 +155,20 @@ def _regions(graph, trainable):
     and one output, and (None, nodes, reason) for ones that cannot be cut out."""
     uses = {}
     for node in graph.nodes:
-        uses[id(node.operation)] = uses.get(id(node.operation), 0) + 1
+        uses[id(node.layer)] = uses.get(id(node.layer), 0) + 1
+    kinds = graph.kinds
     linear = {id(n) for n in graph.nodes
-              if uses[id(n.operation)] == 1 and _is_linear(n.operation, trainable)}
+              if uses[id(n.layer)] == 1 and _is_linear(n.layer, trainable, kinds)}
     claimed = set()
     for start in graph.nodes:  # every tensor a node reads, in execution order
-        for t in start.input_tensors:
+        for t in start.inputs:
             region, inside = [], {id(t)}
             for node in graph.nodes:  # closure: linear nodes reading only t and the region
                 if (id(node) in linear and id(node) not in claimed
-                        and all(id(x) in inside for x in node.input_tensors)):
+                        and all(id(x) in inside for x in node.inputs)):
                     region.append(node)
-                    inside.update(id(x) for x in node.output_tensors)
-            if not any(isinstance(n.operation, _CONVS + _DEPTHWISE) for n in region):
+                    inside.update(id(x) for x in node.outputs)
+            if not any(isinstance(n.layer, kinds.convs + kinds.depthwise) for n in region):
                 continue
             picked = _one_output(graph, region)
             if picked is None:
@@ -178,9 +187,9 @@ def _one_output(graph, region):
     candidates = []
     for node in region:
         part = _ancestors(graph, node, ids)
-        made = {id(x) for n in part for x in n.output_tensors}
+        made = {id(x) for n in part for x in n.outputs}
         part_ids = {id(n) for n in part}
-        out = node.output_tensors[0]
+        out = node.outputs[0]
         escapes = any(
             tid != id(out) and (tid in graph.outputs or any(
                 id(c) not in part_ids for c in graph.consumers.get(tid, [])))
@@ -197,15 +206,15 @@ def _ancestors(graph, node, ids):
         if id(n) in seen:
             continue
         seen[id(n)] = n
-        for x in n.input_tensors:
+        for x in n.inputs:
             p = graph.producer.get(id(x))
             if p is not None and id(p) in ids:
                 stack.append(p)
     return [n for n in graph.nodes if id(n) in seen]  # in execution order
 
 
-def _program(input_tensor, nodes):
-    """(program, weights as float64 numpy, trainable weights [(name, layer, attr)])."""
+def _program(input_tensor, nodes, flavour, kinds):
+    """(program, weights as float64 numpy, trainable weights' names)."""
     value = {id(input_tensor): 0}
     program, weights, variables = [], {}, []
 
@@ -213,26 +222,26 @@ def _program(input_tensor, nodes):
         return value[id(t)]
 
     for node in nodes:
-        layer = node.operation
-        ins = node.input_tensors
-        if isinstance(layer, _CONVS + _DEPTHWISE):
-            depthwise = isinstance(layer, _DEPTHWISE)
+        layer = node.layer
+        ins = node.inputs
+        if isinstance(layer, kinds.convs + kinds.depthwise):
+            depthwise = isinstance(layer, kinds.depthwise)
             kname = f"{layer.name}_kernel"
-            weights[kname] = layer.kernel
-            variables.append((kname, layer, "kernel"))
+            weights[kname] = getattr(layer, flavour.depthwise_kernel if depthwise else "kernel")
+            variables.append(kname)
             bname = None
             if layer.use_bias:
                 bname = f"{layer.name}_bias"
                 weights[bname] = layer.bias
-                variables.append((bname, layer, "bias"))
+                variables.append(bname)
             program.append(dict(op="conv", src=src(ins[0]), kernel=kname, bias=bname,
                                 groups=1 if depthwise else layer.groups, depthwise=depthwise,
                                 strides=list(layer.strides), dilations=list(layer.dilation_rate),
                                 padding=layer.padding))
-        elif isinstance(layer, keras.layers.ZeroPadding2D):
+        elif isinstance(layer, kinds.pad):
             (t, b), (l, r) = layer.padding
             program.append(dict(op="pad", src=src(ins[0]), pads=[t, b, l, r]))
-        elif isinstance(layer, keras.layers.BatchNormalization):
+        elif isinstance(layer, kinds.batchnorm):
             scale, shift = algebra.batchnorm_affine(
                 layer.gamma if layer.scale else None, layer.beta if layer.center else None,
                 layer.moving_mean, layer.moving_variance, layer.epsilon)
@@ -240,16 +249,15 @@ def _program(input_tensor, nodes):
             program.append(dict(op="affine", src=src(ins[0]), scale=f"{layer.name}_scale",
                                 shift=f"{layer.name}_shift"))
         else:
-            program.append(dict(op=_MERGES[type(layer)], srcs=[src(x) for x in ins]))
-        value[id(node.output_tensors[0])] = len(program)
-    weights = {k: np.asarray(keras.ops.convert_to_numpy(v), np.float64)
-               for k, v in weights.items()}
+            program.append(dict(op=kinds.merges[type(layer)], srcs=[src(x) for x in ins]))
+        value[id(node.outputs[0])] = len(program)
+    weights = {k: np.asarray(tf.convert_to_tensor(v), np.float64) for k, v in weights.items()}
     return program, weights, variables
 
 
 def _estimates(program, nodes, weights, in_size, channels, m):
     """(macs before, after, kept bytes before, after) per image."""
-    sizes = [tuple(in_size) + (channels,)] + [tuple(n.output_tensors[0].shape[1:]) for n in nodes]
+    sizes = [tuple(in_size) + (channels,)] + [tuple(n.outputs[0].shape[1:]) for n in nodes]
     macs, kept = 0, set()
     for i, step in enumerate(program):
         if step["op"] == "conv":
@@ -293,8 +301,10 @@ def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algori
     why.
 
     Args:
-      model: a built Functional or Sequential Keras model with static input
-        height and width (the border checks and bias maps depend on them).
+      model: a built Functional or Sequential Keras model, Keras 3 or tf_keras,
+        with static input height and width (the border checks and bias maps
+        depend on them). A tf_keras model gives a tf_keras model whose new
+        layers are those of `tfbigconv.keras.keras2`.
       trainable: False: each subgraph becomes ZeroPadding2D (when needed) +
         BigConv2D with the composed kernel [+ FusedBiasMap], for inference.
         True: a FusedLinearConv layer that keeps the original weights as its
@@ -322,11 +332,9 @@ def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algori
     """
     algorithm, workspace_limit = check_options(algorithm, workspace_limit)
     mode = check_mode(mode)
-    if not isinstance(model, keras.Model):
-        raise ValueError("Invalid value for argument `model`: expected a Keras model, received "
-                         f"{type(model).__name__}")
-    functional = model._functional if isinstance(model, keras.Sequential) else model
-    if functional is None or not hasattr(functional, "_nodes_by_depth") or not model.built:
+    flavour = flavours.of(model)
+    functional = flavour.functional(model)
+    if functional is None or not model.built:
         raise ValueError("Invalid value for argument `model`: expected a built Functional or "
                          "Sequential model (subclassed models have no graph to rewrite)")
     if max_mac_ratio is not None and (isinstance(max_mac_ratio, bool) or not isinstance(
@@ -336,19 +344,19 @@ def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algori
     if isinstance(measure, bool) or not isinstance(measure, int) or measure < 0:
         raise ValueError(f"Invalid value for argument `measure`: expected a non-negative int "
                          f"(images), received measure={measure!r}")
-    graph = _Graph(functional)
+    graph = _Graph(flavour, functional)
     reports, replace = [], {}  # replace: id(output node) -> (input tensor, build function)
     skip = set()
     for chain in _other_rank_chains(graph):
-        reports.append(SubgraphReport([n.operation.name for n in chain], "refused",
+        reports.append(SubgraphReport([n.layer.name for n in chain], "refused",
                                       OTHER_RANK_REASON))
     for input_tensor, nodes, reason in _regions(graph, trainable):
-        names = [n.operation.name for n in nodes]
+        names = [n.layer.name for n in nodes]
         if input_tensor is None:
             reports.append(SubgraphReport(names, "refused", reason))
             continue
-        report, build = _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure,
-                                     algorithm, workspace_limit, mode)
+        report, build = _fuse_region(flavour, graph.kinds, input_tensor, nodes, trainable,
+                                     max_mac_ratio, measure, algorithm, workspace_limit, mode)
         reports.append(report)
         if build is not None:
             replace[id(nodes[-1])] = (input_tensor, build)
@@ -357,42 +365,40 @@ def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algori
     tensors, pairs = {}, []
     new_inputs = []
     for x in functional.inputs:
-        y = keras.Input(batch_shape=x.shape, dtype=x.dtype, name=x.name)
+        y = flavour.input_like(x)
         tensors[id(x)] = y
         new_inputs.append(y)
     for node in graph.nodes:
         if id(node) in replace:
             input_tensor, build = replace[id(node)]
-            tensors[id(node.output_tensors[0])] = build(tensors[id(input_tensor)])
+            tensors[id(node.outputs[0])] = build(tensors[id(input_tensor)])
             continue
         if id(node) in skip:
             continue
-        layer = node.operation
+        layer = node.layer
         new = layer.__class__.from_config(layer.get_config())
         pairs.append((layer, new))
-        args, kwargs = node.arguments.fill_in(tensors)
-        outs = keras.tree.flatten(new(*args, **kwargs))
-        for x, y in zip(node.outputs, outs):
+        for x, y in zip(node.outputs, flavour.replay(node, new, tensors)):
             tensors[id(x)] = y
-    outputs = keras.tree.pack_sequence_as(functional._outputs_struct,
-                                          [tensors[id(x)] for x in functional.outputs])
-    inputs = keras.tree.pack_sequence_as(functional._inputs_struct, new_inputs)
-    fused = keras.Model(inputs, outputs, name=model.name)
+    inputs_struct, outputs_struct = flavour.structures(functional)
+    outputs = flavour.pack(outputs_struct, [tensors[id(x)] for x in functional.outputs])
+    inputs = flavour.pack(inputs_struct, new_inputs)
+    fused = flavour.keras.Model(inputs, outputs, name=model.name)
     for old, new in pairs:
         new.set_weights(old.get_weights())
     return fused, reports
 
 
-def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorithm,
-                 workspace_limit, mode):
+def _fuse_region(flavour, kinds, input_tensor, nodes, trainable, max_mac_ratio, measure,
+                 algorithm, workspace_limit, mode):
     """(SubgraphReport, build function or None) for one region."""
-    names = [n.operation.name for n in nodes]
+    names = [n.layer.name for n in nodes]
     shape = input_tensor.shape
     if len(shape) != 4 or None in shape[1:]:
         return SubgraphReport(names, "refused", f"input shape {shape}: the height, width and "
                               "channels must be static to check the borders"), None
     in_size, channels = (int(shape[1]), int(shape[2])), int(shape[3])
-    program, weights, variables = _program(input_tensor, nodes)
+    program, weights, variables = _program(input_tensor, nodes, flavour, kinds)
     w64 = {k: tf.constant(v) for k, v in weights.items()}
     try:
         if trainable and not measure:  # only the fused map's shapes are needed: trace the
@@ -405,7 +411,7 @@ def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorit
                                      patch_borders=True)
     except algebra.NotFusable as e:
         return SubgraphReport(names, "refused", str(e)), None
-    out_shape = tuple(nodes[-1].output_tensors[0].shape[1:])
+    out_shape = tuple(nodes[-1].outputs[0].shape[1:])
     if m.out_size + (m.out_channels,) != out_shape:  # a layer this module misreads
         return SubgraphReport(names, "refused", f"fused output {m.out_size + (m.out_channels,)}"
                               f" differs from the model's {out_shape}"), None
@@ -433,12 +439,12 @@ def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorit
         report.reason = (f"the fused kernel needs {report.macs_after / report.macs_before:.2f}x "
                          f"the multiply-adds (max_mac_ratio={max_mac_ratio})")
         return report, None
-    name = "fused_" + nodes[-1].operation.name
+    name = "fused_" + nodes[-1].layer.name
 
     if trainable or m.patched:  # patched borders need the branch weights at run time
-        kept = [k for k, _, _ in variables] if trainable else sorted(weights)
+        kept = variables if trainable else sorted(weights)
 
-        layer = FusedLinearConv(program, [[k, list(weights[k].shape)] for k in kept],
+        layer = flavour.layers.FusedLinearConv(program, [[k, list(weights[k].shape)] for k in kept],
                                 in_size, channels, algorithm=algorithm,
                                 workspace_limit=workspace_limit, mode=mode, trainable=trainable,
                                 name=name)
@@ -459,20 +465,20 @@ def _fuse_region(input_tensor, nodes, trainable, max_mac_ratio, measure, algorit
             if pads == same and any(pads):
                 padding = "same"
             elif any(p < 0 for p in pads):
-                x = keras.layers.Cropping2D(((max(-pads[0], 0), max(-pads[1], 0)),
+                x = flavour.keras.layers.Cropping2D(((max(-pads[0], 0), max(-pads[1], 0)),
                                              (max(-pads[2], 0), max(-pads[3], 0))),
                                             name=name + "_crop")(x)
             if padding == "valid" and any(p > 0 for p in pads):
-                x = keras.layers.ZeroPadding2D(((max(pads[0], 0), max(pads[1], 0)),
+                x = flavour.keras.layers.ZeroPadding2D(((max(pads[0], 0), max(pads[1], 0)),
                                                 (max(pads[2], 0), max(pads[3], 0))),
                                                name=name + "_pad")(x)
-            conv = BigConv2D(m.out_channels, m.kernel_size, strides=m.strides, padding=padding,
+            conv = flavour.layers.BigConv2D(m.out_channels, m.kernel_size, strides=m.strides, padding=padding,
                              groups=m.groups, use_bias=vector, algorithm=algorithm,
                              workspace_limit=workspace_limit, name=name)
             y = conv(x)
             conv.set_weights([kernel] + ([m.bias.numpy().astype(np.float32)] if vector else []))
             if bmap is not None:
-                add = FusedBiasMap(bmap.shape, name=name + "_bias_map")
+                add = flavour.layers.FusedBiasMap(bmap.shape, name=name + "_bias_map")
                 y = add(y)
                 add.set_weights([bmap.numpy().astype(np.float32)])
             return y
