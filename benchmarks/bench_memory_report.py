@@ -33,6 +33,7 @@ the report does not model.
   .venv/bin/python benchmarks/bench_memory_report.py unet_bn unet_bn_wide --onednn
   .venv/bin/python benchmarks/bench_memory_report.py --max-batch # the max-batch check
   .venv/bin/python benchmarks/bench_memory_report.py unet_small --variants tf --batches 4,16
+  .venv/bin/python benchmarks/bench_memory_report.py --graphs [--onednn]  # tf.function, TF1
 
 unet_bn21, unet_bn3 and unet_small (issue 52) have a 21x21 BigConv2D bottleneck;
 tests/memory/test_measured_peak.py measures unet_small through measure().
@@ -176,6 +177,157 @@ MODELS = {"unet": (unet, (2, 4)), "resnet": (resnet, (4, 8)), "replknet": (replk
 VARIANTS = ("tf", "bigconv")
 
 
+# --- graphs: tf.function training steps and a TF1 session's ----------------
+# memory_report(step_fn, batch) and memory_report(graph, batch, fetches=...),
+# measured as the Keras models are (a second step in a fresh process).
+
+def tf1_unet():
+    """A TF1 U-Net training step: tf.compat.v1 placeholders (batch unknown),
+    conv + ReLU, max-pooling, nearest upsampling, skip concatenations, Adam's
+    minimize; a Session runs it. Returns (graph, fetches, {placeholder: shape})."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(0)
+        x = v1.placeholder(tf.float32, [None, 64, 64, 3], name="x")
+        y = v1.placeholder(tf.float32, [None, 64, 64, 3], name="y")
+
+        def conv(h, f, name, k=3, relu=True):
+            with v1.variable_scope(name):
+                w = v1.get_variable("kernel", [k, k, h.shape[-1], f])
+                b = v1.get_variable("bias", [f], initializer=v1.zeros_initializer())
+                h = tf.nn.bias_add(tf.nn.conv2d(h, w, 1, "SAME"), b)
+                return tf.nn.relu(h) if relu else h
+
+        skips, h = [], x
+        for i, f in enumerate((8, 16)):
+            h = conv(conv(h, f, f"enc{i}a"), f, f"enc{i}b")
+            skips.append(h)
+            h = tf.nn.max_pool2d(h, 2, 2, "VALID")
+        h = conv(h, 32, "bottleneck")
+        for i, (f, skip) in enumerate(zip((16, 8), reversed(skips))):
+            with v1.variable_scope(f"dec{i}"):
+                h = v1.image.resize_nearest_neighbor(h, skip.shape[1:3])
+                h = tf.concat([h, skip], -1)
+            h = conv(conv(h, f, f"dec{i}a"), f, f"dec{i}b")
+        out = conv(h, 3, "head", k=1, relu=False)
+        loss = tf.reduce_mean(tf.square(out - y))
+        train = v1.train.AdamOptimizer(1e-3).minimize(loss)
+        init = v1.global_variables_initializer()
+    return graph, [train, loss], {x: [64, 64, 3], y: [64, 64, 3]}, init
+
+
+def _keras_step(model):
+    """A tf.function training step for a Keras model: GradientTape, MSE, Adam
+    (built beforehand), the batch's shapes from the model's."""
+    import keras
+    import tensorflow as tf
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(model.trainable_variables)
+    specs = [tf.TensorSpec([None] + list(model.inputs[0].shape[1:]), tf.float32),
+             tf.TensorSpec([None] + list(model.outputs[0].shape[1:]), tf.float32)]
+
+    @tf.function(input_signature=specs)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step, specs
+
+
+def fn_cnn():
+    """A small CNN (conv, pool, conv, dense head) as a tf.function step."""
+    import keras
+    L = keras.layers
+    keras.utils.set_random_seed(0)
+    return _keras_step(keras.Sequential([
+        keras.Input((64, 64, 3)), L.Conv2D(16, 3, padding="same", activation="relu"),
+        L.MaxPooling2D(), L.Conv2D(32, 3, padding="same", activation="relu"),
+        L.MaxPooling2D(), L.Flatten(), L.Dense(10)], name="cnn"))
+
+
+def fn_bigconv():
+    """A 1x1 conv, a 21x21 BigConv2D and a 1x1 conv as a tf.function step."""
+    import keras
+    import tfbigconv.keras
+    L = keras.layers
+    keras.utils.set_random_seed(0)
+    return _keras_step(keras.Sequential([
+        keras.Input((64, 64, 4)), L.Conv2D(16, 1, activation="relu"),
+        tfbigconv.keras.BigConv2D(16, 21, padding="same"), L.ReLU(), L.Conv2D(4, 1)],
+        name="bigconv"))
+
+
+def fn_unet():
+    """unet_small (BatchNorm, a 21x21 BigConv2D bottleneck) as a tf.function step."""
+    import keras
+    keras.utils.set_random_seed(0)
+    return _keras_step(unet_small(keras))
+
+
+GRAPH_MODELS = {"tf1_unet": (tf1_unet, (4, 16)), "fn_cnn": (fn_cnn, (4, 16)),
+                "fn_bigconv": (fn_bigconv, (2, 8)), "fn_unet": (fn_unet, (4, 16))}
+
+
+def graph_measure_here(name, batch, onednn=ONEDNN):
+    """measure_here for a graph: the second of two steps."""
+    import numpy as np
+    import tensorflow as tf
+    rng = np.random.default_rng(0)
+    if name.startswith("tf1_"):
+        graph, fetches, shapes, init = GRAPH_MODELS[name][0]()
+        session = tf.compat.v1.Session(graph=graph)
+        session.run(init)
+        feed = {p: rng.standard_normal([batch] + s).astype(np.float32) for p, s in shapes.items()}
+        run = lambda: session.run(fetches, feed)
+    else:
+        step, specs = GRAPH_MODELS[name][0]()
+        args = [tf.constant(rng.standard_normal([batch] + s.shape.as_list()[1:]), tf.float32)
+                for s in specs]
+        run = lambda: step(*args)
+    # The peak over three steps: which ready ops TF's executor runs at the same
+    # time varies from step to step on a loaded host (fn_cnn's batch-16 step
+    # measured 19.3 to 23.1 MiB in single steps).
+    _measure_second_step(run, onednn, steps=GRAPH_STEPS)
+
+
+GRAPH_STEPS = 3
+
+
+def _measure_second_step(run, onednn, steps=1):
+    """Runs `run` once, then `steps` times, and prints the peak over those
+    steps as measure_here does."""
+    import tensorflow as tf
+    run()  # traces, creates slots, warms the allocator
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS
+    before = _status("VmRSS")
+    if onednn:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        in_use = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    for _ in range(steps):
+        run()
+    rss = _status("VmHWM") - before
+    if onednn:
+        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - in_use
+        print(json.dumps({"measured": peak, "rss": rss, "baseline": before}))
+        return
+    print(json.dumps({"measured": rss, "baseline": before}))
+
+
+def graph_predict(name, batch):
+    """memory_report of the graph model at `batch` (CPU, no advice)."""
+    import tfbigconv
+    if name.startswith("tf1_"):
+        graph, fetches, _, _ = GRAPH_MODELS[name][0]()
+        return tfbigconv.memory_report(graph, batch, fetches=fetches, device="CPU", advice=False)
+    step, _ = GRAPH_MODELS[name][0]()
+    return tfbigconv.memory_report(step, batch, device="CPU", advice=False)
+
+
 def build(name, variant):
     import keras
     import tfbigconv
@@ -203,25 +355,13 @@ def measure_here(name, variant, batch, onednn=ONEDNN):
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal((batch,) + tuple(model.input.shape[1:]), np.float32))
     t = tf.constant(rng.standard_normal((batch,) + tuple(model.output.shape[1:]), np.float32))
-    model.train_on_batch(x, t)  # traces the step, creates the optimizer's slots
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := VmRSS
-    before = _status("VmRSS")
-    if onednn:  # oneDNN's pooled allocator: its own peak of bytes in use
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        in_use = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    model.train_on_batch(x, t)
-    rss = _status("VmHWM") - before
-    if onednn:
-        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - in_use
-        print(json.dumps({"measured": peak, "rss": rss, "baseline": before}))
-        return
-    print(json.dumps({"measured": rss, "baseline": before}))
+    _measure_second_step(lambda: model.train_on_batch(x, t), onednn)
 
 
 def measure(name, variant, batch, onednn=ONEDNN):
     """The measured step peak in a fresh process, with oneDNN on or off
-    (TF_ENABLE_ONEDNN_OPTS): {"measured": bytes, ...} or {"error": line}."""
+    (TF_ENABLE_ONEDNN_OPTS): {"measured": bytes, ...} or {"error": line}.
+    variant: "tf" or "bigconv" for MODELS, "graph" for GRAPH_MODELS."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", MALLOC_MMAP_THRESHOLD_="65536",
                TFBIGCONV_AUTOTUNE="0", TF_ENABLE_ONEDNN_OPTS="1" if onednn else "0")
     r = subprocess.run([sys.executable, __file__, "--measure", name, variant, str(batch)]
@@ -253,14 +393,23 @@ def main():
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated subset of " + ", ".join(VARIANTS))
     parser.add_argument("--batches", help="comma-separated batch sizes (default: per model)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="the graph models (" + ", ".join(GRAPH_MODELS) + "): "
+                        "memory_report of a tf.function or TF1 graph step")
     args = parser.parse_args()
     if args.measure:
         name, variant, batch = args.measure
-        measure_here(name, variant, int(batch))
+        if variant == "graph":
+            graph_measure_here(name, int(batch))
+        else:
+            measure_here(name, variant, int(batch))
         return
     os.environ["TFBIGCONV_AUTOTUNE"] = "0"
     if args.max_batch:
         return check_max_batch(args.models)
+    if args.graphs:
+        return check_graphs(args.models if args.models != list(MODELS) else list(GRAPH_MODELS),
+                            args.batches)
     if ONEDNN:
         print("oneDNN on: measured = TF allocator's peak bytes in use over the step")
     print("| model | variant | batch | predicted step peak MiB | measured MiB | error | "
@@ -294,6 +443,25 @@ def main():
     print(f"worst |error|: {100 * worst:.0f}%")
     for line in slopes:  # the batch-dependent part (issue 36 compared these)
         print(line)
+
+
+def check_graphs(names, batches=None):
+    """The graph models' predicted step peaks against the measured ones."""
+    print("| model | batch | predicted step peak MiB | measured MiB | ratio | peak at |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        for batch in ([int(b) for b in batches.split(",")] if batches
+                      else GRAPH_MODELS[name][1]):
+            report = graph_predict(name, batch)
+            m = measure(name, "graph", batch)
+            if "error" in m:
+                print(f"| {name} | {batch} | {mib(report.step_peak_bytes)} | failed: "
+                      f"{m['error'][:80]} | | |")
+                continue
+            s = report.peak_step
+            print(f"| {name} | {batch} | {mib(report.step_peak_bytes)} | {mib(m['measured'])} | "
+                  f"{report.step_peak_bytes / m['measured']:.2f} | {s.phase} {s.layer} |",
+                  flush=True)
 
 
 def check_max_batch(names):

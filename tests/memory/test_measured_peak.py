@@ -40,3 +40,22 @@ def test_small_unet_peak_within_20_percent_of_the_measured_one():
         assert 0.8 <= predicted / measured <= 1.2, text
     (_, p0, m0), (_, p1, m1) = rows
     assert 0.8 <= (p1 - p0) / (m1 - m0) <= 1.2, text
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", ["tf1_unet", "fn_unet"])
+def test_graph_step_peak_within_20_percent_of_the_measured_one(name):
+    """Issue 53: memory_report of a TF1 U-Net's training step (placeholders,
+    Adam's minimize, a Session) and of unet_small's tf.function step
+    (GradientTape, Keras' Adam), against the measured second step, at two
+    batch sizes."""
+    bench = _bench()
+    onednn = host.current().runs_onednn()
+    for batch in bench.GRAPH_MODELS[name][1]:
+        measured = bench.measure(name, "graph", batch, onednn=onednn)
+        assert "error" not in measured, measured
+        predicted = bench.graph_predict(name, batch).step_peak_bytes
+        ratio = predicted / measured["measured"]
+        assert 0.8 <= ratio <= 1.2, (f"{name} batch {batch}: {predicted / 2**20:.1f} MiB "
+                                     f"predicted, {measured['measured'] / 2**20:.1f} measured "
+                                     f"(oneDNN {'on' if onednn else 'off'})")

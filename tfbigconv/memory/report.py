@@ -1,4 +1,7 @@
-"""memory_report(): which tensors a Keras model's training step keeps, its peak, and what to change.
+"""MemoryReport: which tensors a step keeps, its peak, and what to change
+(memory_report in api.py makes it; the advice is advice.py's, explain_oom
+oom.py's). A Keras model's step is simulated as below; a graph that holds its
+own gradients (graph.py) runs its ops as they are (simulate.simulate_graph).
 
 How it works:
 - The model is traced symbolically into a graph of TensorFlow ops, with the
@@ -24,22 +27,20 @@ How it works:
   layer wrapped in `tf.recompute_grad`.
 """
 import collections
-import contextlib
 import math
-import re
-import sys
 import warnings
 
 import tensorflow as tf
 
 from tfbigconv import _core, host
-from tfbigconv.memory.rules import (ALIASES, CONVS, NO_GRADIENT, SAFETY_MARGIN, fmt_bytes,
-                                    optimizer_slots)
+from tfbigconv.memory.advice import Advice
+from tfbigconv.memory.rules import ALIASES, CONVS, NO_GRADIENT, fmt_bytes, optimizer_slots
+from tfbigconv.memory.rules import SAFETY_MARGIN
 from tfbigconv.memory.trace import Trace
 from tfbigconv.memory.workspaces import (ConvPlans, decode, gradient_workspace,
                                          onednn_maxpool_workspace,
                                          tf_conv2d_onednn)
-from tfbigconv.memory.simulate import simulate
+from tfbigconv.memory.simulate import simulate, simulate_graph
 from tfbigconv.memory.timeline import BATCH, SLOTS, WEIGHTS, MemoryTimeline
 
 # ---------------------------------------------------------------------------
@@ -52,7 +53,7 @@ Row = collections.namedtuple(
            "kept tf_workspace bigconv_workspace note")
 
 
-class MemoryReport:
+class MemoryReport(Advice):
     """Where a training step's memory goes; print it for the table.
 
     Attributes:
@@ -84,22 +85,33 @@ class MemoryReport:
         self._trace, self.batch_size, self.device = trace, batch_size, device
         self.training, self.budget = training, budget
         self._model, self._input_shape, self._optimizer = model, input_shape, optimizer
-        self.slots_per_weight, self.optimizer = optimizer_slots(optimizer) if training else (0, "")
         self._plans = ConvPlans(trace, device)
+        self.notes = []
         # TF's CPU executor runs ready ops on as many threads as the host has
         # workers (inter-op threads default to the cores, as intra-op ones);
         # a GPU's kernels queue on one stream.
         self._overlap = device == "CPU" and host.current().threads() > 1
-        self.param_bytes = sum(var_bytes(v) for v in trace.weights)
-        trainable = [v for v in trace.weights if id(v) in trace.trainable]
-        self.slot_bytes = self.slots_per_weight * sum(var_bytes(v) for v in trainable)
-        self.notes = []
+        if getattr(trace, "is_graph", False):
+            # A graph's variables: its weights, and those only its update reads.
+            self.param_bytes, self.slot_bytes = trace.param_bytes, trace.slot_bytes
+            self.slots_per_weight = (round(trace.slot_bytes / trace.updated_bytes)
+                                     if trace.updated_bytes else 0)
+            self.optimizer = (f"{len(trace.slots)} slot variables" if trace.slots else
+                              "no slot variables")
+            self.notes += trace.notes
+        else:
+            self.slots_per_weight, self.optimizer = (optimizer_slots(optimizer) if training
+                                                     else (0, ""))
+            self.param_bytes = sum(var_bytes(v) for v in trace.weights)
+            trainable = [v for v in trace.weights if id(v) in trace.trainable]
+            self.slot_bytes = self.slots_per_weight * sum(var_bytes(v) for v in trainable)
         if device == "CPU" and host.current().runs_onednn():
             trace.add_onednn_workspaces(onednn_maxpool_workspace)
             onednn_convs = any(
                 tf_conv2d_onednn(op.tf_op.get_attr("T").name,
                                   decode(op.tf_op.get_attr("padding")) == "EXPLICIT")
-                for op in trace.ops if op.type in ("Conv2D", "Conv2DBackpropInput"))
+                for op in trace.ops
+                if op.type in ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"))
             what = (["its Conv2D kernels hold no patch matrices"] if onednn_convs else []) + \
                 (["MaxPool keeps a workspace for its gradient"] if trace.extra_outputs else [])
             if what:
@@ -135,6 +147,12 @@ class MemoryReport:
 
     def _run(self, batch, **kw):
         trace = self._trace
+        if getattr(trace, "is_graph", False):
+            if kw.get("convert") or kw.get("recompute"):
+                raise ValueError("peak_at: convert and recompute need a Keras model's report, "
+                                 "not a graph's (its ops are given)")
+            return simulate_graph(trace, self._plans, batch, self._persistent(batch),
+                                  overlap=self._overlap, record=kw.get("record", False))
         if not self.training:
             trace = inference_view(trace)
         return simulate(trace, self._plans, batch, self._persistent(batch),
@@ -158,6 +176,11 @@ class MemoryReport:
         if "_free" not in self.__dict__:
             self._free = free_memory(self.device)
         return self._free
+
+    def varies_with_batch(self):
+        """Whether the step's shapes depend on the batch size: False for a
+        graph whose inputs' shapes are all known (its batch is fixed)."""
+        return not getattr(self._trace, "is_graph", False) or self._trace.has_batch
 
     def batch_fit(self, budget_bytes=None, margin=SAFETY_MARGIN):
         """(budget, largest batch) as max_batch_size finds it, without its
@@ -200,6 +223,10 @@ class MemoryReport:
         on the batch (no_batch_fits_reason; the advice prints the same).
         Raises ValueError when no budget is given and the free memory is
         unknown."""
+        if not self.varies_with_batch():
+            raise ValueError("max_batch_size: the graph's input shapes are all known, so its "
+                             "batch is fixed; give its placeholders or input_signature an "
+                             "unknown batch dimension (None)")
         budget, fits = self.batch_fit(budget_bytes, margin)
         if budget is None:
             raise ValueError("max_batch_size: no budget given, and the free memory of "
@@ -294,117 +321,11 @@ class MemoryReport:
                 lo = mid
         return lo
 
-    # --- advice -----------------------------------------------------------
-
-    def convertible_layers(self):
-        """Layers convert_model would swap for tfbigconv's (exact Conv2D and
-        DepthwiseConv2D), in model order."""
-        import keras
-        seen, out = set(), []
-        for call in self._trace.calls:
-            layer = call.layer
-            if type(layer) in (keras.layers.Conv2D, keras.layers.DepthwiseConv2D) \
-                    and id(layer) not in seen:
-                seen.add(id(layer))
-                out.append(layer)
-        return out
-
-    def conversion_effect(self, batch_size=None):
-        """[(layer, peak after converting only it)] and the peak with all converted
-        whose conversion lowers the peak: ([(layer, bytes)], bytes, [layers])."""
-        b = batch_size or self.batch_size
-        base = self._run(b).peak
-        each = [(layer, self._run(b, convert={id(layer)}).peak)
-                for layer in self.convertible_layers()]
-        helping = [layer for layer, peak in each if peak < base]
-        together = self._run(b, convert={id(l) for l in helping}).peak if helping else base
-        return each, together, helping
-
-    def recompute_effect(self, batch_size=None):
-        """[(layer call, peak with it under tf.recompute_grad)] for calls that keep
-        tensors of their own for the backward pass, lowest peak first."""
-        b = batch_size or self.batch_size
-        out = []
-        for call in self._trace.calls:
-            if hasattr(call.layer, "layers"):  # models: their layers are listed themselves
-                continue
-            own = [op for op in call.ops if self._trace.saved(op)[0]]
-            if not own:
-                continue
-            out.append((call, self._run(b, recompute=[call]).peak))
-        return sorted(out, key=lambda x: x[1])
-
-    def mixed_precision_peak(self, policy=None):
-        """(policy, peak) of a clone of the model under a mixed-precision policy
-        (default: mixed_float16 on the GPU, mixed_bfloat16 on the CPU)."""
-        import keras
-        policy = policy or ("mixed_float16" if self.device == "GPU" else "mixed_bfloat16")
-        if self._model is None:
-            raise ValueError("the report was made without the model")
-
-        def clone(layer):
-            config = layer.get_config()
-            config["dtype"] = policy
-            return layer.__class__.from_config(config)
-
-        copy = keras.models.clone_model(self._model, clone_function=clone)
-        trace = Trace(copy, self._input_shape, self.training)
-        report = MemoryReport(trace, self.batch_size, self.device, self.training,
-                              self._optimizer, self.budget, advise=False)
-        return policy, report.peak_bytes
-
-    def advise(self):
-        lines = []
-        base = self.peak_bytes
-        pct = lambda new: f"{fmt_bytes(base)} -> {fmt_bytes(new)} ({100 * (new - base) / base:+.0f}%)"
-        if self.training:
-            each, together, helping = self.conversion_effect()
-            for layer, peak in sorted(each, key=lambda x: x[1]):
-                if peak < base:
-                    lines.append(f"convert_model: converting {layer.name} "
-                                 f"({layer.kernel_size[0]}x{layer.kernel_size[1]}) lowers the peak "
-                                 f"{pct(peak)}")
-            if len(helping) > 1:
-                k = min(min(l.kernel_size) for l in helping)
-                lines.append(f"convert_model(model, min_kernel_size={k}) converts them; "
-                             f"together: {pct(together)}")
-            if not helping and each:
-                lines.append("convert_model: converting any one convolution leaves the peak "
-                             "as it is or raises it")
-        limits = self.workspace_limit_failures()
-        if limits:  # these raise at this batch whatever the memory
-            lines.append("workspace_limit: " + workspace_limit_advice(self, limits))
-        budget, fits = self.batch_fit()
-        if fits == 0:
-            lines.append(f"largest batch within {fmt_bytes(budget)}: none, "
-                         + self.no_batch_fits_reason(budget))
-        elif fits:
-            line = (f"largest batch within {fmt_bytes(budget)}: {fits} (peak at {fits}: "
-                    f"{fmt_bytes(self._run(fits).peak)}, {SAFETY_MARGIN:.0%} margin "
-                    f"kept); " + self.growth_text(fits))
-            over = -(-5 * fits // 4)
-            if self._run(over).peak <= budget:
-                line += (f"; batch {over} is predicted at {fmt_bytes(self._run(over).peak)}, "
-                         f"also within the budget: only the margin keeps it out")
-            lines.append(line)
-        if self._model is not None and not is_mixed(self._model):
-            try:
-                policy, peak = self.mixed_precision_peak()
-                lines.append(f"mixed precision ({policy}): {pct(peak)}")
-            except Exception as e:  # noqa: BLE001 - e.g. a subclassed model cannot be cloned
-                lines.append(f"mixed precision: not computed ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:100]})")
-        if self.training:
-            best = [(c, p) for c, p in self.recompute_effect() if p < 0.97 * base][:3]
-            for call, peak in best:
-                lines.append(f"tf.recompute_grad around {call.label}: {pct(peak)}")
-            if not best:
-                lines.append("tf.recompute_grad: no single layer lowers the peak by 3% or more")
-        return lines
-
-    # --- rows -------------------------------------------------------------
 
     def _rows(self, batch):
+        if getattr(self._trace, "is_graph", False):
+            from tfbigconv.memory.graph import graph_rows
+            return graph_rows(self, batch, Row)
         t, rows, seen_layers = self._trace, [], set()
         slot = self.slots_per_weight if self.training else 0
         for call in t.calls:
@@ -540,12 +461,6 @@ def var_bytes(v):
     return int(math.prod(v.shape)) * tf.as_dtype(v.dtype).size
 
 
-def is_mixed(model):
-    policy = getattr(model, "dtype_policy", None)
-    return policy is not None and getattr(policy, "compute_dtype", "float32") != \
-        getattr(policy, "variable_dtype", "float32")
-
-
 def inference_view(trace):
     """The trace with no gradients: nothing kept for backward."""
     view = object.__new__(Trace)
@@ -572,159 +487,4 @@ def free_memory(device):
     except (ValueError, tf.errors.OpError):
         return None
 
-
-def memory_report(model, batch_size, training=True, optimizer=None, device=None, *,
-                  budget=None, input_shape=None, advice=True):
-    """Which tensors a Keras model's step keeps, its simulated peak, and what to change.
-
-    Args:
-      model: a built Keras 3 model (Sequential, functional, or subclassed; a
-        subclassed one needs `input_shape`).
-      batch_size: the batch to report on (positive int).
-      training: True for a training step (forward, the loss, backward,
-        optimizer update); False for inference (the forward pass only: no
-        loss, the outputs alive to the end).
-      optimizer: a Keras optimizer or its name, for its slot variables
-        (default: the model's compiled optimizer; none: plain SGD).
-      device: "CPU" or "GPU" (default: a visible GPU, else the CPU). It picks
-        the convolution workspaces (TensorFlow's CPU col_buffer, none where
-        TF runs oneDNN (TF_ENABLE_ONEDNN_OPTS); cuDNN's;
-        tfbigconv's plan for that device) and the default budget. The GPU
-        numbers are estimates that have never been checked against a
-        measured peak: cuDNN's workspace is taken as one image's patch
-        matrix capped at 4 GiB (cuDNN picks its own algorithm and
-        workspace), tfbigconv's GPU fft workspace is its smallest plan (the
-        kernel may take more within its budget), and TensorFlow's GPU
-        allocator's rounding and pooling are not modelled. Only the CPU
-        simulation is validated (benchmarks/RESULTS.md).
-      budget: bytes for the advice's largest batch (default: the device's
-        free memory).
-      input_shape: shape of one example without the batch (a list of shapes
-        for several inputs); needed when the model has no `inputs`.
-      advice: False skips the advice (faster).
-
-    Returns a MemoryReport; print it for the table. Raises ValueError for bad
-    arguments.
-    """
-    import keras
-    if not isinstance(model, keras.Model):
-        raise ValueError(f"memory_report: model must be a Keras model, got {type(model).__name__}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"memory_report: batch_size must be a positive int, got {batch_size!r}")
-    if device is None:
-        device = "GPU" if host.current().has_gpu() else "CPU"
-    device = str(device).upper()
-    if device not in host.DEVICES:
-        raise ValueError(f"memory_report: device must be 'CPU' or 'GPU', got {device!r}")
-    if budget is not None and (not isinstance(budget, int) or budget <= 0):
-        raise ValueError(f"memory_report: budget must be a positive number of bytes, got {budget!r}")
-    if not model.built:
-        raise ValueError("memory_report: the model is not built; call it once or give it an Input")
-    if optimizer is None and training:
-        optimizer = getattr(model, "optimizer", None)
-    trace = Trace(model, input_shape, training)
-    return MemoryReport(trace, batch_size, device, training, optimizer, budget, advice, model,
-                        input_shape)
-
-
-class explain_oom(contextlib.ContextDecorator):
-    """Prints the memory report when a step runs out of memory, then re-raises.
-
-        with tfbigconv.explain_oom(model, batch_size=16):
-            model.fit(x, y, batch_size=16)
-
-    On tf.errors.ResourceExhaustedError (TensorFlow's out-of-memory error,
-    also raised by tfbigconv's ops when nothing fits their workspace_limit)
-    it writes to `file` (default: stderr) the report for `batch_size`: the
-    step and layer at the simulated peak, the tensors alive then, and the
-    largest batch that fits `budget` (default: the device's free memory).
-    When the error is a tfbigconv layer's workspace_limit (the report's
-    planner message or op is the error's), the summary says so instead:
-    the layer, pass and message, whether algorithm="auto" fits the limit,
-    and the largest batch within the limits, if any.
-    The error is re-raised unchanged; a failure while reporting is noted and
-    never replaces it. Other exceptions pass through untouched.
-    """
-
-    def __init__(self, model, batch_size, *, budget=None, optimizer=None, device=None,
-                 input_shape=None, file=None):
-        self.model, self.batch_size, self.budget = model, batch_size, budget
-        self.optimizer, self.device, self.input_shape = optimizer, device, input_shape
-        self.file = file
-        self.report = None  # the MemoryReport printed, after an OOM
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, tb):
-        if kind is not None and issubclass(kind, tf.errors.ResourceExhaustedError):
-            out = self.file or sys.stderr
-            try:
-                self.report = memory_report(self.model, self.batch_size, optimizer=self.optimizer,
-                                            device=self.device, budget=self.budget,
-                                            input_shape=self.input_shape)
-                limits = limit_failures_raised(self.report, error)
-                if limits:
-                    print(workspace_limit_summary(self.report, limits), file=out)
-                else:
-                    print(memory_summary(self.report), file=out)
-                print(self.report, file=out)
-            except Exception as e:  # noqa: BLE001 - never hide the user's error
-                print(f"tfbigconv.explain_oom: could not make the report ({type(e).__name__}: "
-                      f"{e})", file=out)
-        return False  # re-raise
-
-
-def memory_summary(report):
-    """explain_oom's line for running out of memory: the simulated peak, its
-    largest tensor and the largest batch that fits."""
-    # The advice's own number (one computation, one reading of free memory).
-    budget, fits = report.batch_fit()
-    s = report.peak_step
-    top = report.alive_at_peak[0] if report.alive_at_peak else None
-    return (f"tfbigconv.explain_oom: ResourceExhaustedError at batch {report.batch_size}. "
-            f"Simulated peak {fmt_bytes(report.peak_bytes)} at the {s.phase} step of {s.layer}"
-            + (f"; largest tensor then: {top.what} of {top.layer} ({fmt_bytes(top.bytes)})"
-               if top else "")
-            + ("; largest batch that fits: unknown (no budget given, free memory unknown)."
-               if fits is None else
-               f"; largest batch that fits: {fits} (within {fmt_bytes(budget)}"
-               + ("; not even batch 1: see the advice)." if fits == 0 else ").")))
-
-
-def limit_failures_raised(report, error):
-    """The report's workspace-limit failures (LimitFailure) that `error` is:
-    those whose planner message it carries or whose op it names. A tfbigconv
-    op raises ResourceExhaustedError when no plan fits its workspace_limit,
-    free memory or not."""
-    text = getattr(error, "message", None) or str(error)
-    nodes = set(re.findall(r"\{\{node ([^}]+)\}\}|Detected at node (\S+)", text))
-    nodes = {n for pair in nodes for n in pair if n}
-    return [f for f in report.workspace_limit_failures() if f.message in text or f.op in nodes]
-
-
-def workspace_limit_summary(report, failures):
-    """explain_oom's line for a workspace_limit failure."""
-    return (f"tfbigconv.explain_oom: ResourceExhaustedError at batch {report.batch_size} is a "
-            f"tfbigconv workspace_limit, not the memory: "
-            + workspace_limit_advice(report, failures))
-
-
-def workspace_limit_advice(report, failures):
-    """What a workspace_limit failure needs (text): which layer and pass, the
-    planner's message, and what fits: a larger workspace_limit, the algorithm
-    auto picks, or a smaller batch where one does."""
-    lines = []
-    for layer in dict.fromkeys(f.layer for f in failures):
-        mine = [f for f in failures if f.layer == layer]
-        passes = "; ".join(f"{f.pass_} ({f.algorithm}): {f.message}" for f in mine)
-        fixes = ["raise its workspace_limit (0: no limit)"]
-        if mine[0].auto_fits:
-            fixes.append('use algorithm="auto", which fits the limit')
-        lines.append(f"{layer} does not fit its workspace_limit of {mine[0].limit} bytes: "
-                     f"{passes}. Fix: " + ", or ".join(fixes))
-    smaller = report.largest_batch_within_workspace_limits()
-    batch = (f"a smaller batch does not help (batch 1 does not fit either)" if smaller == 0
-             else f"the largest batch within the limits is {smaller}" if smaller else "")
-    return " ".join(lines) + (f"; {batch}." if batch else ".")
 

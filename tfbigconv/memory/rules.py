@@ -88,6 +88,13 @@ GRADIENT_TEMPORARIES = {
     "MaxPool": ("out0", 8, "MaxPoolGrad's argmax (int64)"),
 }
 
+# Gradient op type -> (the forward op type it differentiates, the input that
+# is the forward op's output): where a graph holds its gradients as ops, a
+# GRADIENT_TEMPORARIES rule of the forward op applies to its gradient op.
+GRADIENT_OPS = {
+    "MaxPoolGrad": ("MaxPool", 1),
+}
+
 # Ops whose output shares its input's buffer (TensorFlow forwards it).
 ALIASES = ("Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Snapshot",
             "PreventGradient")

@@ -1,9 +1,12 @@
-"""The liveness simulation: the forward ops in graph order, then the gradient
-ops in reverse, with what each keeps; the largest total is the peak."""
+"""The liveness simulations: a Keras model's trace (simulate: the forward ops in
+graph order, then the gradient ops in reverse, with what each keeps) and a
+graph that holds its own gradients (simulate_graph: its ops as TensorFlow's
+executor runs them); the largest total is the peak."""
 import collections
 
-from tfbigconv.memory.rules import ALIASES, CONVS, GRADIENT_TEMPORARIES, SAVED_FOR_BACKWARD
-from tfbigconv.memory.workspaces import gradient_workspace
+from tfbigconv.memory.rules import (ALIASES, CONVS, GRADIENT_OPS, GRADIENT_TEMPORARIES,
+                                    SAVED_FOR_BACKWARD)
+from tfbigconv.memory.workspaces import CONV_OPERANDS, gradient_workspace
 
 # ---------------------------------------------------------------------------
 # Simulation
@@ -28,6 +31,35 @@ class Result:
         # With record=True: [(Step, {kind: bytes}, total)], one per step: its
         # live bytes by kind (STEP_KINDS; persistent excluded), and in all.
         self.timeline = []
+
+
+class Live(dict):
+    """The buffers alive (key -> Alive) and their kinds; check(step) takes the
+    total with the persistent bytes into the Result's peak (and, with record,
+    its timeline). Both simulations below allocate and free through it."""
+
+    def __init__(self, persistent, record):
+        super().__init__()
+        self.persistent, self.record = persistent, record
+        self.kinds = {}  # key -> its kind (STEP_KINDS)
+        self.result = Result()
+
+    def alloc(self, key, n, what, layer, shape, kind):
+        if n > 0:
+            self[key] = Alive(n, what, layer, shape)
+            self.kinds[key] = kind
+
+    def check(self, step):
+        res = self.result
+        total = self.persistent + sum(a.bytes for a in self.values())
+        if self.record:
+            by_kind = dict.fromkeys(STEP_KINDS, 0)
+            for key, a in self.items():
+                by_kind[self.kinds[key]] += a.bytes
+            res.timeline.append((step, by_kind, total))
+        if total > res.peak:
+            res.peak, res.step = total, step
+            res.alive = sorted(self.values(), key=lambda a: -a.bytes)
 
 
 def passes_gradient_through(op, index, trace):
@@ -70,9 +102,8 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0,
     then (largest first), the timeline if recorded.
     """
     t = trace
-    live = {}  # buffer key -> (bytes, what, layer call, shape)
-    kinds = {}  # buffer key -> its kind (STEP_KINDS)
-    res = Result()
+    live = Live(persistent, record)  # buffer key -> Alive
+    res = live.result
     saved_by = collections.defaultdict(list)  # buffer -> backward ops that read it
     uses = collections.Counter()              # buffer -> forward reads left
     op_saved = {}
@@ -105,9 +136,7 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0,
         return "(loss)" if op.name.startswith("loss/") else "(model)"
 
     def alloc(key, n, what, op, shape=None, kind=None):
-        if n > 0:
-            live[key] = Alive(n, what, label(op), shape)
-            kinds[key] = kind or key_kind(key)
+        live.alloc(key, n, what, label(op), shape, kind or key_kind(key))
 
     def key_kind(key):
         if not isinstance(key, tuple):
@@ -116,16 +145,7 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0,
             return PARAM_GRADS  # the gradient of a view of a weight (a bias's Squeeze)
         return _KEY_KINDS[key[0]]
 
-    def check(step):
-        total = persistent + sum(a.bytes for a in live.values())
-        if record:
-            by_kind = dict.fromkeys(STEP_KINDS, 0)
-            for key, a in live.items():
-                by_kind[kinds[key]] += a.bytes
-            res.timeline.append((step, by_kind, total))
-        if total > res.peak:
-            res.peak, res.step = total, step
-            res.alive = sorted(live.values(), key=lambda a: -a.bytes)
+    check = live.check
 
     # Forward.
     for op in t.ops:
@@ -245,7 +265,8 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0,
                 key = out_grad  # the incoming gradient itself, no new buffer
             elif v is not None:
                 key = ("param", name, op.name)
-                alloc(key, tensor.bytes(batch), f"gradient of {v.path}", op, tensor.shape(batch))
+                path = getattr(v, "path", v.name)  # Keras 3's path, tf_keras' name
+                alloc(key, tensor.bytes(batch), f"gradient of {path}", op, tensor.shape(batch))
                 param_grad_bytes.append(tensor.bytes(batch))
             else:
                 key = ("grad", name, op.name)
@@ -311,3 +332,83 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0,
               "optimizer update temporaries", t.ops[-1])
         check(Step("update", "(optimizer)", "apply_gradients"))
     return res
+
+
+def simulate_graph(trace, plans, batch, persistent, overlap=False, record=False):
+    """Live bytes through a graph that holds its own gradient and update ops
+    (a GraphTrace: a tf.function's or a TF1 graph's training step): its ops
+    run one at a time, each once its inputs and control inputs have run,
+    first ready first run (TensorFlow's executor runs ready ops in that
+    order). An op allocates its outputs, and while it runs its transient
+    workspace: a convolution's (ConvPlans.graph_run), a gradient kernel's
+    temporary (gradient_temporary, for the forward op it differentiates). A
+    tensor lives until its last reader has run (a view until its buffer's);
+    the fetched ones to the end; oneDNN's MaxPool workspace until its
+    MaxPoolGrad has run. Convolutions made ready by the same op run together,
+    as simulate() runs a convolution's two gradient passes; with overlap
+    (more than one executor thread), a filter gradient among them runs on
+    beside the ops after them, holding its inputs and workspace, until the
+    next convolution starts, as in simulate(). Returns a Result as
+    simulate() does."""
+    t = trace
+    live = Live(persistent, record)
+    uses = collections.Counter()  # buffer -> reads left
+    for op in t.ops:
+        for name in op.inputs + t.extra_inputs.get(op.name, []):
+            uses[t.tensors[name].base] += 1
+    for name in t.fetched:
+        uses[t.tensors[name].base] += 1
+    waiting = {op.name: len(t.producers[op.name]) for op in t.ops}
+    # (op, the op whose completion made it ready)
+    ready = collections.deque((op, None) for op in t.ops if not waiting[op.name])
+    running = []  # filter gradients still running (overlap)
+
+    def finish(op):
+        live.pop(("ws", op.name), None)
+        reads = op.inputs + t.extra_inputs.get(op.name, [])
+        for name in reads:
+            uses[t.tensors[name].base] -= 1
+        for name in reads + op.outputs + t.extra_outputs.get(op.name, []):
+            base = t.tensors[name].base
+            if uses[base] <= 0:
+                live.pop(base, None)
+        for consumer in t.consumers[op.name]:
+            waiting[consumer] -= 1
+            if not waiting[consumer]:
+                ready.append((t.op_named[consumer], op.name))
+
+    while ready or running:
+        if not ready:
+            finish(running.pop(0))
+            continue
+        op, by = ready.popleft()
+        group = [op]
+        if op.type in CONV_OPERANDS:
+            while running:
+                finish(running.pop(0))
+            group += [o for o, b in ready if b == by and b is not None and o.type in CONV_OPERANDS]
+            ready = collections.deque(e for e in ready if e[0] not in group)
+        for op in group:
+            label = op.layer.label
+            if op.type in CONV_OPERANDS:
+                what, n = plans.graph_run(op, batch)
+                live.alloc(("ws", op.name), n, f"workspace of {op.type} ({what})", label, None,
+                           WORKSPACES)
+            elif op.type in GRADIENT_OPS:
+                forward_type, index = GRADIENT_OPS[op.type]
+                forward = t.tensors[op.inputs[index]].op
+                if forward.type == forward_type:
+                    n, what = gradient_temporary(forward, t, batch)
+                    live.alloc(("ws", op.name), n, what, label, None, WORKSPACES)
+            for name in op.outputs + t.extra_outputs.get(op.name, []):
+                tensor = t.tensors[name]
+                if tensor.kind in ("activation", "workspace") and tensor.base == name:
+                    live.alloc(name, tensor.bytes(batch), t.describe(name), label,
+                               tensor.shape(batch), t.kind_of(name))
+        live.check(Step(t.phase[group[0].name], group[0].layer.label, group[0].name))
+        for op in group:
+            if overlap and len(group) > 1 and CONV_OPERANDS[op.type][2] == "backprop_filter":
+                running.append(op)
+            else:
+                finish(op)
+    return live.result

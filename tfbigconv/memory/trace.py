@@ -73,6 +73,16 @@ def recording_layer_calls(model, calls, graph):
             object.__delattr__(layer, "call")
 
 
+def flavour_of(model):
+    """The Keras flavour (tfbigconv.keras.flavours: Keras 3 or tf_keras) of
+    `model`, or None for neither."""
+    from tfbigconv.keras import flavours
+    try:
+        return flavours.of(model)
+    except ValueError:
+        return None
+
+
 def input_specs(model, input_shape):
     """[(shape without batch, dtype)] for each model input."""
     if input_shape is not None:
@@ -130,7 +140,8 @@ class Trace:
     def _variables(self, model, graph):
         by_handle = {}
         for v in model.weights:
-            handle = getattr(getattr(v, "value", v), "handle", None)
+            value = getattr(v, "value", v)  # Keras 3: the tf.Variable; tf_keras: a method
+            handle = getattr(v if callable(value) else value, "handle", None)
             if handle is not None:
                 by_handle[id(handle)] = v
         # resource placeholder name -> Keras variable

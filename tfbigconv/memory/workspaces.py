@@ -37,14 +37,13 @@ class ConvPlans:
         except ValueError:
             attrs["explicit_paddings"] = []
         attrs["strides"], attrs["dilations"] = list(attrs["strides"]), list(attrs["dilations"])
-        if op.type == "Conv2DBackpropInput":  # a transposed conv: the forward conv's geometry
-            x, w = t.tensors[op.outputs[0]], t.tensors[op.inputs[1]]
-        else:
-            x, w = t.tensors[op.inputs[0]], t.tensors[op.inputs[1]]
+        # A gradient (or transposed) conv: the forward conv's geometry.
+        x, w = (t.tensors[(op.inputs if r[:-1] == "in" else op.outputs)[int(r[-1])]]
+                for r in CONV_OPERANDS[op.type][:2])
         xs, ws = x.shape(batch), w.shape(batch)
         if xs is None or ws is None or None in xs or None in ws:
             return None
-        if op.type == "DepthwiseConv2dNative":
+        if op.type.startswith("DepthwiseConv2dNative"):
             ws = [ws[0], ws[1], 1, ws[2] * ws[3]]
         return xs, ws, attrs, x.dtype.name
 
@@ -61,7 +60,8 @@ class ConvPlans:
                 # workspace is estimated, unmeasured, as one image's patch matrix
                 # (the forward estimate), capped as TF caps it.
                 # The op's registered gradients run its own kind of kernel.
-                kernel = "DepthwiseConv2dNative" if op.type == "DepthwiseConv2dNative" else "Conv2D"
+                kernel = ("DepthwiseConv2dNative" if op.type.startswith("DepthwiseConv2dNative")
+                          else "Conv2D")
                 plans = {p: planner.plan(p, g[0], g[1], g[2], g[3], "tf", 0, "CPU", kernel)
                          for p in planner.PASSES}
                 # Where TF runs Conv2D through oneDNN (its default on many CPUs),
@@ -128,7 +128,8 @@ class ConvPlans:
 
     @staticmethod
     def _tf_name(op):
-        return "tf.DepthwiseConv2dNative" if op.type == "DepthwiseConv2dNative" else "tf.Conv2D"
+        return ("tf.DepthwiseConv2dNative" if op.type.startswith("DepthwiseConv2dNative")
+                else "tf.Conv2D")
 
     def bigconv3d(self, op, batch):
         """{pass: (algorithm, bytes, note)} of a BigConv3D op: the plan its kernels
@@ -189,6 +190,40 @@ class ConvPlans:
             ours = self.bigconv(op, batch)
             runs.update({p: ours[p] for p in planner.PASSES[1:]})
         return runs
+
+
+    def graph_run(self, op, batch):
+        """(what runs, workspace bytes) of one convolution op (CONV_OPERANDS) of a
+        graph that holds its gradients as ops: the pass it is, under TF's kernel
+        or, for tfbigconv's ops, the algorithm its trace planned."""
+        p = CONV_OPERANDS[op.type][2]
+        if op.type.startswith("BigConv3D"):
+            runs = self.bigconv3d(op, batch)
+        elif op.type.startswith("BigConv2D"):
+            a = op.tf_op
+            algorithm = decode(a.get_attr("algorithm"))
+            planned = decode(a.get_attr("planned_algorithm"))
+            runs = self.bigconv(op, batch, planned if planned in ("direct", "fft") else algorithm,
+                                int(a.get_attr("workspace_limit_bytes")))
+        else:
+            ws = self.tf_workspace(op, batch)[p]
+            return ("cuDNN (est.)" if self.device == "GPU" else self._tf_name(op)), ws
+        if p is None:  # BigConv2DBackprop: both gradients in one op
+            ws, what = gradient_workspace(runs, ["backprop_input", "backprop_filter"])
+            return what, ws
+        return runs[p][0], runs[p][1]
+
+
+# Convolution op type -> (its input's tensor, its filter's tensor, the pass it
+# runs): "in<i>" is the op's input i, "out<k>" its output k. A gradient op's
+# geometry is its forward conv's; BigConv2DBackprop runs both gradients (None).
+CONV_OPERANDS = {}
+for _prefix in ("Conv2D", "DepthwiseConv2dNative", "BigConv2D", "BigConv3D"):
+    CONV_OPERANDS.update({
+        _prefix: ("in0", "in1", "forward"),
+        _prefix + "BackpropInput": ("out0", "in1", "backprop_input"),
+        _prefix + "BackpropFilter": ("in0", "out0", "backprop_filter")})
+CONV_OPERANDS["BigConv2DBackprop"] = ("in0", "in1", None)
 
 
 # The entry of ConvPlans.bigconv's runs for BigConv2DBackprop, which computes

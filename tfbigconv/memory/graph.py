@@ -1,0 +1,396 @@
+"""A graph that holds its own gradients as ops, as the memory report reads it:
+a tf.function's ConcreteFunction (a training step with tf.GradientTape and an
+optimizer's update, or any step) or a TF1 tf.Graph with the tensors and ops
+it fetches (tf.gradients, an optimizer's minimize). Its "layers" are its name
+scopes; its weights are its variables, and the variables only its update
+reads (an optimizer's slots, its step counter) are the optimizer's slots.
+
+simulate.simulate_graph runs the ops; graph_rows gives the report's rows."""
+import collections
+import math
+import re
+
+import tensorflow as tf
+
+from tfbigconv.memory.rules import ALIASES, NO_GRADIENT, fmt_bytes
+from tfbigconv.memory.simulate import GRADS, KEPT, OUTPUTS, PARAM_GRADS, WORKSPACES
+from tfbigconv.memory.trace import Op, Tensor
+from tfbigconv.memory.workspaces import CONV_OPERANDS
+
+# The name scope TensorFlow builds gradients under: tf.gradients' "gradients"
+# (or "gradients_1", ...), GradientTape's "gradient_tape", maybe nested.
+GRADIENT_SCOPE = re.compile(r"^(?:.*/)?(?:gradients(?:_\d+)?|gradient_tape)/")
+VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
+# Ops whose memory is inside them (a called function, a loop): counted by
+# their outputs only.
+OPAQUE = ("PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile", "If",
+          "StatelessIf", "Case")
+UPDATE = "(optimizer)"
+
+
+class Scope:
+    """A name scope of the graph: the report's layer. ops: its ops, the
+    gradient ops of its forward ops included."""
+
+    def __init__(self, label):
+        self.label, self.ops, self.layer = label, [], None
+
+
+def scope_of(name, depth):
+    scope = name.rsplit("/", 1)[0] if "/" in name else "(top level)"
+    return "/".join(scope.split("/")[:depth]) if depth else scope
+
+
+def variable_bytes(op):
+    """Bytes of the variable a VarHandleOp or VariableV2 op creates."""
+    shape = tf.TensorShape(op.get_attr("shape"))
+    dtype = tf.as_dtype(op.get_attr("dtype"))
+    return int(math.prod(shape.as_list())) * dtype.base_dtype.size if shape.is_fully_defined() \
+        else 0
+
+
+class GraphTrace:
+    """The ops a graph runs for its fetches, with static shapes (the batch
+    may be unknown), phases (forward, backward, update), scopes and variables.
+
+    Build it with from_function or from_graph."""
+    is_graph = True
+    loss = None
+
+    @classmethod
+    def from_function(cls, fn, scope_depth=None):
+        """From a tf.function with an input_signature, or a ConcreteFunction."""
+        concrete = fn
+        if not hasattr(fn, "graph"):
+            if getattr(fn, "input_signature", None) is None:
+                raise ValueError("memory_report: a tf.function needs an input_signature (or "
+                                 "pass its ConcreteFunction: fn.get_concrete_function(...))")
+            concrete = fn.get_concrete_function()
+        graph = concrete.graph
+        captured = {id(internal): external for external, internal in graph.captures}
+        variables = {}  # internal handle tensor name -> (name, bytes)
+        by_handle = {id(v.handle): v for v in graph.variables}
+        for external, internal in graph.captures:
+            v = by_handle.get(id(external))
+            if v is not None:
+                variables[internal.name] = (v.name, int(math.prod(v.shape)) * v.dtype.size)
+        inputs = [t for t in graph.inputs if id(t) not in captured]
+        fetched = [t for t in tf.nest.flatten(graph.outputs) if isinstance(t, tf.Tensor)]
+        return cls(graph, fetched, list(graph.control_outputs), inputs, variables, scope_depth)
+
+    @classmethod
+    def from_graph(cls, graph, fetches, scope_depth=None):
+        """From a TF1 tf.Graph and what a session run fetches (tensors,
+        operations or their names)."""
+        if not fetches:
+            raise ValueError("memory_report: a tf.Graph needs fetches=[...], the tensors and "
+                             "operations one step runs (e.g. the train op and the loss)")
+        tensors, ops = [], []
+        for f in tf.nest.flatten(fetches):
+            try:
+                element = graph.as_graph_element(f)
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"memory_report: fetches: {f!r} is not in the graph ({e})") \
+                    from None
+            (tensors if isinstance(element, tf.Tensor) else ops).append(element)
+        needed = cls._ancestors(tensors, ops)
+        inputs = [op.outputs[0] for op in graph.get_operations()
+                  if op.name in needed and op.type == "Placeholder"]
+        variables = {op.outputs[0].name: (op.name, variable_bytes(op))
+                     for op in graph.get_operations()
+                     if op.name in needed and op.type in VARIABLE_OPS}
+        return cls(graph, tensors, ops, inputs, variables, scope_depth)
+
+    @staticmethod
+    def _ancestors(tensors, ops):
+        """Names of the ops the fetches need, their control inputs included."""
+        seen, stack = set(), [t.op for t in tensors] + list(ops)
+        while stack:
+            op = stack.pop()
+            if op.name in seen:
+                continue
+            seen.add(op.name)
+            stack.extend(t.op for t in op.inputs)
+            stack.extend(op.control_inputs)
+        return seen
+
+    def __init__(self, graph, fetched, fetched_ops, inputs, variables, scope_depth):
+        self.graph = graph
+        needed = self._ancestors(fetched, fetched_ops)
+        tf_ops = [op for op in graph.get_operations() if op.name in needed]
+        self.fetched = [t.name for t in fetched]
+        self.input_names = [t.name for t in inputs]
+        self.plan_failures, self.notes = [], []
+        self.extra_outputs, self.extra_inputs = {}, {}
+        self._ops(tf_ops)
+        self._phases()
+        self._variables(variables)
+        self._scopes(scope_depth)
+        batched = [n for n in self.input_names
+                   if self.tensors[n].dims is not None and None in self.tensors[n].dims]
+        self.has_batch = bool(batched)
+        opaque = sorted({op.type for op in self.ops if op.type in OPAQUE})
+        if opaque:
+            self.notes.append("the memory inside " + ", ".join(opaque) + " ops (a called "
+                              "function, a loop) is not simulated: their outputs count only")
+        unknown = sum(1 for t in self.tensors.values()
+                      if t.dims is None and t.kind == "activation" and t.itemsize)
+        if unknown:
+            self.notes.append(f"{unknown} tensors of unknown rank count as 0 bytes")
+
+    def _ops(self, tf_ops):
+        self.ops, self.tensors, self.op_named = [], {}, {}
+        names = {op.name for op in tf_ops}
+        self.producers, self.consumers = {}, collections.defaultdict(list)
+        for i, tf_op in enumerate(tf_ops):
+            op = Op()
+            op.index, op.name, op.type, op.tf_op = i, tf_op.name, tf_op.type, tf_op
+            op.inputs = [t.name for t in tf_op.inputs]
+            op.outputs = [t.name for t in tf_op.outputs]
+            op.layer = op.attrs = None
+            self.op_named[op.name] = op
+            producers = {t.op.name for t in tf_op.inputs} | {c.name for c in tf_op.control_inputs}
+            self.producers[op.name] = producers & names
+            for p in self.producers[op.name]:
+                self.consumers[p].append(op.name)
+            for index, t in enumerate(tf_op.outputs):
+                tensor = Tensor()
+                tensor.name, tensor.op, tensor.dtype = t.name, op, t.dtype
+                tensor.dims = t.shape.as_list() if t.shape.rank is not None else None
+                base_dtype = t.dtype.base_dtype
+                tensor.itemsize = base_dtype.size if base_dtype not in (
+                    tf.resource, tf.variant, tf.string) else 0
+                tensor.kind, tensor.base = "activation", t.name
+                if op.type == "Const":
+                    tensor.kind = "constant"
+                elif op.type in VARIABLE_OPS or op.type == "ReadVariableOp":
+                    tensor.kind = "parameter"  # the variable's own buffer
+                elif op.type == "Placeholder":
+                    tensor.kind = "input"
+                elif t.dtype._is_ref_dtype and op.inputs:  # Assign, ApplyAdam: the variable
+                    tensor.base = self.tensors[op.inputs[0]].base
+                elif op.type in ALIASES and op.inputs:
+                    tensor.base = self.tensors[op.inputs[0]].base
+                elif op.type == "IdentityN" and index < len(op.inputs):
+                    tensor.base = self.tensors[op.inputs[index]].base
+                self.tensors[t.name] = tensor
+            self.ops.append(op)
+        # buffer -> the ops that read it (through views)
+        self.readers = collections.defaultdict(set)
+        for op in self.ops:
+            for name in op.inputs:
+                self.readers[self.tensors[name].base].add(op.name)
+
+    def _phases(self):
+        """phase[op]: "backward" for the gradient ops (under a gradient name
+        scope); "update" for the ops that run after them and for those that
+        only feed such ops (an optimizer's reads of its slots); else "forward"."""
+        backward = {op.name for op in self.ops if GRADIENT_SCOPE.match(op.name)}
+        update = set()
+        for op in self.ops:  # graph order: producers first
+            if op.name not in backward and any(p in backward or p in update
+                                               for p in self.producers[op.name]):
+                update.add(op.name)
+        fetched_ops = {self.tensors[n].op.name for n in self.fetched}
+        for op in reversed(self.ops):
+            users = self.consumers[op.name]
+            if op.name not in backward and op.name not in fetched_ops and users and \
+                    all(u in update for u in users):
+                update.add(op.name)
+        self.phase = {op.name: "backward" if op.name in backward else
+                      "update" if op.name in update else "forward" for op in self.ops}
+        self.training = bool(backward)
+
+    def _variables(self, variables):
+        """weights: [(name, bytes, scope)] of the variables the forward or
+        backward pass reads; slots: [(name, bytes)] of those only the update
+        reads; updated_bytes: the weights the update writes."""
+        self.weights, self.slots, updated = [], [], 0
+        for handle, (name, size) in variables.items():
+            t = self.tensors.get(handle)
+            users = set(self.consumers[t.op.name]) if t is not None else set()
+            # ReadVariableOps and ref reads (Identity): who reads the variable's value
+            readers = set(users)
+            for u in users:
+                readers |= set(self.consumers[u]) if self.op_named[u].type in (
+                    "ReadVariableOp", "Identity") else set()
+            if readers and all(self.phase[r] == "update" for r in readers):
+                self.slots.append((name, size))
+            else:
+                # its forward readers, those that compute with its value first
+                self.weights.append((name, size, sorted(
+                    (r for r in readers if self.phase[r] == "forward"),
+                    key=lambda r: (self.op_named[r].type in ("ReadVariableOp", "Identity"), r))))
+                if any(self.phase[u] == "update" and self.op_named[u].type != "ReadVariableOp"
+                       for u in users):
+                    updated += size
+        self.param_bytes = sum(w[1] for w in self.weights)
+        self.slot_bytes = sum(s for _, s in self.slots)
+        self.updated_bytes = updated
+
+    def _scopes(self, depth):
+        """Each op's Scope: its name scope; a gradient op's is the forward op's
+        it differentiates (found by name: "gradients/<op>_grad/..." or
+        "gradient_tape/<op>/..."), the update's "(optimizer)"."""
+        scopes = {}
+
+        def scope(label):
+            if label not in scopes:
+                scopes[label] = Scope(label)
+            return scopes[label]
+
+        def resolve(label):
+            """A scope that is an op's name (its ReadVariableOp, its Shape) is that op's."""
+            while label in self.op_named and self.phase[label] == "forward":
+                label = scope_of(label, depth)
+            return label
+
+        for op in self.ops:
+            phase = self.phase[op.name]
+            if phase == "update":
+                label = UPDATE
+            elif phase == "backward":
+                label = None
+                rest = op.name[GRADIENT_SCOPE.match(op.name).end():].split("/")
+                for k in range(len(rest) - 1, 0, -1):
+                    name = "/".join(rest[:k])
+                    name = name[:-5] if name.endswith("_grad") else name
+                    forward = self.op_named.get(name)
+                    if forward is not None and self.phase[name] == "forward":
+                        label = forward.layer.label
+                        break
+                for k in range(len(rest) - 1, 0, -1) if label is None else ():
+                    name = "/".join(rest[:k])  # a forward scope's gradient (a Relu's ReluGrad)
+                    if name in scopes:
+                        label = name
+                        break
+                label = label or "(top level)"
+            else:
+                label = resolve(scope_of(op.name, depth))
+            op.layer = scope(label)
+            op.layer.ops.append(op)
+        order = {UPDATE: (1, 0)}
+        # A weight's scope: its first forward reader's.
+        self.weights = [(name, size, self.op_named[readers[0]].layer.label if readers else
+                         resolve(scope_of(name.split(":")[0], depth)))
+                        for name, size, readers in self.weights]
+        self.calls = sorted(scopes.values(),
+                            key=lambda s: order.get(s.label, (0, s.ops[0].index)))
+
+    def add_onednn_workspaces(self, per_element_of):
+        """The workspace oneDNN's MaxPool keeps for its gradient (TF's graph
+        rewrite adds it as an output where the MaxPoolGrad is in the graph),
+        alive until the MaxPoolGrad ops that read the pool's output have run.
+        Once per trace."""
+        if getattr(self, "onednn", False):
+            return
+        self.onednn = True
+        for op in self.ops:
+            per_element = per_element_of(op)
+            grads = [self.op_named[r] for r in self.readers[self.tensors[op.outputs[0]].base]
+                     if self.op_named[r].type == "MaxPoolGrad"] if op.outputs else []
+            if not per_element or not grads:
+                continue
+            out = self.tensors[op.outputs[0]]
+            tensor = Tensor()
+            tensor.name = tensor.base = f"{op.name}:workspace"
+            tensor.op, tensor.dtype, tensor.kind = op, tf.uint8, "workspace"
+            tensor.dims, tensor.itemsize = out.dims, per_element
+            self.tensors[tensor.name] = tensor
+            self.extra_outputs[op.name] = [tensor.name]
+            for g in grads:
+                self.extra_inputs.setdefault(g.name, []).append(tensor.name)
+
+    def saved(self, op):
+        """(op's buffers that a gradient op reads, True): kept for the backward pass."""
+        if self.phase[op.name] != "forward":
+            return [], True
+        names = [n for n in op.outputs + self.extra_outputs.get(op.name, [])
+                 if self.tensors[n].base == n and self.kind_of(n) == KEPT]
+        return names, True
+
+    def kind_of(self, name):
+        """The timeline's kind of a buffer the step allocates."""
+        tensor = self.tensors[name]
+        phase = self.phase[tensor.op.name]
+        readers = [self.phase[r] for r in self.readers[name]] + \
+            [self.phase[g] for g, ins in self.extra_inputs.items() if name in ins]
+        if phase == "forward":
+            return KEPT if "backward" in readers else OUTPUTS
+        if phase == "backward":
+            return PARAM_GRADS if "update" in readers else GRADS
+        return WORKSPACES
+
+    def describe(self, name):
+        tensor = self.tensors[name]
+        if tensor.kind == "workspace":
+            return f"oneDNN {tensor.op.type} workspace"
+        phase = self.phase[tensor.op.name]
+        return (f"{tensor.op.type} output" if phase == "forward" else
+                f"{tensor.op.type} output (gradient)" if phase == "backward" else
+                f"{tensor.op.type} output (update)")
+
+    def grad_inputs(self, op):
+        return []
+
+    def batched(self, name):
+        t = self.tensors[name]
+        return t.dims is not None and None in t.dims
+
+
+def graph_rows(report, batch, Row):
+    """The report's rows for a graph: one per name scope (its forward output:
+    its last forward op's largest output; params: the variables named under
+    it; kept: its forward buffers a gradient reads; workspaces: forward /
+    backward), then one per op with a batch-sized output or a workspace."""
+    t, plans, rows = report._trace, report._plans, []
+    for s in t.calls:
+        op_rows, kept_all = [], 0
+        forward = [op for op in s.ops if t.phase[op.name] == "forward"
+                   and op.type not in NO_GRADIENT and op.type != "ReadVariableOp"]
+        final = None
+        for op in reversed(forward):
+            outs = [t.tensors[n] for n in op.outputs if t.tensors[n].kind == "activation"]
+            if outs:
+                final = max(outs, key=lambda o: o.bytes(batch))
+                break
+        params = sum(b for _, b, scope in t.weights if scope == s.label)
+        slots = t.slot_bytes if s.label == UPDATE else 0
+        for op in s.ops:
+            if op.type in ("Const", "Placeholder", "ReadVariableOp", "NoOp") or \
+                    op.type in ALIASES or op.type in VARIABLE_OPS:
+                continue
+            outs = [t.tensors[n] for n in op.outputs]
+            kept = [t.tensors[n] for n in t.saved(op)[0]]
+            kept_all += sum(k.bytes(batch) for k in kept)
+            ws = None
+            if op.type in CONV_OPERANDS:
+                what, n = plans.graph_run(op, batch)
+                ws = (n, 0) if t.phase[op.name] == "forward" else (0, n)
+            if ws is None and not any(t.batched(o.name) for o in outs):
+                continue
+            ours = op.type.startswith("BigConv")
+            op_rows.append(Row(s.label, op.type if t.phase[op.name] == "forward" else
+                               f"{op.type} ({t.phase[op.name]})",
+                               outs[0].shape(batch) if outs else None,
+                               sum(o.bytes(batch) for o in outs if o.base == o.name), 0, 0, 0,
+                               sum(k.bytes(batch) for k in kept),
+                               ", ".join(f"output {fmt_bytes(k.bytes(batch))}" for k in kept),
+                               None if ours else ws, ws if ours else None, ""))
+        total = lambda pairs: tuple(map(sum, zip(*pairs))) if pairs else None
+        main = max(forward, key=lambda op: sum(t.tensors[n].bytes(batch) for n in op.outputs),
+                   default=None)
+        grads = sum(t.tensors[n].bytes(batch) for op in s.ops for n in op.outputs
+                    if t.phase[op.name] == "backward" and t.tensors[n].base == n
+                    and t.kind_of(n) == PARAM_GRADS)
+        if not (op_rows or params or grads or slots or final):
+            continue  # a scope of small ops (shapes, constants)
+        rows.append(Row(s.label, "", final.shape(batch) if final else None,
+                        final.bytes(batch) if final else 0, params, grads, slots, kept_all,
+                        main.type if main is not None else "scope",
+                        total([r.tf_workspace for r in op_rows if r.tf_workspace]),
+                        total([r.bigconv_workspace for r in op_rows if r.bigconv_workspace]),
+                        ""))
+        if len(op_rows) > 1 or any(r.tf_workspace or r.bigconv_workspace for r in op_rows):
+            rows.extend(op_rows)
+    return rows
