@@ -108,13 +108,20 @@ def test_algorithm_tf_is_tf_nn_conv3d_where_tensorflow_runs_it():
     w = random_case((3, 3, 3, 2, 2), 1)
     assert rel_l2(tfbigconv.bigconv3d(x, w, 1, "VALID", algorithm="tf"),
                   tf.nn.conv3d(x, w, [1] * 5, "VALID")) == 0
-    # TF's kernel returns its input for an empty batch: refused, as in 2-D (tf_rules)
+
+
+@pytest.mark.native  # the pure-TF path composes TF's convolution (groups, empty batches)
+def test_algorithm_tf_refuses_what_tensorflows_kernel_cannot_run():
+    """As in 2-D, by tf_rules: TF's kernel returns its input for an empty batch, and
+    its CPU Conv3D takes no groups."""
+    x, w = random_case((1, 6, 6, 6, 2), 0), random_case((3, 3, 3, 2, 2), 1)
     with pytest.raises(tf.errors.InvalidArgumentError, match="empty tensors"):
         tfbigconv.bigconv3d(x[:0], w, 1, "VALID", algorithm="tf")
     with pytest.raises(tf.errors.InvalidArgumentError, match="groups"):
         tfbigconv.bigconv3d(random_case((1, 6, 6, 6, 4), 2), w, 1, "VALID", algorithm="tf")
 
 
+@pytest.mark.native  # a forced "tf" is TF's kernel where our ops run
 def test_algorithm_tf_in_ncdhw_where_tensorflow_says():
     """A forced "tf" in 3-D goes through planning.tf_rules, as in 2-D (issue 54: it
     had rules of its own, which let NCDHW through where tf_rules did not). TF is
