@@ -1,7 +1,7 @@
 """Each candidate of a pass as TensorFlow ops: "tf" (TensorFlow's own kernel
 for the case, by tf_rules, for the device the pass was planned for), or
 "direct" / "fft" (our ops), in 2-D or 3-D as the attributes' data_format says.
-autotune times them; bigconv2d, bigconv3d and their gradients emit them."""
+timing.measure times them; the front end (ops/conv.py) and the gradients emit them."""
 import tensorflow as tf
 
 from tfbigconv import _core, arguments, errors, host, kernels

@@ -3,8 +3,9 @@ and whether `auto` may pick it (TF_KERNEL_RULES, one table), with the facts
 they read: which kernel runs a depthwise filter, oneDNN's reach on this host
 (measured once per process on a small case), and TF's known crashes.
 
-The planner, the emitters (planning.candidates), memory_report and calibrate
-all ask here.
+The planner (so the N-d front end, ops/conv.py, in every rank and for a forced
+algorithm "tf" too), the emitters (planning.candidates), memory_report and
+calibrate all ask here.
 """
 import dataclasses
 import functools
