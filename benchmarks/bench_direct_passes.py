@@ -115,7 +115,7 @@ def main():
         for p in PASSES:
             ms = best_ms(calls[p], args.reps)
             est = planner.plan(p, list(shape), list(w.shape), attrs, "float32", "auto",
-                               1 << 30)["direct"]["seconds"] * 1e3
+                               1 << 30).direct.seconds * 1e3
             print(f"| {shape} | {w_shape} | {s} | {p} | {ms:.1f} | {est:.1f} | {est / ms:.2f} |",
                   flush=True)
 

@@ -55,7 +55,7 @@ def main():
         for pass_, call in calls.items():
             measured = best_of(call)
             p = planner.plan(pass_, xs, ws, ATTRS, "float32", "auto", 0, "CPU")
-            est = p["tf"]["seconds"]
+            est = p.tf.seconds
             ratios.append(measured / est)
             print(f"| {xs} | {ws} | {pass_} | {measured * 1e3:.1f} ms | {est * 1e3:.1f} ms | "
                   f"{measured / est:.2f} | {p['chosen']} |")

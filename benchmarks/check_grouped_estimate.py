@@ -38,7 +38,7 @@ def main():
         for dtype in args.dtypes.split(","):
             cells = []
             for pass_ in planner.PASSES:
-                estimate = planner.plan(pass_, x, w, ATTRS, dtype, "auto", 0)["tf"]["seconds"]
+                estimate = planner.plan(pass_, x, w, ATTRS, dtype, "auto", 0).tf.seconds
                 fn = calibrate.im2col_fn(pass_, x, w, "SAME", tf.as_dtype(dtype))
                 with tf.device("/CPU:0"):
                     took = calibrate._time(fn, 0.2, reps=3)

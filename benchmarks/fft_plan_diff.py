@@ -44,11 +44,11 @@ def dump(path):
                 key = f"{g}|{p}|{limit}"
                 try:
                     f = planner.plan(p, [n, h, w, c], [k, k, c // groups, cout], attrs,
-                                     "float32", "fft", limit)["fft"]
+                                     "float32", "fft", limit).fft
                 except Exception as e:  # noqa: BLE001 - recorded, compared like a plan
                     plans[key] = type(e).__name__
                     continue
-                plans[key] = [f["seconds"], f["workspace_bytes"], f["note"]]
+                plans[key] = [f.seconds, f.workspace_bytes, f.note]
     with open(path, "w") as out:
         json.dump(plans, out)
     print(f"{len(plans)} planned passes -> {path}")

@@ -83,7 +83,7 @@ def autotuned_picks(geometry, dtype, times):
     candidates it would time (the estimate's pick where it would time none)."""
     out = {}
     for p, plan in gpu_plans(geometry, dtype).items():
-        names = autotune.candidates_to_time(plan) or [plan["chosen"]]
+        names = autotune.candidates_to_time(plan) or [plan.chosen]
         out[p] = PLAN_TO_ALGO[autotune.fastest(
             {n: times.get((p, PLAN_TO_ALGO[n]), math.inf) for n in names})]
     return out
@@ -94,10 +94,10 @@ def margin_picks(geometry, dtype, margin):
     faster (margin 1 is the planner's own rule; a what-if, not shipped)."""
     out = {}
     for p, plan in gpu_plans(geometry, dtype).items():
-        ours = min((n for n in ("direct", "fft") if plan[n]["fits"]),
-                   key=lambda n: plan[n]["seconds"])
-        tf_ok = plan["tf"]["available"] and plan["tf"]["fits"] and plan["tf_trusted"]
-        pick = "tf" if tf_ok and plan["tf"]["seconds"] <= margin * plan[ours]["seconds"] else ours
+        ours = min((n for n in ("direct", "fft") if plan.estimate(n).fits),
+                   key=lambda n: plan.estimate(n).seconds)
+        tf_ok = plan.tf.available and plan.tf.fits and plan.tf_trusted
+        pick = "tf" if tf_ok and plan.tf.seconds <= margin * plan.estimate(ours).seconds else ours
         out[p] = PLAN_TO_ALGO[pick]
     return out
 

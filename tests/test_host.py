@@ -82,7 +82,7 @@ def test_the_planner_reads_the_installed_host():
         with host.use(host.Host(workers=workers)):
             plans[workers] = planner.plan("forward", [8, 64, 64, 16], [7, 7, 16, 16], ATTRS,
                                           "float32", "direct", 0, "CPU")
-    assert plans[1]["direct"]["seconds"] != plans[64]["direct"]["seconds"]
+    assert plans[1].direct.seconds != plans[64].direct.seconds
 
 
 # ---- where an op will run ---------------------------------------------------

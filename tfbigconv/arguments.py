@@ -3,6 +3,7 @@
 Every bad argument raises an exception naming it before anything reaches the
 compiled code (whose int64 arguments would otherwise raise a raw TypeError).
 """
+import enum
 import numbers
 import os
 
@@ -11,8 +12,19 @@ import tensorflow as tf
 
 from tfbigconv import errors
 
-# "im2col" is the earlier name of "tf" (TensorFlow's own kernel), still accepted.
-ALGORITHMS = ("auto", "tf", "direct", "fft", "im2col")
+
+class Algorithm(enum.StrEnum):
+    """What runs a pass: the planner's choice ("auto"), TensorFlow's own kernel
+    ("tf"), or ours ("direct", "fft"). Users pass the strings; Python code carries
+    the enum, and the ops' attributes take its value (planning.candidates.ours)."""
+    AUTO = "auto"
+    TF = "tf"
+    DIRECT = "direct"
+    FFT = "fft"
+
+
+# What `algorithm` takes; "im2col" is the earlier name of "tf", still accepted.
+ALGORITHMS = tuple(a.value for a in Algorithm) + ("im2col",)
 ENV_ALGORITHM = "TFBIGCONV_ALGORITHM"
 # The passes of a convolution, each planned on its own.
 PASSES = ("forward", "backprop_input", "backprop_filter")
@@ -23,7 +35,8 @@ TF_ONLY_DTYPES = (tf.int32,)
 
 
 def requested_algorithm(algorithm):
-    """`algorithm` ("im2col" read as "tf"), unless TFBIGCONV_ALGORITHM forces another."""
+    """`algorithm` as an Algorithm ("im2col" read as "tf"), unless TFBIGCONV_ALGORITHM
+    forces another."""
     forced = os.environ.get(ENV_ALGORITHM)
     if forced:
         if forced not in ALGORITHMS:
@@ -32,7 +45,7 @@ def requested_algorithm(algorithm):
         algorithm = forced
     elif algorithm not in ALGORITHMS:
         raise errors.invalid_argument(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    return "tf" if algorithm == "im2col" else algorithm
+    return Algorithm.TF if algorithm == "im2col" else Algorithm(algorithm)
 
 
 # The exception classes are tf.nn.conv2d's (tests/test_arguments.py holds the table):
@@ -365,3 +378,36 @@ def _conv1d_strides(value, name, channels_last):
         return [1, 1, value[0], 1] if channels_last else [1, 1, 1, value[0]]
     n, w, c = value if channels_last else (value[0], value[2], value[1])
     return [n, 1, w, c] if channels_last else [n, c, 1, w]
+
+
+# The arguments of a convolution of 1, 2 or 3 spatial dimensions, for ops.conv and explain.
+def parse_format(spatial, data_format):
+    """data_format (None: channels last) as the op's: 1-D's as the 2-D one it runs as."""
+    if spatial == 1:
+        return conv1d_data_format(data_format)
+    if spatial == 2:
+        return parse_data_format(data_format)
+    return parse_data_format_3d(data_format)
+
+
+def parse_attrs(spatial, strides, padding, data_format, dilations, filter_width=None):
+    """The op's attributes (strides, padding, explicit_paddings, data_format,
+    dilations; 1-D as 2-D with height 1) of a convolution's arguments in
+    tf.nn.conv1d's, conv2d's or conv3d's forms. data_format is parse_format's.
+    filter_width: 1-D's, for CAUSAL padding (None: unknown). Raises ValueError
+    naming the argument (graph_error's class where TF's shape function checks it)."""
+    if spatial == 1:
+        strides, padding, dilations = conv1d_as_conv2d(
+            strides, padding, data_format, dilations, filter_width)
+    pad, explicit = parse_padding(padding, dims=max(spatial, 2) + 2)
+    return dict(strides=parse_strides(strides, "strides", data_format), padding=pad,
+                explicit_paddings=explicit, data_format=data_format,
+                dilations=parse_strides(dilations, "dilations", data_format))
+
+
+def as_op_shapes(spatial, input_shape, filter_shape, data_format):
+    """1-D shapes as the 2-D ones they run as (height 1); others as they are."""
+    if spatial != 1:
+        return input_shape, filter_shape
+    at = 1 if data_format == "NHWC" else 2
+    return input_shape[:at] + [1] + input_shape[at:], [1] + filter_shape

@@ -9,6 +9,8 @@ tfbigconv._native.
 """
 import tensorflow as tf
 
+from tfbigconv import arguments
+
 # The attributes TensorFlow's own Conv2D ops share with ours, and all of ours.
 TF_ATTRS = ("strides", "padding", "explicit_paddings", "data_format", "dilations")
 ATTRS = TF_ATTRS + ("algorithm", "workspace_limit_bytes")
@@ -19,12 +21,10 @@ def tf_attrs(a):
     return {k: a[k] for k in TF_ATTRS}
 
 
-FORMATS_3D = ("NDHWC", "NCDHW")
-
-
-def is_3d(a):
-    """Whether attributes `a` (ours or TF's) are a 3-D convolution's."""
-    return a["data_format"] in FORMATS_3D
+def conv3d(a):
+    """Whether attributes `a` (ours or TF's) are run by TF's Conv3D ops (3 spatial
+    dimensions), which take no explicit padding and have no depthwise kernel."""
+    return arguments.spatial_dims(a["data_format"]) == 3
 
 
 def in_depth(shape, data_format):
@@ -86,7 +86,7 @@ def tf_forward(x, w, a, depthwise, per_group=False):
     BiasAdd after it would fuse into a kernel without groups
     (planning.tf_rules.grouped_conv2d_fusion_fails); nothing fuses into the
     concatenation, and each group's Conv2D and gradients are ungrouped."""
-    if is_3d(a):
+    if conv3d(a):
         pairs = _explicit_pairs(a)
         x = tf.pad(x, pairs) if pairs else x
         return tf.raw_ops.Conv3D(input=x, filter=w, **_conv3d_attrs(a))
@@ -109,7 +109,7 @@ def tf_forward(x, w, a, depthwise, per_group=False):
 
 
 def tf_backprop_input(input_sizes, w, dy, a, depth, depthwise):
-    if is_3d(a):
+    if conv3d(a):
         pairs = _explicit_pairs(a)
         if not pairs:
             return tf.raw_ops.Conv3DBackpropInputV2(input_sizes=input_sizes, filter=w,
@@ -141,7 +141,7 @@ def tf_backprop_input(input_sizes, w, dy, a, depth, depthwise):
 
 
 def tf_backprop_filter(x, f_shape, dy, a, depthwise):
-    if is_3d(a):
+    if conv3d(a):
         pairs = _explicit_pairs(a)
         return tf.raw_ops.Conv3DBackpropFilterV2(input=tf.pad(x, pairs) if pairs else x,
                                                  filter_sizes=f_shape, out_backprop=dy,

@@ -4,12 +4,15 @@ kernels emitted for it (grouped Conv2D for depthwise filters, also in the
 gradients), nothing timed for a GPU that is not here, and explain(device="GPU")
 with the GPU cost model. Where an op will run: test_host.py; the GPU model and
 fit-gpu: cost_model/test_gpu_fit.py; the GPU kernels themselves: test_gpu.py."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfbigconv
 from tfbigconv import _core, host
+from tfbigconv.arguments import Algorithm
 from tfbigconv.ops import planned
 from tfbigconv.planning import autotune, planner
 from conftest import FakeGpu, rand, run_cli as run
@@ -142,7 +145,8 @@ def test_tf_gradient_kernels_follow_the_device_the_forward_was_planned_for(monke
     emitted for the GPU too (grouped Conv2DBackpropInput), not for where the
     gradient code is built."""
     # gpu_host: as on a GPU machine
-    monkeypatch.setattr(planned, "plan_forward", lambda *args, **kwargs: {"chosen": "tf"})
+    monkeypatch.setattr(planned, "plan_forward",
+                        lambda *args, **kwargs: SimpleNamespace(chosen=Algorithm.TF))
     monkeypatch.setattr(planner, "choose_gradients", lambda *args, **kwargs: ("tf", "direct"))
     x_shape, w_shape = (2, 16, 16, 8), (3, 3, 1, 8)
     w = rand(w_shape, 0)
@@ -168,18 +172,18 @@ def test_gpu_trace_time_plans_use_the_gpu_budget(monkeypatch):
                  data_format="NHWC", dilations=[1, 1, 1, 1])
     x, w = SEED16
     unlimited = planner.plan("forward", x, w, attrs, "float32", "auto", 1 << 40, "GPU")
-    assert unlimited["chosen"] == "fft"
+    assert unlimited.chosen == "fft"
     # a 1 MiB device: half of it is less than the fft's smallest workspace
     FakeGpu(monkeypatch, memory_limit_mib=1, in_use=0)
     p = planner.plan("forward", x, w, attrs, "float32", "auto", 0, "GPU")
-    assert p["limit"] == int((1 << 20) * _core.DEFAULT_BUDGET_FRACTION)
-    assert p["limit"] < unlimited["fft"]["workspace_bytes"]
-    assert not p["fft"]["fits"] and p["chosen"] != "fft"
+    assert p.limit == int((1 << 20) * _core.DEFAULT_BUDGET_FRACTION)
+    assert p.limit < unlimited.fft.workspace_bytes
+    assert not p.fft.fits and p.chosen != "fft"
     # an explicit limit still wins
-    assert planner.plan("forward", x, w, attrs, "float32", "auto", 1 << 40, "GPU")["chosen"] == "fft"
+    assert planner.plan("forward", x, w, attrs, "float32", "auto", 1 << 40, "GPU").chosen == "fft"
     # a GPU with nothing known: no trace-time limit, as before
     FakeGpu(monkeypatch, in_use=0, total=0)
-    assert planner.plan("forward", x, w, attrs, "float32", "auto", 0, "GPU")["limit"] >= 1 << 62
+    assert planner.plan("forward", x, w, attrs, "float32", "auto", 0, "GPU").limit >= 1 << 62
 
 
 def test_no_timing_for_a_gpu_that_is_not_here(autotuning, monkeypatch):

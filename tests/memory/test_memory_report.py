@@ -282,17 +282,17 @@ def test_conv_workspaces_come_from_the_planner(eigen_kernels):
     # TF's CPU gradient kernels' col_buffer, as the planner estimates it: the
     # filter gradient's holds all 4 images, the input gradient's one
     # (tests/test_plan.py checks the rule).
-    assert row.tf_workspace == (ws["forward"]["tf"]["workspace_bytes"],
-                                ws["backprop_input"]["tf"]["workspace_bytes"]
-                                + ws["backprop_filter"]["tf"]["workspace_bytes"])
-    assert ws["backprop_filter"]["tf"]["workspace_bytes"] == 4 * ws["forward"]["tf"]["workspace_bytes"]
+    assert row.tf_workspace == (ws["forward"].tf.workspace_bytes,
+                                ws["backprop_input"].tf.workspace_bytes
+                                + ws["backprop_filter"].tf.workspace_bytes)
+    assert ws["backprop_filter"].tf.workspace_bytes == 4 * ws["forward"].tf.workspace_bytes
     # tfbigconv plans an unknown batch as ASSUMED_BATCH images, then runs that
     # algorithm on the real batch.
     def chosen(p):
         algorithm = planner.plan(p, [planner.ASSUMED_BATCH, 48, 48, 3], [25, 25, 3, 2], attrs,
-                                  "float32", "auto", 0)["chosen"]
+                                  "float32", "auto", 0).chosen
         return planner.plan(p, [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", algorithm,
-                             0)[algorithm]["workspace_bytes"]
+                             0).estimate(algorithm).workspace_bytes
 
     assert row.bigconv_workspace == (chosen("forward"),
                                      chosen("backprop_input") + chosen("backprop_filter"))
@@ -317,7 +317,7 @@ def test_a_fused_backward_counts_one_workspace():
                  dilations=[1, 1, 1, 1])
     fused = planner.fused_backward([2, 1, 300, 16], [1, 200, 1, 16], attrs, "float32", "CPU")
     separate = sum(planner.plan(p, [2, 1, 300, 16], [1, 200, 1, 16], attrs, "float32", "fft", 0)
-                   ["fft"]["workspace_bytes"] for p in planner.PASSES[1:])
+                   .fft.workspace_bytes for p in planner.PASSES[1:])
     assert fused and fused["workspace_bytes"] != separate
     assert row.bigconv_workspace[1] == fused["workspace_bytes"]
 
@@ -340,10 +340,10 @@ def test_a_tf_ops_gradient_workspace_is_its_own_kernels(eigen_kernels):
     attrs = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[],
                  data_format="NHWC", dilations=[1, 2, 2, 1])
     args = ([2, 32, 32, 8], [3, 3, 1, 8], attrs, "float32", "tf", 0, "CPU")
-    ws = {p: planner.plan(p, *args, kernel="Conv2D")["tf"]["workspace_bytes"]
+    ws = {p: planner.plan(p, *args, kernel="Conv2D").tf.workspace_bytes
           for p in planner.PASSES}
-    planned = [planner.plan(p, *args)["tf"] for p in planner.PASSES[1:]]
-    assert [p["workspace_bytes"] for p in planned] != [ws[p] for p in planner.PASSES[1:]]
+    planned = [planner.plan(p, *args).tf for p in planner.PASSES[1:]]
+    assert [p.workspace_bytes for p in planned] != [ws[p] for p in planner.PASSES[1:]]
     assert row.tf_workspace == (ws["forward"], ws["backprop_input"] + ws["backprop_filter"])
 
 def test_gpu_report_needs_no_gpu():
@@ -354,7 +354,7 @@ def test_gpu_report_needs_no_gpu():
     attrs = dict(strides=[1, 1, 1, 1], padding="VALID", explicit_paddings=[],
                  data_format="NHWC", dilations=[1, 1, 1, 1])
     patch = planner.plan("forward", [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", "tf",
-                          0)["tf"]["workspace_bytes"]
+                          0).tf.workspace_bytes
     assert row.tf_workspace[0] == min(patch, CUDNN_WORKSPACE_LIMIT)
     assert "device GPU" in str(r)
     assert "estimates" in str(r) and "not been checked against measured GPU peaks" in str(r)
@@ -620,7 +620,7 @@ def test_routed_gradients_are_counted_as_the_planner_runs_them(monkeypatch, mode
     attrs = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[],
                  data_format="NHWC", dilations=[1, 1, 1, 1])
     tf_bpf = planner.plan("backprop_filter", [2, 64, 64, 96], [3, 3, 96, 32], attrs,
-                           "float32", "tf", 0)["tf"]["workspace_bytes"]
+                           "float32", "tf", 0).tf.workspace_bytes
     assert r.step_peak_bytes < tf_bpf, (r.step_peak_bytes, tf_bpf, r.peak_step)
     assert not any("gradient" in a.what and "tf.Conv2D" in a.what for a in r.alive_at_peak)
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import tfbigconv
 from conftest import TOLERANCE, random_case, second_order_grads, tape_types
+from tfbigconv.arguments import Algorithm
 from tfbigconv.planning import candidates, planner, tf_rules
 from reference import conv3d_reference, conv3d_reference_grads, rel_l2
 
@@ -107,10 +108,39 @@ def test_algorithm_tf_is_tf_nn_conv3d_where_tensorflow_runs_it():
     w = random_case((3, 3, 3, 2, 2), 1)
     assert rel_l2(tfbigconv.bigconv3d(x, w, 1, "VALID", algorithm="tf"),
                   tf.nn.conv3d(x, w, [1] * 5, "VALID")) == 0
-    # TF's kernel returns its input for an empty batch; algorithm "tf" does not
-    assert tfbigconv.bigconv3d(x[:0], w, 1, "VALID", algorithm="tf").shape == (0, 4, 4, 4, 2)
+
+
+@pytest.mark.native  # the pure-TF path composes TF's convolution (groups, empty batches)
+def test_algorithm_tf_refuses_what_tensorflows_kernel_cannot_run():
+    """As in 2-D, by tf_rules: TF's kernel returns its input for an empty batch, and
+    its CPU Conv3D takes no groups."""
+    x, w = random_case((1, 6, 6, 6, 2), 0), random_case((3, 3, 3, 2, 2), 1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="empty tensors"):
+        tfbigconv.bigconv3d(x[:0], w, 1, "VALID", algorithm="tf")
     with pytest.raises(tf.errors.InvalidArgumentError, match="groups"):
         tfbigconv.bigconv3d(random_case((1, 6, 6, 6, 4), 2), w, 1, "VALID", algorithm="tf")
+
+
+@pytest.mark.native  # a forced "tf" is TF's kernel where our ops run
+def test_algorithm_tf_in_ncdhw_where_tensorflow_says():
+    """A forced "tf" in 3-D goes through planning.tf_rules, as in 2-D (issue 54: it
+    had rules of its own, which let NCDHW through where tf_rules did not). TF is
+    asked here: its CPU Conv3D runs NCDHW only through oneDNN (TF 2.21's Eigen
+    kernel: "only supports the NHWC tensor format"), and "tf" does as TF does."""
+    x, w = random_case((1, 2, 6, 7, 8), 0), random_case((3, 3, 3, 2, 2), 1)
+    try:
+        with tf.device("/CPU:0"):
+            want = tf.raw_ops.Conv3D(input=x, filter=w, strides=[1] * 5, padding="VALID",
+                                     data_format="NCDHW")
+    except tf.errors.InvalidArgumentError as e:
+        assert "NHWC" in str(e)
+        assert not tf_rules.tf_cpu_onednn("Conv3D", "float32", False)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="runs only NDHWC"):
+            tfbigconv.bigconv3d(x, w, 1, "VALID", "NCDHW", algorithm="tf")
+    else:
+        assert tf_rules.tf_cpu_onednn("Conv3D", "float32", False)
+        got = tfbigconv.bigconv3d(x, w, 1, "VALID", "NCDHW", algorithm="tf")
+        assert rel_l2(got, want) < 1e-6
 
 
 @pytest.mark.native  # ResourceExhaustedError for the workspace comes from our ops
@@ -173,8 +203,8 @@ def test_under_xla_explicit_padding_and_layouts(fmt):
 
 @pytest.mark.native  # the pure-TF path is tf.nn.conv3d, which runs on the GPU
 def test_a_gpu_placement_warns_that_the_ops_run_on_the_cpu(gpu_host, monkeypatch):
-    from tfbigconv.ops import conv3d
-    monkeypatch.setattr(conv3d, "_warned", [])
+    from tfbigconv.ops import conv
+    monkeypatch.setattr(conv, "_warned", [])
     x, w = random_case((1, 5, 5, 5, 2), 0), random_case((3, 3, 3, 2, 2), 1)
     with pytest.warns(RuntimeWarning, match="no GPU kernels"):
         y = tfbigconv.bigconv3d(x, w, 1, "SAME")  # still computed, on the CPU
@@ -224,7 +254,7 @@ def test_auto_runs_tf_conv3d_for_a_small_filter_and_ours_for_a_large_one():
     small, large = ((2, 8, 12, 12, 16), (3, 3, 3, 16, 16)), ((1, 12, 20, 20, 2), (9, 9, 9, 2, 2))
     attrs = dict(strides=[1] * 5, padding="SAME", explicit_paddings=[], data_format="NDHWC",
                  dilations=[1] * 5)
-    trusted = {p: planner.plan(p, *small, attrs, "float32", "auto", 0)["tf_for_auto"] == "trusted"
+    trusted = {p: planner.plan(p, *small, attrs, "float32", "auto", 0).tf_trusted
                for p in planner.PASSES}
     # The rules' own fact: trusted exactly where TF runs Conv3D through oneDNN.
     assert set(trusted.values()) == {tf_rules.tf_cpu_onednn("Conv3D", "float32", False)}
@@ -255,7 +285,8 @@ def test_tf_forward_with_our_gradients(monkeypatch):
     (the test above), and TF's Eigen kernel runs this case too."""
     from tfbigconv.ops import planned
     plan_forward = planned.plan_forward
-    monkeypatch.setattr(planned, "plan_forward", lambda *a: dict(plan_forward(*a), chosen="tf"))
+    monkeypatch.setattr(planned, "plan_forward",
+                        lambda *a: plan_forward(*a).replace(chosen=Algorithm.TF))
     monkeypatch.setattr(planner, "choose_gradients", lambda *a, **k: ("direct", "fft"))
     x, w = random_case((2, 6, 7, 8, 4), 17), random_case((3, 3, 3, 4, 4), 18)
     xt, wt = tf.constant(x), tf.constant(w)

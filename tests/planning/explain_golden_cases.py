@@ -29,6 +29,17 @@ GEOMETRIES = [
     ((32, 28, 28, 16), (3, 3, 16, 32), dict(padding="SAME")),
     ((1, 512, 512, 3), (45, 45, 3, 3), dict(padding="SAME")),
     ((2, 64, 64, 8), (1, 1, 8, 16), dict(padding="VALID")),
+    # 1-D (as bigconv1d: a 2-D convolution of height 1) and 3-D (as bigconv3d), issue 54.
+    ((8, 16000, 1), (1024, 1, 1), dict(padding="SAME")),
+    ((4, 4096, 32), (255, 1, 32), dict(padding="CAUSAL")),
+    ((2, 16, 3000), (65, 16, 32), dict(padding="VALID", strides=2, data_format="NCW")),
+    ((4, 1000, 8), (31, 2, 16), dict(padding=[[0, 0], [5, 7], [0, 0]], dilations=3)),
+    ((2, 32, 64, 64, 4), (7, 7, 7, 4, 8), dict(padding="SAME")),
+    ((1, 16, 8, 40, 40), (3, 9, 9, 16, 16), dict(padding="VALID", data_format="NCDHW")),
+    ((2, 16, 20, 20, 8), (5, 5, 5, 4, 8), dict(padding="SAME", dilations=2)),
+    ((1, 12, 30, 30, 2), (9, 9, 9, 2, 3),
+     dict(padding=[[0, 0], [1, 2], [3, 4], [0, 5], [0, 0]], strides=2)),
+    ((2, 8, 24, 24, 6), (3, 5, 5, 1, 6), dict(padding="SAME", dilations=[1, 2, 2, 1, 1])),
 ]
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 

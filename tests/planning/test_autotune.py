@@ -19,7 +19,9 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
-from tfbigconv.planning import autotune, candidates, planner
+from tfbigconv.arguments import Algorithm
+from tfbigconv.planning import autotune, candidates, planner, timing
+from tfbigconv.planning.plan import Estimate, Plan
 from conftest import TOLERANCE, random_case
 from reference import (conv2d_reference, conv2d_reference_backprop_filter,
                        conv2d_reference_backprop_input, rel_l2)
@@ -89,9 +91,9 @@ def test_wide_case_has_candidates_to_time_in_every_pass():
     changes it, pick another WIDE case)."""
     for p in PASSES:
         plan = planner.plan(p, WIDE[0], WIDE[1], ATTRS, "float32", "auto", 0, "CPU")
-        assert len(autotune.candidates_to_time(plan)) >= 2, (p, plan["reason"])
+        assert len(autotune.candidates_to_time(plan)) >= 2, (p, plan.reason)
     plan = planner.plan("backprop_filter", WIDE[0], WIDE[1], ATTRS, "float32", "auto", 0, "CPU")
-    assert "tf" not in autotune.candidates_to_time(plan), plan["reason"]
+    assert "tf" not in autotune.candidates_to_time(plan), plan.reason
 
 
 # ---- (a) a wrong cost model ends with the measured fastest -----------------
@@ -214,7 +216,7 @@ def test_timing_runs_on_a_reduced_batch_and_scales(autotuning, monkeypatch):
                                "float32", "CPU")
     assert set(seconds) == {"direct", "fft"} and all(s > 0 for s in seconds.values())
     assert {s[1] for s in seen} == {"direct", "fft"}
-    assert all(s[2] == s[3] == autotune.TIMING_BATCH for s in seen)
+    assert all(s[2] == s[3] == timing.TIMING_BATCH for s in seen)
     # each candidate is traced once and its graph timed, as it runs under tf.function
     assert sorted(s[1] for s in seen) == ["direct", "fft"]
     seen.clear()
@@ -248,7 +250,7 @@ def fake_clock(monkeypatch, seconds):
     clock = FakeClock(seconds)
     autotune.clear_memory()  # no graphs traced for an earlier clock
     monkeypatch.setattr(autotune.time, "perf_counter", clock.perf_counter)
-    monkeypatch.setattr(autotune, "_pass_fn",
+    monkeypatch.setattr(timing, "_pass_fn",
                         lambda pass_, name, *args: lambda: clock.run_pass(pass_, name, *args))
     return clock
 
@@ -274,7 +276,7 @@ def test_timing_stops_at_its_budget(monkeypatch):
     assert len(calls) == 4
     # No budget: as before.
     calls, _ = fake_measure(monkeypatch, {"direct": 0.1, "fft": 0.1}, ["direct", "fft"])
-    assert len(calls) == 2 * (1 + autotune.MIN_ROUNDS)
+    assert len(calls) == 2 * (1 + timing.MIN_ROUNDS)
 
 
 def test_budget_default_and_override(monkeypatch):
@@ -300,17 +302,17 @@ def test_refine_keeps_to_the_budget_and_caches_what_was_not_timed(autotuning, mo
     assert len(names) >= 2
     # TF's kernel is called first (its estimate made lowest) and spends the budget.
     for n in names:
-        p[n]["seconds"] = 1e-4 if n == "tf" else 1e-3
-    autotune.refine(p, x, f, ATTRS, "float32", "CPU", 0, enabled=True)
+        p = p.with_estimate(n, seconds=1e-4 if n == "tf" else 1e-3)
+    p = autotune.refine(p, x, f, ATTRS, "float32", "CPU", 0, enabled=True)
     assert clock.calls == ["tf"]
-    assert p["chosen"] == "tf" and "not timed (budget spent)" in p["reason"]
+    assert p.chosen == "tf" and "not timed (budget spent)" in p.reason
     clock.calls.clear()
     autotune.clear_memory()
     q = planner.plan("forward", x, f, ATTRS, "float32", "auto", 0, "CPU")
     for n in names:
-        q[n]["seconds"] = 1e-4 if n == "tf" else 1e-3
-    autotune.refine(q, x, f, ATTRS, "float32", "CPU", 0, enabled=True)
-    assert clock.calls == [] and q["chosen"] == "tf"  # from the cache file
+        q = q.with_estimate(n, seconds=1e-4 if n == "tf" else 1e-3)
+    q = autotune.refine(q, x, f, ATTRS, "float32", "CPU", 0, enabled=True)
+    assert clock.calls == [] and q.chosen == "tf"  # from the cache file
 
 
 def test_an_untrusted_tf_kernel_is_timed_after_ours(autotuning, monkeypatch):
@@ -322,24 +324,21 @@ def test_an_untrusted_tf_kernel_is_timed_after_ours(autotuning, monkeypatch):
     clock = fake_clock(monkeypatch, {"tf": 0.5, "direct": 0.01, "fft": 0.01})
     x, f = WIDE
     p = planner.plan("forward", x, f, ATTRS, "float32", "auto", 0, "CPU")
-    p["tf_trusted"], p["tf_for_auto"] = False, "measured"
+    p = p.replace(tf_for_auto="measured")
     for n in ("tf", "direct", "fft"):
-        p[n]["seconds"] = 1e-4 if n == "tf" else 1e-3
+        p = p.with_estimate(n, seconds=1e-4 if n == "tf" else 1e-3)
     names = autotune.candidates_to_time(p)
     assert "tf" in names and len(names) >= 2
-    autotune.refine(p, x, f, ATTRS, "float32", "CPU", 0, enabled=True)
-    assert clock.calls[0] != "tf" and p["chosen"] != "tf"
-    assert math.isfinite(p["measured"][p["chosen"]])
+    p = autotune.refine(p, x, f, ATTRS, "float32", "CPU", 0, enabled=True)
+    assert clock.calls[0] != "tf" and p.chosen != "tf"
+    assert math.isfinite(p.measured[p.chosen])
 
 
 def test_a_candidate_estimated_1000x_slower_is_never_run():
-    p = {"tf": dict(available=True, fits=True, seconds=2.0),
-         "direct": dict(available=True, fits=True, seconds=0.001),
-         "fft": dict(available=True, fits=True, seconds=0.0015),
-         "tf_trusted": False, "tf_for_auto": "measured"}
+    p = planned(2.0, 0.001, 0.0015, trusted=False)
     # Not even when the measured best (5 s) would widen to it: 2000x its estimate.
     assert "tf" not in autotune.candidates_to_time(p) + autotune.widened(p, {"direct": 5.0})
-    p["tf"]["seconds"] = 0.04  # 40x: a check across models (CROSS_FACTOR)
+    p = p.with_estimate("tf", seconds=0.04)  # 40x: a check across models (CROSS_FACTOR)
     assert "tf" in autotune.candidates_to_time(p)
 
 
@@ -352,22 +351,22 @@ def test_timing_interleaves_candidates_after_their_warm_ups(monkeypatch):
     assert all(sorted(r) == sorted(names) for r in rounds)  # one call of each per round
     assert rounds[0] != rounds[1]  # the order rotates
     # cheap rounds of near ties go on to MAX_ROUNDS
-    assert len(rounds) == autotune.MAX_ROUNDS
+    assert len(rounds) == timing.MAX_ROUNDS
     assert seconds == pytest.approx({"direct": 0.001, "fft": 0.0012, "tf": 0.0011})
 
 
 def test_rounds_past_the_minimum_time_only_near_ties(monkeypatch):
     # After MIN_ROUNDS, fft (1.5x direct) is out: CLEAR_FACTOR; direct and tf
     # (1.1x) go on. With tf at 1.4x too, the rounds stop there.
-    assert autotune.CLEAR_FACTOR < 1.4 < 1.5 < autotune.EARLY_CLEAR_FACTOR
+    assert timing.CLEAR_FACTOR < 1.4 < 1.5 < timing.EARLY_CLEAR_FACTOR
     calls, seconds = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.0015, "tf": 0.0011},
                                   ["direct", "fft", "tf"])
-    assert calls.count("fft") == 1 + autotune.MIN_ROUNDS
-    assert calls.count("direct") == calls.count("tf") == 1 + autotune.MAX_ROUNDS
+    assert calls.count("fft") == 1 + timing.MIN_ROUNDS
+    assert calls.count("direct") == calls.count("tf") == 1 + timing.MAX_ROUNDS
     assert seconds == pytest.approx({"direct": 0.001, "fft": 0.0015, "tf": 0.0011})
     calls, _ = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.0015, "tf": 0.0014},
                             ["direct", "fft", "tf"])
-    assert len(calls) == 3 * (1 + autotune.MIN_ROUNDS)
+    assert len(calls) == 3 * (1 + timing.MIN_ROUNDS)
 
 
 def test_after_one_round_only_what_is_clearly_behind_is_out(monkeypatch):
@@ -376,7 +375,7 @@ def test_after_one_round_only_what_is_clearly_behind_is_out(monkeypatch):
     calls, seconds = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.002, "tf": 0.0015},
                                   ["direct", "fft", "tf"])
     assert calls.count("fft") == 2  # its warm-up and the first round
-    assert calls.count("tf") == calls.count("direct") == 1 + autotune.MIN_ROUNDS
+    assert calls.count("tf") == calls.count("direct") == 1 + timing.MIN_ROUNDS
     assert seconds == pytest.approx({"direct": 0.001, "fft": 0.002, "tf": 0.0015})
     # and when one candidate is left, no more rounds
     calls, _ = fake_measure(monkeypatch, {"direct": 0.001, "fft": 0.002}, ["direct", "fft"])
@@ -387,13 +386,13 @@ def test_timing_rounds_stop_when_dear_and_skip_slow_candidates(monkeypatch):
     # fft's calls take ABANDON_FACTOR x direct's: after its warm-up and one more
     # call (the warm-up was cheap) it is not repeated; rounds of direct + tf cost
     # over EXTRA_ROUNDS_BELOW_S, so MIN_ROUNDS of them.
-    slow = autotune.ABANDON_FACTOR * 0.06
+    slow = timing.ABANDON_FACTOR * 0.06
     calls, seconds = fake_measure(monkeypatch, {"direct": 0.06, "fft": slow, "tf": 0.07},
                                   ["direct", "fft", "tf"])
     assert calls.count("fft") == 2
-    assert calls.count("direct") == calls.count("tf") == 1 + autotune.MIN_ROUNDS
+    assert calls.count("direct") == calls.count("tf") == 1 + timing.MIN_ROUNDS
     # a warm-up over REPEAT_BELOW_S is never repeated either
-    calls, _ = fake_measure(monkeypatch, {"direct": autotune.REPEAT_BELOW_S, "fft": 0.3},
+    calls, _ = fake_measure(monkeypatch, {"direct": timing.REPEAT_BELOW_S, "fft": 0.3},
                             ["direct", "fft"])
     assert calls == ["direct", "fft"]
 
@@ -486,10 +485,8 @@ def test_pairs_to_time():
     other than TF's two kernels, each measured against TF's, winning by under
     CONFIRM_BELOW x in sum, and TF's kernel may run for auto in both."""
     def plan(chosen, measured, tf_for_auto="trusted", tf_available=True):
-        ok = {"available": True, "fits": True}
-        return {"chosen": chosen, "measured": measured, "tf_for_auto": tf_for_auto,
-                "tf_trusted": tf_for_auto == "trusted",
-                "tf": dict(ok, available=tf_available), "direct": ok, "fft": ok}
+        return planned(1, 1, 1, tf_ok=tf_available, tf_for_auto=tf_for_auto, chosen=chosen,
+                       measured=measured)
     c = autotune.CONFIRM_BELOW
     assert autotune.pairs_to_time(plan("direct", {"tf": 1.3, "direct": 1.0}),
                                   plan("tf", {"tf": 1.0, "fft": 2.0})) == ["tf+tf", "direct+tf"]
@@ -557,7 +554,7 @@ def test_gradient_pairs_are_timed_as_one_graph_of_both_passes(monkeypatch):
     monkeypatch.setattr(candidates, "run_pass", lambda pass_, name, *a: traced.append((pass_, name))
                         or real(pass_, name, *a))
     x_shape, w_shape = DENSE
-    got = autotune.measure(autotune.GRADIENTS, ["tf+tf", "direct+fft"], x_shape, w_shape, ATTRS,
+    got = autotune.measure(timing.GRADIENTS, ["tf+tf", "direct+fft"], x_shape, w_shape, ATTRS,
                            "float32", "CPU")
     assert sorted(got) == ["direct+fft", "tf+tf"]
     assert all(np.isfinite(t) and t > 0 for t in got.values())
@@ -580,14 +577,14 @@ def test_cache_entries_of_gradient_pairs_are_checked(tmp_path):
 
 
 def test_kept_tf_kernel_says_so(monkeypatch):
-    p = dict(planned(1, 1, 2), reason="estimates", chosen="direct")
-    autotune._apply(p, {"seconds": {"tf": 1.0, "direct": 0.95}})
-    assert p["chosen"] == "tf"
-    assert p["reason"].startswith(f"auto: tf kept: direct measured less than {autotune.TF_MARGIN:g}x faster")
+    p = planned(1, 1, 2, chosen="direct")
+    p = autotune._apply(p, {"seconds": {"tf": 1.0, "direct": 0.95}})
+    assert p.chosen == "tf"
+    assert p.reason.startswith(f"auto: tf kept: direct measured less than {autotune.TF_MARGIN:g}x faster")
 
 
 def test_timing_batch_is_bounded():
-    t, floor = autotune.TIMING_BATCH, autotune.MIN_TIMED_S
+    t, floor = timing.TIMING_BATCH, timing.MIN_TIMED_S
     assert autotune.timing_batch(1, 1e-6) == 1 and autotune.timing_batch(0, 1.0) == 1
     assert autotune.timing_batch(t, 1e-9) == t
     assert autotune.timing_batch(64, 100.0) == t          # slow: the fewest images
@@ -597,10 +594,13 @@ def test_timing_batch_is_bounded():
     assert t <= n < 64 and n * floor * 4 / 64 >= floor > (n - 1) * floor * 4 / 64
 
 
-def planned(tf_s, direct_s, fft_s, trusted=True, tf_ok=True):
+def planned(tf_s, direct_s, fft_s, trusted=True, tf_ok=True, tf_for_auto=None, chosen="tf",
+            measured=None, pass_="forward"):
     """A planned pass as autotune sees it: estimated seconds per candidate."""
-    e = lambda s, ok=True: {"available": ok, "fits": True, "seconds": s}  # noqa: E731
-    return {"tf": e(tf_s, tf_ok), "direct": e(direct_s), "fft": e(fft_s), "tf_trusted": trusted}
+    e = lambda s, ok=True: Estimate(ok, True, s, 0, 0, "")  # noqa: E731
+    return Plan(pass_, "CPU", 0, "tf.Conv2D", e(tf_s, tf_ok), e(direct_s), e(fft_s),
+                Algorithm(chosen), "estimates", {},
+                tf_for_auto or ("trusted" if trusted else "measured"), measured)
 
 
 def test_candidates_to_time():
@@ -612,7 +612,7 @@ def test_candidates_to_time():
     assert autotune.candidates_to_time(p(1, cross * 1.01, cross * 2)) == []  # far apart
     assert autotune.candidates_to_time(p(cross * 2, 1, near * 2)) == []  # one left
     # A TF kernel excluded for precision is never timed.
-    never = dict(p(1, 1.5, 100), tf_for_auto="never")
+    never = p(1, 1.5, 100, tf_for_auto="never")
     assert autotune.candidates_to_time(never) == []
     assert autotune.candidates_to_time(p(1, 2, 2.5, tf_ok=False)) == ["direct", "fft"]
     # An untrusted TF estimate is timed however low it is, and up to CROSS_FACTOR x
@@ -631,10 +631,10 @@ def test_candidates_left_out_are_timed_when_the_best_was_underestimated():
     assert autotune.widened(p, {"tf": 1.0, "fft": 2.9}) == []  # the estimates held
     assert autotune.widened(p, {"tf": 6.0, "fft": 6.1}) == ["direct"]
     # Not a TF kernel excluded for precision, nor one that does not fit.
-    never = dict(planned(near * 2, 1, near * 1.5), tf_for_auto="never")
+    never = planned(near * 2, 1, near * 1.5, tf_for_auto="never")
     assert autotune.widened(never, {"direct": 5.0, "fft": 6.0}) == []
     big = planned(1, near * 1.01, near * 1.005)
-    big["direct"]["fits"] = False
+    big = big.with_estimate("direct", fits=False)
     assert autotune.widened(big, {"tf": 6.0, "fft": 6.1}) == []
 
 
@@ -650,20 +650,17 @@ def test_refine_times_a_left_out_candidate_beside_the_winner(autotuning, monkeyp
         return {n: true[n] for n in names}
 
     monkeypatch.setattr(autotune, "measure", fake_measure)
-    p = dict(planned(1, near * 1.01, near * 1.005), chosen="tf", reason="estimates",
-             **{"pass": "backprop_input"})
+    p = planned(1, near * 1.01, near * 1.005, pass_="backprop_input")
     shapes = ((4, 14, 32, 1), (13, 13, 1, 32))
-    autotune.refine(p, *shapes, ATTRS, "float32", "CPU", 0)
+    p = autotune.refine(p, *shapes, ATTRS, "float32", "CPU", 0)
     # fft and tf; direct beside the winner, tf; direct's win by 1.5x, confirmed.
     assert calls == [["fft", "tf"], ["direct", "tf"], ["direct", "tf"]]
-    assert p["chosen"] == "direct" and set(p["measured"]) == {"tf", "direct", "fft"}
-    assert "direct 4e+03 ms" in p["reason"]
+    assert p.chosen == "direct" and set(p.measured) == {"tf", "direct", "fft"}
+    assert "direct 4e+03 ms" in p.reason
     # The cache holds all three: the same plan again times nothing.
-    again = dict(planned(1, near * 1.01, near * 1.005), chosen="tf", reason="estimates",
-                 **{"pass": "backprop_input"})
+    again = planned(1, near * 1.01, near * 1.005, pass_="backprop_input")
     forbid_timing(monkeypatch)
-    autotune.refine(again, *shapes, ATTRS, "float32", "CPU", 0)
-    assert again["chosen"] == "direct"
+    assert autotune.refine(again, *shapes, ATTRS, "float32", "CPU", 0).chosen == "direct"
 
 
 def test_candidates_estimated_far_slower_are_screened_on_fewer_images():
@@ -690,7 +687,7 @@ def test_screened_candidates_run_on_fewer_images_and_scale(monkeypatch):
         return lambda: clock.run_pass(pass_, name, x, w, dy, a, device)
 
     monkeypatch.setattr(autotune.time, "perf_counter", clock.perf_counter)
-    monkeypatch.setattr(autotune, "_pass_fn", pass_fn)
+    monkeypatch.setattr(timing, "_pass_fn", pass_fn)
     x_shape = (8,) + SMALL[0][1:]
     got = autotune.measure("forward", ["direct", "tf"], x_shape, SMALL[1], ATTRS, "float32",
                            "CPU", batch=4, images={"tf": 1})
@@ -722,10 +719,10 @@ def test_a_screened_candidate_that_comes_close_is_timed_again_on_the_batch(
         return {n: 0.9 if (images or {}).get(n) else on_the_batch[n] for n in names}
 
     monkeypatch.setattr(autotune, "measure", fake_measure)
-    p = dict(planned(40, 1, 2.5), chosen="direct", reason="estimates", **{"pass": "forward"})
-    autotune.refine(p, (4, 32, 32, 8), (15, 15, 8, 8), ATTRS, "float32", "CPU", 0)
+    p = planned(40, 1, 2.5, chosen="direct")
+    p = autotune.refine(p, (4, 32, 32, 8), (15, 15, 8, 8), ATTRS, "float32", "CPU", 0)
     assert calls[:2] == [(["direct", "fft", "tf"], {"tf": 1}), (["direct", "tf"], None)]
-    assert p["chosen"] == want
+    assert p.chosen == want
 
 
 def test_a_screened_candidate_that_stays_slow_is_not_timed_again(autotuning, monkeypatch):
@@ -736,10 +733,10 @@ def test_a_screened_candidate_that_stays_slow_is_not_timed_again(autotuning, mon
         return {n: {"tf": 30.0, "direct": 1.0, "fft": 2.0}[n] for n in names}
 
     monkeypatch.setattr(autotune, "measure", fake_measure)
-    p = dict(planned(40, 1, 2.5), chosen="direct", reason="estimates", **{"pass": "forward"})
-    autotune.refine(p, (4, 32, 32, 8), (15, 15, 8, 8), ATTRS, "float32", "CPU", 0)
+    p = planned(40, 1, 2.5, chosen="direct")
+    p = autotune.refine(p, (4, 32, 32, 8), (15, 15, 8, 8), ATTRS, "float32", "CPU", 0)
     assert calls == [(["direct", "fft", "tf"], {"tf": 1})]
-    assert p["chosen"] == "direct"
+    assert p.chosen == "direct"
 
 
 # ---- (b) the cache round-trips across processes ----------------------------
@@ -966,10 +963,9 @@ def test_a_long_autotuning_says_so_once(autotuning, monkeypatch, caplog):
     for estimate, lines, width in ((1e-4, 0, 32), (1.0, 1, 33)):  # two cache keys
         shapes = ((4, 14, width, 1), (13, 13, 1, 32))
         caplog.clear()
-        p = dict(planned(estimate, estimate * 1.2, estimate * 1.5), chosen="tf",
-                 reason="estimates", **{"pass": "forward"})
+        p = planned(estimate, estimate * 1.2, estimate * 1.5)
         assert autotune.expected_seconds(p, ["tf", "direct", "fft"], 4, 4, {}) == pytest.approx(
-            (1 + autotune.MIN_ROUNDS) * estimate * 3.7)
+            (1 + timing.MIN_ROUNDS) * estimate * 3.7)
         autotune.refine(p, *shapes, ATTRS, "float32", "CPU", 0)
         said = [r.getMessage() for r in caplog.records if "autotuning" in r.getMessage()]
         assert len(said) == lines, said
@@ -1006,7 +1002,7 @@ def test_an_untrusted_candidate_is_probed_on_one_image_first(monkeypatch):
         return tf.zeros([1])
 
     monkeypatch.setattr(autotune.time, "perf_counter", lambda: now[0])
-    monkeypatch.setattr(autotune, "_pass_fn",
+    monkeypatch.setattr(timing, "_pass_fn",
                         lambda pass_, name, x, w, dy, a, device: lambda: run(name, x))
     n = SMALL[0][0]
     assert n > 1
@@ -1031,19 +1027,19 @@ def test_timing_operands_are_kept_for_the_layers_other_timings(monkeypatch):
     over OPERANDS_KEPT_BYTES are not kept, and clear_memory() drops them."""
     autotune.clear_memory()
     shapes = ([2, 9, 9, 3], [3, 3, 3, 4], [2, 9, 9, 4])
-    *first, kept = autotune._timing_operands(*shapes, "float32", "CPU")
-    *again, kept_again = autotune._timing_operands(*shapes, "float32", "CPU")
+    *first, kept = timing._timing_operands(*shapes, "float32", "CPU")
+    *again, kept_again = timing._timing_operands(*shapes, "float32", "CPU")
     assert kept and kept_again and all(a is b for a, b in zip(first, again))
     assert [t.shape.as_list() for t in first] == list(shapes)
     assert all(np.all(np.abs(t.numpy()) <= 1) for t in first)
-    other = autotune._timing_operands(*shapes, "bfloat16", "CPU")
-    assert other[0].dtype == tf.bfloat16 and len(autotune._operands) == 1
-    assert all(a is not b for a, b in zip(first, autotune._timing_operands(*shapes, "float32", "CPU")[:3]))
+    other = timing._timing_operands(*shapes, "bfloat16", "CPU")
+    assert other[0].dtype == tf.bfloat16 and len(timing._operands) == 1
+    assert all(a is not b for a, b in zip(first, timing._timing_operands(*shapes, "float32", "CPU")[:3]))
     autotune.clear_memory()
-    assert not autotune._operands
-    monkeypatch.setattr(autotune, "OPERANDS_KEPT_BYTES", 16)
-    assert autotune._timing_operands(*shapes, "float32", "CPU")[3] is False
-    assert not autotune._operands
+    assert not timing._operands
+    monkeypatch.setattr(timing, "OPERANDS_KEPT_BYTES", 16)
+    assert timing._timing_operands(*shapes, "float32", "CPU")[3] is False
+    assert not timing._operands
 
 
 def test_a_layers_candidates_are_traced_once(monkeypatch):
@@ -1053,8 +1049,8 @@ def test_a_layers_candidates_are_traced_once(monkeypatch):
     keep trace anew."""
     autotune.clear_memory()
     traces = []
-    real = autotune._pass_fn
-    monkeypatch.setattr(autotune, "_pass_fn",
+    real = timing._pass_fn
+    monkeypatch.setattr(timing, "_pass_fn",
                         lambda pass_, name, *a: traces.append((pass_, name)) or real(pass_, name, *a))
     x, f = SMALL
 
@@ -1070,7 +1066,7 @@ def test_a_layers_candidates_are_traced_once(monkeypatch):
     autotune.clear_memory()
     measure(["direct"])
     assert traces[3:] == [("forward", "direct")]
-    monkeypatch.setattr(autotune, "OPERANDS_KEPT_BYTES", 16)
+    monkeypatch.setattr(timing, "OPERANDS_KEPT_BYTES", 16)
     autotune.clear_memory()
     measure(["direct"])
     measure(["direct"])

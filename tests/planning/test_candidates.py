@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
+from tfbigconv.arguments import Algorithm
 from tfbigconv.planning import candidates, planner, tf_rules
 from conftest import TOLERANCE, random_case
 from reference import (conv2d_reference, conv2d_reference_backprop_filter,
@@ -27,9 +28,17 @@ def test_ours_carries_the_planned_algorithm_for_auto_only():
     auto = dict(ATTRS, algorithm="auto", workspace_limit_bytes=0)
     assert candidates.ours(auto, "fft") == dict(auto, planned_algorithm="fft")
     assert candidates.ours(auto, "direct")["planned_algorithm"] == "direct"
-    assert candidates.ours(auto, "auto") is auto  # unknown shapes: the op chooses at run time
+    assert candidates.ours(auto, "auto") == auto  # unknown shapes: the op chooses at run time
     forced = dict(auto, algorithm="direct")
-    assert candidates.ours(forced, "direct") is forced
+    assert candidates.ours(forced, "direct") == forced
+
+
+def test_ours_gives_the_ops_strings():
+    """The Algorithm enum stops at the op boundary: the attributes are plain strings."""
+    a = dict(ATTRS, algorithm=Algorithm.AUTO, workspace_limit_bytes=0)
+    got = candidates.ours(a, Algorithm.FFT)
+    assert got == dict(a, planned_algorithm="fft")
+    assert type(got["algorithm"]) is str and type(got["planned_algorithm"]) is str
 
 
 @pytest.mark.parametrize("chosen", ["tf", "direct", "fft"])
@@ -110,7 +119,7 @@ def test_dilated_depthwise_tf_kernels_run_as_tf_nn_depthwise_conv2d(x_shape, w_s
         assert tf_rows[p].algorithm == "tf.DepthwiseConv2dNative"
         assert "SpaceToBatchND" in tf_rows[p].note and tf_rows[p].workspace_bytes > 0
         planned = planner.plan(p, x_shape, w_shape, a, dtype.name, "auto", 0, "CPU")
-        assert planned["tf_for_auto"] == "measured"  # the copies are not in the estimate
+        assert planned.tf_for_auto == "measured"  # the copies are not in the estimate
     # Forced "tf" runs them too, not TF's grouped Conv2D gradients (which Eigen
     # rejects with dilations, and oneDNN with EXPLICIT padding).
     def forced(x, w, dy):

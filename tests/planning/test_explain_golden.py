@@ -1,7 +1,8 @@
 """explain() gives the tables held in explain_golden.json (generated before the
 package was restructured, issue 37; the GPU tables regenerated after the GPU
 section's refit of issue 41; case 19's 1-D fft workspaces after 1-D plans took
-up to 64 staged planes), on pinned host facts and the shipped generic
+up to 64 staged planes; 1-D and 3-D rows, cases 20-28, added before issue 54's
+restructure), on pinned host facts and the shipped generic
 profile: the same choices, estimates and notes. A deliberate change to the
 estimates regenerates it: run explain_golden_cases.py with this test's
 environment and write its output there."""

@@ -30,9 +30,9 @@ def test_planning_shapes():
 def test_plan_is_the_cores_table_with_the_geometry():
     p = planner.plan("forward", SEED16[0], SEED16[1], dict(ATTRS, padding="VALID"), "float32",
                      "auto", 256 << 20, "CPU")
-    assert p["pass"] == "forward" and p["device"] == "CPU" and p["chosen"] == "fft"
-    assert p["geometry"]["output_shape"] == [4, 187, 347, 3] and p["measured"] is None
-    assert p["tf_kernel"] == "tf.Conv2D" and p["tf_for_auto"] == "trusted" and p["tf_trusted"]
+    assert p.pass_ == "forward" and p.device == "CPU" and p.chosen == "fft"
+    assert p.geometry["output_shape"] == [4, 187, 347, 3] and p.measured is None
+    assert p.tf_kernel == "tf.Conv2D" and p.tf_for_auto == "trusted" and p.tf_trusted
     assert set(planner.PASSES) == {"forward", "backprop_input", "backprop_filter"}
     with pytest.raises(tf.errors.InvalidArgumentError, match="multiple"):
         planner.plan("forward", [1, 8, 8, 3], [3, 3, 2, 4], ATTRS, "float32", "auto", 0, "CPU")
@@ -51,12 +51,12 @@ def test_planning_only_plans_on_estimates_without_raising(autotuning, monkeypatc
         planner.decide("forward", x, w, ATTRS, "float32", "fft", 1024, "CPU")
     with planner.planning_only() as failures:
         p = planner.decide("forward", x, w, ATTRS, "float32", "fft", 1024, "CPU")
-        assert p["chosen"] == "fft" and p["limit"] > 1024
+        assert p.chosen == "fft" and p.limit > 1024
         assert len(failures) == 1 and "at least" in failures[0]
         plans = planner.decide_gradients(x, w, ATTRS, "float32", "auto", 0, "CPU",
                                          autotune=True)
-        assert [p["pass"] for p in plans] == list(planner.PASSES[1:])
-        assert all(p["measured"] is None for p in plans)
+        assert [p.pass_ for p in plans] == list(planner.PASSES[1:])
+        assert all(p.measured is None for p in plans)
     assert not autotuning.exists()
 
 

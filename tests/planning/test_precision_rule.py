@@ -150,10 +150,10 @@ def plan(pass_, x_shape, w_shape, attrs, algorithm="auto"):
 def test_small_3d_case_keeps_fft_out_of_auto(pass_):
     p = plan(pass_, [2, 5, 4, 3, 2], [5, 4, 3, 2, 3], CONV3D)
     assert planner.fft_less_precise(p)
-    assert p["fft"]["for_auto"] is False and p["chosen"] != "fft"
+    assert p.fft.for_auto is False and p.chosen != "fft"
     assert "fft" not in autotune._eligible(p)
     # Asked for, it runs.
-    assert plan(pass_, [2, 5, 4, 3, 2], [5, 4, 3, 2, 3], CONV3D, "fft")["chosen"] == "fft"
+    assert plan(pass_, [2, 5, 4, 3, 2], [5, 4, 3, 2, 3], CONV3D, "fft").chosen == "fft"
 
 
 def test_estimated_fft_goes_to_the_fastest_precise_candidate(monkeypatch):
@@ -162,19 +162,22 @@ def test_estimated_fft_goes_to_the_fastest_precise_candidate(monkeypatch):
     why. Over SMALL_PASS_MACS (1.19M multiply-adds), where TF's kernel may run."""
     shapes = [2, 22, 22, 22, 1], [2, 2, 2, 1, 8]  # K = 8 against 512 FFT points
     p = plan("forward", *shapes, CONV3D)
-    assert p["geometry"]["macs"] >= planner.SMALL_PASS_MACS
-    fake = dict(p, chosen="fft", reason="auto: fft is the fastest that fits")
-    fake["fft"] = dict(p["fft"])
-    fake["fft"].pop("for_auto", None)
-    monkeypatch.setattr(planner._core, "plan_pass", lambda *a, **k: {
-        key: (dict(v) if isinstance(v, dict) else v) for key, v in fake.items()
-        if key not in ("geometry", "tf_trusted", "tf_for_auto", "measured")})
+    assert p.geometry["macs"] >= planner.SMALL_PASS_MACS
+    # _core.plan_pass's dict of that plan, with fft chosen
+    fake = {"pass": p.pass_, "device": p.device, "limit": p.limit, "tf_kernel": p.tf_kernel,
+            "chosen": "fft", "reason": "auto: fft is the fastest that fits"}
+    for n in ("tf", "direct", "fft"):
+        e = p.estimate(n)
+        fake[n] = dict(available=e.available, fits=e.fits, seconds=e.seconds,
+                       workspace_bytes=e.workspace_bytes, peak_bytes=e.peak_bytes, note=e.note,
+                       terms=list(e.terms))
+    monkeypatch.setattr(planner._core, "plan_pass", lambda *a, **k: fake)
     got = plan("forward", *shapes, CONV3D)
     assert "less precise" in planner.fft_less_precise(got)
-    others = [n for n in ("tf", "direct") if got[n]["available"] and got[n]["fits"]
-              and (n != "tf" or got["tf_for_auto"] == "trusted")]
-    assert got["chosen"] == min(others, key=lambda n: got[n]["seconds"])
-    assert planner.fft_less_precise(got) in got["reason"]
+    others = [n for n in ("tf", "direct") if got.estimate(n).available
+              and got.estimate(n).fits and (n != "tf" or got.tf_trusted)]
+    assert got.chosen == min(others, key=lambda n: got.estimate(n).seconds)
+    assert planner.fft_less_precise(got) in got.reason
 
 
 @pytest.mark.parametrize("x_shape,w_shape", [
@@ -188,7 +191,7 @@ def test_large_filters_keep_fft(x_shape, w_shape):
     for pass_ in planner.PASSES:
         p = plan(pass_, x_shape, w_shape, attrs)
         assert not planner.fft_less_precise(p), (pass_, planner.fft_less_precise(p))
-        assert p["fft"].get("for_auto", True)
+        assert p.fft.for_auto
 
 
 def test_fft_size_is_read_from_the_plan():

@@ -75,12 +75,12 @@ class ConvPlans:
                           and tf_conv2d_onednn(g[3], g[2]["padding"] == "EXPLICIT"))
                 for p in planner.PASSES:
                     if self.device == "GPU":
-                        out[p] = min(plans["forward"]["tf"]["workspace_bytes"],
+                        out[p] = min(plans["forward"].tf.workspace_bytes,
                                      CUDNN_WORKSPACE_LIMIT)
                     elif onednn:
                         out[p] = 0
                     else:
-                        out[p] = plans[p]["tf"]["workspace_bytes"]
+                        out[p] = plans[p].tf.workspace_bytes
             self.cache[key] = out
         return self.cache[key]
 
@@ -103,7 +103,7 @@ class ConvPlans:
                     with planner.planning_only() as failures:
                         chosen = planner.decide(p, planner.planning_shape([None] + xs[1:]), ws,
                                                 attrs, dtype, algorithm, limit,
-                                                self.device)["chosen"]
+                                                self.device).chosen
                     note = failures[0] if failures else ""
                 else:
                     chosen = algorithm
@@ -118,7 +118,7 @@ class ConvPlans:
                     note = note or e.message
                     self.failures.setdefault(key, {})[p] = note
                     plan = planner.plan(p, xs, ws, attrs, dtype, chosen, 0, self.device)
-                out[p] = (chosen, plan[chosen]["workspace_bytes"], note)
+                out[p] = (chosen, plan.estimate(chosen).workspace_bytes, note)
             if g is not None and out["backprop_input"][0] == out["backprop_filter"][0] == "fft":
                 fused = planner.fused_backward(xs, ws, attrs, dtype, self.device, limit)
                 if fused:
@@ -151,7 +151,7 @@ class ConvPlans:
                     self.failures.setdefault(key, {})[p] = e.message
                     continue
                 note = "runs on the CPU: host memory" if self.device == "GPU" else ""
-                out[p] = (plan["chosen"], plan[plan["chosen"]]["workspace_bytes"], note)
+                out[p] = (plan.chosen, plan.estimate(plan.chosen).workspace_bytes, note)
             self.cache[key] = out
         return self.cache[key]
 

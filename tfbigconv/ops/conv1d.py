@@ -1,6 +1,6 @@
 """bigconv1d: tf.nn.conv1d's interface (plus Keras' CAUSAL padding) on tfbigconv's kernels.
 
-As tf.nn.conv1d does, it runs the 2-D convolution with a height of 1 (bigconv2d), so
+As tf.nn.conv1d does, it runs the 2-D convolution with a height of 1 (ops/conv.py), so
 every planner rule, kernel, gradient and the XLA path apply unchanged. The FFT kernel
 plans such a problem with FFTs of height 1, i.e. 1-D transforms (explain shows
 "fft 1xN").
@@ -8,7 +8,7 @@ plans such a problem with FFTs of height 1, i.e. 1-D transforms (explain shows
 import tensorflow as tf
 
 from tfbigconv import arguments
-from tfbigconv.ops.conv2d import bigconv2d
+from tfbigconv.ops import conv
 
 
 @tf.autograph.experimental.do_not_convert
@@ -47,19 +47,6 @@ def bigconv1d(input=None, filters=None, stride=None, padding=None, data_format="
     with tf.name_scope(name or "bigconv1d"):
         input, filters = arguments.tf1_operands(input, filters, padding, use_cudnn_on_gpu,
                                                 value=value)
-        fmt = arguments.conv1d_data_format(data_format)
-        input, filters = arguments.convert_operands(
-            input, filters, arguments.DTYPES + arguments.TF_ONLY_DTYPES)
-        try:
-            input, filters = arguments.with_ranks(input, filters, 1, batch_dims=True)
-        except ValueError as e:
-            raise arguments.graph_error(str(e)) from None
-        arguments.check_filter_not_empty(filters.shape, 1)
         # stride None: 1, as tf.nn.conv1d (TF1's and TF2's) reads it
-        strides, padding, dils = arguments.conv1d_as_conv2d(
-            1 if stride is None else stride, padding, fmt, dilations, filters.shape[0])
-        # [N, W, C] -> [N, 1, W, C]; [N, C, W] -> [N, C, 1, W]; filters [1, K, I, O].
-        spatial = -3 if fmt == "NHWC" else -2
-        y = bigconv2d(tf.expand_dims(input, spatial), tf.expand_dims(filters, 0), strides,
-                      padding, fmt, dils, algorithm=algorithm, workspace_limit=workspace_limit)
-        return tf.squeeze(y, [spatial])
+        return conv.convolution(1, input, filters, 1 if stride is None else stride, padding,
+                                data_format, dilations, algorithm, workspace_limit)

@@ -1,14 +1,9 @@
 """bigconv3d: tf.nn.conv3d's interface (plus groups, explicit padding and NCDHW on the
 CPU) on tfbigconv's kernels, whose core is 3-D (a 2-D problem has depth 1)."""
-import warnings
-
 import tensorflow as tf
 
-from tfbigconv import _core, arguments, errors, host, pure_tf
-from tfbigconv._native import ops as native
-from tfbigconv.ops import planned
-from tfbigconv.ops.conv2d import with_batch_flattened
-from tfbigconv.planning import planner, tf_rules
+from tfbigconv import arguments
+from tfbigconv.ops import conv
 
 
 @tf.autograph.experimental.do_not_convert
@@ -37,8 +32,9 @@ def bigconv3d(input, filters=None, strides=None, padding=None, data_format="NDHW
         shapes when the op is built, timing the candidates where estimates are
         close (TFBIGCONV_AUTOTUNE), else the op between direct and fft when it
         runs), "direct", "fft" (3-D overlap-save with 3-D transforms), or "tf"
-        (tf.nn.conv3d, where TensorFlow can run the case: on the CPU not grouped,
-        and, without oneDNN, not dilated).
+        (TensorFlow's Conv3D and its gradients where TensorFlow can run the case,
+        as planning.tf_rules says: on the CPU not grouped, not for an empty batch,
+        and, without oneDNN, neither dilated nor NCDHW).
       workspace_limit: FFT workspace budget in bytes; 0 means half of the free
         host memory. ResourceExhaustedError, stating the minimum, if nothing fits.
 
@@ -58,79 +54,6 @@ def bigconv3d(input, filters=None, strides=None, padding=None, data_format="NDHW
     """
     with tf.name_scope(name or "bigconv3d"):
         input, filters = arguments.tf1_operands(input, filters, padding, filter=filter)
-        fmt = arguments.parse_data_format_3d(data_format)
-        asked = arguments.requested_algorithm(algorithm)
-        workspace_limit = arguments.parse_byte_count(workspace_limit, "workspace_limit", 0)
-        input = tf.convert_to_tensor(input, name="input")
-        if input.shape.rank is not None and input.shape.rank > 5:
-            return with_batch_flattened(input, 4, lambda x: bigconv3d(
-                x, filters, strides, padding, fmt, dilations, algorithm=asked,
-                workspace_limit=workspace_limit))
-        input, filters = arguments.convert_operands(input, filters, arguments.DTYPES)
-        strides = arguments.parse_strides(strides, "strides", fmt)
-        dilations = arguments.parse_strides(1 if dilations is None else dilations, "dilations",
-                                            fmt)
-        pad, explicit = arguments.parse_padding(padding, dims=5)
-        # TF's kernel checks these, with a class that depends on the host and dtype
-        tf_rules.check_batch_depth("Conv3D", strides, dilations, fmt, input)
-        try:
-            input, filters = arguments.with_ranks(input, filters, 3)
-        except ValueError as e:
-            raise arguments.graph_error(str(e)) from None
-        arguments.check_filter_not_empty(filters.shape, 3)
-        in_shape, f_shape = planner.static_shape(input.shape), planner.static_shape(filters.shape)
-        if pure_tf.missing_library is None:
-            try:
-                _core.validate_attrs(strides, pad, explicit, fmt, dilations)
-                if in_shape is not None and f_shape is not None:
-                    _core.conv_geometry(in_shape, f_shape, strides, pad, explicit, fmt, dilations)
-            except ValueError as e:
-                raise arguments.graph_error(str(e)) from None
-        why = pure_tf.active()
-        if asked == "tf":
-            _check_tf_conv3d(input, filters, fmt, dilations)
-        if asked == "tf" or why:
-            return pure_tf.conv3d(input, filters, strides, pad, explicit, fmt, dilations, asked,
-                                  workspace_limit, why=why or "algorithm 'tf'")
-        if host.resolve_device(input) == "GPU":
-            _warn_cpu_only()
-        a = dict(strides=strides, padding=pad, explicit_paddings=explicit, data_format=fmt,
-                 dilations=dilations, algorithm=asked, workspace_limit_bytes=int(workspace_limit))
-        plan_in = planner.planning_shape(input.shape)
-        if asked == "auto" and plan_in is not None and f_shape is not None:
-            # Planned at trace time, as bigconv2d: TF's Conv3D or ours (the ops' CPU).
-            chosen = planned.plan_forward(plan_in, f_shape, a, input.dtype, "CPU")["chosen"]
-            if chosen == "tf":
-                return planned.tf_forward_routed(input, filters, plan_in, f_shape, a, "CPU")
-            return native.big_conv3d(input=input, filter=filters, planned_algorithm=chosen, **a)
-        return native.big_conv3d(input=input, filter=filters, **a)
-
-
-_warned = []
-
-
-def _warn_cpu_only():
-    """Said once per process: a GPU user would not expect the CPU."""
-    if not _warned:
-        _warned.append(True)
-        warnings.warn("tfbigconv: bigconv3d runs on the CPU: its ops have no GPU kernels yet. "
-                      "algorithm='tf' runs tf.nn.conv3d, which runs on the GPU.",
-                      RuntimeWarning, stacklevel=3)
-
-
-def _check_tf_conv3d(x, w, fmt, dilations):
-    """Algorithm "tf" is tf.nn.conv3d: refuse what TF's CPU kernel cannot run, where the
-    static channels tell (pure_tf.conv3d then runs it, with TF's gradients)."""
-    channels = x.shape[4 if fmt == "NDHWC" else 1] if x.shape.rank == 5 else None
-    f_in = w.shape[3] if w.shape.rank == 5 else None
-    groups = channels // f_in if channels is not None and f_in else None
-    if groups is not None and groups != 1:
-        raise errors.invalid_argument(
-            f"algorithm 'tf' runs tf.nn.conv3d, whose CPU kernel takes no groups: this case "
-            f"has {groups}")
-    if any(d != 1 for d in dilations) and not tf_rules.tf_cpu_onednn(
-            "Conv3D", x.dtype.name, False):
-        raise errors.invalid_argument(
-            "algorithm 'tf' runs tf.nn.conv3d, whose CPU kernel (without oneDNN) takes no "
-            f"dilations: this case has dilations {dilations}")
-
+        return conv.convolution(3, input, filters, strides, padding, data_format,
+                                1 if dilations is None else dilations, algorithm,
+                                workspace_limit)

@@ -4,6 +4,7 @@ pass planned on its own."""
 import tensorflow as tf
 
 from tfbigconv import kernels
+from tfbigconv.arguments import Algorithm
 from tfbigconv.planning import candidates, planner
 
 
@@ -24,16 +25,16 @@ def tf_forward_routed(x, w, in_shape, f_shape, a, device):
     c = kernels.in_depth(x.shape, a["data_format"])
     used = {candidates.depthwise(p, c, w.shape, a, x.dtype, device) for p in planner.PASSES}
     crashes = candidates.filter_gradient_crashes(c, w.shape, a, x.dtype, device)
-    if bpi == bpf == "tf" and len(used) == 1 and not crashes:
+    if bpi == bpf == Algorithm.TF and len(used) == 1 and not crashes:
         # TF's own gradients, the planned kernels (not so for dilated depthwise
         # filters: a grouped Conv2D forward, depthwise gradients).
-        return candidates.forward(x, w, a, "tf", device)
+        return candidates.forward(x, w, a, Algorithm.TF, device)
 
     @tf.custom_gradient
     def conv(x, w):
         def grad(dy):
             return (candidates.backprop_input(tf.shape(x), w, dy, a, bpi, x.shape, device),
                     candidates.backprop_filter(x, w.shape, dy, a, bpf, device))
-        return candidates.forward(x, w, a, "tf", device), grad
+        return candidates.forward(x, w, a, Algorithm.TF, device), grad
 
     return conv(x, w)

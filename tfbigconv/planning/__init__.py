@@ -1,1 +1,1 @@
-"""Planning: the host's TF kernel rules (tf_rules), the candidates of a pass (candidates), autotuning, the planner and explain."""
+"""Planning: the host's TF kernel rules (tf_rules), a pass's Plan (plan), the candidates of a pass (candidates), timing them (timing) and autotuning, the planner and explain."""

@@ -19,13 +19,14 @@ import threading
 import time
 import warnings
 
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from tfbigconv import host, version
+from tfbigconv.arguments import Algorithm
 from tfbigconv.cost_model import profiles
-from tfbigconv.planning import candidates
+from tfbigconv.planning import timing
+from tfbigconv.planning.timing import GRADIENTS, MIN_ROUNDS, MIN_TIMED_S, TIMING_BATCH, measure
 
 ENV_AUTOTUNE = "TFBIGCONV_AUTOTUNE"
 ENV_CACHE = "TFBIGCONV_AUTOTUNE_CACHE"
@@ -41,24 +42,6 @@ CROSS_FACTOR = 50.0
 # Candidates estimated over this x the best are timed on fewer images
 # (screening_images): at least 3x fewer, which a re-timing may then cost.
 SCREEN_FACTOR = 10.0
-TIMING_BATCH = 4
-MIN_TIMED_S = 0.03
-REPEAT_BELOW_S = 0.25
-ABANDON_FACTOR = 3.0
-MIN_ROUNDS = 2
-MAX_ROUNDS = 6
-EXTRA_ROUNDS_BELOW_S = 0.1
-# Rounds past MIN_ROUNDS time only the candidates within this factor of the
-# quickest: a gap this wide after three or more calls each does not close with
-# more (millisecond calls spread 10-20%), and the extra rounds were half of a
-# first call's autotuning (a 7x7 16->16 layer: 24 calls per pass, 12 with this).
-CLEAR_FACTOR = 1.25
-# Before MIN_ROUNDS, after the first round (a warm-up call and one more each),
-# candidates this far behind the quickest are out. Wider than CLEAR_FACTOR: a
-# second call still carried up to 25% of one-time costs (a direct forward:
-# 10.5, 4.3, 3.4 ms). On a 21x21 8->8 layer the two gradients' round 2, which
-# only confirmed a 2.2x gap, was 14% of the layer's autotuning.
-EARLY_CLEAR_FACTOR = 1.6
 # Our kernel replaces TF's only when measured this much faster: nearer than
 # that, timings here do not tell them apart (millisecond calls spread 10-20%
 # between runs), and TF's kernel is the baseline auto must not lose to by
@@ -88,25 +71,12 @@ NEVER_RUN_FACTOR = 1000.0
 # A measured win over TF's kernel by less than this is timed a second time.
 CONFIRM_BELOW = 2.0
 CANDIDATES = ("tf", "direct", "fft")
-# The pass name of the two gradient passes timed together; a candidate there
-# is a pair "dL/dinput's+dL/dfilter's", and TF_PAIR is TF's two kernels.
-GRADIENTS = "gradients"
+# A gradient pair "dL/dinput's+dL/dfilter's" (timing.GRADIENTS); TF_PAIR is TF's two kernels.
 TF_PAIR = "tf+tf"
 
 _lock = threading.Lock()
 _memory = {}          # key -> {"chosen": ..., "seconds": {...}}
 _loaded_path = None   # the cache file _memory was read from
-# The random operands of the last layer timed, kept for its other passes, its
-# gradient pair and its re-timings: making them took 30-50 ms a time for a
-# 4-image 64x64x64 input, about a fifth of a layer's first-call autotuning.
-# Only operands up to OPERANDS_KEPT_BYTES are kept (they live until the next
-# layer's, or clear_memory()).
-OPERANDS_KEPT_BYTES = 64 << 20
-_operands = {}        # {(shapes, dtype, device): (x, w, dy)}, at most one entry
-# The candidates' traced graphs on those operands, for the layer's re-timings
-# (confirmation, widening, the screened race, another pass's probe): traced
-# again, each paid its tracing and a new graph's first call (3-6 ms) anew.
-_traced = {}          # {(pass, candidate, images, layer): tf.function}
 
 
 def enabled(override=None):
@@ -230,9 +200,8 @@ def clear_memory():
     global _loaded_path
     with _lock:
         _memory.clear()
-        _operands.clear()
-        _traced.clear()
         _loaded_path = None
+    timing.clear()
 
 
 def _key(pass_, input_shape, filter_shape, attrs, dtype, device, workspace_limit):
@@ -253,27 +222,21 @@ def _device_name(device):
     return "GPU:" + str(details.get("device_name", "unknown"))
 
 
-def _tf_for_auto(p):
-    """"trusted", "measured" (picked only when timed fastest) or "never"."""
-    return p.get("tf_for_auto", "trusted" if p["tf_trusted"] else "measured")
-
-
 def _eligible(p):
     """The candidates of a planned pass that may run for auto: available, fitting,
     and neither TF's kernel nor fft where it is excluded for precision
     (tf_rules' verdict "never"; the planner's precision rule, fft "for_auto")."""
-    return [n for n in CANDIDATES if p[n]["available"] and p[n]["fits"]
-            and (n != "tf" or _tf_for_auto(p) != "never")
-            and p[n].get("for_auto", True)]
+    return [n for n in CANDIDATES if p.estimate(n).available and p.estimate(n).fits
+            and (n != "tf" or p.tf_for_auto != "never") and p.estimate(n).for_auto]
 
 
 def candidates_to_time(p):
     """The candidates worth timing for a planned pass (see the module docstring)."""
     ok = _eligible(p)
-    trusted = [n for n in ok if n != "tf" or _tf_for_auto(p) == "trusted"]
+    trusted = [n for n in ok if n != "tf" or p.tf_trusted]
     if not trusted:
         return []
-    est = {n: p[n]["seconds"] for n in ok}
+    est = {n: p.estimate(n).seconds for n in ok}
     best = min(est[n] for n in trusted)
     # An untrusted TF estimate is timed when it is low, however far off, but
     # not when it is over CROSS_FACTOR x our best: TF's grouped filter gradient
@@ -298,27 +261,29 @@ def widened(p, seconds):
     estimates are within NEAR_FACTOR of the measured best: the ones the
     estimates would have timed had the best's estimate been right."""
     best = min(seconds.values())
-    floor = min(p[n]["seconds"] for n in _eligible(p))
-    return [n for n in _eligible(p) if n not in seconds and p[n]["seconds"] <= NEAR_FACTOR * best
-            and p[n]["seconds"] <= NEVER_RUN_FACTOR * floor]
+    est = {n: p.estimate(n).seconds for n in _eligible(p)}
+    floor = min(est.values())
+    return [n for n in est if n not in seconds and est[n] <= NEAR_FACTOR * best
+            and est[n] <= NEVER_RUN_FACTOR * floor]
 
 
 @tf.autograph.experimental.do_not_convert
 def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, enabled=None):
-    """Replaces p["chosen"] by the measured fastest candidate where timing is warranted."""
+    """Plan `p` with the measured fastest candidate chosen where timing is warranted."""
     if not globals()["enabled"](enabled) or not can_measure(device):
-        return  # the estimates decide (and cached measurements, see cached())
+        return p  # the estimates decide (and cached measurements, see cached())
     names = candidates_to_time(p)
     if not names:
-        return
-    key = _key(p["pass"], input_shape, filter_shape, attrs, dtype, device, workspace_limit)
+        return p
+    key = _key(p.pass_, input_shape, filter_shape, attrs, dtype, device, workspace_limit)
     entry = _lookup(key)
     if not _covers(entry, names):
-        best_estimate = min(p[n]["seconds"] for n in names if n != "tf" or p["tf_trusted"])
+        est = {n: p.estimate(n).seconds for n in names}
+        best_estimate = min(est[n] for n in names if n != "tf" or p.tf_trusted)
         batch = timing_batch(input_shape[0], best_estimate)
 
         budget = budget_seconds(best_estimate * batch / max(input_shape[0], 1), len(names))
-        untrusted = _tf_for_auto(p) != "trusted"
+        untrusted = not p.tf_trusted
         start = time.perf_counter()
 
         def timed(these, images=None):
@@ -330,12 +295,12 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
             # before the others run (TF's float16 NCHW input gradient, estimated
             # lowest from a float16 slowdown measured in NHWC, took 1.4 s on one
             # image; fft and direct, never called, lost to it at 1.4 s a step).
-            return measure(p["pass"], these, input_shape, filter_shape, attrs, dtype, device,
+            return measure(p.pass_, these, input_shape, filter_shape, attrs, dtype, device,
                            order=sorted(these, key=lambda n: (n == "tf" and untrusted,
-                                                              p[n]["seconds"])),
+                                                              p.estimate(n).seconds)),
                            workspace_limit=workspace_limit, batch=batch, images=images,
                            budget_s=left,
-                           per_image_s={n: p[n]["seconds"] / max(input_shape[0], 1)
+                           per_image_s={n: p.estimate(n).seconds / max(input_shape[0], 1)
                                         for n in these},
                            probe={"tf"} if untrusted else ())
 
@@ -359,13 +324,13 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
         took = time.perf_counter() - start
         if took > ANNOUNCE_ABOVE_S and expected <= ANNOUNCE_ABOVE_S:
             _announce(p, names, device, batch, f"took {took:.1f} s", budget)
-    _apply(p, entry)
+    return _apply(p, entry)
 
 
 def expected_seconds(p, names, full_batch, batch, images):
     """What timing `names` should cost, from their estimates: the warm-up and
     MIN_ROUNDS more calls of each, on `batch` images (fewer for a screened one)."""
-    per_image = {n: p[n]["seconds"] / max(full_batch, 1) for n in names}
+    per_image = {n: p.estimate(n).seconds / max(full_batch, 1) for n in names}
     return (1 + MIN_ROUNDS) * sum(per_image[n] * images.get(n, batch) for n in names)
 
 
@@ -388,11 +353,11 @@ def budget_seconds(best_on_batch_s, count):
 
 def _announce(p, names, device, batch, cost, budget):
     """The one INFO line of a pass whose autotuning takes over ANNOUNCE_ABOVE_S."""
-    why = ("TF's kernel's estimate is not trusted" if "tf" in names and not p["tf_trusted"]
+    why = ("TF's kernel's estimate is not trusted" if "tf" in names and not p.tf_trusted
            else f"their estimates are within {NEAR_FACTOR:g}x")
     logging.info("tfbigconv: autotuning %s on %s: timing %s on %d images (%s, budget %.1f s: "
                  "%s), because %s; the result is cached in %s (TFBIGCONV_AUTOTUNE=0 turns "
-                 "autotuning off)", p["pass"], device, ", ".join(names), batch, cost, budget,
+                 "autotuning off)", p.pass_, device, ", ".join(names), batch, cost, budget,
                  ENV_BUDGET, why, cache_path())
 
 
@@ -400,11 +365,10 @@ def cached(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit):
     """Like refine(), from the cache alone: never times anything."""
     names = candidates_to_time(p)
     if not names:
-        return
-    entry = _lookup(_key(p["pass"], input_shape, filter_shape, attrs, dtype, device,
+        return p
+    entry = _lookup(_key(p.pass_, input_shape, filter_shape, attrs, dtype, device,
                          workspace_limit))
-    if _covers(entry, names):
-        _apply(p, entry)
+    return _apply(p, entry) if _covers(entry, names) else p
 
 
 def _covers(entry, names):
@@ -413,16 +377,17 @@ def _covers(entry, names):
 
 
 def _apply(p, entry):
-    p["measured"] = dict(entry["seconds"])
+    """Plan `p` as a cache entry's timings decide it."""
     names = [n for n in _eligible(p) if n in entry["seconds"]]  # widened() ones too
     seconds = {n: entry["seconds"][n] for n in names}
-    p["chosen"] = fastest(seconds)
+    chosen = Algorithm(fastest(seconds))
     best = min(seconds, key=seconds.get)
-    verdict = ("measured fastest" if p["chosen"] == best else
+    verdict = ("measured fastest" if chosen == best else
                f"kept: {best} measured less than {TF_MARGIN:g}x faster")
-    p["reason"] = (f"auto: {p['chosen']} {verdict} ("
-                   + ", ".join(f"{n} {_ms(entry['seconds'][n])}" for n in names)
-                   + f"); estimates: {p['reason']}")
+    return p.replace(measured=dict(entry["seconds"]), chosen=chosen,
+                     reason=(f"auto: {chosen} {verdict} ("
+                             + ", ".join(f"{n} {_ms(entry['seconds'][n])}" for n in names)
+                             + f"); estimates: {p.reason}"))
 
 
 def _ms(seconds):
@@ -469,8 +434,8 @@ def pairs_to_time(bpi, bpf):
     """[TF_PAIR, the chosen pair] when the gradient passes' choices (planned
     passes, after refine) are to be timed together (see the module
     docstring), else []."""
-    chosen = (bpi["chosen"], bpf["chosen"])
-    measured = (bpi.get("measured") or {}, bpf.get("measured") or {})
+    chosen = (bpi.chosen, bpf.chosen)
+    measured = (bpi.measured or {}, bpf.measured or {})
     if chosen == ("tf", "tf") or not all("tf" in m and c in m for m, c in zip(measured, chosen)):
         return []
     if not all("tf" in _eligible(p) for p in (bpi, bpf)):
@@ -485,48 +450,49 @@ def refine_gradients(bpi, bpf, input_shape, filter_shape, attrs, dtype, device, 
                      enabled=None):
     """After refine() on both gradient passes: the chosen pair stands only if
     it beats TF's two kernels timed together (pairs_to_time), else both passes
-    go to TF's kernels."""
+    go to TF's kernels. Returns the two plans."""
     if not globals()["enabled"](enabled) or not can_measure(device):
-        return
+        return bpi, bpf
     names = pairs_to_time(bpi, bpf)
     if not names:
-        return
+        return bpi, bpf
     key = _key(GRADIENTS, input_shape, filter_shape, attrs, dtype, device, workspace_limit)
     entry = _lookup(key)
     if not _covers(entry, names):
-        ours = sum(p["measured"][p["chosen"]] for p in (bpi, bpf))
+        ours = sum(p.measured[p.chosen] for p in (bpi, bpf))
         seconds = measure(GRADIENTS, names, input_shape, filter_shape, attrs, dtype, device,
                           workspace_limit=workspace_limit,
                           batch=timing_batch(input_shape[0], ours))
         entry = {"chosen": fastest(seconds, (TF_PAIR,)), "seconds": seconds, "version": _version()}
         _store(key, entry)
-    _apply_gradients(bpi, bpf, names, entry)
+    return _apply_gradients(bpi, bpf, names, entry)
 
 
 def cached_gradients(bpi, bpf, input_shape, filter_shape, attrs, dtype, device, workspace_limit):
     """Like refine_gradients(), from the cache alone: never times anything."""
     names = pairs_to_time(bpi, bpf)
     if not names:
-        return
+        return bpi, bpf
     entry = _lookup(_key(GRADIENTS, input_shape, filter_shape, attrs, dtype, device,
                          workspace_limit))
-    if _covers(entry, names):
-        _apply_gradients(bpi, bpf, names, entry)
+    return _apply_gradients(bpi, bpf, names, entry) if _covers(entry, names) else (bpi, bpf)
 
 
 def _apply_gradients(bpi, bpf, names, entry):
+    """The two gradient plans as a cache entry's timings of the pairs decide them."""
     seconds = {n: entry["seconds"][n] for n in names}
     winner = fastest(seconds, (TF_PAIR,))
     together = "timed together: " + ", ".join(f"{n} {t * 1e3:.3g} ms" for n, t in seconds.items())
+    out = []
     for p, name in zip((bpi, bpf), winner.split("+")):
-        if p["chosen"] == name:
-            p["reason"] += f"; the gradient pair {winner} held when {together}"
+        if p.chosen == name:
+            reason = p.reason + f"; the gradient pair {winner} held when {together}"
         else:
-            p["reason"] = (f"auto: {name}: the gradient pair {names[1]} won pass by pass but was "
-                           f"not {TF_MARGIN:g}x faster than TF's kernels when {together}; "
-                           f"pass alone: {p['reason']}")
-        p["chosen"] = name
-        p["measured_together"] = seconds
+            reason = (f"auto: {name}: the gradient pair {names[1]} won pass by pass but was "
+                      f"not {TF_MARGIN:g}x faster than TF's kernels when {together}; "
+                      f"pass alone: {p.reason}")
+        out.append(p.replace(chosen=Algorithm(name), reason=reason, measured_together=seconds))
+    return tuple(out)
 
 
 def screening_images(p, names, batch, best_estimate_s):
@@ -537,7 +503,7 @@ def screening_images(p, names, batch, best_estimate_s):
     our fft's estimate and 140x its time, took 4.2 s to time on 4 images)."""
     out = {}
     for n in names:
-        ratio = p[n]["seconds"] / max(best_estimate_s, 1e-12)
+        ratio = p.estimate(n).seconds / max(best_estimate_s, 1e-12)
         if ratio > SCREEN_FACTOR:
             out[n] = max(1, int(batch * NEAR_FACTOR / ratio))
     return out
@@ -549,168 +515,3 @@ def timing_batch(batch, best_estimate_s):
         return max(batch, 1)
     per_image = max(best_estimate_s, 1e-9) / batch
     return int(min(batch, max(TIMING_BATCH, math.ceil(MIN_TIMED_S / per_image))))
-
-
-@tf.autograph.experimental.do_not_convert
-def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order=None,
-            workspace_limit=0, batch=None, images=None, budget_s=None, per_image_s=None,
-            probe=()):
-    """{candidate: seconds} for one pass, timed on random data of `batch` images
-    (default TIMING_BATCH; `images`: {candidate: fewer images} for some) and
-    scaled to the real batch. With budget_s, no call starts once the calls have
-    taken that long, and with per_image_s ({candidate: estimated seconds per
-    image}) a candidate after the first is not started when its estimated call
-    is over what is left; a candidate never called gets math.inf. A candidate in
-    `probe` (one whose estimate is not trusted) first runs on one image; if its
-    call on all of them would then overrun the budget, that probe is its time.
-
-    Each candidate runs as its own traced graph (_pass_fn) on `device`, outside
-    any tf.function being traced.
-    """
-    full = input_shape[0]  # dimension 0 in NHWC and NCHW
-    small = max(1, min(full, batch or TIMING_BATCH))
-    shape = [small] + list(input_shape[1:])
-    with host.eager_scope(), host.without_graph_optimizer(), tf.device(f"/{device}:0"):
-        a = dict(attrs, algorithm="auto", workspace_limit_bytes=int(workspace_limit))
-        y_shape = candidates.output_shape(shape, filter_shape, a)
-        x, w, dy, kept = _timing_operands(shape, filter_shape, y_shape, dtype, device)
-        # The shapes too: another thread's layer may have replaced the operands meanwhile.
-        layer = (tuple(shape), tuple(filter_shape), str(dtype), device,
-                 tuple(sorted((k, repr(v)) for k, v in a.items())))
-
-        def traced(name, k):
-            """`name`'s pass on the first k images, traced once per layer where the
-            operands are kept."""
-            key = (pass_, name, k, layer)
-            with _lock:
-                fn = _traced.get(key) if kept else None
-            if fn is None:
-                xk, dyk = (x[:k], dy[:k]) if k < small else (x, dy)
-                fn = _pass_fn(pass_, name, xk, w, dyk, a, device)
-                if kept:
-                    with _lock:
-                        _traced[key] = fn
-            return fn
-
-        order = list(order or names)
-        # dimension 0 is the batch in NHWC and NCHW
-        count = {n: max(1, min(small, (images or {}).get(n, small))) for n in order}
-        calls = {n: traced(n, count[n]) for n in order}
-
-        spent = [0.0]
-
-        def timed(name, call=None):
-            """Seconds of one call of `name` (or of `call`, e.g. its probe), counted as spent."""
-            start = time.perf_counter()
-            _sync((call or calls[name])())
-            took = time.perf_counter() - start
-            spent[0] += took
-            return took
-
-        def over(name=None):
-            expected = (per_image_s or {}).get(name, 0.0) * count.get(name, 0)
-            return budget_s is not None and spent[0] + expected >= budget_s
-
-        best = {}  # name -> shortest call so far
-        probed = set()  # judged on a one-image call: not called again
-        for name in order:  # warm-up, in the order of the estimates
-            if best and over(name):
-                continue
-            if name in probe and count[name] > 1 and budget_s is not None:
-                took = timed(name, traced(name, 1))
-                if spent[0] + took * count[name] >= budget_s:
-                    best[name], count[name] = took, 1
-                    probed.add(name)
-                    continue
-            best[name] = timed(name)
-        # Speeds compare per image: a screened candidate runs fewer; costs
-        # (REPEAT_BELOW_S, EXTRA_ROUNDS_BELOW_S) are the calls' own.
-        per_batch = lambda n: best[n] * small / count[n]  # noqa: E731
-        # A first run can carry one-time costs (TF's kernel setup added 8-20 ms
-        # to 7-14 ms gradients on 4 images; a process's first calls of ours
-        # 4-6 ms to 0.5 ms), so a cheap candidate is not abandoned on its
-        # warm-up alone: it gets one more call first. Until no more does: a
-        # second call that lowers the quickest can make others look slow.
-        called_twice = set()
-        while True:
-            quickest = min(map(per_batch, best))
-            again = [n for n in best if n not in called_twice | probed
-                     and ABANDON_FACTOR * quickest <= per_batch(n) and best[n] < REPEAT_BELOW_S]
-            if not again or over():
-                break
-            for name in again:
-                best[name] = min(best[name], timed(name))
-                called_twice.add(name)
-        # Then interleaved rounds, one call of each candidate per round, so that a
-        # burst of load on the machine hits all of them alike; the shortest call
-        # counts. Candidates whose calls took REPEAT_BELOW_S, or ABANDON_FACTOR x
-        # the best, are not repeated. Rounds go on past MIN_ROUNDS while they are
-        # cheap (short calls are the noisy ones), up to MAX_ROUNDS, among the
-        # candidates within CLEAR_FACTOR of the quickest while two are left.
-        quickest = min(map(per_batch, best))
-        again = [n for n in best if n not in probed
-                 and best[n] < REPEAT_BELOW_S and per_batch(n) < ABANDON_FACTOR * quickest]
-        rounds_spent = 0.0
-        for r in range(MAX_ROUNDS if again else 0):
-            # Each round drops the candidates that the last one showed to be
-            # ABANDON_FACTOR x the quickest: warm-up calls carry one-time costs
-            # (3-13 ms on 5-20 ms calls) that hide a gap the first round shows.
-            quickest = min(map(per_batch, best))
-            again = [n for n in again if per_batch(n) < ABANDON_FACTOR * quickest]
-            if r >= 1:  # before MIN_ROUNDS, only what is clearly behind is out
-                clear = CLEAR_FACTOR if r >= MIN_ROUNDS else EARLY_CLEAR_FACTOR
-                again = [n for n in again if per_batch(n) < clear * quickest]
-                if len(again) < 2 or (r >= MIN_ROUNDS and rounds_spent >= EXTRA_ROUNDS_BELOW_S):
-                    break
-            for name in again[r % len(again):] + again[:r % len(again)]:
-                if over():
-                    break
-                t = timed(name)
-                rounds_spent += t
-                best[name] = min(best[name], t)
-    return {name: per_batch(name) * full / small if name in best else math.inf
-            for name in order}
-
-
-def _timing_operands(shape, filter_shape, y_shape, dtype, device):
-    """(x, w, dy, kept): random operands of these shapes and dtype on `device`,
-    the same values each time; the last layer's are kept (OPERANDS_KEPT_BYTES),
-    and with them its traced candidates (_traced)."""
-    key = (tuple(shape), tuple(filter_shape), tuple(y_shape), str(dtype), device)
-    with _lock:
-        if key in _operands:
-            return _operands[key] + (True,)
-    rng = np.random.default_rng(0)
-    # Uniform in [-1, 1): a quarter of the time of normal values to make.
-    x, w, dy = (tf.cast(tf.constant(2 * rng.random(s, dtype=np.float32) - 1), dtype)
-                for s in (shape, filter_shape, y_shape))
-    size = sum(math.prod(s) for s in (shape, filter_shape, y_shape)) * x.dtype.size
-    kept = size <= OPERANDS_KEPT_BYTES
-    with _lock:
-        _operands.clear()
-        _traced.clear()
-        if kept:
-            _operands[key] = (x, w, dy)
-    return x, w, dy, kept
-
-
-def _pass_fn(pass_, name, x, w, dy, a, device):
-    """One candidate's pass as a traced graph, as it runs under tf.function or
-    Keras (for GRADIENTS, both gradient passes of the pair `name` in one graph).
-    Timed eagerly instead, TF's kernels paid ~0.2 ms more Python per call
-    than ours, which decided sub-millisecond passes (a 14x14 depthwise forward:
-    fft won eagerly, ran at 1.7x TF's time in the user's graph)."""
-    if pass_ == GRADIENTS:
-        bpi, bpf = name.split("+")
-        body = lambda: (candidates.run_pass("backprop_input", bpi, x, w, dy, a, device),  # noqa: E731
-                        candidates.run_pass("backprop_filter", bpf, x, w, dy, a, device))
-    else:
-        body = lambda: candidates.run_pass(pass_, name, x, w, dy, a, device)  # noqa: E731
-    fn = tf.function(body, autograph=False)
-    fn.get_concrete_function()  # trace now: tracing is not timed
-    return fn
-
-
-def _sync(t):
-    for v in tf.nest.flatten(t):
-        v.numpy()  # waits for the device

@@ -1,10 +1,11 @@
 """Each candidate of a pass as TensorFlow ops: "tf" (TensorFlow's own kernel
 for the case, by tf_rules, for the device the pass was planned for), or
 "direct" / "fft" (our ops), in 2-D or 3-D as the attributes' data_format says.
-autotune times them; bigconv2d, bigconv3d and their gradients emit them."""
+timing.measure times them; the front end (ops/conv.py) and the gradients emit them."""
 import tensorflow as tf
 
-from tfbigconv import _core, errors, host, kernels
+from tfbigconv import _core, arguments, errors, host, kernels
+from tfbigconv.arguments import Algorithm
 from tfbigconv._native import ops as native
 from tfbigconv.planning import tf_rules
 
@@ -40,40 +41,50 @@ def filter_gradient_crashes(in_depth, f_shape, a, dtype, device):
                                                host.kernel_device(device))
 
 
-def ours(a, chosen):
-    """Our op's attributes for a pass planned as `chosen` (or "auto": at run time)."""
-    if a["algorithm"] == "auto" and chosen in ("direct", "fft"):
-        return dict(a, planned_algorithm=chosen)
-    return a
+def ours(a, chosen=Algorithm.AUTO):
+    """Our op's attributes for a pass planned as `chosen` ("auto": at run time), the
+    algorithms as the op attributes' strings (the op boundary)."""
+    out = dict(a, algorithm=str(a["algorithm"]))
+    if a["algorithm"] == Algorithm.AUTO and chosen in (Algorithm.DIRECT, Algorithm.FFT):
+        out["planned_algorithm"] = str(chosen)
+    return out
+
+
+# Our ops per number of spatial dimensions: forward, input gradient, filter gradient.
+NATIVE = {2: (native.big_conv2d, native.big_conv2d_backprop_input,
+              native.big_conv2d_backprop_filter),
+          3: (native.big_conv3d, native.big_conv3d_backprop_input,
+              native.big_conv3d_backprop_filter)}
+
+
+def native_ops(a):
+    return NATIVE[arguments.spatial_dims(a["data_format"])]
 
 
 def forward(x, w, a, chosen, device=None):
-    if chosen == "tf":
+    if chosen == Algorithm.TF:
         c = kernels.in_depth(x.shape, a["data_format"])
         dw = depthwise("forward", c, w.shape, a, x.dtype, device)
         per_group = not dw and tf_rules.grouped_fusion_fails(
             c, w.shape, a, tf.as_dtype(x.dtype).name, host.kernel_device(device))
         return kernels.tf_forward(x, w, a, dw, per_group=per_group)
-    op = native.big_conv3d if kernels.is_3d(a) else native.big_conv2d
-    return op(input=x, filter=w, **ours(a, chosen))
+    return native_ops(a)[0](input=x, filter=w, **ours(a, chosen))
 
 
 def backprop_input(input_sizes, w, dy, a, chosen, x_shape, device=None):
     """dL/dinput: TF's own kernel (for `device`, as planned) where the planner
     chose it, else our op."""
-    if chosen == "tf":
+    if chosen == Algorithm.TF:
         c = kernels.in_depth(x_shape, a["data_format"])
         return kernels.tf_backprop_input(
             input_sizes, w, dy, a, c, depthwise("backprop_input", c, w.shape, a, w.dtype, device))
-    op = (native.big_conv3d_backprop_input if kernels.is_3d(a)
-          else native.big_conv2d_backprop_input)
-    return op(input_sizes, w, dy, **ours(a, chosen))
+    return native_ops(a)[1](input_sizes, w, dy, **ours(a, chosen))
 
 
 def backprop_filter(x, f_shape, dy, a, chosen, device=None):
     """dL/dfilter: TF's own kernel (for `device`, as planned) where the planner
     chose it, else our op."""
-    if chosen == "tf":
+    if chosen == Algorithm.TF:
         f_shape = tf.TensorShape(f_shape).as_list()
         c = kernels.in_depth(x.shape, a["data_format"])
         if filter_gradient_crashes(c, f_shape, a, x.dtype, device):
@@ -84,9 +95,7 @@ def backprop_filter(x, f_shape, dy, a, chosen, device=None):
         return kernels.tf_backprop_filter(
             x, f_shape, dy, a, depthwise("backprop_filter", c, f_shape, a, x.dtype, device))
     sizes = f_shape.as_list() if isinstance(f_shape, tf.TensorShape) else f_shape
-    op = (native.big_conv3d_backprop_filter if kernels.is_3d(a)
-          else native.big_conv2d_backprop_filter)
-    return op(x, sizes, dy, **ours(a, chosen))
+    return native_ops(a)[2](x, sizes, dy, **ours(a, chosen))
 
 
 def run_pass(pass_, chosen, x, w, dy, a, device=None):

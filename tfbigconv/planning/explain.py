@@ -5,15 +5,16 @@ import os
 import tensorflow as tf
 
 from tfbigconv import arguments, errors, host, pure_tf
+from tfbigconv.arguments import Algorithm
 from tfbigconv.cost_model import profiles
 from tfbigconv.planning import autotune as tuner, planner
+from tfbigconv.planning.plan import CANDIDATES
 
 Row = collections.namedtuple(
     "Row", "pass_ algorithm seconds workspace_bytes peak_bytes available fits chosen note "
            "measured_seconds")
-# The planner's candidates; the "tf" row is named for the TensorFlow kernel
-# that runs the case, e.g. "tf.Conv2D" or "tf.DepthwiseConv2dNative".
-CANDIDATES = ("tf", "direct", "fft")
+# The planner's candidates (plan.CANDIDATES); the "tf" row is named for the
+# TensorFlow kernel that runs the case, e.g. "tf.Conv2D" or "tf.DepthwiseConv2dNative".
 
 
 def _bytes(n):
@@ -54,19 +55,19 @@ class Explanation:
         self.rows = []
         self.chosen, self.how, self.reasons = {}, {}, {}
         for p in plans:
-            names = {"tf": p["tf_kernel"], "direct": "direct", "fft": "fft"}
-            measured = p.get("measured") or {}
-            self.chosen[p["pass"]] = names[p["chosen"]]
-            self.how[p["pass"]] = "measured" if measured else "estimated"
-            self.reasons[p["pass"]] = p["reason"]
+            names = {"tf": p.tf_kernel, "direct": "direct", "fft": "fft"}
+            measured = p.measured or {}
+            self.chosen[p.pass_] = names[p.chosen]
+            self.how[p.pass_] = "measured" if measured else "estimated"
+            self.reasons[p.pass_] = p.reason
             for name in CANDIDATES:
-                e = p[name]
-                self.rows.append(Row(p["pass"], names[name], e["seconds"], e["workspace_bytes"],
-                                     e["peak_bytes"], e["available"], e["fits"],
-                                     name == p["chosen"], e["note"], measured.get(name)))
+                e = p.estimate(name)
+                self.rows.append(Row(p.pass_, names[name], e.seconds, e.workspace_bytes,
+                                     e.peak_bytes, e.available, e.fits, name == p.chosen, e.note,
+                                     measured.get(name)))
         self.budget = budget
         self.device = device
-        self.geometry = plans[0]["geometry"]
+        self.geometry = plans[0].geometry
         self.cost_model = cost_model_source
         self.cost_model_file = os.path.basename(profiles.active_path or "")
         # Why the CPU constants may not fit this machine ("" if they were measured
@@ -204,23 +205,16 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
         if len(filter_shape) != len(input_shape):
             raise ValueError(f"filter_shape must be {arguments.FILTER_LAYOUTS[spatial]} for a "
                              f"{spatial}-D input_shape, got {filter_shape}")
-        if spatial == 1:  # as bigconv1d runs it: height 1
-            data_format = arguments.conv1d_data_format(
-                None if data_format == "NHWC" else data_format)
-            strides, padding, dilations = arguments.conv1d_as_conv2d(
-                strides, padding, data_format, dilations, filter_shape[0])
-            at = 1 if data_format == "NHWC" else 2
-            input_shape = input_shape[:at] + [1] + input_shape[at:]
-            filter_shape = [1] + filter_shape
-        if len(input_shape) == 5:  # 3-D, as bigconv3d runs it
-            data_format = arguments.parse_data_format_3d(
-                {"NHWC": None, "NCHW": "NCDHW"}.get(data_format, data_format))
-        else:
-            data_format = arguments.parse_data_format(data_format)
-        pad, explicit = arguments.parse_padding(padding, dims=len(input_shape))
-        attrs = dict(strides=arguments.parse_strides(strides, "strides", data_format), padding=pad,
-                     explicit_paddings=explicit, data_format=data_format,
-                     dilations=arguments.parse_strides(dilations, "dilations", data_format))
+        # explain's default "NHWC" (and "NCHW" in 3-D) stands for each rank's layout
+        if isinstance(data_format, str):
+            data_format = {1: {"NHWC": None}, 3: {"NHWC": None, "NCHW": "NCDHW"}}.get(
+                spatial, {}).get(data_format, data_format)
+        data_format = arguments.parse_format(spatial, data_format)
+        attrs = arguments.parse_attrs(spatial, strides, padding, data_format, dilations,
+                                      filter_shape[0])
+        input_shape, filter_shape = arguments.as_op_shapes(spatial, input_shape, filter_shape,
+                                                           data_format)
+        pad, explicit = attrs["padding"], attrs["explicit_paddings"]
     except ValueError as e:
         raise errors.invalid_argument(str(e)) from None
     algorithm = arguments.requested_algorithm(algorithm)
@@ -233,28 +227,23 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
         p = pure_tf.plan(input_shape, filter_shape, attrs["strides"], pad, explicit, data_format,
                          attrs["dilations"], dtype, algorithm, budget or 0, xla=True)
         return XlaExplanation(p, budget or 0)
-    if autotune is True and algorithm == "auto":
+    if autotune is True and algorithm == Algorithm.AUTO:
         if not tuner.can_measure(device):
             raise errors.invalid_argument("autotune=True times the candidates on the GPU, and TensorFlow sees "
                            "none here; autotune=False shows the GPU's estimates")
     limit = budget or 0
     plans = [planner.plan(p, input_shape, filter_shape, attrs, dtype, algorithm, limit, device)
              for p in planner.PASSES]
-    if algorithm == "auto":
-        for p in plans:
-            if autotune is False:
-                tuner.cached(p, input_shape, filter_shape, attrs, dtype, device, limit)
-            else:
-                tuner.refine(p, input_shape, filter_shape, attrs, dtype, device, limit,
-                             enabled=autotune)
-        # The gradient passes as bigconv2d's gradient decides them (planner.decide_gradients).
+    if algorithm == Algorithm.AUTO:
+        args = (input_shape, filter_shape, attrs, dtype, device, limit)
         if autotune is False:
-            tuner.cached_gradients(*plans[1:], input_shape, filter_shape, attrs, dtype, device,
-                                   limit)
+            plans = [tuner.cached(p, *args) for p in plans]
+            # The gradient passes as bigconv2d's gradient decides them (planner.decide_gradients).
+            plans[1:] = tuner.cached_gradients(*plans[1:], *args)
         else:
-            tuner.refine_gradients(*plans[1:], input_shape, filter_shape, attrs, dtype, device,
-                                   limit, enabled=autotune)
-    e = Explanation(plans, plans[0]["limit"], profiles.active_source, device)
+            plans = [tuner.refine(p, *args, enabled=autotune) for p in plans]
+            plans[1:] = tuner.refine_gradients(*plans[1:], *args, enabled=autotune)
+    e = Explanation(plans, plans[0].limit, profiles.active_source, device)
     if e.chosen["backprop_input"] == e.chosen["backprop_filter"] == "fft":
         e.fused_backward = planner.fused_backward(input_shape, filter_shape, attrs, dtype, device,
                                                   limit)

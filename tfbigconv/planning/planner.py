@@ -16,10 +16,12 @@ import re
 import tensorflow as tf
 from absl import logging
 
-from tfbigconv import _core, errors, host, kernels
+from tfbigconv import _core, arguments, errors, host, kernels
 from tfbigconv.cost_model import probe
 from tfbigconv.arguments import PASSES  # noqa: F401  (planner.PASSES: the passes planned)
+from tfbigconv.arguments import Algorithm
 from tfbigconv.planning import autotune as tuner, tf_rules
+from tfbigconv.planning.plan import Plan
 
 # With an unknown batch (Keras' usual None), passes are planned for this many
 # images: the choice between algorithms depends little on the batch, and a
@@ -45,6 +47,12 @@ def planning_shape(shape):
     return [ASSUMED_BATCH if dims[0] is None else dims[0]] + dims[1:]
 
 
+def planning_device(a, device):
+    """The device the passes of the op with attributes `a` (ours) are planned for:
+    `device` (where the op runs), but the CPU in 3-D, whose ops run only there."""
+    return "CPU" if arguments.spatial_dims(a["data_format"]) == 3 else device
+
+
 def static_shape(shape):
     shape = tf.TensorShape(shape)
     return shape.as_list() if shape.is_fully_defined() else None
@@ -52,7 +60,7 @@ def static_shape(shape):
 
 def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
          device="CPU", kernel=None):
-    """The planner's table and choice for one pass (a dict; see _core.plan_pass).
+    """The planner's table and choice for one pass (a Plan; see _core.plan_pass).
 
     attrs: strides, padding, explicit_paddings, data_format, dilations as the
     op takes them. Raises InvalidArgumentError for bad arguments and
@@ -61,6 +69,7 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
     kernel: TF's kernel to estimate ("Conv2D", "DepthwiseConv2dNative") instead
     of tf_rules.tf_kernel's (memory_report: the kernel of an op already in a graph).
     """
+    algorithm = Algorithm(algorithm)
     if device == "GPU" and not workspace_limit:
         workspace_limit = host.gpu_workspace_budget()
     args = (list(input_shape), list(filter_shape), attrs["strides"], attrs["padding"],
@@ -77,19 +86,14 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
     picked, for_auto, note = tf_rules.tf_kernel(pass_, geometry, attrs, dtype, device)
     kernel = kernel or picked
     try:
-        p = _core.plan_pass(*args, pass_, dtype, device, algorithm, workspace_limit,
+        d = _core.plan_pass(*args, pass_, dtype, device, algorithm.value, workspace_limit,
                             host.current().threads(),
                             kernel, for_auto == "trusted", note)
     except ValueError as e:
         raise errors.invalid_argument(str(e)) from None
     except RuntimeError as e:
         raise errors.resource_exhausted(str(e)) from None
-    p["geometry"] = geometry
-    p["tf_trusted"] = for_auto == "trusted"
-    p["tf_for_auto"] = for_auto
-    p["measured"] = None
-    _precision_rule(p, algorithm)
-    return p
+    return _precision_rule(Plan.from_core(d, geometry, for_auto), algorithm)
 
 
 # The precision rule. Rounding error per output, relative, measured against
@@ -131,50 +135,53 @@ def fft_size(p):
     """N: the points of the pass's FFT, as its CPU plan states them (the note
     "tile ... (FFT 7x6x4) ..." of plan.cc); None where the plan does not say
     (the GPU's kernel tiles at run time)."""
-    m = _FFT_SIZE.search(p["fft"]["note"]) if p["fft"]["available"] else None
+    m = _FFT_SIZE.search(p.fft.note) if p.fft.available else None
     return math.prod(int(n) for n in m.group(1).split("x")) if m else None
 
 
 def fft_less_precise(p):
     """Why the pass's fft is not for auto (see above), or "" where it may be."""
-    n, k = fft_size(p), summed_terms(p["pass"], p["geometry"])
+    n, k = fft_size(p), summed_terms(p.pass_, p.geometry)
     if n is not None and (FFT_ROUNDING_LOW * math.log2(max(n, 2))
                           > DIRECT_ROUNDING_HIGH * math.sqrt(k)):
         return (f"fft is less precise than direct here (rounding ~log2 of its {n} points "
                 f"against ~sqrt of {k} terms)")
-    if p["geometry"]["macs"] < SMALL_PASS_MACS:
+    if p.geometry["macs"] < SMALL_PASS_MACS:
         return (f"fft's rounding, unlike direct's, moves with every operand, on a problem of "
-                f"{p['geometry']['macs']} multiply-adds")
+                f"{p.geometry['macs']} multiply-adds")
     return ""
 
 
 def _precision_rule(p, algorithm):
     """Where fft_less_precise says why and another candidate may run for auto
-    (direct, or TF's kernel), fft is not for auto: p["fft"]["for_auto"] is False
+    (direct, or TF's kernel), fft is not for auto: p.fft.for_auto is False
     (autotune neither times nor picks it) and an estimated choice of fft goes to
     the fastest other one, the reason saying why. On a pass under SMALL_PASS_MACS
     only direct is for auto where it can run: there TF's kernels, too, missed
     TF's own gradient checks (its Conv2D for a one-channel depthwise filter in
     float64: 1.1e-12 to 1.3e-12 against 1e-12; direct 4.2e-13 to 6.2e-13), and the
-    time at stake is microseconds. A requested algorithm runs as asked."""
-    if not p["fft"]["available"] and not p["tf"]["available"]:
-        return
-    others = [n for n in ("tf", "direct") if p[n]["available"] and p[n]["fits"]
-              and (n != "tf" or p["tf_for_auto"] != "never")]
-    small = p["geometry"]["macs"] < SMALL_PASS_MACS and "direct" in others
-    why = fft_less_precise(p) if p["fft"]["available"] else ""
+    time at stake is microseconds. A requested algorithm runs as asked. Returns
+    the plan, changed where the rule applies."""
+    if not p.fft.available and not p.tf.available:
+        return p
+    others = [n for n in (Algorithm.TF, Algorithm.DIRECT)
+              if p.estimate(n).available and p.estimate(n).fits
+              and (n != Algorithm.TF or p.tf_for_auto != "never")]
+    small = p.geometry["macs"] < SMALL_PASS_MACS and Algorithm.DIRECT in others
+    why = fft_less_precise(p) if p.fft.available else ""
     if small:
-        why = (f"on a problem of {p['geometry']['macs']} multiply-adds precision decides: "
+        why = (f"on a problem of {p.geometry['macs']} multiply-adds precision decides: "
                f"direct sums each output in order")
-        others = ["direct"]
-        p["tf"]["for_auto"] = False
+        others = [Algorithm.DIRECT]
+        p = p.with_estimate(Algorithm.TF, for_auto=False)
     if not why or not others:
-        return
-    p["fft"]["for_auto"] = False
-    if algorithm == "auto" and p["chosen"] not in others:
-        usable = [n for n in others if n != "tf" or p["tf_for_auto"] == "trusted"] or others
-        p["chosen"] = min(usable, key=lambda n: p[n]["seconds"])
-        p["reason"] = f"auto: {p['chosen']}: {why}; estimates: {p['reason']}"
+        return p
+    p = p.with_estimate(Algorithm.FFT, for_auto=False)
+    if algorithm == Algorithm.AUTO and p.chosen not in others:
+        usable = [n for n in others if n != Algorithm.TF or p.tf_trusted] or others
+        chosen = min(usable, key=lambda n: p.estimate(n).seconds)
+        p = p.replace(chosen=chosen, reason=f"auto: {chosen}: {why}; estimates: {p.reason}")
+    return p
 
 
 @contextlib.contextmanager
@@ -197,7 +204,7 @@ def decide(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_
     """plan(), then for "auto" a measured choice where the estimates cannot be trusted.
 
     autotune: None follows TFBIGCONV_AUTOTUNE (on unless "0"). The result's
-    "measured" is {candidate: seconds} when timings decided, else None.
+    `measured` is {candidate: seconds} when timings decided, else None.
     Inside planning_only(): plan() alone, see there.
     """
     failures = _planning_only.get()
@@ -209,9 +216,9 @@ def decide(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_
             failures.append(e.message)
             return plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, 0, device)
     p = plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit, device)
-    if algorithm == "auto":
-        tuner.refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit,
-                     enabled=autotune)
+    if algorithm == Algorithm.AUTO:
+        p = tuner.refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit,
+                         enabled=autotune)
     return p
 
 
@@ -222,10 +229,10 @@ def decide_gradients(input_shape, filter_shape, attrs, dtype, algorithm, workspa
     TF's two kernels that won pass by pass must win again timed together."""
     plans = [decide(p, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
                     device, autotune) for p in PASSES[1:]]
-    if algorithm == "auto" and _planning_only.get() is None:
-        tuner.refine_gradients(*plans, input_shape, filter_shape, attrs, dtype, device,
-                               workspace_limit, enabled=autotune)
-    return plans
+    if algorithm == Algorithm.AUTO and _planning_only.get() is None:
+        plans = tuner.refine_gradients(*plans, input_shape, filter_shape, attrs, dtype, device,
+                                       workspace_limit, enabled=autotune)
+    return list(plans)
 
 
 def fused_backward(input_shape, filter_shape, attrs, dtype, device, workspace_limit=0):
@@ -248,10 +255,10 @@ def fused_backward(input_shape, filter_shape, attrs, dtype, device, workspace_li
 
 def log_choice(a, p):
     """Logs plan `p` of a pass of the op with attributes `a` (ours)."""
-    how = "measured" if p.get("measured") else "estimated"
-    op_name = "bigconv3d" if kernels.is_3d(a) else "bigconv2d"
-    logging.vlog(1, "%s %s on %s: %s, %s (%s)", op_name, p["pass"], p["device"], p["chosen"],
-                 how, p["reason"])
+    how = "measured" if p.measured else "estimated"
+    op_name = f"bigconv{arguments.spatial_dims(a['data_format'])}d"
+    logging.vlog(1, "%s %s on %s: %s, %s (%s)", op_name, p.pass_, p.device, p.chosen, how,
+                 p.reason)
 
 
 def choose_gradients(in_shape, f_shape, a, dtype, device, needed=(True, True)):
@@ -261,7 +268,7 @@ def choose_gradients(in_shape, f_shape, a, dtype, device, needed=(True, True)):
     is not is neither planned nor timed (None), and the other is planned alone
     (a frozen filter, or a layer whose input needs no gradient)."""
     in_shape, f_shape = planning_shape(in_shape), static_shape(f_shape)
-    if a["algorithm"] != "auto" or in_shape is None or f_shape is None:
+    if a["algorithm"] != Algorithm.AUTO or in_shape is None or f_shape is None:
         return tuple(a["algorithm"] if n else None for n in needed)
     args = (in_shape, f_shape, kernels.tf_attrs(a), dtype.name, a["algorithm"],
             a["workspace_limit_bytes"], device)
@@ -272,4 +279,4 @@ def choose_gradients(in_shape, f_shape, a, dtype, device, needed=(True, True)):
     for p in plans:
         if p is not None:
             log_choice(a, p)
-    return tuple(p["chosen"] if p is not None else None for p in plans)
+    return tuple(p.chosen if p is not None else None for p in plans)

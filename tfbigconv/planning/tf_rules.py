@@ -3,8 +3,9 @@ and whether `auto` may pick it (TF_KERNEL_RULES, one table), with the facts
 they read: which kernel runs a depthwise filter, oneDNN's reach on this host
 (measured once per process on a small case), and TF's known crashes.
 
-The planner, the emitters (planning.candidates), memory_report and calibrate
-all ask here.
+The planner (so the N-d front end, ops/conv.py, in every rank and for a forced
+algorithm "tf" too), the emitters (planning.candidates), memory_report and
+calibrate all ask here.
 """
 import dataclasses
 import functools
@@ -29,7 +30,7 @@ def uses_depthwise_kernel(pass_, in_depth, filter_shape, attrs, dtype, device):
     forward is grouped Conv2D, which oneDNN runs faster there. Other grouped
     cases, and every one on the GPU (GPU_DEPTHWISE_NOTE), are grouped Conv2D.
     The rules and the emitters (planning.candidates) both ask this."""
-    if (kernels.is_3d(attrs) or in_depth is None or in_depth <= 1 or filter_shape[2] != 1
+    if (kernels.conv3d(attrs) or in_depth is None or in_depth <= 1 or filter_shape[2] != 1
             or device == "GPU"):  # TF has no 3-D depthwise kernel
         return False
     nhwc = attrs["data_format"] == "NHWC"
@@ -86,7 +87,7 @@ def tf_filter_gradient_crashes(in_depth, filter_shape, attrs, dtype, device):
     (ONEDNN_BF16_GROUPED_DILATED_NOTE): grouped Conv2DBackpropFilter in bfloat16
     with dilations, where oneDNN runs it. Needs no spatial sizes, so the
     emitter (planning.candidates) asks it too, also where shapes are unknown."""
-    if (kernels.is_3d(attrs) or device != "CPU" or dtype != "bfloat16" or in_depth is None
+    if (kernels.conv3d(attrs) or device != "CPU" or dtype != "bfloat16" or in_depth is None
             or filter_shape[2] is None
             or in_depth == filter_shape[2] or all(d == 1 for d in attrs["dilations"])):
         return False
@@ -193,9 +194,9 @@ class Case:
 
     def __post_init__(self):
         g = self.geometry
-        self.rank3 = kernels.is_3d(self.attrs)
+        self.conv3d = kernels.conv3d(self.attrs)
         self.filter_shape = [g[k] for k in ("filter_d", "filter_h", "filter_w", "filter_in_c",
-                                            "out_c")[0 if self.rank3 else 1:]]
+                                            "out_c")[0 if self.conv3d else 1:]]
         self.nchw = self.attrs["data_format"] in ("NCHW", "NCDHW")
         self.explicit = self.attrs["padding"] == "EXPLICIT"
         self.half = self.dtype in HALF_TYPES and self.device == "CPU"
@@ -236,7 +237,7 @@ class Case:
     @property
     def relies_on_onednn(self):
         """TF's kernel for the case is oneDNN's (ONEDNN_NOTE is added to its note)."""
-        if self.rank3:
+        if self.conv3d:
             return self.onednn_conv3d
         if self.depthwise:
             return self.nchw or (self.half and self.onednn_depthwise)
@@ -264,23 +265,23 @@ TF_KERNEL_RULES = (
          "gradients leave empty sums uninitialised, and its graph shape function rejects the "
          "empty outputs its kernel gives (filter one larger than the input)"),
     # Conv3D, TF's only 3-D kernel (bigconv3d).
-    Rule(lambda c: c.rank3 and c.device == "GPU", "", "never",
+    Rule(lambda c: c.conv3d and c.device == "GPU", "", "never",
          "3-D convolutions run on the CPU (bigconv3d's ops have no GPU kernels)",
          "csrc/tf/kernels_gpu.cc registers 2-D ops only"),
-    Rule(lambda c: c.rank3 and c.grouped, "", "never", "TensorFlow's CPU Conv3D rejects groups",
+    Rule(lambda c: c.conv3d and c.grouped, "", "never", "TensorFlow's CPU Conv3D rejects groups",
          "TF 2.21, oneDNN and Eigen: 'input and filter must have the same depth'"),
-    Rule(lambda c: c.rank3 and (c.nchw or c.dilated) and not c.onednn_conv3d, "", "never",
+    Rule(lambda c: c.conv3d and (c.nchw or c.dilated) and not c.onednn_conv3d, "", "never",
          "TensorFlow's own CPU Conv3D runs only NDHWC, without dilations",
          "TF 2.21's Eigen Conv3D: 'only supports the NHWC tensor format', 'dilated rates of 1'"),
-    Rule(lambda c: c.rank3 and c.half and not c.onednn_conv3d, "Conv3D", "never",
+    Rule(lambda c: c.conv3d and c.half and not c.onednn_conv3d, "Conv3D", "never",
          "TensorFlow's CPU Conv3D accumulates in half precision (4-6x the error of ours): "
          "not for auto",
          "measured rel. L2 vs float64 (3x3x3x8x8): bfloat16 1.2e-2 to 1.8e-2, oneDNN 2.5e-3 to "
          "2.9e-3"),
-    Rule(lambda c: c.rank3 and not c.onednn_conv3d, "Conv3D", "measured",
+    Rule(lambda c: c.conv3d and not c.onednn_conv3d, "Conv3D", "measured",
          "TensorFlow's Eigen Conv3D, estimated at oneDNN's rates: picked only when measured "
          "fastest", "the Conv3D estimate was measured on oneDNN only"),
-    Rule(lambda c: c.rank3, "Conv3D", "trusted", "",
+    Rule(lambda c: c.conv3d, "Conv3D", "trusted", "",
          "oneDNN's Conv3D against Conv2D's rates at the side of as many taps (plan.cc)"),
     # DepthwiseConv2dNative (uses_depthwise_kernel).
     Rule(lambda c: (c.depthwise and c.half and onednn_compiles_slowly(c.pass_, c.geometry, c.dtype)
@@ -433,7 +434,7 @@ def grouped_fusion_fails(in_depth, filter_shape, attrs, dtype, device):
     planning.candidates emits it per group. Needs only the channel counts."""
     filter_shape = tf.TensorShape(filter_shape)
     f_depth = filter_shape[2] if filter_shape.rank == 4 else None
-    if (kernels.is_3d(attrs) or device != "CPU" or in_depth is None or f_depth is None
+    if (kernels.conv3d(attrs) or device != "CPU" or in_depth is None or f_depth is None
             or in_depth == f_depth):
         return False
     return grouped_conv2d_fusion_fails(dtype, attrs["data_format"],
