@@ -3,7 +3,6 @@ one change (a layer converted by convert_model, a batch size, a
 mixed-precision clone of the model, a layer under tf.recompute_grad). A
 mixin of MemoryReport; a graph's report (no Keras model) gives the batch
 and workspace_limit lines only."""
-from tfbigconv.memory.oom import workspace_limit_advice
 from tfbigconv.memory.rules import SAFETY_MARGIN, fmt_bytes
 from tfbigconv.memory.trace import Trace, flavour_of
 
@@ -52,7 +51,6 @@ class Advice:
     def mixed_precision_peak(self, policy=None):
         """(policy, peak) of a clone of the model under a mixed-precision policy
         (default: mixed_float16 on the GPU, mixed_bfloat16 on the CPU)."""
-        from tfbigconv.memory.report import MemoryReport
         policy = policy or ("mixed_float16" if self.device == "GPU" else "mixed_bfloat16")
         if self._model is None:
             raise ValueError("the report was made without the model")
@@ -65,7 +63,7 @@ class Advice:
 
         copy = flavour.clone_model(self._model, clone)
         trace = Trace(copy, self._input_shape, self.training)
-        report = MemoryReport(trace, self.batch_size, self.device, self.training,
+        report = type(self)(trace, self.batch_size, self.device, self.training,
                               self._optimizer, self.budget, advise=False)
         return policy, report.peak_bytes
 
@@ -129,3 +127,22 @@ def is_mixed(model):
     policy = getattr(model, "dtype_policy", None)
     return policy is not None and getattr(policy, "compute_dtype", "float32") != \
         getattr(policy, "variable_dtype", "float32")
+
+
+def workspace_limit_advice(report, failures):
+    """What a workspace_limit failure needs (text): which layer and pass, the
+    planner's message, and what fits: a larger workspace_limit, the algorithm
+    auto picks, or a smaller batch where one does."""
+    lines = []
+    for layer in dict.fromkeys(f.layer for f in failures):
+        mine = [f for f in failures if f.layer == layer]
+        passes = "; ".join(f"{f.pass_} ({f.algorithm}): {f.message}" for f in mine)
+        fixes = ["raise its workspace_limit (0: no limit)"]
+        if mine[0].auto_fits:
+            fixes.append('use algorithm="auto", which fits the limit')
+        lines.append(f"{layer} does not fit its workspace_limit of {mine[0].limit} bytes: "
+                     f"{passes}. Fix: " + ", or ".join(fixes))
+    smaller = report.largest_batch_within_workspace_limits()
+    batch = (f"a smaller batch does not help (batch 1 does not fit either)" if smaller == 0
+             else f"the largest batch within the limits is {smaller}" if smaller else "")
+    return " ".join(lines) + (f"; {batch}." if batch else ".")

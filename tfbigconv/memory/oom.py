@@ -6,6 +6,7 @@ import sys
 
 import tensorflow as tf
 
+from tfbigconv.memory.advice import workspace_limit_advice
 from tfbigconv.memory.rules import fmt_bytes
 
 
@@ -91,23 +92,3 @@ def workspace_limit_summary(report, failures):
     return (f"tfbigconv.explain_oom: ResourceExhaustedError at batch {report.batch_size} is a "
             f"tfbigconv workspace_limit, not the memory: "
             + workspace_limit_advice(report, failures))
-
-
-def workspace_limit_advice(report, failures):
-    """What a workspace_limit failure needs (text): which layer and pass, the
-    planner's message, and what fits: a larger workspace_limit, the algorithm
-    auto picks, or a smaller batch where one does."""
-    lines = []
-    for layer in dict.fromkeys(f.layer for f in failures):
-        mine = [f for f in failures if f.layer == layer]
-        passes = "; ".join(f"{f.pass_} ({f.algorithm}): {f.message}" for f in mine)
-        fixes = ["raise its workspace_limit (0: no limit)"]
-        if mine[0].auto_fits:
-            fixes.append('use algorithm="auto", which fits the limit')
-        lines.append(f"{layer} does not fit its workspace_limit of {mine[0].limit} bytes: "
-                     f"{passes}. Fix: " + ", or ".join(fixes))
-    smaller = report.largest_batch_within_workspace_limits()
-    batch = (f"a smaller batch does not help (batch 1 does not fit either)" if smaller == 0
-             else f"the largest batch within the limits is {smaller}" if smaller else "")
-    return " ".join(lines) + (f"; {batch}." if batch else ".")
-
