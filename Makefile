@@ -27,6 +27,11 @@ $(VENV)/.deps-stamp: requirements-dev.txt Makefile | $(PY)
 	# version and requires the `tensorflow` wheel by name, which would land beside
 	# $(TF_PACKAGE): installed without its dependencies, which TF brings.
 	$(PIP) install --no-deps "tf-keras==$(TF_VERSION)"
+	# tests/test_portable.py: exports in every format Keras exports, run without the
+	# library (optional for users: the extra 'export'). Keras' litert export converts
+	# with TensorFlow's own tf.lite; the .tflite runs in ai-edge-litert's interpreter,
+	# the .onnx (tf2onnx) in onnxruntime. None of them names a TensorFlow wheel.
+	$(PIP) install "ai-edge-litert==2.3.0" "tf2onnx==1.17.0" "onnx==1.23.2" "onnxruntime==1.32.0"
 	touch $@
 
 deps: $(VENV)/.deps-stamp

@@ -81,6 +81,10 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
     install_requires=["numpy"],
-    extras_require={"plot": ["matplotlib"]},  # MemoryReport.plot / to_tensorboard
+    extras_require={
+        "plot": ["matplotlib"],  # MemoryReport.plot / to_tensorboard
+        # model.export(format="litert" / "onnx") inside tfbigconv.portable(), and their runtimes
+        "export": ["ai-edge-litert", "tf2onnx", "onnx", "onnxruntime"],
+    },
     zip_safe=False,
 )

@@ -1,11 +1,14 @@
 """tfbigconv.portable(): exports that load and run where tfbigconv is not installed.
 
 A Keras 3 model with BigConv2D, BigDepthwiseConv2D and BigConv1D is exported
-inside portable() (and a tf.Module through tf.saved_model.save), then loaded in
-a fresh interpreter that cannot import tfbigconv, whose output must match the
-Keras model's. The same export outside portable() holds our ops and must fail
-there: that proves the clean process has no tfbigconv."""
+inside portable() in every format Keras exports (and a tf.Module through
+tf.saved_model.save), then run in a fresh interpreter that cannot import
+tfbigconv (TensorFlow for the SavedModel, the LiteRT interpreter, onnxruntime),
+whose outputs must match the Keras model's. The same SavedModel export outside
+portable() holds our ops and must fail there: that proves the clean process has
+no tfbigconv. LiteRT and ONNX are optional: their tests skip without them."""
 import contextvars
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,7 +23,7 @@ import tensorflow as tf
 import keras
 import tfbigconv
 from conftest import ROOT, pure_tf_mode
-from reference import rel_l2
+from reference import conv2d_reference, rel_l2
 from tfbigconv import pure_tf
 from tfbigconv.keras import BigConv1D, BigConv2D, BigDepthwiseConv2D
 
@@ -28,32 +31,69 @@ REASON = "tfbigconv.portable()"
 # Where the native ops run, the reason the pure path would run anyway (--pure-tf).
 PURE_ANYWAY = pure_tf_mode() or pure_tf.missing_library is not None
 native = pytest.mark.skipif(PURE_ANYWAY, reason="needs our ops outside portable()")
+HAVE_LITERT = importlib.util.find_spec("ai_edge_litert") is not None
+HAVE_ONNX = all(importlib.util.find_spec(m) for m in ("tf2onnx", "onnxruntime"))
+needs_litert = pytest.mark.skipif(not HAVE_LITERT, reason="needs ai-edge-litert (make deps)")
+needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="needs tf2onnx and onnxruntime (make deps)")
+# Ops of the pure path's FFT that LiteRT's builtins or tf2onnx lack.
+FFT_OPS = {"RFFT2D", "IRFFT2D", "RFFT", "IRFFT", "FFT", "IFFT", "Conj", "Complex", "Real", "Imag"}
 
-# Loads each SavedModel in a process that cannot import tfbigconv: the name is
+# Runs each exported file in a process that cannot import tfbigconv: the name is
 # blocked before anything else is imported (an installed copy would sit in
-# site-packages, beside TensorFlow), and the source tree is off sys.path. Prints
-# one JSON line: per model, its outputs' file or the error, and what of
-# tfbigconv the process holds at the end (no module, no mapped op library).
+# site-packages, beside TensorFlow), and the source tree is off sys.path. Each
+# runtime is imported only for its format: the LiteRT and ONNX files run without
+# TensorFlow. Inputs are matched to a model's inputs by shape. Prints one JSON
+# line: per model, its outputs' file or the error, and what of tfbigconv the
+# process holds at the end (no module, no mapped op library).
 CLEAN_LOADER = textwrap.dedent("""
     import json, os, sys
     sys.modules["tfbigconv"] = None  # `import tfbigconv` raises ImportError from here on
     root = os.path.realpath(sys.argv[2])
     sys.path = [p for p in sys.path if os.path.realpath(p or ".") != root]
     import numpy as np
-    import tensorflow as tf
     job = json.loads(sys.argv[1])
     data = np.load(job["inputs"])
+    xs = [data[k] for k in sorted(data.files)]
+
+    def by_shape(shape):
+        return next(x for x in xs if list(x.shape) == list(shape))
+
+    def saved_model(path, args_as_list):
+        import tensorflow as tf
+        loaded = tf.saved_model.load(path)
+        args = [tf.constant(x) for x in xs]
+        ys = loaded.serve(args) if args_as_list else loaded.serve(*args)
+        return [y.numpy() for y in tf.nest.flatten(ys)]
+
+    def litert(path, _):
+        from ai_edge_litert.interpreter import Interpreter
+        it = Interpreter(model_path=path)
+        for d in it.get_input_details():  # the batch is dynamic in the file
+            x = next(x for x in xs if x.shape[1:] == tuple(d["shape"][1:]))
+            it.resize_tensor_input(d["index"], x.shape)
+        it.allocate_tensors()
+        for d in it.get_input_details():
+            it.set_tensor(d["index"], by_shape(d["shape"]))
+        it.invoke()
+        return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+
+    def onnx(path, _):
+        import onnxruntime as ort
+        s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        feeds = {d.name: next(x for x in xs if list(x.shape[1:]) == d.shape[1:])
+                 for d in s.get_inputs()}
+        return s.run(None, feeds)
+
     result = {}
-    for name, (path, args_as_list) in job["models"].items():
+    for name, (fmt, path, args_as_list) in job["models"].items():
         try:
-            loaded = tf.saved_model.load(path)  # kept: it owns the variables
-            args = [tf.constant(data[k]) for k in sorted(data.files)]
-            ys = tf.nest.flatten(loaded.serve(args) if args_as_list else loaded.serve(*args))
+            ys = {"tf_saved_model": saved_model, "litert": litert, "onnx": onnx}[fmt](
+                path, args_as_list)
         except Exception as e:
             result[name] = {"error": f"{type(e).__name__}: {e}"}
             continue
         out = os.path.join(job["outdir"], name + ".npz")
-        np.savez(out, *[y.numpy() for y in ys])
+        np.savez(out, *ys)
         result[name] = {"outputs": out}
     maps = "/proc/self/maps"
     result["loaded"] = sorted(m for m in sys.modules if m.startswith("tfbigconv")
@@ -84,7 +124,7 @@ def big_ops(types):
 
 def load_clean(models, inputs, tmp_path):
     """{name: outputs (list of arrays) or {"error": ...}} from the clean process,
-    with what it had loaded of tfbigconv."""
+    with what it had loaded of tfbigconv. models: {name: (format, path, args_as_list)}."""
     np.savez(tmp_path / "inputs.npz", **{f"x{i}": x for i, x in enumerate(inputs)})
     job = {"inputs": str(tmp_path / "inputs.npz"), "outdir": str(tmp_path), "models": models}
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -111,10 +151,34 @@ def three_layer_model():
     return keras.Model([image, seq], outputs)
 
 
+def match_outputs(got, want):
+    """Each output of `got` (in the runtime's order) against Keras' by shape."""
+    assert isinstance(got, list), got  # not {"error": ...}
+    assert sorted(g.shape for g in got) == sorted(w.shape for w in want)
+    for g in got:
+        w = next(w for w in want if w.shape == g.shape)
+        err = rel_l2(g.astype(np.float64), w.astype(np.float64))
+        assert err <= 1e-4, (g.shape, err)  # NaN fails
+
+
+def litert_op_names(path):
+    """The operator codes of a .tflite file: builtin names, or the custom code
+    (SELECT_TF_OPS appear as "Flex" + TensorFlow's op type)."""
+    from ai_edge_litert import schema_py_generated as schema
+    with open(path, "rb") as f:
+        model = schema.Model.GetRootAs(f.read(), 0)
+    builtin = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    codes = [model.OperatorCodes(i) for i in range(model.OperatorCodesLength())]
+    # deprecated_builtin_code holds codes below 127, builtin_code all (the schema's rule)
+    return {c.CustomCode().decode() if c.CustomCode() else
+            builtin[max(c.BuiltinCode(), c.DeprecatedBuiltinCode())] for c in codes}
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """The model, its inputs and Keras' outputs (our ops), and what the clean
-    process made of its exports inside and outside portable() and of a tf.Module."""
+    process made of its exports inside portable() (every format the converters
+    here allow), of a SavedModel outside it, and of a tf.Module."""
     tmp = tmp_path_factory.mktemp("portable")
     model = three_layer_model()
     rng = np.random.default_rng(0)
@@ -123,8 +187,18 @@ def exported(tmp_path_factory):
     expected = [np.asarray(y) for y in model(inputs)]
     kernel = tf.constant(next(np.asarray(layer.kernel) for layer in model.layers
                               if isinstance(layer, BigConv2D)))
+    models = {"portable": ("tf_saved_model", str(tmp / "portable"), True),
+              "native": ("tf_saved_model", str(tmp / "native"), True)}
     with tfbigconv.portable():
         model.export(str(tmp / "portable"), format="tf_saved_model", verbose=False)
+        if HAVE_LITERT:
+            # Builtin ops only: the conversion fails where an op would need SELECT_TF_OPS.
+            model.export(str(tmp / "model.tflite"), format="litert", verbose=False,
+                         target_spec={"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]})
+            models["litert"] = ("litert", str(tmp / "model.tflite"), True)
+        if HAVE_ONNX:
+            model.export(str(tmp / "model.onnx"), format="onnx", verbose=False)
+            models["onnx"] = ("onnx", str(tmp / "model.onnx"), True)
         module = tf.Module()
         module.serve = tf.function(
             lambda x: tfbigconv.bigconv2d(x, kernel, 1, "SAME"),
@@ -132,12 +206,12 @@ def exported(tmp_path_factory):
         module.serve.get_concrete_function()  # traced inside: stock ops
         tf.saved_model.save(module, str(tmp / "module"))
     model.export(str(tmp / "native"), format="tf_saved_model", verbose=False)
-    models = {"portable": [str(tmp / "portable"), True], "native": [str(tmp / "native"), True]}
     clean = load_clean(models, inputs, tmp)
-    module_clean = load_clean({"module": [str(tmp / "module"), False]}, inputs[:1], tmp)
+    module_clean = load_clean({"module": ("tf_saved_model", str(tmp / "module"), False)},
+                              inputs[:1], tmp)
     module_expected = tfbigconv.bigconv2d(inputs[0], kernel, 1, "SAME").numpy()
-    return dict(tmp=tmp, expected=expected, clean=clean, module_clean=module_clean,
-                module_expected=module_expected)
+    return dict(tmp=tmp, model=model, expected=expected, clean=clean,
+                module_clean=module_clean, module_expected=module_expected)
 
 
 def test_portable_export_runs_without_tfbigconv(exported):
@@ -155,7 +229,27 @@ def test_portable_export_runs_without_tfbigconv(exported):
 def test_portable_export_holds_stock_ops_only(exported):
     types = saved_op_types(exported["tmp"] / "portable")
     assert big_ops(types) == []
-    assert "RFFT2D" in types  # the 31x31 filters took the pure path's FFT
+    assert not types & FFT_OPS, types & FFT_OPS
+    assert "BatchMatMulV2" in types  # the 31x31 filters took the DFT as matrix products
+
+
+def test_portable_layers_take_the_dft_or_tf_convolution(exported):
+    """The two 31x31 layers, which the pure path runs by FFT, run as the DFT in
+    matrix products inside portable(); the BigConv1D stays on TF's convolution."""
+    model = exported["model"]
+    conv = {"Conv2D", "DepthwiseConv2dNative"}
+
+    def types(layer):
+        specs = [tf.TensorSpec((None, *t.shape[1:]), tf.float32)  # as model.export traces
+                 for t in tf.nest.flatten(layer.input)]
+        fn = tf.function(lambda *a: layer(*a))
+        return {op.type for op in fn.get_concrete_function(*specs).graph.get_operations()}
+    with tfbigconv.portable():
+        seen = {type(layer).__name__: types(layer) for layer in model.layers
+                if isinstance(layer, (BigConv2D, BigDepthwiseConv2D, BigConv1D))}
+    for name in ("BigConv2D", "BigDepthwiseConv2D"):
+        assert "BatchMatMulV2" in seen[name] and not seen[name] & (conv | FFT_OPS), seen[name]
+    assert "Conv2D" in seen["BigConv1D"] and "BatchMatMulV2" not in seen["BigConv1D"]
 
 
 @native
@@ -167,6 +261,37 @@ def test_export_outside_portable_keeps_our_ops(exported):
     assert isinstance(error, dict) and "Op type not registered" in error["error"], error
 
 
+@needs_litert
+def test_litert_export_runs_in_the_litert_interpreter(exported):
+    match_outputs(exported["clean"]["litert"], exported["expected"])
+
+
+@needs_litert
+def test_litert_export_needs_builtin_ops_only(exported):
+    """The op set docs/export.md lists: builtins, no SELECT_TF_OPS (Flex) and no
+    FFT: the 31x31 layers as BATCH_MATMUL, the BigConv1D as CONV_2D."""
+    ops = litert_op_names(str(exported["tmp"] / "model.tflite"))
+    assert not [op for op in ops if op.startswith("Flex") or op == "CUSTOM"], ops
+    assert not ops & {"RFFT2D", "REAL", "IMAG", "COMPLEX_ABS"}, ops
+    assert {"BATCH_MATMUL", "CONV_2D"} <= ops, ops
+
+
+@needs_onnx
+def test_onnx_export_runs_in_onnxruntime(exported):
+    match_outputs(exported["clean"]["onnx"], exported["expected"])
+    import onnx
+    ops = {n.op_type for n in onnx.load(str(exported["tmp"] / "model.onnx")).graph.node}
+    assert "MatMul" in ops and "Conv" in ops and not ops & {"DFT", "STFT"}, ops
+
+
+@native
+def test_litert_export_outside_portable_fails_on_our_op(tmp_path):
+    model = three_layer_model()
+    with pytest.raises(Exception, match="BigConv2D"):  # TF's ConverterError, not public
+        model.export(str(tmp_path / "ours.tflite"), format="litert", verbose=False,
+                     target_spec={"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]})
+
+
 def test_saved_model_save_of_a_module_traced_inside(exported):
     assert big_ops(saved_op_types(exported["tmp"] / "module")) == []
     clean = exported["module_clean"]
@@ -174,6 +299,50 @@ def test_saved_model_save_of_a_module_traced_inside(exported):
     (got,) = clean["module"]
     want = exported["module_expected"]
     assert rel_l2(got.astype(np.float64), want.astype(np.float64)) <= 1e-4
+
+
+@pytest.mark.parametrize("x_shape, f_shape, strides, padding, dilations, data_format", [
+    ((2, 20, 23, 2), (7, 5, 2, 3), (1, 1), "SAME", (1, 1), "NHWC"),
+    ((1, 20, 23, 4), (7, 5, 2, 6), (2, 3), "VALID", (1, 1), "NHWC"),  # groups 2, strides
+    ((1, 20, 23, 3), (5, 6, 1, 6), (1, 1), "SAME", (2, 3), "NHWC"),  # depthwise, dilated
+    ((1, 3, 19, 18), (9, 9, 1, 6), (2, 2), [[0, 0], [0, 0], [1, 4], [0, 3]], (1, 1), "NCHW"),
+    ((1, 1, 60, 3), (1, 21, 3, 4), (1, 1), "VALID", (1, 2), "NHWC"),  # conv1d's shape
+])
+def test_portable_dft_matches_the_reference(x_shape, f_shape, strides, padding, dilations,
+                                            data_format):
+    """The DFT in matrix products, forced (algorithm "fft") inside portable(),
+    against the float64 reference, with no FFT op in the graph."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    f = rng.standard_normal(f_shape).astype(np.float32)
+    spec = [tf.TensorSpec(x_shape, tf.float32), tf.TensorSpec(f_shape, tf.float32)]
+    fn = tf.function(lambda x, f: tfbigconv.bigconv2d(
+        x, f, strides, padding, data_format, dilations, algorithm="fft"), input_signature=spec)
+    with tfbigconv.portable():
+        graph_fn = fn.get_concrete_function()
+    types = {op.type for op in graph_fn.graph.get_operations()}
+    assert "BatchMatMulV2" in types and not types & FFT_OPS, types
+    explicit = isinstance(padding, list)
+    want = conv2d_reference(x, f, strides, "EXPLICIT" if explicit else padding, dilations,
+                            data_format, explicit=padding[2:] if explicit else ((0, 0), (0, 0)))
+    got = graph_fn(tf.constant(x), tf.constant(f)).numpy()
+    assert got.shape == want.shape
+    assert rel_l2(got, want) <= 1e-5
+
+
+def test_portable_conv3d_runs_tf_convolution():
+    """Inside portable(), a 3-D convolution runs TF's Conv3D even where the FFT is
+    asked for: the 3-D FFT's complex transforms convert to neither LiteRT nor ONNX."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 6, 12, 12, 2)).astype(np.float32)
+    f = rng.standard_normal((3, 7, 7, 2, 3)).astype(np.float32)
+    fn = tf.function(lambda x, f: tfbigconv.bigconv3d(x, f, 1, "SAME", algorithm="fft"))
+    with tfbigconv.portable():
+        graph_fn = fn.get_concrete_function(tf.constant(x), tf.constant(f))
+    types = {op.type for op in graph_fn.graph.get_operations()}
+    assert "Conv3D" in types and not types & FFT_OPS and big_ops(types) == [], types
+    want = tf.nn.conv3d(x.astype(np.float64), f.astype(np.float64), [1] * 5, "SAME").numpy()
+    assert rel_l2(graph_fn(tf.constant(x), tf.constant(f)).numpy(), want) <= 1e-5
 
 
 @native
@@ -214,74 +383,5 @@ def test_traced_inside_stock_outside_ours():
         return {op.type for op in fn.get_concrete_function(x, w).graph.get_operations()}
     with tfbigconv.portable():
         inside = types()
-    assert big_ops(inside) == [] and "RFFT2D" in inside
+    assert big_ops(inside) == [] and "BatchMatMulV2" in inside and not inside & FFT_OPS
     assert big_ops(types()) == ["BigConv2D"]
-
-
-# ---- LiteRT and ONNX: where the pure path runs TensorFlow's own convolution ----
-# The pure path's FFT (large filters for their input) converts to neither yet:
-# LiteRT's builtin RFFT2D takes power-of-two sizes only and Conj, IRFFT, IFFT and
-# complex transposes need SELECT_TF_OPS; tf2onnx converts no IRFFT nor IFFT.
-# Filters small for their input convert to builtin convolutions of both.
-
-def small_filter_model():
-    """The three layers with filters the pure path runs as TF's own convolution."""
-    keras.utils.set_random_seed(3)
-    image, seq = keras.Input((24, 24, 2)), keras.Input((40, 3))
-    outputs = [BigConv2D(3, 15, padding="same", bias_initializer="random_normal")(image),
-               BigDepthwiseConv2D(9, depth_multiplier=2)(image),
-               BigConv1D(4, 21, padding="causal")(seq)]
-    rng = np.random.default_rng(1)
-    inputs = [rng.standard_normal((1, 24, 24, 2)).astype(np.float32),
-              rng.standard_normal((1, 40, 3)).astype(np.float32)]
-    return keras.Model([image, seq], outputs), inputs
-
-
-def match_outputs(got, want):
-    """Each output of `got` (in the runtime's order) against Keras' by shape."""
-    assert sorted(g.shape for g in got) == sorted(w.shape for w in want)
-    for g in got:
-        w = next(w for w in want if w.shape == g.shape)
-        err = rel_l2(g.astype(np.float64), w.astype(np.float64))
-        assert err <= 1e-4, (g.shape, err)
-
-
-def test_litert_export_runs_on_builtin_ops(tmp_path):
-    try:
-        from ai_edge_litert.interpreter import Interpreter
-    except ImportError:
-        Interpreter = getattr(getattr(tf, "lite", None), "Interpreter", None)
-    if Interpreter is None:
-        pytest.skip("no LiteRT interpreter (ai-edge-litert, or tf.lite before its removal)")
-    model, inputs = small_filter_model()
-    want = [np.asarray(y) for y in model(inputs)]
-    path = str(tmp_path / "model.tflite")
-    builtins = {"target_spec": {"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]}}
-    with tfbigconv.portable():
-        model.export(path, format="litert", verbose=False, **builtins)
-    interpreter = Interpreter(model_path=path)
-    interpreter.allocate_tensors()
-    for d in interpreter.get_input_details():
-        interpreter.set_tensor(d["index"], next(x for x in inputs
-                                                if list(x.shape) == d["shape"].tolist()))
-    interpreter.invoke()
-    match_outputs([interpreter.get_tensor(d["index"])
-                   for d in interpreter.get_output_details()], want)
-    if not PURE_ANYWAY:  # outside portable(), BigConv2D is no TFLite op
-        with pytest.raises(Exception, match="BigConv2D"):  # TF's ConverterError, not public
-            model.export(str(tmp_path / "ours.tflite"), format="litert", verbose=False,
-                         **builtins)
-
-
-def test_onnx_export_runs_in_onnxruntime(tmp_path):
-    pytest.importorskip("tf2onnx")
-    ort = pytest.importorskip("onnxruntime")
-    model, inputs = small_filter_model()
-    want = [np.asarray(y) for y in model(inputs)]
-    path = str(tmp_path / "model.onnx")
-    with tfbigconv.portable():
-        model.export(path, format="onnx", verbose=False)
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    feeds = {d.name: next(x for x in inputs if len(x.shape) == len(d.shape))
-             for d in session.get_inputs()}
-    match_outputs(session.run(None, feeds), want)

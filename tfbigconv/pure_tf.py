@@ -20,6 +20,9 @@ must load without the library; see `active`), bigconv2d (`conv2d`) and bigconv3d
   and dilations; 3-D dilations as outside XLA). Outside XLA, ops whose
   gradients TF's CPU kernels have on every host (`_composed_conv`).
 
+Inside `portable()` the FFT gives way to the DFT as real matrix products
+(tfbigconv/dft.py), which LiteRT and ONNX convert, or TensorFlow's convolution.
+
 `plan` and `estimates` (small pure functions) choose between them. Gradients of every
 order are TensorFlow's own, through the composition. Shapes must be static
 except the batch; with other unknown dimensions TensorFlow's convolution runs.
@@ -31,6 +34,8 @@ import os
 
 import tensorflow as tf
 from absl import logging
+
+from tfbigconv import dft
 
 PURE_TF_ENV = "TFBIGCONV_PURE_TF"
 # The compiled library's load error, set by tfbigconv/__init__.py when it failed.
@@ -91,8 +96,10 @@ def portable():
     input signature, also in an export: make its first call or
     `get_concrete_function` inside, or use a new `tf.function`. Local to the
     thread (and asyncio task), re-entrant, and restored on exit, also when the
-    body raises. LiteRT and ONNX exports convert only where the pure path runs
-    TensorFlow's own convolution, not its FFT (docs/usage.md).
+    body raises. Where the pure path would run its FFT, which converts to neither
+    LiteRT nor ONNX, it runs the DFT as real matrix products (tfbigconv/dft.py)
+    or TensorFlow's convolution, so that every format Keras exports converts
+    (`_portable_conv2d`; 3-D: TensorFlow's convolution; docs/export.md).
     """
     token = _portable.set("tfbigconv.portable()")
     try:
@@ -321,6 +328,8 @@ def _conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm,
         raise tf.errors.ResourceExhaustedError(
             None, None, f"the FFT needs at least {p['per_image_bytes']} bytes of workspace (the "
             f"spectra of one image), over workspace_limit={workspace_limit}")
+    if _portable.get():
+        return _portable_conv2d(x, f, strides, padding, pairs, data_format, dilations, p)
     if not nhwc:
         x = tf.transpose(x, [0, 2, 3, 1])
     y = _fft_conv_nhwc(x, f, (strides[hd], strides[wd]), p["pads"], (dilations[hd], dilations[wd]),
@@ -328,6 +337,28 @@ def _conv2d(x, f, strides, padding, explicit, data_format, dilations, algorithm,
                        p["per_image_bytes"],
                        workspace_limit)
     return (y if nhwc else tf.transpose(y, [0, 3, 1, 2])), f"fft {p['fft'][0]}x{p['fft'][1]}"
+
+
+def _portable_conv2d(x, f, strides, padding, pairs, data_format, dilations, p):
+    """Under portable(), where `plan` chose the FFT (whose ops LiteRT and tf2onnx
+    lack): the DFT as real matrix products (tfbigconv/dft.py), or TensorFlow's
+    convolution where that is estimated faster or the DFT's matrices are too large."""
+    hd, wd, cd = (1, 2, 3) if data_format == "NHWC" else (2, 3, 1)
+    shape, (kh, kw, cig, cout) = x.shape.as_list(), f.shape.as_list()
+    in_hw = (shape[hd], shape[wd])
+    eff = ((kh - 1) * dilations[hd] + 1, (kw - 1) * dilations[wd] + 1)
+    groups = shape[cd] // cig
+    work, elements = dft.macs(shape[0] or 32, in_hw, eff, shape[cd], cout, groups, p["pads"],
+                              p["out"])
+    if elements > dft.MAX_MATRIX_ELEMENTS or (
+            p["reason"] != "requested" and 2 * work / dft.FLOPS_PER_SECOND >= p["tf_seconds"]):
+        return _tf_conv(x, f, strides, padding, pairs, data_format, dilations), "TF's convolution"
+    if data_format == "NCHW":
+        x = tf.transpose(x, [0, 2, 3, 1])
+    y = dft.conv2d(x, _dilate_filter(f, (dilations[hd], dilations[wd])),
+                   (strides[hd], strides[wd]), p["pads"], p["out"], groups)
+    y = tf.transpose(y, [0, 3, 1, 2]) if data_format == "NCHW" else y
+    return y, "dft {}x{} as matrix products".format(*dft.sizes(in_hw, p["pads"])[:2])
 
 
 def _tf_conv(x, f, strides, padding, pairs, data_format, dilations):
@@ -535,7 +566,8 @@ def conv3d(x, f, strides, padding, explicit, data_format, dilations, algorithm="
              f.shape.is_fully_defined())
     p = plan(x.shape.as_list(), f.shape.as_list(), strides, padding, explicit, "NDHWC", dilations,
              x.dtype.name, algorithm, workspace_limit, in_xla()) if known else None
-    if p is None or p["branch"] == "tf":
+    # portable(): the 3-D FFT's complex ops convert to neither LiteRT nor ONNX
+    if p is None or p["branch"] == "tf" or _portable.get():
         y, branch = _tf_conv3d(x, f, strides, padding, pairs, dilations), "TF's convolution"
     elif not p["fits"]:
         raise tf.errors.ResourceExhaustedError(
