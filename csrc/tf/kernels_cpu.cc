@@ -11,9 +11,21 @@
 #include "plan.h"
 #include "run_cpu.h"
 #include "tensorflow/core/platform/logging.h"
+#include "tensorflow/core/public/version.h"
 
 namespace tfbigconv {
 namespace {
+
+// Fixed-size blocks: SchedulingParams::Fixed() exists from TF 2.20 on, where
+// the constructor it wraps is deprecated.
+tsl::thread::ThreadPool::SchedulingParams FixedBlocks(int64_t block) {
+#if TF_MAJOR_VERSION == 2 && TF_MINOR_VERSION < 20
+  return tsl::thread::ThreadPool::SchedulingParams(
+      tsl::thread::ThreadPool::SchedulingStrategy::kFixedBlockSize, {}, block);
+#else
+  return tsl::thread::ThreadPool::SchedulingParams::Fixed(block);
+#endif
+}
 
 // The intra-op pool, NumThreads() workers. The worker index is the block's:
 // blocks are fixed and at most one per thread, so each has its own scratch.
@@ -27,7 +39,7 @@ ParallelFor TfParallelFor(OpKernelContext* ctx) {
     // caller thread on a core too and make the threads evict each other's L2.
     const int64_t block = std::max<int64_t>(1, (total + threads - 1) / threads);
     pool->ParallelForWithWorkerId(
-        total, tsl::thread::ThreadPool::SchedulingParams::Fixed(block),
+        total, FixedBlocks(block),
         [&body, block](int64_t begin, int64_t end, int) { body(begin, end, int(begin / block)); });
   });
 }
