@@ -1,6 +1,6 @@
 // The planner's cost model: its constants (CostModel, as named numbers for
 // JSON profiles), the process-wide active model, and the GPU model that both
-// the trace-time planner (plan.cc) and the GPU kernels' run-time choice
+// the trace-time planner (gpu_estimate.cc) and the GPU kernels' run-time choice
 // (cuda/plan_gpu.cc) evaluate. Needs nothing but geometry.cc, so the TF-free
 // CUDA harness links it too.
 #pragma once
@@ -105,7 +105,7 @@ struct CostModel {
 // that interpolating from 7 to 15 spread over sides 8-14.
 constexpr double kIm2colSideAxis[kIm2colSides] = {3, 7, 14, 15, 31};
 // oneDNN's float32 filter gradient leaves its fast path from this side
-// (kIm2colSideAxis[3] = 15): the half types' rates stop below it (plan.cc).
+// (kIm2colSideAxis[3] = 15): the half types' rates stop below it (tf_estimate.cc).
 constexpr int kIm2colSlowPathSide = 3;
 constexpr double kIm2colChannelAxis[kIm2colChannels] = {1, 16, 256, 2048};
 
