@@ -58,6 +58,26 @@ std::string FormatSeconds(double s) {
 
 const char* AlgorithmName(Algorithm a) { return a == Algorithm::kFft ? "fft" : "direct"; }
 
+namespace {
+constexpr AlgorithmRequest kRequests[] = {AlgorithmRequest::kAuto, AlgorithmRequest::kTf,
+                                          AlgorithmRequest::kDirect, AlgorithmRequest::kFft};
+}  // namespace
+
+const char* AlgorithmRequestName(AlgorithmRequest r) {
+  static const char* const kNames[] = {"auto", "tf", "direct", "fft"};
+  return kNames[int(r)];
+}
+
+std::string ParseAlgorithmRequest(const std::string& name, AlgorithmRequest* out) {
+  for (AlgorithmRequest r : kRequests)
+    if (name == AlgorithmRequestName(r)) {
+      *out = r;
+      return "";
+    }
+  // The alias is Python's (arguments.requested_algorithm), which passes "tf".
+  return "algorithm must be 'auto', 'tf' (alias 'im2col'), 'direct' or 'fft', got '" + name + "'";
+}
+
 const char* DeviceName(Device d) { return d == Device::kCpu ? "CPU" : "GPU"; }
 
 namespace {

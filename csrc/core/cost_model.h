@@ -19,6 +19,18 @@ namespace tfbigconv {
 enum class Algorithm { kDirect, kFft };
 const char* AlgorithmName(Algorithm a);  // "direct" or "fft"
 
+// What a caller asks the planners for: their choice (auto), TensorFlow's own
+// kernel (tf), or one of ours; and what PlanPass chose (never kAuto).
+enum class AlgorithmRequest { kAuto, kTf, kDirect, kFft };
+const char* AlgorithmRequestName(AlgorithmRequest r);  // "auto", "tf", "direct", "fft"
+inline AlgorithmRequest RequestOf(Algorithm a) {
+  return a == Algorithm::kFft ? AlgorithmRequest::kFft : AlgorithmRequest::kDirect;
+}
+// The one parser of algorithm names, called only where a name enters C++:
+// the op kernels' attributes (csrc/tf/attrs.h), _core's and the CUDA
+// harness's arguments. Returns "" or why the name is not one of the four.
+std::string ParseAlgorithmRequest(const std::string& name, AlgorithmRequest* out);
+
 // Where a pass runs; each device has its own candidates and cost model.
 enum class Device { kCpu, kGpu };
 const char* DeviceName(Device d);

@@ -38,11 +38,12 @@ std::pair<double, double> DirectFlops(const DirectBlocking& b, const ConvGeometr
 
 }  // namespace
 
-Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
+Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, AlgorithmRequest requested,
                        int64_t limit, int workers, AlgorithmChoice* c) {
-  if (requested != "auto" && requested != "direct" && requested != "fft")
-    return Status::InvalidArgument("algorithm must be 'auto', 'direct' or 'fft', got '" +
-                                   requested + "'");
+  using R = AlgorithmRequest;
+  if (requested == R::kTf)
+    return Status::InvalidArgument("algorithm must be 'auto', 'direct' or 'fft', got 'tf'");
+  const std::string name = AlgorithmRequestName(requested);
   const CostModel m = ActiveCostModel();
   *c = AlgorithmChoice();
   const int64_t operands = OperandBytes(g, dtype);
@@ -60,8 +61,8 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& re
     c->fft.terms = {0, 0, 0, double(g.output_elements()), 1};
     c->fft.seconds = m.fft_seconds_per_element * double(g.output_elements()) +
                      m.fft_seconds_per_call;
-    c->algorithm = requested == "fft" ? Algorithm::kFft : Algorithm::kDirect;
-    c->reason = requested == "auto" ? "auto: direct, nothing to compute" : requested + " requested";
+    c->algorithm = requested == R::kFft ? Algorithm::kFft : Algorithm::kDirect;
+    c->reason = requested == R::kAuto ? "auto: direct, nothing to compute" : name + " requested";
     return Status::Ok();
   }
   Estimate& d = c->direct;
@@ -80,7 +81,7 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& re
   d.note = "scratch per thread";
   Estimate& f = c->fft;
   // A requested direct pass (the kernels' hot path) needs no FFT plan.
-  const std::string fft_err = requested == "direct" ? "not planned: direct requested"
+  const std::string fft_err = requested == R::kDirect ? "not planned: direct requested"
                                                     : PlanFft(g, dtype, limit, workers, &c->fft_plan);
   f.available = f.fits = fft_err.empty();
   if (f.fits) {
@@ -102,11 +103,11 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& re
   } else {
     f.note = fft_err;
   }
-  if (requested == "fft") {
+  if (requested == R::kFft) {
     if (!f.fits) return Status::ResourceExhausted(fft_err);
     c->algorithm = Algorithm::kFft;
     c->reason = "fft requested";
-  } else if (requested == "direct") {
+  } else if (requested == R::kDirect) {
     if (!d.fits)
       return Status::ResourceExhausted("the direct algorithm needs " +
                                        std::to_string(d.workspace_bytes) +
@@ -126,11 +127,9 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& re
 }
 
 Status PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
-                const std::string& requested, int64_t limit, int workers, const TfCandidate& tf,
+                AlgorithmRequest requested, int64_t limit, int workers, const TfCandidate& tf,
                 PassPlan* out) {
-  if (requested != "auto" && requested != "tf" && requested != "direct" && requested != "fft")
-    return Status::InvalidArgument("algorithm must be 'auto', 'tf' (alias 'im2col'), 'direct' or "
-                                   "'fft', got '" + requested + "'");
+  using R = AlgorithmRequest;
   PassPlan p;
   p.pass = pass;
   p.device = device;
@@ -139,7 +138,7 @@ Status PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
   Algorithm ours = Algorithm::kDirect;
   if (device == Device::kCpu) {
     AlgorithmChoice c;
-    err = ChooseAlgorithm(problem.g, dtype, requested == "tf" ? "auto" : requested, limit,
+    err = ChooseAlgorithm(problem.g, dtype, requested == R::kTf ? R::kAuto : requested, limit,
                           workers, &c);
     p.direct = c.direct;
     p.fft = c.fft;
@@ -147,36 +146,37 @@ Status PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
     ours = c.algorithm;
   } else {
     ours = GpuOursEstimates(problem, dtype, ug, limit, &p.direct, &p.fft);
-    if (requested == "fft" && !p.fft.fits)
+    if (requested == R::kFft && !p.fft.fits)
       err = Status::ResourceExhausted("the GPU fft needs a workspace of at least " +
                                       FormatBytes(p.fft.workspace_bytes) + ", but the limit is " +
                                       FormatBytes(limit));
-    if (requested == "fft") ours = Algorithm::kFft;
-    if (requested == "direct") ours = Algorithm::kDirect;
+    if (requested == R::kFft) ours = Algorithm::kFft;
+    if (requested == R::kDirect) ours = Algorithm::kDirect;
   }
   p.tf = TfEstimate(ug, pass, dtype, device, tf.kernel, limit, workers);
   if (!tf.note.empty()) p.tf.note = tf.note;
   const Estimate& t = p.tf;
   // auto may pick TF's kernel where it runs, fits, and its estimate is trusted.
   const bool tf_eligible = t.available && t.fits && tf.estimate_trusted;
-  if (requested == "tf") {
+  if (requested == R::kTf) {
     if (!t.available) return Status::Unavailable("algorithm 'tf' is not available: " + t.note);
-    p.chosen = "tf";
+    p.chosen = R::kTf;
     p.reason = "tf requested";
   } else if (!err.ok()) {
-    if (requested != "auto" || !tf_eligible) return err;
-    p.chosen = "tf";
+    if (requested != R::kAuto || !tf_eligible) return err;
+    p.chosen = R::kTf;
     p.reason = "auto: tf, the only algorithm that fits";
   } else {
-    p.chosen = AlgorithmName(ours);
+    p.chosen = RequestOf(ours);
     const Estimate& ours_e = ours == Algorithm::kFft ? p.fft : p.direct;
     // A tie goes to TF's kernel (on the GPU, small problems all estimate at
     // their launch floors, and cuDNN is then the safer pick).
-    if (requested == "auto" && tf_eligible && t.seconds <= ours_e.seconds) p.chosen = "tf";
-    p.reason = requested == "auto" ? "auto: " + p.chosen + " is the fastest that fits"
-                                   : p.chosen + " requested";
+    if (requested == R::kAuto && tf_eligible && t.seconds <= ours_e.seconds) p.chosen = R::kTf;
+    const std::string chosen = AlgorithmRequestName(p.chosen);
+    p.reason = requested == R::kAuto ? "auto: " + chosen + " is the fastest that fits"
+                                     : chosen + " requested";
   }
-  if (requested == "auto") {
+  if (requested == R::kAuto) {
     // Name the runners-up and why the others were out.
     std::ostringstream os;
     os << p.reason << " (est. ";

@@ -27,25 +27,26 @@ struct AlgorithmChoice {
   std::string reason;
 };
 
-// Errors: an unknown algorithm name (kInvalidArgument), or nothing requested
-// fits the limit (kResourceExhausted; the message states the minimum).
-Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, const std::string& requested,
-                            int64_t workspace_limit, int workers, AlgorithmChoice* choice);
+// Errors: kTf requested (kInvalidArgument: the kernels run ours only), or
+// nothing requested fits the limit (kResourceExhausted; the message states
+// the minimum).
+Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, AlgorithmRequest requested,
+                       int64_t workspace_limit, int workers, AlgorithmChoice* choice);
 
-// Every candidate of one pass and the choice among them. requested is auto,
-// tf, direct or fft; chosen is "tf", "direct" or "fft".
+// Every candidate of one pass and the choice among them (chosen: kTf,
+// kDirect or kFft).
 struct PassPlan {
   Pass pass = Pass::kForward;
   Device device = Device::kCpu;
   Estimate tf, direct, fft;
   FftPlan fft_plan;     // CPU only
-  std::string chosen;
+  AlgorithmRequest chosen = AlgorithmRequest::kDirect;
   std::string reason;
 };
-// Errors: kInvalidArgument (unknown algorithm), kUnavailable ("tf" requested
-// where TF cannot run the case), kResourceExhausted (nothing requested fits).
+// Errors: kUnavailable (kTf requested where TF cannot run the case),
+// kResourceExhausted (nothing requested fits).
 Status PlanPass(const ConvGeometry& user_g, Pass pass, DType dtype, Device device,
-                     const std::string& requested, int64_t limit, int workers,
-                     const TfCandidate& tf, PassPlan* plan);
+                AlgorithmRequest requested, int64_t limit, int workers, const TfCandidate& tf,
+                PassPlan* plan);
 
 }  // namespace tfbigconv

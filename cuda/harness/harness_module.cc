@@ -132,6 +132,7 @@ struct Job {
   const void* b;
   void* out;
   cudaStream_t stream;
+  AlgorithmRequest requested = AlgorithmRequest::kAuto;  // parsed once, as the op does
   std::string Describe() const {
     return std::string(AlgorithmName(choice.algorithm)) + ": " + choice.reason;
   }
@@ -151,7 +152,9 @@ Job MakeJob(JOB_PARAMS) {
         reinterpret_cast<void*>(out),
         reinterpret_cast<cudaStream_t>(stream_handle)};
   if (j.c.problem.g.output_elements() == 0) return j;
-  const Status status = gpu::ChooseGpuAlgorithm(j.c.problem, j.dtype, algorithm,
+  const std::string err = ParseAlgorithmRequest(algorithm, &j.requested);
+  if (!err.empty()) throw std::runtime_error(err);
+  const Status status = gpu::ChooseGpuAlgorithm(j.c.problem, j.dtype, j.requested,
                                                 workspace_limit, j.stream, &j.choice);
   if (!status.ok()) throw std::runtime_error(status.message());
   return j;
@@ -342,7 +345,7 @@ py::dict Time(JOB_PARAMS, int reps) {
       for (int r = 0; r < reps; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         gpu::GpuAlgorithmChoice again;
-        const Status status = gpu::ChooseGpuAlgorithm(j.c.problem, j.dtype, algorithm,
+        const Status status = gpu::ChooseGpuAlgorithm(j.c.problem, j.dtype, j.requested,
                                                       workspace_limit, j.stream, &again);
         if (!status.ok()) throw std::runtime_error(status.message());
         j.Launch(ws.ptr);
