@@ -28,8 +28,8 @@ struct Estimate {
 
 inline int64_t OperandBytes(const ConvGeometry& g, DType dtype) {
   // Each tensor's bytes fit (ComputeConvGeometry checks); their sum may not.
-  const int64_t in = g.batch * g.in_d * g.in_h * g.in_w * g.in_c;
-  const int64_t filter = g.filter_d * g.filter_h * g.filter_w * g.filter_in_c * g.out_c;
+  const int64_t in = g.batch * g.in[kD] * g.in[kH] * g.in[kW] * g.in_c;
+  const int64_t filter = g.filter[kD] * g.filter[kH] * g.filter[kW] * g.filter_in_c * g.out_c;
   return SatAdd(SatAdd(in * DTypeBytes(dtype), filter * DTypeBytes(dtype)),
                 g.output_elements() * DTypeBytes(dtype));
 }

@@ -165,7 +165,7 @@ class FftRunner : public FftRunnerBase<S, T> {
   // within its group), placed at the origin. Returns their largest magnitude
   // (NaN or Inf if one holds one), found while staging them.
   T FilterSpectra(int64_t i0, int64_t i1, int64_t ci0, T* st) const {
-    const int64_t ed = g_.effective_filter_d(), eh = g_.effective_filter_h(), fw = pl_.fft_w;
+    const int64_t ed = g_.effective_filter(kD), eh = g_.effective_filter(kH), fw = pl_.fft_w;
     const int64_t cog = g_.out_c_per_group(), cout = g_.out_c, np = i1 - i0;
     const S* f[kMaxStagePlanes];
     for (int64_t p = 0; p < np; ++p) {
@@ -179,21 +179,21 @@ class FftRunner : public FftRunnerBase<S, T> {
     // Across the block, where the planes' taps share cache lines: per tap row,
     // or at height 1, whose one row can be the whole filter, per column block.
     if (OneRow()) {
-      for (int64_t k0 = 0; k0 < g_.filter_w; k0 += kColumnBlock) {
-        const int64_t k1 = std::min(g_.filter_w, k0 + kColumnBlock);
+      for (int64_t k0 = 0; k0 < g_.filter[kW]; k0 += kColumnBlock) {
+        const int64_t k1 = std::min(g_.filter[kW], k0 + kColumnBlock);
         for (int64_t p = 0; p < np; ++p)
           w_max = std::max(w_max, StageTaps(f[p], fv_.w, k0, k1, st + p * Plane(),
-                                            g_.dilation_w, &finite));
+                                            g_.dilation[kW], &finite));
       }
     } else {
-      for (int64_t kd = 0; kd < g_.filter_d; ++kd)
-        for (int64_t kh = 0; kh < g_.filter_h; ++kh)
+      for (int64_t kd = 0; kd < g_.filter[kD]; ++kd)
+        for (int64_t kh = 0; kh < g_.filter[kH]; ++kh)
           for (int64_t p = 0; p < np; ++p)
             w_max = std::max(w_max, StageTaps(f[p] + kd * fv_.d + kh * fv_.h, fv_.w, 0,
-                                              g_.filter_w,
-                                              st + p * Plane() + kd * g_.dilation_d * Slice() +
-                                                  kh * g_.dilation_h * fw,
-                                              g_.dilation_w, &finite));
+                                              g_.filter[kW],
+                                              st + p * Plane() + kd * g_.dilation[kD] * Slice() +
+                                                  kh * g_.dilation[kH] * fw,
+                                              g_.dilation[kW], &finite));
     }
     if (!finite) return std::numeric_limits<T>::infinity();
     C* spec[kMaxStagePlanes];
@@ -217,20 +217,20 @@ class FftRunner : public FftRunnerBase<S, T> {
   void ForwardItem(int64_t item, int64_t slot, int64_t j0, int64_t j1, int64_t ci0, T* st,
                    C* block_spectra = nullptr) const {
     const Tile t = TileOf(item);
-    const int64_t fw = pl_.fft_w, ud = g_.in_dilation_d, uh = g_.in_dilation_h;
-    const int64_t uw = g_.in_dilation_w;
-    const int64_t need_d = (t.vd - 1) * g_.stride_d + g_.effective_filter_d();
-    const int64_t need_h = (t.vh - 1) * g_.stride_h + g_.effective_filter_h();
-    const int64_t need_w = (t.vw - 1) * g_.stride_w + g_.effective_filter_w();
-    const int64_t id0 = t.od0 * g_.stride_d - g_.pad_front;
-    const int64_t ih0 = t.oh0 * g_.stride_h - g_.pad_top;
-    const int64_t iw0 = t.ow0 * g_.stride_w - g_.pad_left;
+    const int64_t fw = pl_.fft_w, ud = g_.in_dilation[kD], uh = g_.in_dilation[kH];
+    const int64_t uw = g_.in_dilation[kW];
+    const int64_t need_d = (t.vd - 1) * g_.stride[kD] + g_.effective_filter(kD);
+    const int64_t need_h = (t.vh - 1) * g_.stride[kH] + g_.effective_filter(kH);
+    const int64_t need_w = (t.vw - 1) * g_.stride[kW] + g_.effective_filter(kW);
+    const int64_t id0 = t.od0 * g_.stride[kD] - g_.pad_before[kD];
+    const int64_t ih0 = t.oh0 * g_.stride[kH] - g_.pad_before[kH];
+    const int64_t iw0 = t.ow0 * g_.stride[kW] - g_.pad_before[kW];
     const int64_t z_lo = std::min(need_d, std::max<int64_t>(0, -id0));
-    const int64_t z_hi = std::max(z_lo, std::min(need_d, g_.virtual_in_d() - id0));
+    const int64_t z_hi = std::max(z_lo, std::min(need_d, g_.virtual_in(kD) - id0));
     const int64_t r_lo = std::min(need_h, std::max<int64_t>(0, -ih0));
-    const int64_t r_hi = std::max(r_lo, std::min(need_h, g_.virtual_in_h() - ih0));
+    const int64_t r_hi = std::max(r_lo, std::min(need_h, g_.virtual_in(kH) - ih0));
     const int64_t c_lo = std::min(need_w, std::max<int64_t>(0, -iw0));
-    const int64_t c_hi = std::max(c_lo, std::min(need_w, g_.virtual_in_w() - iw0));
+    const int64_t c_hi = std::max(c_lo, std::min(need_w, g_.virtual_in(kW) - iw0));
     const int64_t np = j1 - j0;
     C* spec[kMaxStagePlanes];
     const S* src[kMaxStagePlanes];
@@ -349,9 +349,9 @@ class FftRunner : public FftRunnerBase<S, T> {
       if (!rows_1d) {  // the depth transform, then the slices the stride keeps
         fft::ComplexColumns(y, pl_.fft_d, sb, sb, false);
         for (int64_t z = 0; z < t.vd; ++z) {
-          C* slice = y + z * g_.stride_d * sb;
+          C* slice = y + z * g_.stride[kD] * sb;
           fft::ComplexColumns(slice, pl_.fft_h, bw_, bw_, false);
-          fft::RealRowsBackward(slice, g_.stride_h * bw_, t.vh, fw,
+          fft::RealRowsBackward(slice, g_.stride[kH] * bw_, t.vh, fw,
                                 st + p * Plane() + z * Slice(), fw, scale);
         }
       }
@@ -367,7 +367,7 @@ class FftRunner : public FftRunnerBase<S, T> {
       for (int64_t c0 = 0; c0 < t.vw; c0 += kColumnBlock)
         for (int64_t p = 0; p < np; ++p)
           for (int64_t c = c0; c < std::min(t.vw, c0 + kColumnBlock); ++c)
-            dst[p][c * ov_.w] = Store<S, T>(st[p * Plane() + c * g_.stride_w]);
+            dst[p][c * ov_.w] = Store<S, T>(st[p * Plane() + c * g_.stride[kW]]);
       return;
     }
     // Row by row across the block: the channels' pixels share cache lines.
@@ -376,7 +376,7 @@ class FftRunner : public FftRunnerBase<S, T> {
         for (int64_t p = 0; p < np; ++p) {
           const T* row = st + p * Plane() + z * Slice() + r * fw;
           S* d = dst[p] + z * ov_.d + r * ov_.h;
-          for (int64_t c = 0; c < t.vw; ++c) d[c * ov_.w] = Store<S, T>(row[c * g_.stride_w]);
+          for (int64_t c = 0; c < t.vw; ++c) d[c * ov_.w] = Store<S, T>(row[c * g_.stride[kW]]);
         }
   }
 };

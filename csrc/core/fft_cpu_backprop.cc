@@ -65,17 +65,17 @@ class LaneBackprop {
     }
     T* scratch = Buffer(worker, 4 * per);
     bool finite = true;
-    const T w_most = kit_.Stage(w_ + fv_.offset + l0 * fv_.g, fv_.g, nl, w, 0, g_.filter_w,
-                                fv_.w, g_.dilation_w, &finite);
+    const T w_most = kit_.Stage(w_ + fv_.offset + l0 * fv_.g, fv_.g, nl, w, 0, g_.filter[kW],
+                                fv_.w, g_.dilation[kW], &finite);
     if (!finite) return false;
     for (int64_t q = 0; q < ng; ++q) kit_.Transform(w[q], scratch, true);
     T x_most = 0, dy_most = 0;
     for (int64_t n = 0; n < g_.batch; ++n) {
       // dL/doutput at the output positions times the stride, the input after the left padding.
       dy_most = std::max(dy_most, kit_.Stage(dy_ + n * yv_.n + l0 * yv_.g, yv_.g, nl, dy, 0,
-                                             g_.out_w, yv_.w, g_.stride_w, &finite));
-      x_most = std::max(x_most, kit_.Stage(x_ + n * xv_.n + l0 * xv_.g, xv_.g, nl, x, g_.pad_left,
-                                           g_.in_w, xv_.w, 1, &finite));
+                                             g_.out[kW], yv_.w, g_.stride[kW], &finite));
+      x_most = std::max(x_most, kit_.Stage(x_ + n * xv_.n + l0 * xv_.g, xv_.g, nl, x,
+                                           g_.pad_before[kW], g_.in[kW], xv_.w, 1, &finite));
       if (!finite) return false;
       for (int64_t q = 0; q < ng; ++q) {
         kit_.Transform(dy[q], scratch, true);
@@ -83,15 +83,16 @@ class LaneBackprop {
         kit_.MulBackprop(x[q], dy[q], w[q], sum[q], n > 0);
         kit_.Transform(dy[q], scratch, false);
       }
-      kit_.Write(dy, nl, g_.pad_left, g_.in_w, 1, dx_ + n * xv_.n + l0 * xv_.g, xv_.g, xv_.w);
+      kit_.Write(dy, nl, g_.pad_before[kW], g_.in[kW], 1, dx_ + n * xv_.n + l0 * xv_.g, xv_.g,
+                 xv_.w);
     }
     // dL/dx: dL/dy against the filter; dL/dw: the input against dL/dy, summed over the batch.
     const double points = double(p_.plan.fft_w);
-    if (!(dy_most <= FftInputLimit(points, 1.0, double(g_.filter_w), w_most)) ||
-        !(x_most <= FftInputLimit(points, double(g_.batch), double(g_.out_w), dy_most)))
+    if (!(dy_most <= FftInputLimit(points, 1.0, double(g_.filter[kW]), w_most)) ||
+        !(x_most <= FftInputLimit(points, double(g_.batch), double(g_.out[kW]), dy_most)))
       return false;
     for (int64_t q = 0; q < ng; ++q) kit_.Transform(sum[q], scratch, false);
-    kit_.Write(sum, nl, 0, g_.filter_w, g_.dilation_w, dw_ + fv_.offset + l0 * fv_.g, fv_.g,
+    kit_.Write(sum, nl, 0, g_.filter[kW], g_.dilation[kW], dw_ + fv_.offset + l0 * fv_.g, fv_.g,
                fv_.w);
     return true;
   }

@@ -130,16 +130,16 @@ class LaneRunner : public FftRunnerBase<S, T> {
   // ForwardItem: positions outside the virtual input are zero).
   T StageInputLanes(const Tile& t, int64_t ci, int64_t l0, int64_t l1, T* const* bufs,
                     bool* finite) const {
-    const int64_t uw = g_.in_dilation_w, uh = g_.in_dilation_h, ud = g_.in_dilation_d;
-    const int64_t need_w = (t.vw - 1) * g_.stride_w + g_.effective_filter_w();
-    const int64_t iw0 = t.ow0 * g_.stride_w - g_.pad_left;
-    const int64_t ih0 = t.oh0 * g_.stride_h - g_.pad_top;
-    const int64_t id0 = t.od0 * g_.stride_d - g_.pad_front;
+    const int64_t uw = g_.in_dilation[kW], uh = g_.in_dilation[kH], ud = g_.in_dilation[kD];
+    const int64_t need_w = (t.vw - 1) * g_.stride[kW] + g_.effective_filter(kW);
+    const int64_t iw0 = t.ow0 * g_.stride[kW] - g_.pad_before[kW];
+    const int64_t ih0 = t.oh0 * g_.stride[kH] - g_.pad_before[kH];
+    const int64_t id0 = t.od0 * g_.stride[kD] - g_.pad_before[kD];
     const int64_t c_lo = std::min(need_w, std::max<int64_t>(0, -iw0));
-    const int64_t c_hi = std::max(c_lo, std::min(need_w, g_.virtual_in_w() - iw0));
+    const int64_t c_hi = std::max(c_lo, std::min(need_w, g_.virtual_in(kW) - iw0));
     // The window's one row (height and depth 1): input row ih0 of slice id0, if any.
-    const bool row = ih0 >= 0 && ih0 < g_.virtual_in_h() && ih0 % uh == 0 && id0 >= 0 &&
-                     id0 < g_.virtual_in_d() && id0 % ud == 0;
+    const bool row = ih0 >= 0 && ih0 < g_.virtual_in(kH) && ih0 % uh == 0 && id0 >= 0 &&
+                     id0 < g_.virtual_in(kD) && id0 % ud == 0;
     // Input columns i whose positions i * uw - iw0 fall in [c_lo, c_hi).
     const int64_t i_lo = CeilDiv(iw0 + c_lo, uw), i_hi = CeilDiv(iw0 + c_hi, uw);
     const int64_t count = row ? std::max<int64_t>(0, i_hi - i_lo) : 0;
@@ -151,14 +151,15 @@ class LaneRunner : public FftRunnerBase<S, T> {
   // Filter taps of input channel ci for groups [l0, l1), placed at the origin.
   T StageTapLanes(int64_t ci, int64_t l0, int64_t l1, T* const* bufs, bool* finite) const {
     const S* base = filt_ + fv_.offset + ci * fv_.i + l0 * fv_.g;
-    return kit_->Stage(base, fv_.g, l1 - l0, bufs, 0, g_.filter_w, fv_.w, g_.dilation_w, finite);
+    return kit_->Stage(base, fv_.g, l1 - l0, bufs, 0, g_.filter[kW], fv_.w, g_.dilation[kW],
+                       finite);
   }
 
   // The tile's outputs of groups [l0, l1) from their inverted buffers,
   // keeping the positions the stride samples.
   void WriteLanes(const Tile& t, int64_t l0, int64_t l1, T* const* bufs) const {
     S* base = out_ + t.n * ov_.n + t.od0 * ov_.d + t.oh0 * ov_.h + t.ow0 * ov_.w + l0 * ov_.g;
-    kit_->Write(bufs, l1 - l0, 0, t.vw, g_.stride_w, base, ov_.g, ov_.w);
+    kit_->Write(bufs, l1 - l0, 0, t.vw, g_.stride[kW], base, ov_.g, ov_.w);
   }
 
   // The worker's group buffer b (LaneWorkerBuffers: the task's, then scratch).

@@ -46,8 +46,8 @@ class FftRunnerBase {
   // The largest input magnitude this plan's transforms take safely with
   // filter values up to w_max (FftInputLimit).
   T InputLimit(T w_max) const {
-    return FftInputLimit(double(Plane()), double(g_.in_c_per_group()),
-                         double(g_.filter_d) * double(g_.filter_h) * double(g_.filter_w), w_max);
+    const double taps = double(g_.filter[kD]) * double(g_.filter[kH]) * double(g_.filter[kW]);
+    return FftInputLimit(double(Plane()), double(g_.in_c_per_group()), taps, w_max);
   }
 
   void RaiseFilterMax(T v) {
@@ -72,15 +72,14 @@ class FftRunnerBase {
     const Tile& t = *tile;
     ConvGeometry& g = d.problem.g;
     g.batch = 1;
-    g.out_d = t.vd;
-    g.out_h = t.vh;
-    g.out_w = t.vw;
-    g.pad_front -= t.od0 * g.stride_d;  // may turn negative: cropping
-    g.pad_top -= t.oh0 * g.stride_h;
-    g.pad_left -= t.ow0 * g.stride_w;
-    g.pad_back = (t.vd - 1) * g.stride_d + g.effective_filter_d() - g.virtual_in_d() - g.pad_front;
-    g.pad_bottom = (t.vh - 1) * g.stride_h + g.effective_filter_h() - g.virtual_in_h() - g.pad_top;
-    g.pad_right = (t.vw - 1) * g.stride_w + g.effective_filter_w() - g.virtual_in_w() - g.pad_left;
+    const int64_t first[kSpatialAxes] = {t.od0, t.oh0, t.ow0};
+    const int64_t extent[kSpatialAxes] = {t.vd, t.vh, t.vw};
+    for (int a = 0; a < kSpatialAxes; ++a) {
+      g.out[a] = extent[a];
+      g.pad_before[a] -= first[a] * g.stride[a];  // may turn negative: cropping
+      g.pad_after[a] = (extent[a] - 1) * g.stride[a] + g.effective_filter(a) - g.virtual_in(a) -
+                       g.pad_before[a];
+    }
     d.input = in_ + t.n * iv_.n;
     d.output = out_ + t.n * ov_.n + t.od0 * ov_.d + t.oh0 * ov_.h + t.ow0 * ov_.w;
     return d;
@@ -106,9 +105,9 @@ class FftRunnerBase {
     r.od0 = (t / (pl_.tiles_h * pl_.tiles_w)) * pl_.tile_d;
     r.oh0 = (t / pl_.tiles_w % pl_.tiles_h) * pl_.tile_h;
     r.ow0 = (t % pl_.tiles_w) * pl_.tile_w;
-    r.vd = std::min(pl_.tile_d, g_.out_d - r.od0);
-    r.vh = std::min(pl_.tile_h, g_.out_h - r.oh0);
-    r.vw = std::min(pl_.tile_w, g_.out_w - r.ow0);
+    r.vd = std::min(pl_.tile_d, g_.out[kD] - r.od0);
+    r.vh = std::min(pl_.tile_h, g_.out[kH] - r.oh0);
+    r.vw = std::min(pl_.tile_w, g_.out[kW] - r.ow0);
     return r;
   }
 

@@ -95,8 +95,8 @@ inline FftGpuLayout FftGpuWorkspaceLayout(const ConvGeometry& g, DType dtype, in
 // the staging check are left out. The run-time plan is at least this big.
 inline int64_t FftGpuMinWorkspaceBytes(const ConvGeometry& g, DType dtype) {
   const int64_t spectrum =
-      FftGpuSpectrumBytes(GoodFftSize(g.effective_filter_d()), GoodFftSize(g.effective_filter_h()),
-                          GoodFftSize(g.effective_filter_w()), dtype);
+      FftGpuSpectrumBytes(GoodFftSize(g.effective_filter(kD)), GoodFftSize(g.effective_filter(kH)),
+                          GoodFftSize(g.effective_filter(kW)), dtype);
   const FftGpuBatches b = FftGpuBatchesOf(g, /*chunk=*/1, /*ci_block=*/1);
   return SatMul(SatAdd(SatAdd(b.filter, b.output), 2), spectrum);
 }

@@ -72,9 +72,9 @@ int64_t PreferredStagePlanes(const ConvGeometry& g, DType dtype, const FftPlan& 
 
 void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
   const int64_t real = ComputeBytes(dtype), cplx = 2 * real;
-  p->tiles_d = CeilDiv(g.out_d, p->tile_d);
-  p->tiles_h = CeilDiv(g.out_h, p->tile_h);
-  p->tiles_w = CeilDiv(g.out_w, p->tile_w);
+  p->tiles_d = CeilDiv(g.out[kD], p->tile_d);
+  p->tiles_h = CeilDiv(g.out[kH], p->tile_h);
+  p->tiles_w = CeilDiv(g.out[kW], p->tile_w);
   p->items = SatMul({g.batch, p->tiles_d, p->tiles_h, p->tiles_w});
   if (p->ci_block <= 0) p->ci_block = std::max<int64_t>(1, g.in_c_per_group());
   if (p->stage_planes <= 0) p->stage_planes = 1;
@@ -113,9 +113,9 @@ void FillFftWorkspace(const ConvGeometry& g, DType dtype, FftPlan* p) {
 std::string PlanLaneBackprop(const ConvGeometry& g, DType dtype, int64_t limit, int workers,
                              LaneBackpropPlan* out) {
   if (workers < 1) workers = 1;
-  if (g.in_d != 1 || g.filter_d != 1 || g.out_d != 1 || g.pad_front != 0 || g.in_h != 1 ||
-      g.filter_h != 1 || g.out_h != 1 || g.pad_top != 0)
-    return "not a 1-D convolution";
+  for (int a : {kD, kH})
+    if (g.in[a] != 1 || g.filter[a] != 1 || g.out[a] != 1 || g.pad_before[a] != 0)
+      return "not a 1-D convolution";
   if (g.in_c_per_group() != 1 || g.out_c_per_group() != 1)
     return "not depthwise with one output per channel";
   if (g.groups < kFftLanes) return "fewer channels than a group of lanes";
@@ -126,8 +126,8 @@ std::string PlanLaneBackprop(const ConvGeometry& g, DType dtype, int64_t limit, 
   if (separate.tiles_w != 1) return "dL/dinput's own plan tiles the row";
   LaneBackpropPlan p;
   p.workers = workers;
-  p.fft_w = GoodFftSize(std::max(g.pad_left + g.in_w,
-                                 (g.out_w - 1) * g.stride_w + g.effective_filter_w()));
+  p.fft_w = GoodFftSize(std::max(g.pad_before[kW] + g.in[kW],
+                                 (g.out[kW] - 1) * g.stride[kW] + g.effective_filter(kW)));
   const int64_t group = SatMul({kFftLanes, p.fft_w, ComputeBytes(dtype)});
   const int64_t lane_groups = CeilDiv(g.groups, kFftLanes);
   // A task walks every image: one item's worth of tasks.
@@ -145,14 +145,13 @@ std::string PlanLaneBackprop(const ConvGeometry& g, DType dtype, int64_t limit, 
 std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int workers,
                            FftPlan* out) {
   if (workers < 1) workers = 1;
-  const int64_t eff_d = g.effective_filter_d();
-  const int64_t eff_h = g.effective_filter_h(), eff_w = g.effective_filter_w();
-  const std::vector<TileCandidate> ds = TileCandidates(std::max<int64_t>(g.out_d, 1), g.stride_d,
-                                                       eff_d, g.pad_front, g.virtual_in_d());
-  const std::vector<TileCandidate> hs = TileCandidates(std::max<int64_t>(g.out_h, 1), g.stride_h,
-                                                       eff_h, g.pad_top, g.virtual_in_h());
-  const std::vector<TileCandidate> ws = TileCandidates(std::max<int64_t>(g.out_w, 1), g.stride_w,
-                                                       eff_w, g.pad_left, g.virtual_in_w());
+  const int64_t eff_d = g.effective_filter(kD);
+  const int64_t eff_h = g.effective_filter(kH), eff_w = g.effective_filter(kW);
+  std::vector<TileCandidate> axes[kSpatialAxes];
+  for (int a = 0; a < kSpatialAxes; ++a)
+    axes[a] = TileCandidates(std::max<int64_t>(g.out[a], 1), g.stride[a], g.effective_filter(a),
+                             g.pad_before[a], g.virtual_in(a));
+  const std::vector<TileCandidate>& ds = axes[kD], &hs = axes[kH], &ws = axes[kW];
   bool found = false;
   FftPlan best;
   int64_t min_needed = std::numeric_limits<int64_t>::max();
@@ -202,8 +201,8 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
           // per (row, bin) of the volume (none in 2-D: fft_d = 1).
           const double bw = double(p.bins_w()), bins = double(p.bins());
           const double slab = double(p.fft_h) * bw * ComplexFftFlops(p.fft_d);
-          const double in_slices = double(std::min(p.fft_d, (p.tile_d - 1) * g.stride_d + eff_d));
-          const double in_rows = double(std::min(p.fft_h, (p.tile_h - 1) * g.stride_h + eff_h));
+          const double in_slices = double(std::min(p.fft_d, (p.tile_d - 1) * g.stride[kD] + eff_d));
+          const double in_rows = double(std::min(p.fft_h, (p.tile_h - 1) * g.stride[kH] + eff_h));
           const double fwd = cin * (in_slices * (in_rows * 0.5 * ComplexFftFlops(p.fft_w) +
                                                  bw * ComplexFftFlops(p.fft_h)) + slab);
           const double inv = cout * (slab + p.tile_d * (bw * ComplexFftFlops(p.fft_h) +

@@ -86,7 +86,7 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, AlgorithmRequest requ
   f.available = f.fits = fft_err.empty();
   if (f.fits) {
     const double elements =
-        double(g.batch * g.in_d * g.in_h * g.in_w * g.in_c + g.output_elements());
+        double(g.batch * g.in[kD] * g.in[kH] * g.in[kW] * g.in_c + g.output_elements());
     const FftPlan& fp = c->fft_plan;
     f.terms = {fp.transform_flops, fp.mix_flops, fp.bytes, elements, 1};
     f.seconds = fp.cost + m.fft_seconds_per_element * elements + m.fft_seconds_per_call;

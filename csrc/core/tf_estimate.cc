@@ -58,8 +58,8 @@ double DTypeSlowdown(const double (&slowdown)[kSlowdownDTypes], DType dtype) {
 int64_t TfColBufferImages(const ConvGeometry& ug, Pass pass, DType dtype, int workers) {
   if (pass == Pass::kForward || ug.batch <= 1) return 1;
   const int64_t item = DTypeBytes(dtype);
-  const int64_t out_pixels = SatMul(ug.out_h, ug.out_w);
-  const int64_t patch = SatMul({ug.filter_h, ug.filter_w, ug.in_c_per_group()});
+  const int64_t out_pixels = SatMul(ug.out[kH], ug.out[kW]);
+  const int64_t patch = SatMul({ug.filter[kH], ug.filter[kW], ug.in_c_per_group()});
   const int64_t work_unit =
       SatAdd(SatAdd(SatMul(out_pixels, patch), SatMul(patch, ug.out_c)), SatMul(out_pixels, ug.out_c));
   if (work_unit <= 0) return 1;
@@ -75,20 +75,20 @@ int64_t TfColBufferImages(const ConvGeometry& ug, Pass pass, DType dtype, int wo
 }
 
 int64_t TfSpaceToBatchBytes(const ConvGeometry& ug, DType dtype) {
-  if (ug.dilation_h == 1 && ug.dilation_w == 1) return 0;
+  if (ug.dilation[kH] == 1 && ug.dilation[kW] == 1) return 0;
   // The padded input, rounded up to whole blocks, and the undilated VALID
   // output over it: each pass holds one of each (its operands moved into the
   // batch, or one of them and its result before the move back).
   // The padding's twin: tfbigconv/kernels.py, _space_to_batch, which builds it
   // with tf.required_space_to_batch_paddings (base paddings: the convolution's
   // own, as this geometry holds them; the end padded up to whole blocks).
-  const int64_t padded_h = SatAdd(SatAdd(ug.in_h, ug.pad_top), ug.pad_bottom);
-  const int64_t padded_w = SatAdd(SatAdd(ug.in_w, ug.pad_left), ug.pad_right);
-  const int64_t rows = CeilDiv(padded_h, ug.dilation_h);  // per phase
-  const int64_t cols = CeilDiv(padded_w, ug.dilation_w);
-  const int64_t phases = SatMul(ug.dilation_h, ug.dilation_w);
-  const int64_t out_rows = std::max<int64_t>(rows - ug.filter_h + 1, 0);
-  const int64_t out_cols = std::max<int64_t>(cols - ug.filter_w + 1, 0);
+  const int64_t padded_h = SatAdd(SatAdd(ug.in[kH], ug.pad_before[kH]), ug.pad_after[kH]);
+  const int64_t padded_w = SatAdd(SatAdd(ug.in[kW], ug.pad_before[kW]), ug.pad_after[kW]);
+  const int64_t rows = CeilDiv(padded_h, ug.dilation[kH]);  // per phase
+  const int64_t cols = CeilDiv(padded_w, ug.dilation[kW]);
+  const int64_t phases = SatMul(ug.dilation[kH], ug.dilation[kW]);
+  const int64_t out_rows = std::max<int64_t>(rows - ug.filter[kH] + 1, 0);
+  const int64_t out_cols = std::max<int64_t>(cols - ug.filter[kW] + 1, 0);
   const int64_t in = SatMul({ug.batch, phases, rows, cols, ug.in_c});
   const int64_t out = SatMul({ug.batch, phases, out_rows, out_cols, ug.out_c});
   return SatMul(SatAdd(in, out), int64_t(DTypeBytes(dtype)));
@@ -100,7 +100,7 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
   Estimate e;
   e.available = kernel != TfKernel::kNone;
   // The side of a square filter with as many taps (3-D: all three axes).
-  const double side = std::sqrt(double(ug.filter_d * ug.filter_h * ug.filter_w));
+  const double side = std::sqrt(double(ug.filter[kD] * ug.filter[kH] * ug.filter[kW]));
   if (ug.is_3d() && kernel != TfKernel::kConv3D) {  // Conv3D is TF's only 3-D candidate
     e.available = e.fits = false;
     e.peak_bytes = OperandBytes(ug, dtype);
@@ -170,7 +170,7 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
       e.note = "Conv2D's forward rate at as many taps; workspace not modelled";
     } else {
       const int64_t images = TfColBufferImages(ug, pass, dtype, workers);
-      e.workspace_bytes = SatMul({ug.out_h, ug.out_w, ug.filter_h, ug.filter_w, ug.in_c,
+      e.workspace_bytes = SatMul({ug.out[kH], ug.out[kW], ug.filter[kH], ug.filter[kW], ug.in_c,
                                   int64_t(DTypeBytes(dtype)), images});
       if (ug.batch == 0) e.workspace_bytes = 0;
       e.note = pass == Pass::kForward ? "patch matrix of one image (upper bound)"
