@@ -12,6 +12,7 @@
 
 namespace tfbigconv {
 
+// One candidate algorithm for one pass, as explain() shows it.
 struct Estimate {
   bool available = false;   // tf: TF runs this case; fft: a plan fits
   bool fits = false;        // workspace within the limit
@@ -26,6 +27,7 @@ struct Estimate {
   std::vector<double> terms;
 };
 
+// Bytes of the input, filter and output, saturating.
 inline int64_t OperandBytes(const ConvGeometry& g, DType dtype) {
   // Each tensor's bytes fit (ComputeConvGeometry checks); their sum may not.
   const int64_t in = g.batch * g.in[kD] * g.in[kH] * g.in[kW] * g.in_c;

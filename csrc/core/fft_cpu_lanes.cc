@@ -12,10 +12,10 @@ namespace tfbigconv {
 namespace fft_cpu_internal {
 namespace {
 
-  // ---- Lane plans (LaneFftPlan): groups of kFftLanes adjacent groups,
-  // staged position-major as the backend's vectors (LaneKit). A task stages
-  // LaneGroupsPerTask groups together, reading whole lines of an NWC row,
-  // then transforms, mixes and inverts one group at a time in L2.
+// Groups of kFftLanes adjacent groups, staged position-major as the
+// backend's vectors (LaneKit). A task stages LaneGroupsPerTask groups
+// together, reading whole lines of an NWC row, then transforms, mixes and
+// inverts one group at a time in L2.
 template <typename S, typename T>
 class LaneRunner : public FftRunnerBase<S, T> {
   using Base = FftRunnerBase<S, T>;

@@ -146,7 +146,7 @@ std::string PlanFft(const ConvGeometry& g, DType dtype, int64_t limit, int worke
                            FftPlan* out) {
   if (workers < 1) workers = 1;
   const int64_t eff_d = g.effective_filter(kD);
-  const int64_t eff_h = g.effective_filter(kH), eff_w = g.effective_filter(kW);
+  const int64_t eff_h = g.effective_filter(kH);
   std::vector<TileCandidate> axes[kSpatialAxes];
   for (int a = 0; a < kSpatialAxes; ++a)
     axes[a] = TileCandidates(std::max<int64_t>(g.out[a], 1), g.stride[a], g.effective_filter(a),
