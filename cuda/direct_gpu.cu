@@ -482,8 +482,8 @@ __global__ void ReduceRowSplitsKernel(DirectArgs a, int64_t splits) {
 }
 
 int64_t PatchElems(const ConvGeometry& g, int64_t kb_h, int64_t kb_w) {
-  return ((kTileH - 1) * g.stride_h + (kb_h - 1) * g.dilation_h + 1) *
-         ((kTileW - 1) * g.stride_w + (kb_w - 1) * g.dilation_w + 1);
+  return ((kTileH - 1) * g.stride[kH] + (kb_h - 1) * g.dilation[kH] + 1) *
+         ((kTileW - 1) * g.stride[kW] + (kb_w - 1) * g.dilation[kW] + 1);
 }
 
 template <typename S, typename T, int CO>
@@ -540,8 +540,8 @@ std::string Launch(const DirectArgs& a, const DirectGpuPlan& plan, cudaStream_t 
 // halved until the partial sums fit `limit` (one split needs none).
 void SplitRows(const ConvGeometry& g, DType dtype, int64_t limit, int64_t threads,
                DirectGpuPlan* p) {
-  const int64_t rows = std::max<int64_t>(1, g.in_c_per_group() * g.filter_d * g.filter_h);
-  const int64_t min_rows = CeilDiv(kRedMinSteps, std::max<int64_t>(1, g.filter_w));
+  const int64_t rows = std::max<int64_t>(1, g.in_c_per_group() * g.filter[kD] * g.filter[kH]);
+  const int64_t min_rows = CeilDiv(kRedMinSteps, std::max<int64_t>(1, g.filter[kW]));
   int64_t want = std::min(CeilDiv(kRedTargetThreads, threads), CeilDiv(rows, min_rows));
   const int64_t out_bytes = g.output_elements() * ComputeBytes(dtype);
   for (want = std::max<int64_t>(1, want);; want = CeilDiv(want, 2)) {
@@ -556,16 +556,16 @@ void SplitRows(const ConvGeometry& g, DType dtype, int64_t limit, int64_t thread
 // no input dilation in rows and columns (its row loop skips only padding and
 // whole depth taps), a long reduction.
 void PlanReduction(const ConvGeometry& g, DType dtype, int64_t limit, DirectGpuPlan* p) {
-  const int64_t reduction = g.in_c_per_group() * g.filter_d * g.filter_h * g.filter_w;
-  if (g.in_dilation_h != 1 || g.in_dilation_w != 1 || g.out_w > kRedMaxOutW ||
-      g.out_d * g.out_h * g.out_w > kRedMaxOutPixels || reduction < kRedMinReduction)
+  const int64_t reduction = g.in_c_per_group() * g.filter[kD] * g.filter[kH] * g.filter[kW];
+  if (g.in_dilation[kH] != 1 || g.in_dilation[kW] != 1 || g.out[kW] > kRedMaxOutW ||
+      g.out[kD] * g.out[kH] * g.out[kW] > kRedMaxOutPixels || reduction < kRedMinReduction)
     return;
   const int64_t cog = g.out_c_per_group();
   p->reduction = true;
   p->red_channels = cog == 1 ? 1 : cog <= 4 ? 4 : 8;
-  p->red_width = g.out_w <= 4 ? 4 : 8;
-  const int64_t cols = g.batch * g.out_d * g.groups * CeilDiv(cog, p->red_channels);
-  const int64_t threads = std::max<int64_t>(1, cols * g.out_h * CeilDiv(g.out_w, p->red_width));
+  p->red_width = g.out[kW] <= 4 ? 4 : 8;
+  const int64_t cols = g.batch * g.out[kD] * g.groups * CeilDiv(cog, p->red_channels);
+  const int64_t threads = std::max<int64_t>(1, cols * g.out[kH] * CeilDiv(g.out[kW], p->red_width));
   SplitRows(g, dtype, limit, threads, p);
 }
 
@@ -578,7 +578,7 @@ void PlanDepthwise(const ConvGeometry& g, DType dtype, int64_t limit, DirectGpuP
   // Channel vectors of 4 assumed here (the launch picks the width): the split,
   // and with it the rounding, depends on the geometry alone.
   const int64_t threads = std::max<int64_t>(
-      1, g.batch * g.out_d * g.out_h * CeilDiv(g.out_w, int64_t(kDepthwiseCols)) *
+      1, g.batch * g.out[kD] * g.out[kH] * CeilDiv(g.out[kW], int64_t(kDepthwiseCols)) *
              CeilDiv(g.groups, 4));
   SplitRows(g, dtype, limit, threads, p);
 }
@@ -591,8 +591,8 @@ DirectGpuPlan PlanDirectGpu(const ConvProblem& problem, DType dtype, int64_t lim
   const int64_t tb = ComputeBytes(dtype), cog = g.out_c_per_group();
   p.channels_per_thread = cog >= 3 ? 4 : 1;
   // Largest sub-block whose patch and filter taps fit in shared memory.
-  int64_t kb_h = std::min<int64_t>(kMaxSubBlock, g.filter_h);
-  int64_t kb_w = std::min<int64_t>(kMaxSubBlock, g.filter_w);
+  int64_t kb_h = std::min<int64_t>(kMaxSubBlock, g.filter[kH]);
+  int64_t kb_w = std::min<int64_t>(kMaxSubBlock, g.filter[kW]);
   auto shared = [&](int64_t h, int64_t w) {
     return (PatchElems(g, h, w) + h * w * p.channels_per_thread) * tb;
   };
@@ -602,20 +602,20 @@ DirectGpuPlan PlanDirectGpu(const ConvProblem& problem, DType dtype, int64_t lim
   }
   // Sub-blocks under 4x4 would reload the halo for every few taps.
   p.tiled = shared(kb_h, kb_w) <= kSharedBytes &&
-            (kb_h >= std::min<int64_t>(4, g.filter_h) && kb_w >= std::min<int64_t>(4, g.filter_w));
+            (kb_h >= std::min<int64_t>(4, g.filter[kH]) && kb_w >= std::min<int64_t>(4, g.filter[kW]));
   p.kb_h = p.tiled ? int(kb_h) : 1;
   p.kb_w = p.tiled ? int(kb_w) : 1;
   p.shared_bytes = p.tiled ? shared(kb_h, kb_w) : 0;
 
   const int64_t cig = g.in_c_per_group();
   const int64_t co_blocks = CeilDiv(cog, p.channels_per_thread);
-  const int64_t base = p.tiled ? std::max<int64_t>(1, g.batch * g.out_d * g.groups * co_blocks *
-                                                          CeilDiv(g.out_h, kTileH) *
-                                                          CeilDiv(g.out_w, kTileW))
+  const int64_t base = p.tiled ? std::max<int64_t>(1, g.batch * g.out[kD] * g.groups * co_blocks *
+                                                          CeilDiv(g.out[kH], kTileH) *
+                                                          CeilDiv(g.out[kW], kTileW))
                                : CeilDiv(std::max<int64_t>(1, g.output_elements()), 256);
   const int64_t out_bytes = g.output_elements() * tb;
   // Splits cut between sub-blocks: units of (kd, kb_h filter rows).
-  const int64_t kh_units = std::max<int64_t>(1, g.filter_d * CeilDiv(g.filter_h, p.kb_h));
+  const int64_t kh_units = std::max<int64_t>(1, g.filter[kD] * CeilDiv(g.filter[kH], p.kb_h));
   for (int64_t want = std::min(kMaxSplits, CeilDiv(kTargetBlocks, base)); want >= 1; want /= 2) {
     p.ci_splits = std::max<int64_t>(1, std::min(cig, want));
     p.ci_per_split = std::max<int64_t>(1, CeilDiv(cig, p.ci_splits));
@@ -631,7 +631,7 @@ DirectGpuPlan PlanDirectGpu(const ConvProblem& problem, DType dtype, int64_t lim
   // group): a depthwise forward pass, its backprop_input and backprop_filter.
   // Taps per depth tap, as the tiled kernel runs each depth tap as a 2-D one.
   if (problem.in.g == 1 && problem.out.g == 1 && problem.filter.g == 1 && cog == 1 &&
-      g.groups >= kDepthwiseMinGroups && g.filter_h * g.filter_w <= kDepthwiseMaxTaps)
+      g.groups >= kDepthwiseMinGroups && g.filter[kH] * g.filter[kW] <= kDepthwiseMaxTaps)
     PlanDepthwise(g, dtype, limit, &p);
   else
     PlanReduction(g, dtype, limit, &p);
@@ -673,15 +673,15 @@ DirectArgs MakeArgs(const DirectGpuParams& p) {
   a.filt = p.filter;
   a.out = p.output;
   a.partial = plan.splits() > 1 ? p.workspace : nullptr;
-  a.images = g.batch * g.out_d;
-  a.tiles_h = CeilDiv(g.out_h, kTileH);
-  a.tiles_w = CeilDiv(g.out_w, kTileW);
+  a.images = g.batch * g.out[kD];
+  a.tiles_h = CeilDiv(g.out[kH], kTileH);
+  a.tiles_w = CeilDiv(g.out[kW], kTileW);
   a.co_blocks = CeilDiv(a.cog, plan.tiled ? plan.channels_per_thread : 1);
   a.ci_splits = plan.ci_splits;
   a.ci_per = plan.ci_per_split;
   a.kh_splits = plan.kh_splits;
   a.kh_per = plan.kh_per_split;
-  a.kh_units = CeilDiv(g.filter_h, int64_t(plan.kb_h));
+  a.kh_units = CeilDiv(g.filter[kH], int64_t(plan.kb_h));
   a.kb_h = plan.kb_h;
   a.kb_w = plan.kb_w;
   a.patch_max = plan.tiled ? PatchElems(g, plan.kb_h, plan.kb_w) : 0;
@@ -691,18 +691,18 @@ DirectArgs MakeArgs(const DirectGpuParams& p) {
   if (plan.reduction) {
     a.co_blocks = CeilDiv(a.cog, plan.red_channels);
     a.red_cols = a.images * g.groups * a.co_blocks;
-    a.red_pieces = CeilDiv(g.out_w, plan.red_width);
-    a.red_rows = g.in_c_per_group() * g.filter_d * g.filter_h;
+    a.red_pieces = CeilDiv(g.out[kW], plan.red_width);
+    a.red_rows = g.in_c_per_group() * g.filter[kD] * g.filter[kH];
     a.red_rows_per = plan.rows_per_split;
-    a.total = plan.row_splits * g.out_h * a.red_pieces * a.red_cols;
+    a.total = plan.row_splits * g.out[kH] * a.red_pieces * a.red_cols;
   }
   a.dw_vec = plan.depthwise ? DepthwiseVector(p) : 0;
   if (plan.depthwise) {
     a.dw_vectors = g.groups / a.dw_vec;
-    a.dw_pieces = CeilDiv(g.out_w, int64_t(kDepthwiseCols));
-    a.red_rows = g.in_c_per_group() * g.filter_d * g.filter_h;
+    a.dw_pieces = CeilDiv(g.out[kW], int64_t(kDepthwiseCols));
+    a.red_rows = g.in_c_per_group() * g.filter[kD] * g.filter[kH];
     a.red_rows_per = plan.rows_per_split;
-    a.total = plan.row_splits * a.images * g.out_h * a.dw_pieces * a.dw_vectors;
+    a.total = plan.row_splits * a.images * g.out[kH] * a.dw_pieces * a.dw_vectors;
   }
   return a;
 }

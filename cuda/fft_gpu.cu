@@ -626,14 +626,14 @@ std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t limit, cudaSt
   if (!api) return "GPU fft unavailable: " + why;
   const int64_t cig = std::max<int64_t>(1, g.in_c_per_group());
   const std::vector<TileCandidate> ds =
-      TileCandidates(std::max<int64_t>(g.out_d, 1), g.stride_d, g.effective_filter_d(),
-                     g.pad_front, g.virtual_in_d());
+      TileCandidates(std::max<int64_t>(g.out[kD], 1), g.stride[kD], g.effective_filter(kD),
+                     g.pad_before[kD], g.virtual_in(kD));
   const std::vector<TileCandidate> hs =
-      TileCandidates(std::max<int64_t>(g.out_h, 1), g.stride_h, g.effective_filter_h(),
-                     g.pad_top, g.virtual_in_h());
+      TileCandidates(std::max<int64_t>(g.out[kH], 1), g.stride[kH], g.effective_filter(kH),
+                     g.pad_before[kH], g.virtual_in(kH));
   const std::vector<TileCandidate> ws =
-      TileCandidates(std::max<int64_t>(g.out_w, 1), g.stride_w, g.effective_filter_w(),
-                     g.pad_left, g.virtual_in_w());
+      TileCandidates(std::max<int64_t>(g.out[kW], 1), g.stride[kW], g.effective_filter(kW),
+                     g.pad_before[kW], g.virtual_in(kW));
   FftGpuPlan best;
   bool found = false;
   int64_t min_needed = INT64_MAX;
@@ -643,13 +643,13 @@ std::string PlanFftGpu(const ConvGeometry& g, DType dtype, int64_t limit, cudaSt
         FftGpuPlan p;
         p.tile_d = d.tile;
         p.fft_d = d.fft;
-        p.tiles_d = CeilDiv(std::max<int64_t>(g.out_d, 1), p.tile_d);
+        p.tiles_d = CeilDiv(std::max<int64_t>(g.out[kD], 1), p.tile_d);
         p.tile_h = h.tile;
         p.fft_h = h.fft;
         p.tile_w = w.tile;
         p.fft_w = w.fft;
-        p.tiles_h = CeilDiv(std::max<int64_t>(g.out_h, 1), p.tile_h);
-        p.tiles_w = CeilDiv(std::max<int64_t>(g.out_w, 1), p.tile_w);
+        p.tiles_h = CeilDiv(std::max<int64_t>(g.out[kH], 1), p.tile_h);
+        p.tiles_w = CeilDiv(std::max<int64_t>(g.out[kW], 1), p.tile_w);
         p.items = std::max<int64_t>(1, g.batch * p.tiles_d * p.tiles_h * p.tiles_w);
         // Largest ci_block (halving) and then chunk (doubling) that fit.
         p.chunk = 1;

@@ -3,15 +3,14 @@
 namespace tfbigconv {
 namespace gpu {
 
-Status ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, const std::string& requested,
+Status ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, AlgorithmRequest requested,
                           int64_t limit, cudaStream_t stream, GpuAlgorithmChoice* c) {
   const ConvGeometry& g = problem.g;
-  if (requested != "auto" && requested != "direct" && requested != "fft")
-    return Status::InvalidArgument("algorithm must be one of 'auto', 'direct' or 'fft', got '" +
-                                   requested + "'");
+  if (requested == AlgorithmRequest::kTf)
+    return Status::InvalidArgument("algorithm must be one of 'auto', 'direct' or 'fft', got 'tf'");
   c->direct = PlanDirectGpu(problem, dtype, limit);
   c->algorithm = Algorithm::kDirect;
-  if (requested == "direct") {
+  if (requested == AlgorithmRequest::kDirect) {
     c->reason = "requested";
     return Status::Ok();
   }
@@ -19,7 +18,7 @@ Status ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, const std::st
   const bool have_cufft = CufftAvailable(&why_no_cufft);
   const std::string fft_err = have_cufft ? PlanFftGpu(g, dtype, limit, stream, &c->fft)
                                          : "GPU fft unavailable: " + why_no_cufft;
-  if (requested == "fft") {
+  if (requested == AlgorithmRequest::kFft) {
     if (!have_cufft) return Status::Unavailable(fft_err);
     if (!fft_err.empty()) return Status::ResourceExhausted(fft_err);
     c->algorithm = Algorithm::kFft;

@@ -28,9 +28,9 @@ struct GpuAlgorithmChoice {
   }
 };
 
-// Errors: an unknown algorithm name (kInvalidArgument); "fft" requested and
-// cuFFT missing (kUnavailable) or no plan fits (kResourceExhausted).
-Status ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, const std::string& requested,
+// Errors: kTf requested (kInvalidArgument); kFft requested and cuFFT missing
+// (kUnavailable) or no plan fits (kResourceExhausted).
+Status ChooseGpuAlgorithm(const ConvProblem& problem, DType dtype, AlgorithmRequest requested,
                                int64_t workspace_limit, cudaStream_t stream,
                                GpuAlgorithmChoice* choice);
 

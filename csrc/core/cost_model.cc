@@ -58,6 +58,26 @@ std::string FormatSeconds(double s) {
 
 const char* AlgorithmName(Algorithm a) { return a == Algorithm::kFft ? "fft" : "direct"; }
 
+namespace {
+constexpr AlgorithmRequest kRequests[] = {AlgorithmRequest::kAuto, AlgorithmRequest::kTf,
+                                          AlgorithmRequest::kDirect, AlgorithmRequest::kFft};
+}  // namespace
+
+const char* AlgorithmRequestName(AlgorithmRequest r) {
+  static const char* const kNames[] = {"auto", "tf", "direct", "fft"};
+  return kNames[int(r)];
+}
+
+std::string ParseAlgorithmRequest(const std::string& name, AlgorithmRequest* out) {
+  for (AlgorithmRequest r : kRequests)
+    if (name == AlgorithmRequestName(r)) {
+      *out = r;
+      return "";
+    }
+  // The alias is Python's (arguments.requested_algorithm), which passes "tf".
+  return "algorithm must be 'auto', 'tf' (alias 'im2col'), 'direct' or 'fft', got '" + name + "'";
+}
+
 const char* DeviceName(Device d) { return d == Device::kCpu ? "CPU" : "GPU"; }
 
 namespace {
@@ -201,25 +221,26 @@ int GpuDTypeClass(DType dtype) {
 // NHWC. On the H100 grids its half-precision filter gradient ran at 4.8-9.3
 // TFLOP/s on the class's 7x7 layers, at 0.3-1.5 on depthwise layers outside it.
 static bool CudnnDepthwiseClass(const ConvGeometry& g) {
-  const int64_t k = g.filter_h;
+  const int64_t k = g.filter[kH];
   return g.groups > 1 && g.in_c_per_group() == 1 && g.out_c_per_group() == 1 &&
-         g.filter_w == k && (k == 1 || k == 3 || k == 5 || k == 7) &&
-         g.stride_h == g.stride_w && g.stride_h <= 2 && g.dilation_h == 1 && g.dilation_w == 1;
+         g.filter[kW] == k && (k == 1 || k == 3 || k == 5 || k == 7) &&
+         g.stride[kH] == g.stride[kW] && g.stride[kH] <= 2 && g.dilation[kH] == 1 &&
+         g.dilation[kW] == 1;
 }
 
 GpuModelTerms GpuTerms(const ConvGeometry& g, GpuCandidate c) {
   auto log1 = [](double x) { return std::log(std::max(x, 1.0)); };
   GpuModelTerms t;
-  const double side = std::sqrt(double(g.filter_h * g.filter_w));
+  const double side = std::sqrt(double(g.filter[kH] * g.filter[kW]));
   const double cig = double(g.in_c_per_group()), cog = double(g.out_c_per_group());
-  const double pixels = double(g.batch * g.out_h * g.out_w);
+  const double pixels = double(g.batch * g.out[kH] * g.out[kW]);
   const double elements =
-      double(g.batch * g.in_h * g.in_w * g.in_c) + double(g.output_elements());
+      double(g.batch * g.in[kH] * g.in[kW] * g.in_c) + double(g.output_elements());
   if (c == GpuCandidate::kFft) {
     // Whole-image transforms: every input and output channel of every image
     // forward or back, the filter spectra once, and the per-bin channel mix.
-    const int64_t fh = GoodFftSize((g.out_h - 1) * g.stride_h + g.effective_filter_h());
-    const int64_t fw = GoodFftSize((g.out_w - 1) * g.stride_w + g.effective_filter_w());
+    const int64_t fh = GoodFftSize((g.out[kH] - 1) * g.stride[kH] + g.effective_filter(kH));
+    const int64_t fw = GoodFftSize((g.out[kW] - 1) * g.stride[kW] + g.effective_filter(kW));
     const double plane = double(fh * fw), logp = std::log2(std::max(plane, 2.0));
     const double transforms =
         double(g.batch) * double(g.in_c + g.out_c) + cig * double(g.out_c);

@@ -1,6 +1,6 @@
 // The planner's cost model: its constants (CostModel, as named numbers for
 // JSON profiles), the process-wide active model, and the GPU model that both
-// the trace-time planner (plan.cc) and the GPU kernels' run-time choice
+// the trace-time planner (gpu_estimate.cc) and the GPU kernels' run-time choice
 // (cuda/plan_gpu.cc) evaluate. Needs nothing but geometry.cc, so the TF-free
 // CUDA harness links it too.
 #pragma once
@@ -18,6 +18,18 @@ namespace tfbigconv {
 // choice (plan.h, cuda/plan_gpu.h).
 enum class Algorithm { kDirect, kFft };
 const char* AlgorithmName(Algorithm a);  // "direct" or "fft"
+
+// What a caller asks the planners for: their choice (auto), TensorFlow's own
+// kernel (tf), or one of ours; and what PlanPass chose (never kAuto).
+enum class AlgorithmRequest { kAuto, kTf, kDirect, kFft };
+const char* AlgorithmRequestName(AlgorithmRequest r);  // "auto", "tf", "direct", "fft"
+inline AlgorithmRequest RequestOf(Algorithm a) {
+  return a == Algorithm::kFft ? AlgorithmRequest::kFft : AlgorithmRequest::kDirect;
+}
+// The one parser of algorithm names, called only where a name enters C++:
+// the op kernels' attributes (csrc/tf/attrs.h), _core's and the CUDA
+// harness's arguments. Returns "" or why the name is not one of the four.
+std::string ParseAlgorithmRequest(const std::string& name, AlgorithmRequest* out);
 
 // Where a pass runs; each device has its own candidates and cost model.
 enum class Device { kCpu, kGpu };
@@ -105,7 +117,7 @@ struct CostModel {
 // that interpolating from 7 to 15 spread over sides 8-14.
 constexpr double kIm2colSideAxis[kIm2colSides] = {3, 7, 14, 15, 31};
 // oneDNN's float32 filter gradient leaves its fast path from this side
-// (kIm2colSideAxis[3] = 15): the half types' rates stop below it (plan.cc).
+// (kIm2colSideAxis[3] = 15): the half types' rates stop below it (tf_estimate.cc).
 constexpr int kIm2colSlowPathSide = 3;
 constexpr double kIm2colChannelAxis[kIm2colChannels] = {1, 16, 256, 2048};
 

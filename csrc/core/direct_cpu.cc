@@ -65,17 +65,19 @@ struct Layout {
   int64_t panel_elems = 0, filter_elems = 0, acc_elems = 0;
 
   int64_t PanelRows(int64_t nkh, const ConvGeometry& g) const {
-    return SatAdd(SatMul(b.task_rows - 1, g.stride_h), (nkh - 1) * g.dilation_h + 1);
+    return SatAdd(SatMul(b.task_rows - 1, g.stride[kH]), (nkh - 1) * g.dilation[kH] + 1);
   }
 };
 
 // Depth (3-D problems): each (image, output depth) pair is an "image" of the
 // task decomposition, one per task, and the filter's depth taps are an outer
 // reduction loop, each packing its input plane's panels.
-bool HasDepth(const ConvGeometry& g) { return g.in_d != 1 || g.filter_d != 1 || g.out_d != 1; }
+bool HasDepth(const ConvGeometry& g) {
+  return g.in[kD] != 1 || g.filter[kD] != 1 || g.out[kD] != 1;
+}
 ConvGeometry DepthAsImages(const ConvGeometry& g) {
   ConvGeometry r = g;
-  r.batch = SatMul(g.batch, g.out_d);
+  r.batch = SatMul(g.batch, g.out[kD]);
   return r;
 }
 
@@ -95,7 +97,7 @@ Layout MakeLayout(const ConvGeometry& g3, const KernelTable<T>& kt, int workers)
   // column kernel (C=4: 6 loads per 24 FMAs) does better than one vector,
   // except on outputs at most half a vector wide (filter gradients of small
   // filters), where its column vectors would hold mostly padding.
-  const int64_t ow = std::max<int64_t>(g.out_w, 1);
+  const int64_t ow = std::max<int64_t>(g.out[kW], 1);
   l.b.channel_vectors = !l.b.group_vectors && (cog >= 2 * L || (cog >= L && 2 * ow <= L));
   // Narrow pixel groups where the wide ones would compute far more padded
   // pixels (a 3x3 filter gradient's 3-pixel rows filled 3 of 12). Per lane,
@@ -139,25 +141,25 @@ Layout MakeLayout(const ConvGeometry& g3, const KernelTable<T>& kt, int workers)
   // accumulator budget and short of starving the threads.
   l.group_tasks = CeilDiv(g.groups, l.b.group_block);
   const int64_t images = std::max<int64_t>(1, g.batch * l.group_tasks);
-  l.qlen = l.wo_pad + (g.filter_w - 1) * g.dilation_w / g.stride_w;
+  l.qlen = l.wo_pad + (g.filter[kW] - 1) * g.dilation[kW] / g.stride[kW];
   int64_t rows = std::min({CeilDiv(kTaskPixels, l.wo_pad), kAccBytes / row_bytes,
-                           CeilDiv(g.out_h * images, kMinTasks)});
+                           CeilDiv(g.out[kH] * images, kMinTasks)});
   if (l.b.group_vectors) {
     // A group block's panel rows are wide (a vector or two per column), so
     // fit the task's rows to the panel budget with the whole filter height
     // (else each filter-row block packs the rows again: 7 times for a 7x7
     // stride-2 forward)...
-    const int64_t eff_kh = g.effective_filter_h();
+    const int64_t eff_kh = g.effective_filter(kH);
     const int64_t panel_rows =
-        kPanelBytes / std::max<int64_t>(1, SatMul({g.stride_w, l.qlen, l.b.group_block,
+        kPanelBytes / std::max<int64_t>(1, SatMul({g.stride[kW], l.qlen, l.b.group_block,
                                                    int64_t(sizeof(T))}));
-    if (panel_rows >= eff_kh) rows = std::min(rows, (panel_rows - eff_kh) / g.stride_h + 1);
+    if (panel_rows >= eff_kh) rows = std::min(rows, (panel_rows - eff_kh) / g.stride[kH] + 1);
     // ...but not below the filter's height in output rows, where panels of
     // neighbouring tasks would overlap more than they hold (a filter
     // gradient, whose "filter" is the whole image, packed it once per row).
-    rows = std::max(rows, std::min(CeilDiv(eff_kh, g.stride_h), kAccBytes / row_bytes));
+    rows = std::max(rows, std::min(CeilDiv(eff_kh, g.stride[kH]), kAccBytes / row_bytes));
   }
-  rows = std::min(std::max<int64_t>(rows, 1), std::max<int64_t>(g.out_h, 1));
+  rows = std::min(std::max<int64_t>(rows, 1), std::max<int64_t>(g.out[kH], 1));
   l.b.task_rows = RoundUp(rows, row_multiple);
   l.acc_elems = SatMul(l.b.task_rows, row_bytes / int64_t(sizeof(T)));
   // Shrink the (in-channel, filter-row) block until the panel and the filter
@@ -168,11 +170,11 @@ Layout MakeLayout(const ConvGeometry& g3, const KernelTable<T>& kt, int workers)
   // Values per panel entry and input channel: a block of groups (groups
   // kernel), else one (the chans kernel's entries hold ci_block channels).
   const int64_t entry = l.b.group_block;
-  int64_t cib = cig, khb = g.filter_h;
+  int64_t cib = cig, khb = g.filter[kH];
   for (;;) {
     const int64_t panel =
-        SatMul({cib, l.PanelRows(khb, g), g.stride_w, l.qlen, entry, int64_t(sizeof(T))});
-    const int64_t filt = SatMul({cib, khb, g.filter_w, tile_c, int64_t(sizeof(T))});
+        SatMul({cib, l.PanelRows(khb, g), g.stride[kW], l.qlen, entry, int64_t(sizeof(T))});
+    const int64_t filt = SatMul({cib, khb, g.filter[kW], tile_c, int64_t(sizeof(T))});
     if (panel <= kPanelBytes && filt <= kFilterBytes) break;
     if (khb >= cib && khb > 1) khb = CeilDiv(khb, 2);
     else if (cib > 1) cib = CeilDiv(cib, 2);
@@ -181,15 +183,15 @@ Layout MakeLayout(const ConvGeometry& g3, const KernelTable<T>& kt, int workers)
   l.b.ci_block = cib;
   l.b.kh_block = khb;
   l.panel_rows_max = l.PanelRows(khb, g);
-  l.panel_elems = SatMul({cib, l.panel_rows_max, g.stride_w, l.qlen, entry});
-  l.filter_elems = SatMul({cib, khb, g.filter_w, tile_c});
-  l.row_blocks = CeilDiv(g.out_h, l.b.task_rows);
+  l.panel_elems = SatMul({cib, l.panel_rows_max, g.stride[kW], l.qlen, entry});
+  l.filter_elems = SatMul({cib, khb, g.filter[kW], tile_c});
+  l.row_blocks = CeilDiv(g.out[kH], l.b.task_rows);
   // What a task packs: its group's whole filter, and each image's panels
   // (per depth tap in 3-D).
   const int64_t filter_per_task =
-      SatMul({g.filter_d, g.filter_h, g.filter_w, cig, l.co_pad, entry});
-  const int64_t panels_per_image = SatMul(
-      {g.filter_d, CeilDiv(g.filter_h, khb), cig, l.panel_rows_max, g.stride_w, l.qlen, entry});
+      SatMul({g.filter[kD], g.filter[kH], g.filter[kW], cig, l.co_pad, entry});
+  const int64_t panels_per_image = SatMul({g.filter[kD], CeilDiv(g.filter[kH], khb), cig,
+                                           l.panel_rows_max, g.stride[kW], l.qlen, entry});
   // Images per task. Where the output rows are few (a filter gradient's
   // output is the filter), each packed filter element serves few
   // multiply-adds: 9 in a 3x3 filter gradient, which spent most of its time
@@ -215,7 +217,7 @@ Layout MakeLayout(const ConvGeometry& g3, const KernelTable<T>& kt, int workers)
   blocks = std::clamp<int64_t>(blocks, 1, std::max<int64_t>(g.batch, 1));
   l.b.image_block = std::max<int64_t>(1, CeilDiv(g.batch, blocks));
   l.b.tasks = CeilDiv(g.batch, l.b.image_block) * l.group_tasks * l.row_blocks;
-  l.b.lane_utilization = double(std::max<int64_t>(g.out_w, 1)) / double(l.wo_pad) *
+  l.b.lane_utilization = double(std::max<int64_t>(g.out[kW], 1)) / double(l.wo_pad) *
                          double(std::max<int64_t>(cog, 1)) / double(std::max<int64_t>(l.co_pad, 1));
   if (l.b.group_vectors)
     l.b.lane_utilization *= double(g.groups) / double(l.group_tasks * l.b.group_block);
@@ -225,7 +227,7 @@ Layout MakeLayout(const ConvGeometry& g3, const KernelTable<T>& kt, int workers)
   const int64_t per_image = SatAdd(l.panel_elems, l.acc_elems);
   l.b.scratch_bytes_per_worker =
       SatAdd(SatMul(SatAdd(SatMul(l.b.image_block, per_image), l.filter_elems), int64_t(sizeof(T))),
-             g.filter_w * int64_t(sizeof(int64_t)));
+             g.filter[kW] * int64_t(sizeof(int64_t)));
   return l;
 }
 
@@ -267,8 +269,8 @@ void PackPanel(const S* in, const TensorView& v, const ConvGeometry& g, int64_t 
                int64_t rows, int64_t iw0, int64_t nci, int64_t qlen, int64_t ci_stride,
                int64_t row_stride, int64_t phase_stride, int64_t q_stride, PanelEntry e,
                T* dst) {
-  const int64_t sw = g.stride_w, uh = g.in_dilation_h, uw = g.in_dilation_w;
-  const int64_t vh = g.virtual_in_h(), vw = g.virtual_in_w();
+  const int64_t sw = g.stride[kW], uh = g.in_dilation[kH], uw = g.in_dilation[kW];
+  const int64_t vh = g.virtual_in(kH), vw = g.virtual_in(kW);
   auto zero = [&](T* d) {
     if (kBlock) std::fill_n(d, e.width, T(0));
     else *d = T(0);
@@ -331,7 +333,7 @@ class DirectRunner {
     parallel_for(l_.b.tasks, [this](int64_t begin, int64_t end, int /*worker*/) {
       const int64_t ib = l_.b.image_block;
       std::vector<T> panel(ib * l_.panel_elems), filt(l_.filter_elems), acc(ib * l_.acc_elems);
-      std::vector<int64_t> kw_offset(g_.filter_w);
+      std::vector<int64_t> kw_offset(g_.filter[kW]);
       for (int64_t t = begin; t < end; ++t)
         RunTask(t, panel.data(), filt.data(), acc.data(), kw_offset.data());
     });
@@ -345,10 +347,10 @@ class DirectRunner {
     const int64_t rb = task % l_.row_blocks;
     const int64_t grp = (task / l_.row_blocks) % l_.group_tasks * l_.b.group_block;
     const int64_t i0 = task / (l_.row_blocks * l_.group_tasks) * l_.b.image_block;
-    const int64_t n0 = i0 / g_.out_d, od = i0 % g_.out_d;
-    const int64_t images = std::min(l_.b.image_block, g_.batch * g_.out_d - i0);
+    const int64_t n0 = i0 / g_.out[kD], od = i0 % g_.out[kD];
+    const int64_t images = std::min(l_.b.image_block, g_.batch * g_.out[kD] - i0);
     const int64_t oh0 = rb * l_.b.task_rows;
-    const int64_t rows_valid = std::min(l_.b.task_rows, g_.out_h - oh0);
+    const int64_t rows_valid = std::min(l_.b.task_rows, g_.out[kH] - oh0);
     const int64_t cig = g_.in_c_per_group(), cog = g_.out_c_per_group();
     // The groups kernel's block: its real groups, and one vector where that
     // holds them all.
@@ -363,19 +365,19 @@ class DirectRunner {
     blk.filt = filt;
     blk.accs = accs;
     blk.kw_offset = kw_offset;
-    for (int64_t kd = 0; kd < g_.filter_d; ++kd) {
+    for (int64_t kd = 0; kd < g_.filter[kD]; ++kd) {
       // The (virtual, see in_dilation) input plane of this depth tap; taps
       // on padding or between dilated planes add nothing.
-      const int64_t vd = od * g_.stride_d - g_.pad_front + kd * g_.dilation_d;
-      if (vd < 0 || vd >= g_.virtual_in_d() || vd % g_.in_dilation_d != 0) continue;
-      blk.in = in_ + n0 * iv_.n + (vd / g_.in_dilation_d) * iv_.d + grp * iv_.g;
+      const int64_t vd = od * g_.stride[kD] - g_.pad_before[kD] + kd * g_.dilation[kD];
+      if (vd < 0 || vd >= g_.virtual_in(kD) || vd % g_.in_dilation[kD] != 0) continue;
+      blk.in = in_ + n0 * iv_.n + (vd / g_.in_dilation[kD]) * iv_.d + grp * iv_.g;
       blk.filter = filt_ + fv_.offset + kd * fv_.d;
       for (blk.ci0 = 0; blk.ci0 < cig; blk.ci0 += l_.b.ci_block) {
         blk.nci = std::min(l_.b.ci_block, cig - blk.ci0);
-        for (blk.kh0 = 0; blk.kh0 < g_.filter_h; blk.kh0 += l_.b.kh_block) {
-          blk.nkh = std::min(l_.b.kh_block, g_.filter_h - blk.kh0);
+        for (blk.kh0 = 0; blk.kh0 < g_.filter[kH]; blk.kh0 += l_.b.kh_block) {
+          blk.nkh = std::min(l_.b.kh_block, g_.filter[kH] - blk.kh0);
           blk.rows = l_.PanelRows(blk.nkh, g_);
-          blk.ih0 = oh0 * g_.stride_h - g_.pad_top + blk.kh0 * g_.dilation_h;
+          blk.ih0 = oh0 * g_.stride[kH] - g_.pad_before[kH] + blk.kh0 * g_.dilation[kH];
           if (l_.b.group_vectors) GroupsBlock(blk, ng, gv);
           else if (l_.b.channel_vectors) ChansBlock(blk);
           else ColsBlock(blk);
@@ -394,11 +396,11 @@ class DirectRunner {
           const int64_t entry = l_.b.group_vectors ? gv * l_.lanes : l_.co_pad;
           const int64_t n = l_.b.group_vectors ? ng : cog;
           const int64_t stride = l_.b.group_vectors ? ov_.g : ov_.c;
-          for (int64_t ow = 0; ow < g_.out_w; ++ow)
+          for (int64_t ow = 0; ow < g_.out[kW]; ++ow)
             StoreN(acc + (r * l_.wo_pad + ow) * entry, n, out_r + ow * ov_.w, stride);
         } else {
           for (int64_t c = 0; c < cog; ++c)
-            StoreN(acc + (c * l_.b.task_rows + r) * l_.wo_pad, g_.out_w, out_r + c * ov_.c,
+            StoreN(acc + (c * l_.b.task_rows + r) * l_.wo_pad, g_.out[kW], out_r + c * ov_.c,
                    ov_.w);
         }
       }
@@ -430,10 +432,10 @@ class DirectRunner {
   }
 
   void ColsBlock(const Block& b) const {
-    const int64_t sw = g_.stride_w, qlen = l_.qlen;
+    const int64_t sw = g_.stride[kW], qlen = l_.qlen;
     const int64_t row_stride = sw * qlen, ci_stride = b.rows * row_stride;
     for (int64_t m = 0; m < b.images; ++m)
-      PackPanel<S, T, false>(ImageIn(b, m), iv_, g_, b.ih0, b.rows, -g_.pad_left, b.nci, qlen,
+      PackPanel<S, T, false>(ImageIn(b, m), iv_, g_, b.ih0, b.rows, -g_.pad_before[kW], b.nci, qlen,
                              ci_stride, row_stride, qlen, 1, PanelEntry(), Panel(b, m));
     TapOffsets(qlen, 1, b.kw_offset);
     const int64_t cog = g_.out_c_per_group();
@@ -444,13 +446,13 @@ class DirectRunner {
       const int R = kt_.cols_rows[C];
       ColsTile<T> t;
       t.panel_ci_stride = ci_stride;
-      t.out_row_step = g_.stride_h * row_stride;
-      t.tap_row_step = g_.dilation_h * row_stride;
+      t.out_row_step = g_.stride[kH] * row_stride;
+      t.tap_row_step = g_.dilation[kH] * row_stride;
       t.kw_offset = b.kw_offset;
       t.filter = b.filt;
       t.n_ci = b.nci;
       t.n_kh = b.nkh;
-      t.n_kw = g_.filter_w;
+      t.n_kw = g_.filter[kW];
       t.acc_c_stride = l_.b.task_rows * l_.wo_pad;
       t.acc_r_stride = l_.wo_pad;
       t.n_colvec = l_.wo_pad / l_.lanes;
@@ -464,7 +466,7 @@ class DirectRunner {
   }
 
   void ChansBlock(const Block& b) const {
-    const int64_t sw = g_.stride_w, qlen = l_.qlen;
+    const int64_t sw = g_.stride[kW], qlen = l_.qlen;
     const int64_t q_stride = b.nci, phase_stride = qlen * q_stride, row_stride = sw * phase_stride;
     // A panel entry is a pixel's nci channels: one block entry, so that NHWC
     // inputs are copied a pixel's channels at a time, not a channel at a time.
@@ -472,13 +474,13 @@ class DirectRunner {
     entry.width = entry.n = b.nci;
     entry.stride = iv_.c;
     for (int64_t m = 0; m < b.images; ++m)
-      PackPanel<S, T, true>(ImageIn(b, m), iv_, g_, b.ih0, b.rows, -g_.pad_left, 1, qlen, 0,
+      PackPanel<S, T, true>(ImageIn(b, m), iv_, g_, b.ih0, b.rows, -g_.pad_before[kW], 1, qlen, 0,
                             row_stride, phase_stride, q_stride, entry, Panel(b, m));
     TapOffsets(phase_stride, q_stride, b.kw_offset);
-    const int64_t cog = g_.out_c_per_group(), KW = g_.filter_w;
+    const int64_t cog = g_.out_c_per_group(), KW = g_.filter[kW];
     const int64_t L = l_.lanes;
     ChansTile<T> t;
-    t.tap_row_step = g_.dilation_h * row_stride;
+    t.tap_row_step = g_.dilation[kH] * row_stride;
     t.q_stride = q_stride;
     t.kw_offset = b.kw_offset;
     t.n_ci = b.nci;
@@ -501,7 +503,7 @@ class DirectRunner {
       t.filter = b.filt;
       for (int64_t m = 0; m < b.images; ++m)
         for (int64_t r = 0; r < b.rows_valid; ++r) {
-          t.panel = Panel(b, m) + r * g_.stride_h * row_stride;
+          t.panel = Panel(b, m) + r * g_.stride[kH] * row_stride;
           t.acc = Acc(b, m) + r * l_.wo_pad * l_.co_pad + c0;
           kt_.chans[l_.b.narrow_pixels][CV](t);
         }
@@ -517,7 +519,7 @@ class DirectRunner {
     T* f = b.filt;
     for (int64_t ci = 0; ci < b.nci; ++ci)
       for (int64_t kh = 0; kh < b.nkh; ++kh)
-        for (int64_t kw = 0; kw < g_.filter_w; ++kw)
+        for (int64_t kw = 0; kw < g_.filter[kW]; ++kw)
           f = std::fill_n(
               ConvertN(FilterAt(b, b.kh0 + kh, kw, b.ci0 + ci, b.grp, c0), stride, n, f),
               width - n, T(0));
@@ -526,9 +528,9 @@ class DirectRunner {
   // kw_offset[kw]: where filter column kw's inputs start in a panel row, whose
   // entries are ordered (phase, q) for input column q * stride_w + phase.
   void TapOffsets(int64_t phase_stride, int64_t q_stride, int64_t* kw_offset) const {
-    for (int64_t kw = 0; kw < g_.filter_w; ++kw) {
-      const int64_t off = kw * g_.dilation_w;
-      kw_offset[kw] = (off % g_.stride_w) * phase_stride + (off / g_.stride_w) * q_stride;
+    for (int64_t kw = 0; kw < g_.filter[kW]; ++kw) {
+      const int64_t off = kw * g_.dilation[kW];
+      kw_offset[kw] = (off % g_.stride[kW]) * phase_stride + (off / g_.stride[kW]) * q_stride;
     }
   }
 
@@ -536,7 +538,7 @@ class DirectRunner {
   // gb = gv * lanes groups: panel [ci][row][phase][q][gb], filter
   // [ci][kh][kw][gb], accumulators [row][col][gb].
   void GroupsBlock(const Block& b, int64_t ng, int gv) const {
-    const int64_t sw = g_.stride_w, qlen = l_.qlen, gb = gv * l_.lanes;
+    const int64_t sw = g_.stride[kW], qlen = l_.qlen, gb = gv * l_.lanes;
     const int64_t q_stride = gb, phase_stride = qlen * q_stride, row_stride = sw * phase_stride;
     const int64_t ci_stride = b.rows * row_stride;
     PanelEntry entry;
@@ -544,23 +546,23 @@ class DirectRunner {
     entry.n = ng;
     entry.stride = iv_.g;
     for (int64_t m = 0; m < b.images; ++m)
-      PackPanel<S, T, true>(ImageIn(b, m), iv_, g_, b.ih0, b.rows, -g_.pad_left, b.nci, qlen,
+      PackPanel<S, T, true>(ImageIn(b, m), iv_, g_, b.ih0, b.rows, -g_.pad_before[kW], b.nci, qlen,
                             ci_stride, row_stride, phase_stride, q_stride, entry, Panel(b, m));
     TapOffsets(phase_stride, q_stride, b.kw_offset);
     PackFilterByChannel(b, 0, fv_.g, ng, gb);
     direct::GroupsTile<T> t;
     t.panel_ci_stride = ci_stride;
-    t.tap_row_step = g_.dilation_h * row_stride;
+    t.tap_row_step = g_.dilation[kH] * row_stride;
     t.q_stride = q_stride;
     t.kw_offset = b.kw_offset;
     t.filter = b.filt;
     t.n_ci = b.nci;
     t.n_kh = b.nkh;
-    t.n_kw = g_.filter_w;
+    t.n_kw = g_.filter[kW];
     t.n_pixgroups = l_.wo_pad / l_.unit;
     for (int64_t m = 0; m < b.images; ++m)
       for (int64_t r = 0; r < b.rows_valid; ++r) {
-        t.panel = Panel(b, m) + r * g_.stride_h * row_stride;
+        t.panel = Panel(b, m) + r * g_.stride[kH] * row_stride;
         t.acc = Acc(b, m) + r * l_.wo_pad * gb;
         kt_.groups[l_.b.narrow_pixels][gv](t);
       }
@@ -582,9 +584,9 @@ void ZeroView(const ConvProblem& p, S* out) {
   const S zero = Store<S, float>(0.0f);
   const int64_t cog = g.out_c_per_group();
   for (int64_t n = 0; n < g.batch; ++n)
-    for (int64_t d = 0; d < g.out_d; ++d)
-      for (int64_t h = 0; h < g.out_h; ++h)
-        for (int64_t w = 0; w < g.out_w; ++w)
+    for (int64_t d = 0; d < g.out[kD]; ++d)
+      for (int64_t h = 0; h < g.out[kH]; ++h)
+        for (int64_t w = 0; w < g.out[kW]; ++w)
           for (int64_t grp = 0; grp < g.groups; ++grp)
             for (int64_t c = 0; c < cog; ++c)
               out[n * p.out.n + d * p.out.d + h * p.out.h + w * p.out.w + grp * p.out.g +

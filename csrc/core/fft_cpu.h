@@ -6,7 +6,7 @@
 #include "dtypes.h"
 #include "geometry.h"
 #include "parallel.h"
-#include "plan.h"
+#include "fft_plan.h"
 
 namespace tfbigconv {
 
@@ -23,7 +23,7 @@ struct FftParams {
 void FftConv(const FftParams& p, const ParallelFor& parallel_for);
 
 // Both gradients of a 1-D depthwise convolution from one transform of
-// dL/doutput per image (LaneBackpropPlan, plan.h). Tensors in the forward
+// dL/doutput per image (LaneBackpropPlan, fft_plan.h). Tensors in the forward
 // problem's layouts; both gradients are fully overwritten. A NaN, an Inf or a
 // value the transforms could overflow with sends both passes to the direct
 // kernel, as the separate FFT passes do.

@@ -1,7 +1,7 @@
 // The GPU FFT's workspace layout (cuda/fft_gpu.cu), in one place for all who
 // size it: the GPU planner (PlanFftGpu), the launcher that carves the
 // workspace into its parts (fft_gpu.cu, Run), the CUDA harness's host runs
-// (cuda/harness) and the trace-time planner's lower bound (plan.cc, which
+// (cuda/harness) and the trace-time planner's lower bound (gpu_estimate.cc, which
 // must not depend on CUDA). Header-only and free of CUDA headers, so that the
 // core, the CUDA library and the TF-free harness all use it as it is.
 //
@@ -87,7 +87,7 @@ inline FftGpuLayout FftGpuWorkspaceLayout(const ConvGeometry& g, DType dtype, in
 }
 
 // A lower bound of every GPU FFT plan's workspace, for the trace-time planner
-// (plan.cc), which cannot ask cuFFT: the smallest transform (the first tile
+// (gpu_estimate.cc), which cannot ask cuFFT: the smallest transform (the first tile
 // candidate, GoodFftSize of the effective filter), one item and one input
 // channel per group at a time; of its layout, the filter and output spectra,
 // one input spectrum and a cuFFT work area of one spectrum (the planning
@@ -95,8 +95,8 @@ inline FftGpuLayout FftGpuWorkspaceLayout(const ConvGeometry& g, DType dtype, in
 // the staging check are left out. The run-time plan is at least this big.
 inline int64_t FftGpuMinWorkspaceBytes(const ConvGeometry& g, DType dtype) {
   const int64_t spectrum =
-      FftGpuSpectrumBytes(GoodFftSize(g.effective_filter_d()), GoodFftSize(g.effective_filter_h()),
-                          GoodFftSize(g.effective_filter_w()), dtype);
+      FftGpuSpectrumBytes(GoodFftSize(g.effective_filter(kD)), GoodFftSize(g.effective_filter(kH)),
+                          GoodFftSize(g.effective_filter(kW)), dtype);
   const FftGpuBatches b = FftGpuBatchesOf(g, /*chunk=*/1, /*ci_block=*/1);
   return SatMul(SatAdd(SatAdd(b.filter, b.output), 2), spectrum);
 }

@@ -1,4 +1,4 @@
-// The FFT tile-size facts shared by the CPU planner (plan.cc) and the GPU
+// The FFT tile-size facts shared by the CPU planner (fft_plan.cc) and the GPU
 // planner (cuda/fft_gpu.cu): which transform sizes are fast, which
 // (tile, transform size) pairs a dimension can use, and a transform's flops.
 // Header-only so that both the host library and the CUDA library use it.

@@ -20,19 +20,23 @@ std::string ListToString(const std::vector<int64_t>& v) {
   return os.str();
 }
 
-// Index of D (-1 in 2-D), H, W and C in data_format order.
+// Index of each spatial axis (kD, kH, kW; depth -1 in 2-D) and of C in
+// data_format order.
 struct DimIndex {
-  int d, h, w, c;
+  int axis[kSpatialAxes];
+  int c;
 };
 DimIndex Dims(DataFormat f) {
   switch (f) {
-    case DataFormat::kNHWC: return {-1, 1, 2, 3};
-    case DataFormat::kNCHW: return {-1, 2, 3, 1};
-    case DataFormat::kNDHWC: return {1, 2, 3, 4};
-    case DataFormat::kNCDHW: return {2, 3, 4, 1};
+    case DataFormat::kNHWC: return {{-1, 1, 2}, 3};
+    case DataFormat::kNCHW: return {{-1, 2, 3}, 1};
+    case DataFormat::kNDHWC: return {{1, 2, 3}, 4};
+    case DataFormat::kNCDHW: return {{2, 3, 4}, 1};
   }
-  return {-1, 1, 2, 3};
+  return {{-1, 1, 2}, 3};
 }
+
+const char* const kAxisNames[kSpatialAxes] = {"depth", "height", "width"};
 
 const char* FormatName(DataFormat f) {
   static const char* const kNames[] = {"NHWC", "NCHW", "NDHWC", "NCDHW"};
@@ -49,21 +53,21 @@ ImageStrides Strides(DataFormat f, int64_t d, int64_t h, int64_t w, int64_t c) {
 }  // namespace
 
 ImageStrides ConvGeometry::input_strides() const {
-  return Strides(data_format, in_d, in_h, in_w, in_c);
+  return Strides(data_format, in[kD], in[kH], in[kW], in_c);
 }
 
 ImageStrides ConvGeometry::output_strides() const {
-  return Strides(data_format, out_d, out_h, out_w, out_c);
+  return Strides(data_format, out[kD], out[kH], out[kW], out_c);
 }
 
 std::vector<int64_t> ConvGeometry::output_shape() const {
-  switch (data_format) {
-    case DataFormat::kNHWC: return {batch, out_h, out_w, out_c};
-    case DataFormat::kNCHW: return {batch, out_c, out_h, out_w};
-    case DataFormat::kNDHWC: return {batch, out_d, out_h, out_w, out_c};
-    case DataFormat::kNCDHW: return {batch, out_c, out_d, out_h, out_w};
-  }
-  return {};
+  const DimIndex d = Dims(data_format);
+  std::vector<int64_t> shape(2 + SpatialDims(data_format));
+  shape[0] = batch;
+  shape[d.c] = out_c;
+  for (int a = 0; a < kSpatialAxes; ++a)
+    if (d.axis[a] >= 0) shape[d.axis[a]] = out[a];
+  return shape;
 }
 
 namespace {
@@ -84,8 +88,8 @@ ConvProblem ForwardProblem(const ConvGeometry& g) {
   p.in = GroupedView(g.input_strides(), g.in_c_per_group());
   p.out = GroupedView(g.output_strides(), g.out_c_per_group());
   const int64_t cig = g.in_c_per_group(), co = g.out_c;
-  p.filter = {0, g.filter_w * cig * co, cig * co, co, g.out_c_per_group(), 1,
-              g.filter_h * g.filter_w * cig * co};
+  p.filter = {0, g.filter[kW] * cig * co, cig * co, co, g.out_c_per_group(), 1,
+              g.filter[kH] * g.filter[kW] * cig * co};
   return p;
 }
 
@@ -95,31 +99,23 @@ ConvProblem BackpropInputProblem(const ConvGeometry& f) {
   p.pass = Pass::kBackpropInput;
   ConvGeometry& g = p.g;
   g = f;
-  g.in_h = f.out_h;
-  g.in_w = f.out_w;
   g.in_c = f.out_c;
   g.filter_in_c = f.out_c_per_group();
   g.out_c = f.in_c;
-  g.out_h = f.in_h;
-  g.out_w = f.in_w;
-  g.in_d = f.out_d;
-  g.out_d = f.in_d;
-  g.stride_d = g.stride_h = g.stride_w = 1;
-  g.in_dilation_d = f.stride_d;
-  g.in_dilation_h = f.stride_h;
-  g.in_dilation_w = f.stride_w;
-  // Full correlation with the flipped filter, less the forward padding.
-  g.pad_front = f.effective_filter_d() - 1 - f.pad_front;
-  g.pad_top = f.effective_filter_h() - 1 - f.pad_top;
-  g.pad_left = f.effective_filter_w() - 1 - f.pad_left;
-  g.pad_back = (g.out_d - 1) + f.effective_filter_d() - g.virtual_in_d() - g.pad_front;
-  g.pad_bottom = (g.out_h - 1) + f.effective_filter_h() - g.virtual_in_h() - g.pad_top;
-  g.pad_right = (g.out_w - 1) + f.effective_filter_w() - g.virtual_in_w() - g.pad_left;
+  for (int a = 0; a < kSpatialAxes; ++a) {
+    g.in[a] = f.out[a];
+    g.out[a] = f.in[a];
+    g.stride[a] = 1;
+    g.in_dilation[a] = f.stride[a];
+    // Full correlation with the flipped filter, less the forward padding.
+    g.pad_before[a] = f.effective_filter(a) - 1 - f.pad_before[a];
+    g.pad_after[a] = (g.out[a] - 1) + f.effective_filter(a) - g.virtual_in(a) - g.pad_before[a];
+  }
   p.in = fwd.out;
   p.out = fwd.in;
   // Flip every spatial axis; swap the in/out channel strides.
   const FilterView& w = fwd.filter;
-  p.filter = {(f.filter_d - 1) * w.d + (f.filter_h - 1) * w.h + (f.filter_w - 1) * w.w,
+  p.filter = {(f.filter[kD] - 1) * w.d + (f.filter[kH] - 1) * w.h + (f.filter[kW] - 1) * w.w,
               -w.h, -w.w, w.o, w.g, w.i, -w.d};
   return p;
 }
@@ -133,21 +129,14 @@ ConvProblem BackpropFilterProblem(const ConvGeometry& f) {
   g.batch = f.in_c_per_group();
   g.in_c = f.groups * f.batch;
   g.filter_in_c = f.batch;
-  g.filter_d = f.out_d;
-  g.filter_h = f.out_h;
-  g.filter_w = f.out_w;
-  g.stride_d = f.dilation_d;
-  g.stride_h = f.dilation_h;
-  g.stride_w = f.dilation_w;
-  g.dilation_d = f.stride_d;
-  g.dilation_h = f.stride_h;
-  g.dilation_w = f.stride_w;
-  g.out_d = f.filter_d;
-  g.out_h = f.filter_h;
-  g.out_w = f.filter_w;
-  g.pad_back = (g.out_d - 1) * g.stride_d + g.effective_filter_d() - f.in_d - g.pad_front;
-  g.pad_bottom = (g.out_h - 1) * g.stride_h + g.effective_filter_h() - f.in_h - g.pad_top;
-  g.pad_right = (g.out_w - 1) * g.stride_w + g.effective_filter_w() - f.in_w - g.pad_left;
+  for (int a = 0; a < kSpatialAxes; ++a) {
+    g.filter[a] = f.out[a];
+    g.stride[a] = f.dilation[a];
+    g.dilation[a] = f.stride[a];
+    g.out[a] = f.filter[a];
+    g.pad_after[a] =
+        (g.out[a] - 1) * g.stride[a] + g.effective_filter(a) - f.in[a] - g.pad_before[a];
+  }
   // Input: batch <- channel within group, channel <- batch.
   p.in = {fwd.in.c, fwd.in.h, fwd.in.w, fwd.in.g, fwd.in.n, fwd.in.d};
   // Filter <- dL/doutput: (oh, ow, n, group, co within group, od).
@@ -295,22 +284,21 @@ std::string ComputeConvGeometry(const std::vector<int64_t>& in,
   if (!err.empty()) return err;
 
   const DimIndex d = Dims(a.data_format);
+  // The spatial axes the format has: kD in 3-D, kH in 2-D, to kW; the filter
+  // holds them first, in that order.
+  const int first = kSpatialAxes - SpatialDims(a.data_format);
   ConvGeometry r;
   r.data_format = a.data_format;
   r.batch = in[0];
-  r.in_h = in[d.h];
-  r.in_w = in[d.w];
   r.in_c = in[d.c];
-  const int fo = three ? 1 : 0;  // the filter's first H dimension
-  if (three) {
-    r.in_d = in[d.d];
-    r.filter_d = f[0];
+  for (int ax = first; ax < kSpatialAxes; ++ax) {
+    r.in[ax] = in[d.axis[ax]];
+    r.filter[ax] = f[ax - first];
   }
-  r.filter_h = f[fo];
-  r.filter_w = f[fo + 1];
+  const int fo = three ? 1 : 0;  // the filter's first H dimension
   r.filter_in_c = f[fo + 2];
   r.out_c = f[fo + 3];
-  if (r.filter_d < 1 || r.filter_h < 1 || r.filter_w < 1)
+  if (r.filter[kD] < 1 || r.filter[kH] < 1 || r.filter[kW] < 1)
     return std::string(three ? "filter depth, height and width" : "filter height and width") +
            " must be at least 1, got filter shape " + ListToString(f);
   if (r.filter_in_c < 1)
@@ -329,28 +317,17 @@ std::string ComputeConvGeometry(const std::vector<int64_t>& in,
     return "filter out_depth " + std::to_string(r.out_c) + " must be a multiple of groups " +
            std::to_string(r.groups) + " (input depth " + std::to_string(r.in_c) +
            " / filter in_depth " + std::to_string(r.filter_in_c) + ")";
-  r.stride_h = a.strides[d.h];
-  r.stride_w = a.strides[d.w];
-  r.dilation_h = a.dilations[d.h];
-  r.dilation_w = a.dilations[d.w];
   const auto& p = a.explicit_paddings;
   const bool ex = a.padding == Padding::kExplicit;
-  if (three) {
-    r.stride_d = a.strides[d.d];
-    r.dilation_d = a.dilations[d.d];
-    err = ComputeOutputSize(r.in_d, r.filter_d, r.stride_d, r.dilation_d, a.padding,
-                            ex ? p[2 * d.d] : 0, ex ? p[2 * d.d + 1] : 0, "depth",
-                            &r.out_d, &r.pad_front, &r.pad_back);
+  for (int ax = first; ax < kSpatialAxes; ++ax) {
+    const int i = d.axis[ax];
+    r.stride[ax] = a.strides[i];
+    r.dilation[ax] = a.dilations[i];
+    err = ComputeOutputSize(r.in[ax], r.filter[ax], r.stride[ax], r.dilation[ax], a.padding,
+                            ex ? p[2 * i] : 0, ex ? p[2 * i + 1] : 0, kAxisNames[ax], &r.out[ax],
+                            &r.pad_before[ax], &r.pad_after[ax]);
     if (!err.empty()) return err;
   }
-  err = ComputeOutputSize(r.in_h, r.filter_h, r.stride_h, r.dilation_h, a.padding,
-                          ex ? p[2 * d.h] : 0, ex ? p[2 * d.h + 1] : 0, "height",
-                          &r.out_h, &r.pad_top, &r.pad_bottom);
-  if (!err.empty()) return err;
-  err = ComputeOutputSize(r.in_w, r.filter_w, r.stride_w, r.dilation_w, a.padding,
-                          ex ? p[2 * d.w] : 0, ex ? p[2 * d.w + 1] : 0, "width",
-                          &r.out_w, &r.pad_left, &r.pad_right);
-  if (!err.empty()) return err;
   // Every later index and size computation is int64; make sure the products
   // fit: each tensor's size in bytes at the widest dtype, and the
   // multiply-adds of the forward and the backprop_input pass (the larger of
@@ -360,16 +337,16 @@ std::string ComputeConvGeometry(const std::vector<int64_t>& in,
     std::vector<int64_t> factors;
   } products[] = {
       {"the input's size in bytes",
-       {r.batch, r.in_d, r.in_h, r.in_w, r.in_c, kMaxElementBytes}},
+       {r.batch, r.in[kD], r.in[kH], r.in[kW], r.in_c, kMaxElementBytes}},
       {"the output's size in bytes",
-       {r.batch, r.out_d, r.out_h, r.out_w, r.out_c, kMaxElementBytes}},
+       {r.batch, r.out[kD], r.out[kH], r.out[kW], r.out_c, kMaxElementBytes}},
       {"the filter's size in bytes",
-       {r.filter_d, r.filter_h, r.filter_w, r.filter_in_c, r.out_c, kMaxElementBytes}},
+       {r.filter[kD], r.filter[kH], r.filter[kW], r.filter_in_c, r.out_c, kMaxElementBytes}},
       {"the forward pass's multiply-adds",
-       {r.batch, r.out_d, r.out_h, r.out_w, r.out_c, r.filter_d, r.filter_h, r.filter_w,
+       {r.batch, r.out[kD], r.out[kH], r.out[kW], r.out_c, r.filter[kD], r.filter[kH], r.filter[kW],
         r.filter_in_c, 2}},
       {"the input gradient's multiply-adds",
-       {r.batch, r.in_d, r.in_h, r.in_w, r.in_c, r.filter_d, r.filter_h, r.filter_w,
+       {r.batch, r.in[kD], r.in[kH], r.in[kW], r.in_c, r.filter[kD], r.filter[kH], r.filter[kW],
         r.out_c_per_group(), 2}},
   };
   for (const auto& p : products) {
@@ -377,8 +354,8 @@ std::string ComputeConvGeometry(const std::vector<int64_t>& in,
     if (!CheckedProduct(p.factors, &unused))
       return std::string("tensor sizes overflow 64-bit indexing: ") + p.what +
              " overflows 64-bit integers (input shape " + ListToString(in) + ", filter shape " +
-             ListToString(f) + ", output " + std::to_string(r.out_h) + "x" +
-             std::to_string(r.out_w) + ")";
+             ListToString(f) + ", output " + std::to_string(r.out[kH]) + "x" +
+             std::to_string(r.out[kW]) + ")";
   }
   *g = r;
   return "";

@@ -49,45 +49,53 @@ struct FilterView {
   int64_t offset, h, w, i, g, o, d = 0;
 };
 
+// Spatial axes, in the order of ConvGeometry's per-axis arrays (oneDNN's
+// dims order): depth, height, width. The core is 3-D: a 2-D problem has a
+// depth of 1 (and a 1-D one a height of 1 too).
+constexpr int kSpatialAxes = 3;
+enum SpatialAxis : int { kD = 0, kH = 1, kW = 2 };
+
 struct ConvGeometry {
-  int64_t batch = 0, in_h = 0, in_w = 0, in_c = 0;
-  int64_t filter_h = 0, filter_w = 0, filter_in_c = 0, out_c = 0;  // HWIO
+  int64_t batch = 0, in_c = 0;
+  int64_t filter_in_c = 0, out_c = 0;  // (D)HWIO
   int64_t groups = 1;
-  int64_t stride_h = 1, stride_w = 1, dilation_h = 1, dilation_w = 1;
-  int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;  // negative: cropping
-  int64_t out_h = 0, out_w = 0;
+  // Per spatial axis (kD, kH, kW); depth is 1, without padding, in 2-D.
+  int64_t in[kSpatialAxes] = {1, 0, 0};
+  int64_t filter[kSpatialAxes] = {1, 0, 0};
+  int64_t out[kSpatialAxes] = {1, 0, 0};
+  int64_t stride[kSpatialAxes] = {1, 1, 1};
+  int64_t dilation[kSpatialAxes] = {1, 1, 1};
   // Zeros inserted between input samples (a transposed convolution's input):
   // the kernels see an input of (in - 1) * in_dilation + 1 samples.
-  int64_t in_dilation_h = 1, in_dilation_w = 1;
-  // Depth (3-D convolution, DHWIO filters): 1 and no padding in 2-D.
-  int64_t in_d = 1, filter_d = 1, out_d = 1, stride_d = 1, dilation_d = 1, in_dilation_d = 1;
-  int64_t pad_front = 0, pad_back = 0;
+  int64_t in_dilation[kSpatialAxes] = {1, 1, 1};
+  int64_t pad_before[kSpatialAxes] = {0, 0, 0};  // negative: cropping
+  int64_t pad_after[kSpatialAxes] = {0, 0, 0};
   DataFormat data_format = DataFormat::kNHWC;
 
   bool is_3d() const { return SpatialDims(data_format) == 3; }
   int64_t in_c_per_group() const { return filter_in_c; }
   int64_t out_c_per_group() const { return out_c / groups; }
-  int64_t effective_filter_d() const { return (filter_d - 1) * dilation_d + 1; }
-  int64_t effective_filter_h() const { return (filter_h - 1) * dilation_h + 1; }
-  int64_t effective_filter_w() const { return (filter_w - 1) * dilation_w + 1; }
-  int64_t virtual_in_d() const { return in_d == 0 ? 0 : (in_d - 1) * in_dilation_d + 1; }
-  int64_t virtual_in_h() const { return in_h == 0 ? 0 : (in_h - 1) * in_dilation_h + 1; }
-  int64_t virtual_in_w() const { return in_w == 0 ? 0 : (in_w - 1) * in_dilation_w + 1; }
+  int64_t effective_filter(int a) const { return (filter[a] - 1) * dilation[a] + 1; }
+  int64_t virtual_in(int a) const { return in[a] == 0 ? 0 : (in[a] - 1) * in_dilation[a] + 1; }
+  int64_t in_pixels() const { return in[kD] * in[kH] * in[kW]; }
+  int64_t out_pixels() const { return out[kD] * out[kH] * out[kW]; }
+  int64_t filter_taps() const { return filter[kD] * filter[kH] * filter[kW]; }
   ImageStrides input_strides() const;
   ImageStrides output_strides() const;
-  int64_t output_elements() const { return batch * out_d * out_h * out_w * out_c; }
+  int64_t output_elements() const { return batch * out_pixels() * out_c; }
   // Every output is an empty sum (no input channel, no filter tap, or an
   // input without pixels, so that every window reads padding only): the
   // kernels write zeros, as tf.nn.conv2d does.
   bool empty_sums() const {
-    return in_c_per_group() == 0 || filter_d == 0 || filter_h == 0 || filter_w == 0 ||
-           in_d == 0 || in_h == 0 || in_w == 0;
+    bool empty = in_c_per_group() == 0;
+    for (int a = 0; a < kSpatialAxes; ++a) empty |= filter[a] == 0 || in[a] == 0;
+    return empty;
   }
   // No arithmetic to plan: an empty output, or zeros to write.
   bool no_work() const { return output_elements() == 0 || empty_sums(); }
   // Multiply-adds of the convolution (each is 2 FLOPs).
   int64_t macs() const {
-    return batch * out_d * out_h * out_w * out_c * filter_d * filter_h * filter_w * filter_in_c;
+    return batch * out_pixels() * out_c * filter_taps() * filter_in_c;
   }
   // Shape of the output tensor in data_format order.
   std::vector<int64_t> output_shape() const;

@@ -67,32 +67,32 @@ ConvGeometry GeometryOf(GEOMETRY_PARAMS) {
 py::dict GeometryDict(const ConvGeometry& g) {
   py::dict d;
   d["batch"] = g.batch;
-  d["in_h"] = g.in_h;
-  d["in_w"] = g.in_w;
+  d["in_h"] = g.in[kH];
+  d["in_w"] = g.in[kW];
   d["in_c"] = g.in_c;
-  d["filter_h"] = g.filter_h;
-  d["filter_w"] = g.filter_w;
+  d["filter_h"] = g.filter[kH];
+  d["filter_w"] = g.filter[kW];
   d["filter_in_c"] = g.filter_in_c;
   d["out_c"] = g.out_c;
   d["groups"] = g.groups;
-  d["stride_h"] = g.stride_h;
-  d["stride_w"] = g.stride_w;
-  d["dilation_h"] = g.dilation_h;
-  d["dilation_w"] = g.dilation_w;
-  d["pad_top"] = g.pad_top;
-  d["pad_bottom"] = g.pad_bottom;
-  d["pad_left"] = g.pad_left;
-  d["pad_right"] = g.pad_right;
-  d["out_h"] = g.out_h;
-  d["out_w"] = g.out_w;
+  d["stride_h"] = g.stride[kH];
+  d["stride_w"] = g.stride[kW];
+  d["dilation_h"] = g.dilation[kH];
+  d["dilation_w"] = g.dilation[kW];
+  d["pad_top"] = g.pad_before[kH];
+  d["pad_bottom"] = g.pad_after[kH];
+  d["pad_left"] = g.pad_before[kW];
+  d["pad_right"] = g.pad_after[kW];
+  d["out_h"] = g.out[kH];
+  d["out_w"] = g.out[kW];
   // Depth: 1 (and no padding) in 2-D.
-  d["in_d"] = g.in_d;
-  d["filter_d"] = g.filter_d;
-  d["stride_d"] = g.stride_d;
-  d["dilation_d"] = g.dilation_d;
-  d["pad_front"] = g.pad_front;
-  d["pad_back"] = g.pad_back;
-  d["out_d"] = g.out_d;
+  d["in_d"] = g.in[kD];
+  d["filter_d"] = g.filter[kD];
+  d["stride_d"] = g.stride[kD];
+  d["dilation_d"] = g.dilation[kD];
+  d["pad_front"] = g.pad_before[kD];
+  d["pad_back"] = g.pad_after[kD];
+  d["out_d"] = g.out[kD];
   d["output_shape"] = g.output_shape();
   d["macs"] = g.macs();
   return d;
@@ -203,6 +203,15 @@ void ThrowIfError(const Status& s) {
   throw py::value_error(s.message());
 }
 
+// An algorithm name from Python as the core's enum (ParseAlgorithmRequest,
+// the one parser): ValueError for an unknown name.
+AlgorithmRequest RequestOrThrow(const std::string& name) {
+  AlgorithmRequest r;
+  const std::string err = ParseAlgorithmRequest(name, &r);
+  if (!err.empty()) throw py::value_error(err);
+  return r;
+}
+
 Pass PassFromName(const std::string& name) {
   for (Pass p : {Pass::kForward, Pass::kBackpropInput, Pass::kBackpropFilter})
     if (name == PassName(p)) return p;
@@ -254,9 +263,11 @@ py::array RunPass(const std::string& algorithm, const std::string& pass, py::arr
       throw py::value_error("out must be a writeable C-contiguous array of the result's shape and dtype");
   }
   AlgorithmChoice choice;
-  if (algorithm == "direct") choice.algorithm = Algorithm::kDirect;
-  else if (algorithm == "fft") choice.algorithm = Algorithm::kFft;
-  else throw py::value_error("algorithm must be direct or fft");
+  AlgorithmRequest requested;
+  if (!ParseAlgorithmRequest(algorithm, &requested).empty() ||
+      (requested != AlgorithmRequest::kDirect && requested != AlgorithmRequest::kFft))
+    throw py::value_error("algorithm must be direct or fft");
+  choice.algorithm = requested == AlgorithmRequest::kFft ? Algorithm::kFft : Algorithm::kDirect;
   const Isa chosen_isa = ParseIsaName(isa);
   const ParallelFor pf = StdThreadParallelFor(num_threads);
   const ConvGeometry& g = problem.g;
@@ -425,10 +436,12 @@ PYBIND11_MODULE(_core, m) {
         // The GPU budget is the caller's (TF's allocator); 0 means unknown.
         const int64_t limit = device == "GPU" ? (workspace_limit > 0 ? workspace_limit : std::numeric_limits<int64_t>::max())
                                               : BudgetOrDefault(workspace_limit);
+        const Pass ps = PassFromName(pass);
+        const DType dt = DTypeFromName(dtype);
+        const AlgorithmRequest requested = RequestOrThrow(algorithm);
         PassPlan p;
-        ThrowIfError(PlanPass(g, PassFromName(pass), DTypeFromName(dtype),
-                              device == "GPU" ? Device::kGpu : Device::kCpu, algorithm, limit,
-                              workers, tf, &p));
+        ThrowIfError(PlanPass(g, ps, dt, device == "GPU" ? Device::kGpu : Device::kCpu, requested,
+                              limit, workers, tf, &p));
         py::dict d;
         d["pass"] = pass;
         d["device"] = device;
@@ -437,7 +450,7 @@ PYBIND11_MODULE(_core, m) {
         d["tf_kernel"] = std::string(TfKernelName(tf.kernel));
         d["direct"] = EstimateDict(p.direct);
         d["fft"] = EstimateDict(p.fft);
-        d["chosen"] = p.chosen;
+        d["chosen"] = std::string(AlgorithmRequestName(p.chosen));
         d["reason"] = p.reason;
         return d;
       },
@@ -453,11 +466,12 @@ PYBIND11_MODULE(_core, m) {
       "gpu_terms",
       [](GEOMETRY_PARAMS, const std::string& pass, const std::string& candidate) {
         const ConvGeometry ug = GeometryOf(GEOMETRY_ARGS);
-        GpuCandidate c;
-        if (candidate == "tf") c = GpuCandidate::kTf;
-        else if (candidate == "direct") c = GpuCandidate::kDirect;
-        else if (candidate == "fft") c = GpuCandidate::kFft;
-        else throw py::value_error("candidate must be tf, direct or fft");
+        AlgorithmRequest r;
+        if (!ParseAlgorithmRequest(candidate, &r).empty() || r == AlgorithmRequest::kAuto)
+          throw py::value_error("candidate must be tf, direct or fft");
+        const GpuCandidate c = r == AlgorithmRequest::kTf       ? GpuCandidate::kTf
+                               : r == AlgorithmRequest::kDirect ? GpuCandidate::kDirect
+                                                                : GpuCandidate::kFft;
         const Pass ps = PassFromName(pass);
         const ConvGeometry g = c == GpuCandidate::kTf ? ug : PassProblem(ug, ps).g;
         const GpuModelTerms t = GpuTerms(g, c);

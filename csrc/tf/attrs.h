@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cost_model.h"
 #include "geometry.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -27,6 +28,21 @@ absl::Status GetConvAttrs(Ctx* c, ConvAttrs* a) {
   a->dilations.assign(dilations.begin(), dilations.end());
   a->explicit_paddings = explicit_paddings;
   err = ValidateAttrs(*a);
+  if (!err.empty()) return tensorflow::errors::InvalidArgument(err);
+  return absl::OkStatus();
+}
+
+// The ops' algorithm attributes as the core's enum: the one place the op
+// library reads their strings. planned_algorithm's "none" (no trace-time
+// plan) reads as kAuto.
+template <typename Ctx>
+absl::Status GetAlgorithmAttrs(Ctx* c, AlgorithmRequest* algorithm, AlgorithmRequest* planned) {
+  std::string name, planned_name;
+  TF_RETURN_IF_ERROR(c->GetAttr("algorithm", &name));
+  TF_RETURN_IF_ERROR(c->GetAttr("planned_algorithm", &planned_name));
+  std::string err = ParseAlgorithmRequest(name, algorithm);
+  *planned = AlgorithmRequest::kAuto;
+  if (err.empty() && planned_name != "none") err = ParseAlgorithmRequest(planned_name, planned);
   if (!err.empty()) return tensorflow::errors::InvalidArgument(err);
   return absl::OkStatus();
 }

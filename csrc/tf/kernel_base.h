@@ -77,8 +77,7 @@ class BigConvOpBase : public OpKernel {
  public:
   explicit BigConvOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, GetConvAttrs(ctx, &attrs_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("algorithm", &algorithm_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("planned_algorithm", &planned_));
+    OP_REQUIRES_OK(ctx, GetAlgorithmAttrs(ctx, &algorithm_, &planned_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("workspace_limit_bytes", &workspace_limit_));
     OP_REQUIRES(ctx, workspace_limit_ >= 0,
                 tensorflow::errors::InvalidArgument(
@@ -109,7 +108,7 @@ class BigConvOpBase : public OpKernel {
   // or cannot run here (another budget or device at run time), "auto" decides.
   template <typename Choose>
   absl::Status ChooseWithPlan(Choose choose) const {
-    if (algorithm_ == "auto" && planned_ != "none") {
+    if (algorithm_ == AlgorithmRequest::kAuto && planned_ != AlgorithmRequest::kAuto) {
       const Status s = choose(planned_);
       if (s.ok() || (s.code() != StatusCode::kResourceExhausted &&
                      s.code() != StatusCode::kUnavailable))
@@ -125,8 +124,8 @@ class BigConvOpBase : public OpKernel {
   static void* Data(Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
 
   ConvAttrs attrs_;
-  std::string algorithm_;
-  std::string planned_;  // "none", "direct" or "fft"
+  AlgorithmRequest algorithm_ = AlgorithmRequest::kAuto;  // kAuto, kDirect or kFft (the attr's set)
+  AlgorithmRequest planned_ = AlgorithmRequest::kAuto;    // kAuto: none; else kDirect or kFft
   int64_t workspace_limit_ = 0;
 };
 
@@ -136,7 +135,7 @@ class BigConvOpBase : public OpKernel {
 // Device, made per run from the context, supplies the device's part:
 //   using Choice;                   its planner's choice (.algorithm, ...)
 //   int64_t DefaultBudget() const;  asked only where the attribute is 0
-//   Status Choose(const ConvProblem&, DType, const std::string& requested,
+//   Status Choose(const ConvProblem&, DType, AlgorithmRequest requested,
 //                 int64_t limit, Choice*) const;
 //   static void Log(const std::string& op_name, const Choice&);  (its VLOG)
 //   static int64_t WorkspaceBytes(const Choice&);
@@ -155,7 +154,7 @@ class BigConvDeviceBase : public BigConvOpBase<T> {
     const int64_t limit =
         this->workspace_limit_ > 0 ? this->workspace_limit_ : device.DefaultBudget();
     typename Device::Choice choice;
-    OP_REQUIRES_OK(ctx, this->ChooseWithPlan([&](const std::string& requested) {
+    OP_REQUIRES_OK(ctx, this->ChooseWithPlan([&](AlgorithmRequest requested) {
       return device.Choose(problem, kDType<T>, requested, limit, &choice);
     }));
     Device::Log(this->name(), choice);

@@ -51,7 +51,7 @@ class CpuDevice {
   using Choice = AlgorithmChoice;
   explicit CpuDevice(OpKernelContext* ctx) : pf_(TfParallelFor(ctx)) {}
   int64_t DefaultBudget() const { return DefaultHostWorkspaceBudget(); }
-  Status Choose(const ConvProblem& problem, DType dtype, const std::string& requested,
+  Status Choose(const ConvProblem& problem, DType dtype, AlgorithmRequest requested,
                 int64_t limit, Choice* choice) const {
     return ChooseAlgorithm(problem.g, dtype, requested, limit, pf_.num_workers(), choice);
   }
@@ -92,7 +92,8 @@ class BigConv2DBackpropOp : public BigConvDeviceBase<CpuDevice, T> {
     const int64_t limit =
         this->workspace_limit_ > 0 ? this->workspace_limit_ : DefaultHostWorkspaceBudget();
     LaneBackpropPlan plan;
-    const std::string why = this->algorithm_ == "direct" || this->planned_ == "direct"
+    const std::string why = this->algorithm_ == AlgorithmRequest::kDirect ||
+                                    this->planned_ == AlgorithmRequest::kDirect
                                 ? "direct was requested"
                                 : PlanLaneBackprop(g, kDType<T>, limit, pf.num_workers(), &plan);
     if (!why.empty()) {

@@ -39,7 +39,7 @@ class GpuDevice {
         stream_(reinterpret_cast<cudaStream_t>(
             ctx->op_device_context()->stream()->platform_specific_handle().stream)) {}
   int64_t DefaultBudget() const { return DefaultGpuWorkspaceBudget(ctx_); }
-  Status Choose(const ConvProblem& problem, DType dtype, const std::string& requested,
+  Status Choose(const ConvProblem& problem, DType dtype, AlgorithmRequest requested,
                 int64_t limit, Choice* choice) const {
     return gpu::ChooseGpuAlgorithm(problem, dtype, requested, limit, stream_, choice);
   }

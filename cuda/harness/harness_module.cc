@@ -132,6 +132,7 @@ struct Job {
   const void* b;
   void* out;
   cudaStream_t stream;
+  AlgorithmRequest requested = AlgorithmRequest::kAuto;  // parsed once, as the op does
   std::string Describe() const {
     return std::string(AlgorithmName(choice.algorithm)) + ": " + choice.reason;
   }
@@ -151,7 +152,9 @@ Job MakeJob(JOB_PARAMS) {
         reinterpret_cast<void*>(out),
         reinterpret_cast<cudaStream_t>(stream_handle)};
   if (j.c.problem.g.output_elements() == 0) return j;
-  const Status status = gpu::ChooseGpuAlgorithm(j.c.problem, j.dtype, algorithm,
+  const std::string err = ParseAlgorithmRequest(algorithm, &j.requested);
+  if (!err.empty()) throw std::runtime_error(err);
+  const Status status = gpu::ChooseGpuAlgorithm(j.c.problem, j.dtype, j.requested,
                                                 workspace_limit, j.stream, &j.choice);
   if (!status.ok()) throw std::runtime_error(status.message());
   return j;
@@ -235,24 +238,24 @@ std::string RunFftOnHost(const std::string& pass, py::array a, py::array b, py::
   if (out.nbytes() != g.output_elements() * DTypeBytes(p.dtype))
     throw py::value_error("out has the wrong size");
   gpu::FftGpuPlan& pl = p.plan;
-  pl.tile_d = std::max<int64_t>(1, std::min(tile_d, g.out_d));
-  pl.tile_h = std::max<int64_t>(1, std::min(tile_h, g.out_h));
-  pl.tile_w = std::max<int64_t>(1, std::min(tile_w, g.out_w));
+  pl.tile_d = std::max<int64_t>(1, std::min(tile_d, g.out[kD]));
+  pl.tile_h = std::max<int64_t>(1, std::min(tile_h, g.out[kH]));
+  pl.tile_w = std::max<int64_t>(1, std::min(tile_w, g.out[kW]));
   // The window of a tile, or for a tile of the whole output the least
   // circular transform (numpy transforms any size; the planners round up).
   const auto fft_size = [](int64_t tile, int64_t out, int64_t stride, int64_t eff, int64_t pad,
                            int64_t vin) {
     return tile == out ? WholeTileFftNeed(out, stride, eff, pad, vin) : (tile - 1) * stride + eff;
   };
-  pl.fft_d = fft_size(pl.tile_d, g.out_d, g.stride_d, g.effective_filter_d(), g.pad_front,
-                 g.virtual_in_d());
-  pl.fft_h = fft_size(pl.tile_h, g.out_h, g.stride_h, g.effective_filter_h(), g.pad_top,
-                 g.virtual_in_h());
-  pl.fft_w = fft_size(pl.tile_w, g.out_w, g.stride_w, g.effective_filter_w(), g.pad_left,
-                 g.virtual_in_w());
-  pl.tiles_d = (g.out_d + pl.tile_d - 1) / pl.tile_d;
-  pl.tiles_h = (g.out_h + pl.tile_h - 1) / pl.tile_h;
-  pl.tiles_w = (g.out_w + pl.tile_w - 1) / pl.tile_w;
+  pl.fft_d = fft_size(pl.tile_d, g.out[kD], g.stride[kD], g.effective_filter(kD), g.pad_before[kD],
+                 g.virtual_in(kD));
+  pl.fft_h = fft_size(pl.tile_h, g.out[kH], g.stride[kH], g.effective_filter(kH), g.pad_before[kH],
+                 g.virtual_in(kH));
+  pl.fft_w = fft_size(pl.tile_w, g.out[kW], g.stride[kW], g.effective_filter(kW), g.pad_before[kW],
+                 g.virtual_in(kW));
+  pl.tiles_d = (g.out[kD] + pl.tile_d - 1) / pl.tile_d;
+  pl.tiles_h = (g.out[kH] + pl.tile_h - 1) / pl.tile_h;
+  pl.tiles_w = (g.out[kW] + pl.tile_w - 1) / pl.tile_w;
   pl.items = std::max<int64_t>(1, g.batch * pl.tiles_d * pl.tiles_h * pl.tiles_w);
   pl.chunk = std::max<int64_t>(1, std::min(chunk, pl.items));
   pl.ci_block = std::max<int64_t>(1, std::min(ci_block, g.in_c_per_group()));
@@ -342,7 +345,7 @@ py::dict Time(JOB_PARAMS, int reps) {
       for (int r = 0; r < reps; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         gpu::GpuAlgorithmChoice again;
-        const Status status = gpu::ChooseGpuAlgorithm(j.c.problem, j.dtype, algorithm,
+        const Status status = gpu::ChooseGpuAlgorithm(j.c.problem, j.dtype, j.requested,
                                                       workspace_limit, j.stream, &again);
         if (!status.ok()) throw std::runtime_error(status.message());
         j.Launch(ws.ptr);
