@@ -19,14 +19,21 @@ higher with it). The report models TF's own kernels' workspace either way.
 --onednn measures with oneDNN on (TF's default on this CPU), where RSS cannot
 follow the tensors: oneDNN's CPU allocator is a BFC pool that keeps freed
 memory (the second step's VmHWM grew 8-55 MiB where its tensors peaked at
-35-340 MiB). The measure is then that allocator's own peak of bytes in use
-over the second step (tf.config.experimental.get_memory_info("CPU:0"), which
-only oneDNN's allocator answers): the step's tensors, each rounded up to the
-BFC chunk it got (a free chunk under twice the request is not split), so at
-or above the tensors the report counts. The report predicts oneDNN's kernels
-then (memory_report.py: no patch matrices, MaxPool's workspace). The process's
-RSS additionally holds the pool's growth (its regions double in size), which
-the report does not model.
+35-340 MiB). The measure is then the peak over the second step of the bytes
+TF's allocator was asked for and had not been given back: its own log of
+each tensor and raw allocation and deallocation (TF_CPP_VMODULE=log_memory=2,
+requested bytes; logged_peak below), what the report counts. The allocator's
+own peak of bytes in use (tf.config.experimental.get_memory_info("CPU:0"),
+which only oneDNN's allocator answers) comes with it as "allocator": each
+allocation there counts as the whole BFC chunk it got, and BFC does not
+split a free chunk under twice the request, so which chunk a tensor gets
+depends on what the pool holds from earlier steps, not on the step (its
+region map, TF_CPP_VMODULE=bfc_allocator=4: fn_bigconv's 4.2 MiB workspace at
+batch 2 got a free 8 MiB chunk, the allocator's peak 12.4 MiB where the logged
+tensors peaked at 7.9). The report predicts oneDNN's kernels then
+(memory_report.py: no patch matrices, MaxPool's workspace). The process's RSS
+additionally holds the pool's growth (its regions double in size), which the
+report does not model.
 
   .venv/bin/python benchmarks/bench_memory_report.py            # all models
   .venv/bin/python benchmarks/bench_memory_report.py unet conv135
@@ -41,6 +48,7 @@ tests/memory/test_measured_peak.py measures unet_small through measure().
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -297,9 +305,14 @@ def graph_measure_here(name, batch, onednn=ONEDNN):
 GRAPH_STEPS = 3
 
 
+# What the measured steps' allocator log lies between (stderr).
+MARKS = ("=== measured steps ===", "=== end of measured steps ===")
+
+
 def _measure_second_step(run, onednn, steps=1):
     """Runs `run` once, then `steps` times, and prints the peak over those
-    steps as measure_here does."""
+    steps as measure_here does (with oneDNN, the allocator's; measure() reads
+    the logged tensors' peak from stderr between MARKS)."""
     import tensorflow as tf
     run()  # traces, creates slots, warms the allocator
     with open("/proc/self/clear_refs", "w") as f:
@@ -308,14 +321,40 @@ def _measure_second_step(run, onednn, steps=1):
     if onednn:
         tf.config.experimental.reset_memory_stats("CPU:0")
         in_use = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        print(MARKS[0], file=sys.stderr, flush=True)
     for _ in range(steps):
         run()
     rss = _status("VmHWM") - before
     if onednn:
+        print(MARKS[1], file=sys.stderr, flush=True)
         peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - in_use
-        print(json.dumps({"measured": peak, "rss": rss, "baseline": before}))
+        print(json.dumps({"allocator": peak, "rss": rss, "baseline": before}))
         return
     print(json.dumps({"measured": rss, "baseline": before}))
+
+
+_LOG_FIELD = re.compile(r"(allocation_id|requested_bytes|num_bytes): (\d+)")
+
+
+def logged_peak(log):
+    """The peak of bytes allocated and not yet freed in TF's allocator log
+    (log_memory's MemoryLog{Tensor,Raw}{Allocation,Deallocation} lines, as
+    requested) between MARKS; tensors allocated before the first mark count
+    from 0 and their frees are ignored."""
+    log = log.split(MARKS[0], 1)[1].split(MARKS[1], 1)[0]
+    live, current, peak = {}, 0, 0
+    for line in log.splitlines():
+        if "__LOG_MEMORY__" not in line:
+            continue
+        fields = dict(_LOG_FIELD.findall(line))
+        if "Allocation " in line and "allocation_id" in fields:
+            n = int(fields.get("requested_bytes", fields.get("num_bytes", 0)))
+            live[fields["allocation_id"]] = n
+            current += n
+            peak = max(peak, current)
+        elif "Deallocation " in line:
+            current -= live.pop(fields.get("allocation_id"), 0)
+    return peak
 
 
 def graph_predict(name, batch):
@@ -360,16 +399,22 @@ def measure_here(name, variant, batch, onednn=ONEDNN):
 
 def measure(name, variant, batch, onednn=ONEDNN):
     """The measured step peak in a fresh process, with oneDNN on or off
-    (TF_ENABLE_ONEDNN_OPTS): {"measured": bytes, ...} or {"error": line}.
-    variant: "tf" or "bigconv" for MODELS, "graph" for GRAPH_MODELS."""
+    (TF_ENABLE_ONEDNN_OPTS): {"measured": bytes, ...} or {"error": line};
+    with oneDNN, measured is the logged tensors' peak and "allocator" the
+    allocator's own peak (above). variant: "tf" or "bigconv" for MODELS, "graph" for GRAPH_MODELS."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", MALLOC_MMAP_THRESHOLD_="65536",
                TFBIGCONV_AUTOTUNE="0", TF_ENABLE_ONEDNN_OPTS="1" if onednn else "0")
+    if onednn:  # TF's allocator log (above)
+        env.update(TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="log_memory=2")
     r = subprocess.run([sys.executable, __file__, "--measure", name, variant, str(batch)]
                        + (["--onednn"] if onednn else []),
                        env=env, capture_output=True, text=True)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    if onednn:
+        result["measured"] = logged_peak(r.stderr)
+    return result
 
 
 def predict(name, variant, batch):
@@ -411,10 +456,11 @@ def main():
         return check_graphs(args.models if args.models != list(MODELS) else list(GRAPH_MODELS),
                             args.batches)
     if ONEDNN:
-        print("oneDNN on: measured = TF allocator's peak bytes in use over the step")
+        print("oneDNN on: measured = the peak of the step's tensors in TF's allocator log; "
+              "allocator peak = its peak of BFC chunks in use")
     print("| model | variant | batch | predicted step peak MiB | measured MiB | error | "
-          "predicted total MiB | peak at |")
-    print("|---|---|---|---|---|---|---|---|")
+          "predicted total MiB | peak at | allocator peak MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     worst = 0.0
     slopes = []
     batches = [int(b) for b in args.batches.split(",")] if args.batches else None
@@ -426,7 +472,7 @@ def main():
                 m = measure(name, variant, batch)
                 if "error" in m:
                     print(f"| {name} | {variant} | {batch} | {mib(report.step_peak_bytes)} | "
-                          f"failed: {m['error'][:80]} | | | |")
+                          f"failed: {m['error'][:80]} | | | | |")
                     continue
                 err = report.step_peak_bytes / m["measured"] - 1
                 worst = max(worst, abs(err))
@@ -434,7 +480,8 @@ def main():
                 pairs.append((batch, report.step_peak_bytes, m["measured"]))
                 print(f"| {name} | {variant} | {batch} | {mib(report.step_peak_bytes)} | "
                       f"{mib(m['measured'])} | {100 * err:+.0f}% | {mib(report.peak_bytes)} | "
-                      f"{s.phase} {s.layer} |", flush=True)
+                      f"{s.phase} {s.layer} | "
+                      f"{mib(m['allocator']) if 'allocator' in m else '-'} |", flush=True)
             if len(pairs) >= 2 and pairs[-1][2] != pairs[0][2]:
                 (b0, p0, m0), (b1, p1, m1) = pairs[0], pairs[-1]
                 slopes.append(f"{name} {variant}: batch {b0} -> {b1} adds {mib(p1 - p0)} MiB "
@@ -446,21 +493,24 @@ def main():
 
 
 def check_graphs(names, batches=None):
-    """The graph models' predicted step peaks against the measured ones."""
-    print("| model | batch | predicted step peak MiB | measured MiB | ratio | peak at |")
-    print("|---|---|---|---|---|---|")
+    """The graph models' predicted step peaks against the measured ones (with
+    oneDNN, also the allocator's peak of chunks in use; see above)."""
+    print("| model | batch | oneDNN | predicted step peak MiB | measured MiB | ratio | "
+          "allocator peak MiB | peak at |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in names:
         for batch in ([int(b) for b in batches.split(",")] if batches
                       else GRAPH_MODELS[name][1]):
             report = graph_predict(name, batch)
             m = measure(name, "graph", batch)
+            cells = f"| {name} | {batch} | {'on' if ONEDNN else 'off'} | " \
+                    f"{mib(report.step_peak_bytes)} |"
             if "error" in m:
-                print(f"| {name} | {batch} | {mib(report.step_peak_bytes)} | failed: "
-                      f"{m['error'][:80]} | | |")
+                print(f"{cells} failed: {m['error'][:80]} | | | |")
                 continue
             s = report.peak_step
-            print(f"| {name} | {batch} | {mib(report.step_peak_bytes)} | {mib(m['measured'])} | "
-                  f"{report.step_peak_bytes / m['measured']:.2f} | {s.phase} {s.layer} |",
+            print(f"{cells} {mib(m['measured'])} | {report.step_peak_bytes / m['measured']:.2f} | "
+                  f"{mib(m['allocator']) if 'allocator' in m else '-'} | {s.phase} {s.layer} |",
                   flush=True)
 
 

@@ -2,8 +2,8 @@
 oneDNN as this process runs it (TF_ENABLE_ONEDNN_OPTS=0/1): a small U-Net
 (Conv2D + BatchNorm + ReLU, MaxPooling2D, a 21x21 BigConv2D, UpSampling2D,
 skip Concatenate, Adam). The measurement is benchmarks/bench_memory_report.py's
-(oneDNN off: the RSS high-water mark over the second step; on: TF's
-allocator's peak bytes in use over it)."""
+(oneDNN off: the RSS high-water mark over the second step; on: the peak of
+the bytes its tensors and kernels hold in TF's allocator log)."""
 import importlib.util
 import pathlib
 

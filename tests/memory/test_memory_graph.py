@@ -178,6 +178,71 @@ def test_onednn_maxpool_workspace_lives_until_its_gradient(onednn_kernels):
     assert "MaxPool keeps a workspace for its gradient" in r.table()
 
 
+def test_elementwise_ops_write_into_a_buffer_no_one_else_reads():
+    """TF's element-wise kernels take over an input's buffer (refcount one):
+    ReLU cannot take a = 2x, which the Mul after it still reads; the Mul,
+    its last reader, writes into a's or ReLU's buffer: two batch buffers at
+    the peak, not three (nor one). x, the fed batch, is never taken."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None, 256], name="x")
+        a = x * 2.0
+        c = a * tf.nn.relu(a)
+        total = tf.reduce_sum(c)
+    r = tfbigconv.memory_report(graph, 8, fetches=[total], device="CPU", advice=False)
+    buffer = 8 * 256 * 4
+    assert r.step_peak_bytes == 2 * buffer, r.alive_at_peak
+    assert r.persistent_bytes() == buffer  # the batch
+    mul = [op for op in r._trace.ops if op.type == "Mul"][-1]
+    assert [step.total for step in r.timeline.steps if step.op == mul.name] == \
+        [r.persistent_bytes() + 2 * buffer]
+
+
+def test_our_ops_scopes_fold_into_their_callers_scope(eigen_kernels):
+    """bigconv1d/2d/3d's own name scopes (TF's "bigconv2d_1" for a second
+    call in a scope included) are their caller's: a BigConv2D layer is one
+    row, its op's forward and gradient rows under it; a call outside any
+    scope keeps its own."""
+    import tfbigconv.keras
+    L = keras.layers
+    keras.utils.set_random_seed(0)
+    # algorithm="fft": tfbigconv's ops on every host (auto may run TF's Conv2D here)
+    model = keras.Sequential([keras.Input((16, 16, 3)), tfbigconv.keras.BigConv2D(
+        8, 5, padding="same", algorithm="fft", name="big"), L.Flatten(name="flat"),
+        L.Dense(4, name="head")], name="cnn")
+    r = tfbigconv.memory_report(_step(model), 4, device="CPU", advice=False)
+    labels = [row.layer for row in r.rows if not row.op]
+    big = [label for label in labels if "big" in label.split("/")[-1]]
+    assert len(big) == 1 and not big[0].endswith("bigconv2d"), labels
+    ops = [row.op for row in r.rows if row.op and row.layer == big[0]]
+    assert "BigConv2D" in ops and "BigConv2DBackpropFilter (backward)" in ops, ops
+    row = next(row for row in r.rows if row.layer == big[0] and not row.op)
+    assert row.param_bytes == row.grad_bytes == (5 * 5 * 3 * 8 + 8) * 4
+    assert row.output_shape == [4, 16, 16, 8]
+
+    w2, w1 = tf.Variable(tf.ones([3, 3, 2, 2])), tf.Variable(tf.ones([3, 2, 2]))
+
+    conv2d = lambda x: tfbigconv.bigconv2d(x, w2, 1, "SAME", algorithm="fft")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8, 8, 2])])
+    def step(x):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("block"):
+                h = conv2d(conv2d(x))
+            with tf.name_scope("seq"):
+                h = tfbigconv.bigconv1d(tf.reshape(h, [-1, 64, 2]), w1, 1, "SAME",
+                                        algorithm="fft")
+            loss = tf.reduce_sum(conv2d(tf.reshape(h, [-1, 8, 8, 2])))
+        return tape.gradient(loss, [w2, w1])
+    r = tfbigconv.memory_report(step, 2, device="CPU", advice=False)
+    forward = {op.name: op.layer.label for op in r._trace.ops
+               if op.type in ("BigConv2D", "BigConv2DBackpropInput")}
+    assert sorted(set(forward.values())) == ["bigconv2d", "block", "seq"], forward
+    assert any("/bigconv2d_1/" in name for name in forward), forward  # TF's second scope
+    assert tfbigconv.memory_report(step, 2, device="CPU", advice=False, scope_depth=4) \
+        .peak_bytes == r.peak_bytes
+
+
 def test_graph_arguments():
     graph, train, loss = _tf1_graph()
     with pytest.raises(ValueError, match="fetches"):

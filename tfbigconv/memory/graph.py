@@ -36,8 +36,19 @@ class Scope:
         self.label, self.ops, self.layer = label, [], None
 
 
+# The name scopes tfbigconv's functions open around their ops (bigconv1d's,
+# bigconv2d's, bigconv3d's; TF makes a second one in a scope "bigconv2d_1"):
+# inside a caller's scope (a layer's), their ops are the caller's.
+OP_SCOPE = re.compile(r"/bigconv[123]d(?:_\d+)?(?:/|$)")
+
+
 def scope_of(name, depth):
+    """The report's scope of an op (or variable) name: its name scope, an op
+    scope (OP_SCOPE) folded into the scope that holds it, cut to `depth`
+    components."""
     scope = name.rsplit("/", 1)[0] if "/" in name else "(top level)"
+    inner = OP_SCOPE.search(scope)
+    scope = scope[:inner.start()] if inner else scope
     return "/".join(scope.split("/")[:depth]) if depth else scope
 
 

@@ -95,6 +95,23 @@ GRADIENT_OPS = {
     "MaxPoolGrad": ("MaxPool", 1),
 }
 
+# Op type -> the inputs whose buffer its CPU kernel takes over for its output
+# (OpKernelContext::forward_input_or_allocate_output: TF's element-wise,
+# activation, BiasAdd and AddN kernels) where the input has the output's dtype
+# and size and nothing else holds it (its buffer's reference count is one: no
+# reader left after this op, not a variable, a constant or a fetched tensor).
+# None: any input. TF's allocator log (TF_CPP_VMODULE=log_memory=2) of a
+# tf.function CNN step, oneDNN on: ReluGrad wrote into MaxPoolGrad's output,
+# Adam's Sub, Mul and AddV2 into their inputs, with no allocation of their own.
+_UNARY = ("Neg", "Square", "Sqrt", "Rsqrt", "Exp", "Log", "Log1p", "Expm1", "Abs", "Sign",
+          "Reciprocal", "Floor", "Ceil", "Round", "Erf", "Erfc", "Sigmoid", "Tanh",
+          "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Softplus", "Softsign", "BiasAdd")
+_BINARY = ("AddV2", "Add", "Sub", "Mul", "MulNoNan", "RealDiv", "Div", "DivNoNan", "Maximum",
+           "Minimum", "SquaredDifference", "Pow", "ReluGrad", "Relu6Grad", "EluGrad",
+           "SeluGrad", "LeakyReluGrad", "SoftplusGrad", "SigmoidGrad", "TanhGrad", "SqrtGrad",
+           "RsqrtGrad")
+FORWARDS_INPUT = {**dict.fromkeys(_UNARY, (0,)), **dict.fromkeys(_BINARY, (0, 1)), "AddN": None}
+
 # Ops whose output shares its input's buffer (TensorFlow forwards it).
 ALIASES = ("Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Snapshot",
             "PreventGradient")

@@ -4,8 +4,8 @@ graph that holds its own gradients (simulate_graph: its ops as TensorFlow's
 executor runs them); the largest total is the peak."""
 import collections
 
-from tfbigconv.memory.rules import (ALIASES, CONVS, GRADIENT_OPS, GRADIENT_TEMPORARIES,
-                                    SAVED_FOR_BACKWARD)
+from tfbigconv.memory.rules import (ALIASES, CONVS, FORWARDS_INPUT, GRADIENT_OPS,
+                                    GRADIENT_TEMPORARIES, SAVED_FOR_BACKWARD)
 from tfbigconv.memory.workspaces import CONV_OPERANDS, gradient_workspace
 
 # ---------------------------------------------------------------------------
@@ -334,14 +334,35 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0,
     return res
 
 
+def forwarded_input(op, out, trace, uses, live, batch, taken=()):
+    """The buffer of op's input that its kernel writes its output `out` into
+    (FORWARDS_INPUT), or None: a buffer the step allocated (alive), of out's
+    dtype and size, that no other reader needs (its reads left are op's own)."""
+    indices = FORWARDS_INPUT.get(op.type, ())
+    if indices is None:
+        indices = range(len(op.inputs))
+    for i in indices:
+        if i >= len(op.inputs):
+            continue
+        base = trace.tensors[op.inputs[i]].base
+        buffer = trace.tensors[base]
+        if base in live and base not in taken and buffer.dtype == out.dtype and \
+                buffer.bytes(batch) == out.bytes(batch) and \
+                uses[base] == sum(trace.tensors[n].base == base for n in op.inputs):
+            return base
+    return None
+
+
 def simulate_graph(trace, plans, batch, persistent, overlap=False, record=False):
     """Live bytes through a graph that holds its own gradient and update ops
     (a GraphTrace: a tf.function's or a TF1 graph's training step): its ops
     run one at a time, each once its inputs and control inputs have run,
     first ready first run (TensorFlow's executor runs ready ops in that
-    order). An op allocates its outputs, and while it runs its transient
-    workspace: a convolution's (ConvPlans.graph_run), a gradient kernel's
-    temporary (gradient_temporary, for the forward op it differentiates). A
+    order). An op allocates its outputs (or writes one into the buffer of an
+    input that nothing else reads: forwarded_input), and while it runs its
+    transient workspace: a convolution's (ConvPlans.graph_run), a gradient
+    kernel's temporary (gradient_temporary, for the forward op it
+    differentiates). A
     tensor lives until its last reader has run (a view until its buffer's);
     the fetched ones to the end; oneDNN's MaxPool workspace until its
     MaxPoolGrad has run. Convolutions made ready by the same op run together,
@@ -400,9 +421,14 @@ def simulate_graph(trace, plans, batch, persistent, overlap=False, record=False)
                 if forward.type == forward_type:
                     n, what = gradient_temporary(forward, t, batch)
                     live.alloc(("ws", op.name), n, what, label, None, WORKSPACES)
+            taken = set()  # input buffers an output took over
             for name in op.outputs + t.extra_outputs.get(op.name, []):
                 tensor = t.tensors[name]
                 if tensor.kind in ("activation", "workspace") and tensor.base == name:
+                    base = forwarded_input(op, tensor, t, uses, live, batch, taken)
+                    if base is not None:  # written in place: the input's buffer is the output's
+                        taken.add(base)
+                        live.pop(base)
                     live.alloc(name, tensor.bytes(batch), t.describe(name), label,
                                tensor.shape(batch), t.kind_of(name))
         live.check(Step(t.phase[group[0].name], group[0].layer.label, group[0].name))
