@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tfbigconv.memory.rules import ALIASES, NO_GRADIENT, fmt_bytes
 from tfbigconv.memory.simulate import GRADS, KEPT, OUTPUTS, PARAM_GRADS, WORKSPACES
-from tfbigconv.memory.trace import Op, Tensor
+from tfbigconv.memory.trace import Op, Tensor, onednn_workspace
 from tfbigconv.memory.workspaces import CONV_OPERANDS
 
 # The name scope TensorFlow builds gradients under: tf.gradients' "gradients"
@@ -302,15 +302,9 @@ class GraphTrace:
                      if self.op_named[r].type == "MaxPoolGrad"] if op.outputs else []
             if not per_element or not grads:
                 continue
-            out = self.tensors[op.outputs[0]]
-            tensor = Tensor()
-            tensor.name = tensor.base = f"{op.name}:workspace"
-            tensor.op, tensor.dtype, tensor.kind = op, tf.uint8, "workspace"
-            tensor.dims, tensor.itemsize = out.dims, per_element
-            self.tensors[tensor.name] = tensor
-            self.extra_outputs[op.name] = [tensor.name]
+            workspace = onednn_workspace(self, op, per_element)
             for g in grads:
-                self.extra_inputs.setdefault(g.name, []).append(tensor.name)
+                self.extra_inputs.setdefault(g.name, []).append(workspace)
 
     def saved(self, op):
         """(op's buffers that a gradient op reads, True): kept for the backward pass."""

@@ -31,6 +31,20 @@ class Op:
     __slots__ = ("index", "name", "type", "inputs", "outputs", "layer", "attrs", "tf_op")
 
 
+def onednn_workspace(trace, op, per_element):
+    """Registers the workspace oneDNN's kernel keeps beside op's first output (TF's
+    graph rewrite adds it as an extra output), per_element bytes per output
+    element, in trace.tensors and trace.extra_outputs; returns its name."""
+    out = trace.tensors[op.outputs[0]]
+    tensor = Tensor()
+    tensor.name = tensor.base = f"{op.name}:workspace"
+    tensor.op, tensor.dtype, tensor.kind = op, tf.uint8, "workspace"
+    tensor.dims, tensor.itemsize = out.dims, per_element
+    trace.tensors[tensor.name] = tensor
+    trace.extra_outputs[op.name] = [tensor.name]
+    return tensor.name
+
+
 class LayerCall:
     """One call of a layer: its ops, and the layer itself."""
 
@@ -236,14 +250,7 @@ class Trace:
             names, known = self._saved[op.name]
             if not per_element or not self._grad_inputs[op.name]:
                 continue
-            out = self.tensors[op.outputs[0]]
-            tensor = Tensor()
-            tensor.name = tensor.base = f"{op.name}:workspace"
-            tensor.op, tensor.dtype, tensor.kind = op, tf.uint8, "workspace"
-            tensor.dims, tensor.itemsize = out.dims, per_element
-            self.tensors[tensor.name] = tensor
-            self.extra_outputs[op.name] = [tensor.name]
-            self._saved[op.name] = (names + [tensor.name], known)
+            self._saved[op.name] = (names + [onednn_workspace(self, op, per_element)], known)
 
     def grad_inputs(self, op):
         """Indices of op's inputs that receive a gradient in the backward pass."""
