@@ -531,3 +531,18 @@ def test_strides_and_dilations_in_batch_or_depth_raise_tfs_class_here(
                 want = _raised(lambda: run(lambda: theirs(x, w, **kwargs)))
                 got = _raised(lambda: run(lambda: ours(x, w, **kwargs)))
                 assert want is not None and got is want, (name, values, want, got)
+
+
+def test_tf_216_onednn_depthwise_kernel_is_never_for_auto(onednn_tf, monkeypatch):
+    """TF 2.16's oneDNN depthwise kernel aborted the process on large filters
+    (scripts/tf_matrix.sh): there auto never picks it, for any pass; from TF
+    2.17 on the same case runs it."""
+    tf_dw = "tf.DepthwiseConv2dNative"
+    shapes = ((2, 30, 30, 16), (15, 15, 1, 16))
+    e = tfbigconv.explain(*shapes, padding="SAME")
+    assert tf_dw in e.chosen.values(), e.reasons  # the case auto gives TF's kernel here
+    monkeypatch.setattr(tf_rules, "tf_version", lambda: (2, 16))
+    e = tfbigconv.explain(*shapes, padding="VALID")  # a new case: nothing cached
+    rows = [r for r in e.rows if r.algorithm == tf_dw]
+    assert rows and all("TF 2.16" in r.note for r in rows), rows
+    assert tf_dw not in e.chosen.values(), e.chosen

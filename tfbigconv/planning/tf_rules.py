@@ -180,6 +180,13 @@ def tf_batch_depth_error(kernel, attr, dtype, device):
 
 
 EMPTY_NOTE = "TensorFlow's kernels mishandle empty tensors"
+ONEDNN_216_DEPTHWISE_NOTE = ("TF 2.16's oneDNN depthwise kernel can abort the process on large "
+                             "filters: not for auto")
+
+
+def tf_version():
+    """TensorFlow's (major, minor), for rules that hold on some releases only."""
+    return tuple(int(v) for v in tf.__version__.split(".")[:2])
 
 
 @dataclasses.dataclass
@@ -284,6 +291,11 @@ TF_KERNEL_RULES = (
     Rule(lambda c: c.conv3d, "Conv3D", "trusted", "",
          "oneDNN's Conv3D against Conv2D's rates at the side of as many taps (plan.cc)"),
     # DepthwiseConv2dNative (uses_depthwise_kernel).
+    Rule(lambda c: c.depthwise and tf_version() < (2, 17) and c.onednn_depthwise,
+         "DepthwiseConv2dNative", "never", ONEDNN_216_DEPTHWISE_NOTE,
+         "scripts/tf_matrix.sh, TF 2.16.2 on a Zen 4 host: Keras' DepthwiseConv2D (15x15 SAME) "
+         "and a bfloat16 fit whose backprop_input auto gave TF's kernel abort the process "
+         "(divide by zero in oneDNN's brdgmm blocking, gdb); not from TF 2.17 on"),
     Rule(lambda c: (c.depthwise and c.half and onednn_compiles_slowly(c.pass_, c.geometry, c.dtype)
                     and c.onednn_depthwise), "DepthwiseConv2dNative", "never",
          ONEDNN_SLOW_COMPILE_NOTE, "ONEDNN_SLOW_COMPILE_NOTE"),
