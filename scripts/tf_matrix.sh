@@ -24,11 +24,12 @@ WORK=${TF_MATRIX_DIR:-/tmp/tf_matrix}
 PYTHON=${PYTHON:-python3.11}
 TF_PACKAGE=${TF_PACKAGE:-tensorflow-cpu}
 TIMEOUT=${TF_MATRIX_TIMEOUT:-900}
-# The default subset; files this checkout lacks are left out (the Keras 2
-# layers' own file predates the flavour-parametrized keras/test_keras_layers.py).
+# The default subset; files this checkout lacks are left out (older checkouts
+# had keras/test_keras2_layers.py, now keras/test_keras_flavours.py).
 TESTS=${TF_MATRIX_TESTS:-$(cd "$ROOT/tests" && ls ops/test_conv1d.py ops/test_conv2d.py \
   ops/test_conv3d.py ops/test_gradients.py ops/test_graph_mode.py ops/test_tf1_compat.py \
-  keras/test_keras_layers.py keras/test_keras2_layers.py test_native.py 2>/dev/null)}
+  keras/test_keras_layers.py keras/test_keras2_layers.py keras/test_keras_flavours.py \
+  test_native.py 2>/dev/null)}
 VERSIONS=("$@")
 [[ ${#VERSIONS[@]} -gt 0 ]] || VERSIONS=(2.16.2 2.17.1 2.18.1 2.19.1 2.20.0 2.21.0)
 RESULTS=$WORK/results.md

@@ -113,8 +113,10 @@ def _raised_by_bigconv2d(e):
     or TypeError), not a stray error from deeper down. Traced in a tf.function,
     the error TF re-raises quotes the frame it came from."""
     frames = traceback.extract_tb(e.__traceback__)
-    # bigconv2d (ops/conv2d.py) and the parsing of its arguments (arguments.py)
+    # bigconv2d (ops/conv2d.py), the front end that validates for every rank
+    # (ops/conv.py) and the parsing of its arguments (arguments.py)
     checks = (os.path.join("tfbigconv", "ops", "conv2d.py"),
+              os.path.join("tfbigconv", "ops", "conv.py"),
               os.path.join("tfbigconv", "arguments.py"))
     return bool(frames) and frames[-1].filename.endswith(checks) or (
         "in user code" in str(e) and any(c in str(e).rsplit("File ", 1)[-1] for c in checks))
