@@ -533,10 +533,12 @@ def test_strides_and_dilations_in_batch_or_depth_raise_tfs_class_here(
                 assert want is not None and got is want, (name, values, want, got)
 
 
-def test_tf_216_onednn_depthwise_kernel_is_never_for_auto(onednn_tf, monkeypatch):
+def test_tf_216_onednn_depthwise_kernel_is_never_for_auto(onednn_tf, model, monkeypatch):
     """TF 2.16's oneDNN depthwise kernel aborted the process on large filters
-    (scripts/tf_matrix.sh): there auto never picks it, for any pass; from TF
-    2.17 on the same case runs it."""
+    (scripts/tf_matrix.sh): there auto never picks it, for any pass, even where
+    the model makes it 1000x faster; from TF 2.17 on the same case runs it."""
+    model("tf_depthwise_flops_per_second", 1000)  # both rate tables
+    model("tf_depthwise_multiplier_flops_per_second", 1000)
     tf_dw = "tf.DepthwiseConv2dNative"
     shapes = ((2, 30, 30, 16), (15, 15, 1, 16))
     e = tfbigconv.explain(*shapes, padding="SAME")
