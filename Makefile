@@ -46,6 +46,7 @@ install: $(VENV)/.install-stamp
 # The conformance tests again on bigconv2d's pure-TensorFlow path (XLA's, and
 # what runs without the compiled library); tests marked `native` skip there.
 PURE_TF_TESTS = ops/test_conv2d.py ops/test_conv1d.py ops/test_conv3d.py ops/test_gradients.py \
+	ops/test_depthwise.py \
 	test_pure_tf.py ops/test_graph_mode.py test_arguments.py keras
 
 test: install

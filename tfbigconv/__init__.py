@@ -51,6 +51,7 @@ from tfbigconv.ops import gradients as _gradients  # noqa: F401,E402  (registers
 from tfbigconv.ops.conv1d import bigconv1d  # noqa: E402
 from tfbigconv.ops.conv2d import ALGORITHMS, bigconv2d  # noqa: E402
 from tfbigconv.ops.conv3d import bigconv3d  # noqa: E402
+from tfbigconv.ops.depthwise import depthwise_conv2d  # noqa: E402
 from tfbigconv.planning.explain import explain  # noqa: E402
 from tfbigconv.pure_tf import portable  # noqa: E402
 
@@ -60,6 +61,7 @@ from tfbigconv.memory import MemoryReport, explain_oom, memory_report
 from tfbigconv import fusion as fuse
 from tfbigconv.fusion import train as fuse_train
 from tfbigconv.keras.fuse_model import SubgraphReport, fuse_linear
+from tfbigconv.routing import route
 from tfbigconv.version import __version__
 
 # tfbigconv.fuse and tfbigconv.fuse_train, public modules before the package was
@@ -71,9 +73,9 @@ _sys.modules[__name__ + ".fuse_train"] = fuse_train
 if not _cause:
     _profiles.load_active(_native.LIB_PATH)
 
-__all__ = ["bigconv1d", "bigconv2d", "bigconv3d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_train", "fuse_linear",
+__all__ = ["bigconv1d", "bigconv2d", "bigconv3d", "depthwise_conv2d", "explain", "ALGORITHMS", "convert_model", "fuse", "fuse_train", "fuse_linear",
            "SubgraphReport", "keras", "register_all", "memory_report", "MemoryReport",
-           "explain_oom", "portable"]
+           "explain_oom", "portable", "route"]
 
 
 def register_all():
@@ -83,22 +85,30 @@ def register_all():
     BackpropFilter ops) for `tf.saved_model.load`, their gradients, and the
     Keras layers (`tfbigconv>BigConv1D`, ..., `tfbigconv>BigDepthwiseConv3D`,
     and fuse_linear's `tfbigconv>FusedLinearConv` and `tfbigconv>FusedBiasMap`)
-    for `keras.models.load_model`. Importing tfbigconv already does all this
-    (and fails with ImportError, saying what to rebuild, when the ops were
-    built against another TensorFlow); the call makes a serving script's
-    dependency explicit, keeps linters from removing the import, and is
-    idempotent.
+    for `keras.models.load_model`, and, once tf_keras is in use
+    (`tfbigconv.keras.keras2` imported, as under TF_USE_LEGACY_KERAS=1), the
+    same names for `tf_keras.models.load_model`. Importing tfbigconv already
+    does all this (and fails with ImportError, saying what to rebuild, when the
+    ops were built against another TensorFlow); the call makes a serving
+    script's dependency explicit, keeps linters from removing the import, and
+    is idempotent.
 
     Returns the registered Keras names, e.g. ["tfbigconv>BigConv2D", ...].
     """
     import keras as keras_lib
-    from tfbigconv import keras as layers
+    from tfbigconv import keras as package
+    from tfbigconv.keras import layers
 
-    custom_objects = keras_lib.saving.get_custom_objects()
+    registries = [(keras_lib.saving, layers)]
+    keras2 = _sys.modules.get("tfbigconv.keras.keras2")
+    if keras2 is not None:
+        registries.append((_sys.modules["tf_keras"].utils, keras2))
     names = []
-    for cls in (getattr(layers, name) for name in layers.__all__):
-        name = keras_lib.saving.get_registered_name(cls)
-        if custom_objects.get(name) is not cls:  # e.g. after the registry was cleared
-            custom_objects[name] = cls
-        names.append(name)
-    return names
+    for saving, module in registries:
+        custom_objects = saving.get_custom_objects()
+        for cls in (getattr(module, name) for name in package.__all__):
+            name = saving.get_registered_name(cls)
+            if custom_objects.get(name) is not cls:  # e.g. after the registry was cleared
+                custom_objects[name] = cls
+            names.append(name)
+    return list(dict.fromkeys(names))

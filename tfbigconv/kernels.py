@@ -37,6 +37,15 @@ def depthwise_filter_shape(depth, f_shape):
     return [kh, kw, depth, out // depth]
 
 
+def depthwise_filter(w, depth):
+    """A depthwise filter [KH, KW, 1, C*m] as TF's [KH, KW, C, m], also where its
+    shape is known only when the graph runs."""
+    if w.shape.is_fully_defined():
+        return tf.reshape(w, depthwise_filter_shape(depth, w.shape))
+    s = tf.shape(w)
+    return tf.reshape(w, tf.stack([s[0], s[1], depth, s[3] // depth]))
+
+
 def _spatial(x):
     """An NHWC tensor's height and width: static where known (the results keep
     their static shape), else a tensor."""
@@ -98,8 +107,7 @@ def tf_forward(x, w, a, depthwise, per_group=False):
         return tf.concat(ys, axis=axis)
     if not depthwise:
         return tf.raw_ops.Conv2D(input=x, filter=w, **tf_attrs(a))
-    c = in_depth(x.shape, a["data_format"])
-    w = tf.reshape(w, depthwise_filter_shape(c, w.shape))
+    w = depthwise_filter(w, in_depth(x.shape, a["data_format"]))
     if all(d == 1 for d in a["dilations"]):
         return tf.raw_ops.DepthwiseConv2dNative(input=x, filter=w, **tf_attrs(a))
     block, paddings, crops, undilated = _space_to_batch(a, w.shape, _spatial(x))
@@ -122,7 +130,7 @@ def tf_backprop_input(input_sizes, w, dy, a, depth, depthwise):
     if not depthwise:
         return tf.raw_ops.Conv2DBackpropInput(input_sizes=input_sizes, filter=w, out_backprop=dy,
                                               **tf_attrs(a))
-    w = tf.reshape(w, depthwise_filter_shape(depth, w.shape))
+    w = depthwise_filter(w, depth)
     if all(d == 1 for d in a["dilations"]):
         return tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
             input_sizes=input_sizes, filter=w, out_backprop=dy, **tf_attrs(a))

@@ -57,12 +57,20 @@ class Flavour:
         ("kernel" in Keras 3, "depthwise_kernel" in tf_keras).
       declares_jit: whether the flavour reads the layers' `supports_jit`
         (Keras 3 does; tf_keras has no such flag).
+      package: the flavour's Python package ("keras" or "tf_keras").
     """
 
-    def __init__(self, check_backend, depthwise_kernel, declares_jit):
+    def __init__(self, check_backend, depthwise_kernel, declares_jit, package):
         self.check_backend = check_backend
         self.depthwise_kernel = depthwise_kernel
         self.declares_jit = declares_jit
+        self.package = package
+
+
+# Each flavour's package -> (its name, the module of its Big layers), for the
+# message when a layer of one flavour is called on the other's symbolic tensors.
+_FLAVOUR_LAYERS = {"keras": ("Keras 3", "tfbigconv.keras.layers"),
+                   "tf_keras": ("Keras 2 (tf_keras)", "tfbigconv.keras.keras2")}
 
 
 class _BigConvMixin:
@@ -76,6 +84,31 @@ class _BigConvMixin:
         self.algorithm, self.workspace_limit = check_options(algorithm, workspace_limit)
         if self._flavour.declares_jit:
             self.supports_jit = declares_jit()
+
+    @classmethod
+    def convert_in_place(cls, layer, algorithm="auto", workspace_limit=0):
+        """Makes `layer`, an instance of exactly this class's Keras base class (Conv2D
+        for BigConv2D, ...), an instance of this class: the same object, variables and
+        Keras config, plus `algorithm` and `workspace_limit`. Built or not: the build is
+        Keras'. All that __init__ adds to Keras' is `_init_big`'s."""
+        layer.__class__ = cls
+        layer._init_big(algorithm, workspace_limit)
+        return layer
+
+    def __call__(self, *args, **kwargs):
+        # A Keras 3 layer in a tf_keras model (or the reverse) fails deep in Keras with
+        # a message that does not say why; say which import gives the right layer.
+        inputs = args[0] if args else kwargs.get("inputs")
+        package = type(tf.nest.flatten(inputs)[0]).__module__.split(".")[0] if inputs is not None \
+            else None
+        if package in _FLAVOUR_LAYERS and package != self._flavour.package:
+            ours, theirs = _FLAVOUR_LAYERS[self._flavour.package], _FLAVOUR_LAYERS[package]
+            raise TypeError(
+                f"{type(self).__name__} of {ours[1]} is a {ours[0]} layer, called on a "
+                f"{theirs[0]} tensor; for {theirs[0]} models use "
+                f"`from {theirs[1]} import {type(self).__name__}` (`tfbigconv.keras` gives "
+                f"the layers of the Keras that `tf.keras` is)")
+        return super().__call__(*args, **kwargs)
 
     def _bigconv(self, inputs, kernel):
         # The kernel variable may be float32 under a mixed policy while the

@@ -4,9 +4,10 @@ Keras 3 (`keras`) and Keras 2 (`tf_keras`) have the same public layers under
 the same names, so the two functions are written once against `flavour.keras`
 (the Keras module) and `flavour.layers` (tfbigconv's layers for it:
 `tfbigconv.keras.layers` or `tfbigconv.keras.keras2`). What differs, and is
-here: how a functional model's graph of layer calls is read and replayed, how a
-model is cloned (tf_keras' clone_model does not recurse into nested models), and
-making an Input like another.
+here: how a functional model's graph of layer calls is read and replayed, the
+base classes of its convolution layers (`conv_bases`), how a model is cloned
+(tf_keras' clone_model does not recurse into nested models), and making an
+Input like another.
 
 tf-keras stays optional: a tf_keras model means tf_keras is imported already, so
 `of` looks only in sys.modules, and `tfbigconv.keras.keras2` is imported when
@@ -16,6 +17,11 @@ import sys
 
 import keras
 import tensorflow as tf
+# Keras 3's convolution base classes: every convolution layer of the flavour is one.
+from keras.src.layers.convolutional.base_conv import BaseConv
+from keras.src.layers.convolutional.base_conv_transpose import BaseConvTranspose
+from keras.src.layers.convolutional.base_depthwise_conv import BaseDepthwiseConv
+from keras.src.layers.convolutional.base_separable_conv import BaseSeparableConv
 
 from tfbigconv.keras import layers as keras3_layers
 
@@ -34,6 +40,7 @@ class Keras3:
     def __init__(self):
         self.keras, self.layers = keras, keras3_layers
         self.depthwise_kernel = keras3_layers.KERAS3.depthwise_kernel
+        self.conv_bases = (BaseConv, BaseConvTranspose, BaseDepthwiseConv, BaseSeparableConv)
 
     def functional(self, model):
         """The functional model that runs `model`, or None (subclassed, unbuilt)."""
@@ -74,10 +81,12 @@ class Keras2:
 
     def __init__(self):
         import tf_keras
+        from tf_keras.src.layers.convolutional.base_conv import Conv
 
         from tfbigconv.keras import keras2
         self.keras, self.layers = tf_keras, keras2
         self.depthwise_kernel = keras2.KERAS2.depthwise_kernel
+        self.conv_bases = (Conv,)  # tf_keras' depthwise, separable and transposed too
 
     def functional(self, model):
         # A Sequential with an input is itself a functional model in tf_keras.

@@ -61,7 +61,7 @@ def _with_defaults(init, **defaults):
 
 
 KERAS2 = Flavour(check_backend=_check_backend, depthwise_kernel="depthwise_kernel",
-                 declares_jit=False)
+                 declares_jit=False, package="tf_keras")
 _register = tf_keras.utils.register_keras_serializable(package="tfbigconv")
 
 

@@ -55,7 +55,8 @@ def check_backend():
             f"the Keras backend is {keras.backend.backend()!r} (set KERAS_BACKEND=tensorflow)")
 
 
-KERAS3 = Flavour(check_backend=check_backend, depthwise_kernel="kernel", declares_jit=True)
+KERAS3 = Flavour(check_backend=check_backend, depthwise_kernel="kernel", declares_jit=True,
+                 package="keras")
 _register = keras.saving.register_keras_serializable(package="tfbigconv")
 
 

@@ -106,14 +106,41 @@ def _convolve(rank, input, filters, attrs, asked, algorithm, workspace_limit):
     if algorithm == Algorithm.TF:
         if static:  # raises, saying why, where TensorFlow cannot run the case (tf_rules)
             planned.plan_forward(plan_in, f_shape, a, input.dtype, device)
-        return planned.tf_forward_routed(input, filters, plan_in, filters.shape, a, device)
+            return planned.tf_forward_routed(input, filters, plan_in, filters.shape, a, device)
+        # Shapes known only when the graph runs: the planner could not rule out an
+        # empty tensor, which TF's kernels mishandle (tf_rules.EMPTY_NOTE); our op
+        # gives it its shape (and empty gradients).
+        direct = candidates.ours(dict(a, algorithm=Algorithm.DIRECT))
+        return tf.cond(
+            _empty_at_run_time(input, filters, a),
+            lambda: candidates.native_ops(a)[0](input=input, filter=filters, **direct),
+            lambda: planned.tf_forward_routed(input, filters, None, filters.shape, a, device))
     op = candidates.native_ops(a)[0]  # BigConv2D or BigConv3D
     if algorithm == Algorithm.AUTO and static:
         chosen = planned.plan_forward(plan_in, f_shape, a, input.dtype, device).chosen
         if chosen == Algorithm.TF:
-            return planned.tf_forward_routed(input, filters, plan_in, f_shape, a, device)
+            return planned.tf_forward_routed(input, filters, plan_in, filters.shape, a, device)
         return op(input=input, filter=filters, **candidates.ours(a, chosen))
     return op(input=input, filter=filters, **candidates.ours(a, Algorithm.AUTO))
+
+
+def _empty_at_run_time(x, w, a):
+    """Whether the convolution of x and w (attributes `a`, ours) has an empty
+    operand or output, as a boolean tensor: an output dimension is 0 where the
+    (padded) input is smaller than the dilated filter, or is empty."""
+    spatial = arguments.spatial_dims(a["data_format"])
+    first = 1 if a["data_format"].endswith("C") else 2  # the input's first spatial axis
+    xs, ws = tf.shape(x), tf.shape(w)
+    empty = tf.logical_or(tf.equal(tf.size(x), 0), tf.equal(tf.size(w), 0))
+    if a["padding"] == "SAME":  # outputs ceil(input / stride): empty with the input
+        return empty
+    for i in range(spatial):
+        d = first + i
+        pads = (a["explicit_paddings"][2 * d] + a["explicit_paddings"][2 * d + 1]
+                if a["padding"] == "EXPLICIT" else 0)
+        dilated = (ws[i] - 1) * a["dilations"][d] + 1
+        empty = tf.logical_or(empty, xs[d] + pads < dilated)
+    return empty
 
 
 def with_batch_flattened(x, inner_rank, conv):
