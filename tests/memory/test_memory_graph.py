@@ -12,6 +12,7 @@ import tensorflow as tf
 import tfbigconv
 from tfbigconv import host
 from tfbigconv.memory import simulate as S
+from tfbigconv.memory.rules import fmt_bytes
 from tfbigconv.memory.workspaces import ConvPlans
 
 v1 = tf.compat.v1
@@ -334,3 +335,86 @@ def test_explain_oom_on_a_workspace_limit_in_both_flavours(flavour):
     assert "ResourceExhaustedError at batch 2 is a tfbigconv workspace_limit" in summary
     assert "tight does not fit its workspace_limit of 1024 bytes" in summary
     assert explainer.report is not None and explainer.report.batch_size == 2
+
+
+# --- sizes from the graph's shape inference (issue 60) ---------------------
+
+def test_unknown_dims_get_the_sizes_the_graph_gives_them():
+    """The docs' TF1 example: tf.gradients' Sum of the loss's broadcast is
+    (None, None, None, None) statically. Each tensor with an unknown static
+    dimension gets, at any batch, the shape a session run gives it (not the
+    batch in every None), and the peak grows by what an example adds."""
+    import docs_graph_steps
+    ns = docs_graph_steps.example("tf1")
+    graph, train_op, loss = ns["graph"], ns["train_op"], ns["loss"]
+    r = tfbigconv.memory_report(graph, 4, fetches=[train_op, loss], device="CPU", advice=False)
+    t = r._trace
+    unknown = [n for n, x in t.tensors.items() if x.itemsize and x.dtype.is_floating
+               and x.op.type != "Placeholder" and
+               (graph.get_tensor_by_name(n).shape.rank is None or
+                None in graph.get_tensor_by_name(n).shape.as_list())]
+    assert "gradients/sub_grad/Sum_1:0" in unknown
+    rng = np.random.default_rng(0)
+    with graph.as_default():
+        init = v1.global_variables_initializer()
+    with v1.Session(graph=graph) as session:
+        session.run(init)
+        for batch in (3, 7):
+            feed = {p: rng.standard_normal([batch] + p.shape.as_list()[1:])
+                    for p in docs_graph_steps.placeholders(graph)}
+            values = session.run(unknown, feed)
+            assert [list(v.shape) for v in values] == [t.tensors[n].shape(batch) for n in unknown]
+    assert not any("shape inference" in note for note in r.notes), r.notes
+    # Linear in the batch: an example adds at most a few 64x64x8 float32
+    # activations (128 KiB each) and its inputs (176 KiB); the batch in every
+    # None made the peak grow as batch**4 (32.1 GiB at batch 256).
+    _, each = r.per_example_bytes(256)
+    assert each < 1 << 20 and r.peak_at(256) < 256 << 20
+
+
+def test_tf_function_gradient_sizes_and_a_size_only_the_run_knows():
+    """The docs' tf.function example: the loss's Sum gradient is [B, 10], not
+    [B, B]. A tensor whose size only the run decides (boolean_mask) is sized
+    as the batch, and a note names it."""
+    import docs_graph_steps
+    r = tfbigconv.memory_report(docs_graph_steps.example("fn")["train_step"], 256, device="CPU",
+                                advice=False)
+    sums = [x for n, x in r._trace.tensors.items()
+            if n.startswith("gradient_tape/sub/") and x.op.type == "Sum"]
+    assert sums and all(x.shape(256) == [256, 10] for x in sums)
+    assert not any("shape inference" in note for note in r.notes), r.notes
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None, 16], name="x")
+        kept = tf.boolean_mask(x, x > 0)
+        total = tf.reduce_sum(kept * 2.0)
+    r = tfbigconv.memory_report(graph, 8, fetches=[total], device="CPU", advice=False)
+    note = next(n for n in r.notes if "shape inference cannot know" in n)
+    assert "boolean_mask" in note and "sized as the batch" in note
+    mul = next(x for x in r._trace.tensors.values() if x.op.type == "Mul")
+    assert mul.shape(8) == [8]
+
+
+def test_explain_oom_takes_a_tf1_graph_and_its_fetches():
+    graph, train, loss = _tf1_graph()
+    out = io.StringIO()
+    explainer = tfbigconv.explain_oom(graph, 8, fetches=[train, loss], budget=1 << 30, file=out)
+    with pytest.raises(tf.errors.ResourceExhaustedError):
+        with explainer:
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating")
+    assert "ResourceExhaustedError at batch 8" in out.getvalue().splitlines()[0]
+    assert explainer.report is not None and explainer.report.batch_size == 8
+    assert "could not make the report" not in out.getvalue()
+
+
+def test_graph_row_labels(onednn_kernels):
+    """MaxPool's kept column names oneDNN's workspace as such; a scope's row
+    is named by its op that allocates the most (not a shape op)."""
+    graph, train, loss = _tf1_graph()
+    r = tfbigconv.memory_report(graph, 8, fetches=[train, loss], device="CPU", advice=False)
+    pool = next(row for row in r.rows if row.layer == "pool" and row.op == "MaxPool")
+    out = 8 * 8 * 8 * 8  # elements of the pool's output; its workspace has a byte each
+    assert pool.kept == f"output {fmt_bytes(4 * out)}, oneDNN MaxPool workspace {fmt_bytes(out)}"
+    top = next(row for row in r.rows if row.layer == "(top level)" and not row.op)
+    assert top.kept in ("Sub", "Square"), top

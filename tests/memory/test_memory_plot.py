@@ -193,3 +193,44 @@ def test_without_matplotlib(tmp_path):
     """, cwd=tmp_path, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
     lines = [line for line in out.splitlines() if line.startswith("ImportError:")]
     assert len(lines) == 2 and all("pip install matplotlib" in line for line in lines), out
+
+
+def test_phase_spans_merge_interleaved_runs():
+    """A graph's step interleaves its phases: many short runs become a few
+    spans, each named by the phase most of its steps run; a Keras step's one
+    update step stays inside the backward span."""
+    rng = np.random.default_rng(0)
+    phases = ["forward"] * 200 + list(rng.choice(["forward", "backward", "update"], 300,
+                                                 p=[0.1, 0.8, 0.1])) + ["update"] * 100
+    runs = P.phase_runs(phases)
+    assert len(runs) > 100 and sum(e - s for s, e, _ in runs) == len(phases)
+    spans = P.phase_spans(phases)
+    assert [p for _, _, p in spans] == ["forward", "backward", "update"], spans
+    assert spans[0][0] == 0 and spans[-1][1] == len(phases)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    keras_step = ["forward"] * 40 + ["backward"] * 50 + ["update"]
+    assert P.phase_spans(keras_step) == [(0, 40, "forward"), (40, 91, "backward")]
+
+
+def test_a_tf1_graphs_plot_names_few_spans_apart_from_the_peak(tmp_path):
+    """The TF1 U-Net's step (about a hundred phase runs) once drew a dashed
+    line and a rotated label per run, over the peak's annotation."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_memory_report.py"
+    spec = importlib.util.spec_from_file_location("bench_memory_report", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    r = bench.graph_predict("tf1_unet", 4)
+    assert len(P.phase_runs([s.phase for s in r.timeline.steps])) > 20
+    fig = r.plot(tmp_path / "g.png")
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    names = [t for t in ax.texts if t.get_gid() == "phase"]
+    assert 1 <= len(names) <= 6 and all(t.get_rotation() == 0 for t in names)
+    assert len(ax.lines) <= 8  # the dashed lines between spans, and the peak's marker
+    peak = next(t for t in ax.texts if t.get_gid() == "peak")
+    boxes = [t.get_window_extent(renderer) for t in names + [peak]]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (a, b)

@@ -109,6 +109,7 @@ def _build(op_type):
         "ExpandDims": lambda: _raw("ExpandDims", _ph([2, 3]), 0),
         "DepthToSpace": lambda: _raw("DepthToSpace", _ph([1, 2, 2, 4]), block_size=2),
         "SpaceToDepth": lambda: _raw("SpaceToDepth", _ph([1, 4, 4, 1]), block_size=2),
+        "SelectV2": lambda: _raw("SelectV2", _ph([2, 3], tf.bool), _ph([2, 3]), _ph([2, 3])),
     }
     out = builders[op_type]()
     op = out.op
@@ -121,8 +122,9 @@ SHAPE_ONLY = ("Shape", "ShapeN", "Size", "Rank")
 
 
 def _gradient_reads(op_type, index):
-    """The float tensors of the op (as "in<i>"/"out<k>") that TensorFlow's
-    registered gradient reads as data to compute the gradient of input `index`."""
+    """The float and bool tensors of the op (as "in<i>"/"out<k>") that
+    TensorFlow's registered gradient reads as data to compute the gradient of
+    input `index` (a bool one: SelectV2's condition)."""
     graph = func_graph.FuncGraph("rule")
     with graph.as_default():
         op = _build(op_type)
@@ -142,7 +144,7 @@ def _gradient_reads(op_type, index):
         seen.add(o)
         for t in o.inputs:
             if t.name in names:
-                if t.dtype.is_floating:
+                if t.dtype.is_floating or t.dtype == tf.bool:
                     reads.add(names[t.name])
             else:
                 stack.append(t.op)

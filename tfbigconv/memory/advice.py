@@ -105,7 +105,9 @@ class Advice:
         if self._model is not None and not is_mixed(self._model):
             try:
                 policy, peak = self.mixed_precision_peak()
-                lines.append(f"mixed precision ({policy}): {pct(peak)}")
+                lines.append(f"mixed precision ({policy}): " + (
+                    f"leaves the peak at {fmt_bytes(base)} (within 0.5%)"
+                    if abs(peak - base) < 0.005 * base else pct(peak)))
             except Exception as e:  # noqa: BLE001 - e.g. a subclassed model cannot be cloned
                 lines.append(f"mixed precision: not computed ({type(e).__name__}: "
                              f"{str(e).splitlines()[0][:100]})")

@@ -24,8 +24,10 @@ def memory_report(model, batch_size=None, training=True, optimizer=None, device=
         - a TF1 tf.Graph, with `fetches`: what one session run fetches (the
           train op of an optimizer's minimize, the loss).
       batch_size: the batch to report on (positive int): the size of the
-        unknown (None) dimensions of the inputs' shapes. A graph whose
-        input shapes are all known needs none.
+        unknown (None) dimensions of the inputs' shapes. A graph's other
+        tensors are sized as TensorFlow's shape inference sizes them at that
+        batch (GraphTrace.size_unknown_dims; a note names any it cannot).
+        A graph whose input shapes are all known needs none.
       training: True for a training step (forward, the loss, backward,
         optimizer update); False for inference (the forward pass only: no
         loss, the outputs alive to the end). Keras models only: a graph's
@@ -113,4 +115,5 @@ def _graph_report(model, batch_size, training, optimizer, device, budget, input_
     if not trace.has_batch:
         known = [trace.tensors[n].dims for n in trace.input_names]
         batch_size = batch_size or (known[0][0] if known and known[0] else 1)
+    trace.size_unknown_dims(batch_size)
     return MemoryReport(trace, batch_size, device, trace.training, None, budget, advice)

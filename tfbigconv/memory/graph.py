@@ -80,14 +80,17 @@ class GraphTrace:
         graph = concrete.graph
         captured = {id(internal): external for external, internal in graph.captures}
         variables = {}  # internal handle tensor name -> (name, bytes)
+        handles = {}  # internal handle tensor name -> (dtype, shape), for shape inference
         by_handle = {id(v.handle): v for v in graph.variables}
         for external, internal in graph.captures:
             v = by_handle.get(id(external))
             if v is not None:
                 variables[internal.name] = (v.name, int(math.prod(v.shape)) * v.dtype.size)
+                handles[internal.name] = (v.dtype, v.shape)
         inputs = [t for t in graph.inputs if id(t) not in captured]
         fetched = [t for t in tf.nest.flatten(graph.outputs) if isinstance(t, tf.Tensor)]
-        return cls(graph, fetched, list(graph.control_outputs), inputs, variables, scope_depth)
+        return cls(graph, fetched, list(graph.control_outputs), inputs, variables, scope_depth,
+                   handles)
 
     @classmethod
     def from_graph(cls, graph, fetches, scope_depth=None):
@@ -125,8 +128,10 @@ class GraphTrace:
             stack.extend(op.control_inputs)
         return seen
 
-    def __init__(self, graph, fetched, fetched_ops, inputs, variables, scope_depth):
+    def __init__(self, graph, fetched, fetched_ops, inputs, variables, scope_depth,
+                 handles=None):
         self.graph = graph
+        self._handles = handles or {}
         needed = self._ancestors(fetched, fetched_ops)
         tf_ops = [op for op in graph.get_operations() if op.name in needed]
         self.fetched = [t.name for t in fetched]
@@ -144,10 +149,6 @@ class GraphTrace:
         if opaque:
             self.notes.append("the memory inside " + ", ".join(opaque) + " ops (a called "
                               "function, a loop) is not simulated: their outputs count only")
-        unknown = sum(1 for t in self.tensors.values()
-                      if t.dims is None and t.kind == "activation" and t.itemsize)
-        if unknown:
-            self.notes.append(f"{unknown} tensors of unknown rank count as 0 bytes")
 
     def _ops(self, tf_ops):
         self.ops, self.tensors, self.op_named = [], {}, {}
@@ -191,6 +192,80 @@ class GraphTrace:
         for op in self.ops:
             for name in op.inputs:
                 self.readers[self.tensors[name].base].add(op.name)
+
+    def size_unknown_dims(self, batch):
+        """Gives the dimensions the graph's static shapes leave unknown (None)
+        their sizes as TensorFlow's shape inference finds them with the
+        inputs' unknown dimensions set to the batch: the graph's ops imported
+        again (shape_inference_at) at batch, 2 * batch and 3 * batch. A
+        dimension that is k * b + c at all three is (k, c) (trace.dim_at); the
+        inputs' unknown dimensions are the batch, (1, 0). What stays unknown
+        (a data-dependent size: Where, Unique) is sized as the batch, and a
+        note names it. Once, before the simulation."""
+        unknown = [t for t in self.tensors.values()
+                   if t.itemsize and (t.dims is None or None in t.dims)]
+        batches = (batch, 2 * batch, 3 * batch)
+        inputs = set(self.input_names)
+        try:
+            shapes = [self.shape_inference_at(b) for b in batches] if unknown else []
+        except (ValueError, tf.errors.OpError) as e:
+            reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            self.notes.append(f"TensorFlow's shape inference failed at batch {batch} ({reason}): "
+                              f"{len(unknown)} tensors' unknown dimensions are sized as the batch")
+            unknown = []
+        left = []
+        for t in unknown:
+            if t.name in inputs:
+                t.dims = [(1, 0) if d is None else d for d in t.dims] \
+                    if t.dims is not None else None
+                continue
+            found = [s[t.name] for s in shapes]
+            if t.dims is None and len({len(f) if f is not None else None for f in found}) == 1 \
+                    and found[0] is not None:
+                t.dims = [None] * len(found[0])
+            if t.dims is None:
+                continue  # unknown rank: 0 bytes (a note says so)
+            t.dims = [d if d is not None else
+                      affine([f[i] for f in found], batches) for i, d in enumerate(t.dims)]
+            if t.op.type == "BroadcastGradientArgs" and None in t.dims:
+                # reduction indices: at most one per axis of its operands
+                t.dims = list(self.tensors[t.op.inputs[0]].dims or [None])
+            if None in t.dims:
+                left.append(t.name)
+        if left:
+            named = ", ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
+            self.notes.append(f"{len(left)} tensors have dimensions TensorFlow's shape inference "
+                              f"cannot know before the step runs ({named}): each such "
+                              "dimension is sized as the batch")
+        rankless = sum(1 for t in self.tensors.values()
+                       if t.dims is None and t.kind == "activation" and t.itemsize)
+        if rankless:
+            self.notes.append(f"{rankless} tensors of unknown rank count as 0 bytes")
+
+    def shape_inference_at(self, batch):
+        """{tensor name: its shape as a list (None: unknown rank)} as
+        TensorFlow's shape inference gives it with the inputs' unknown
+        dimensions set to batch: the graph imported into a new one, its inputs
+        placeholders of those shapes (a function's captured variables:
+        variable handles of their shapes, as the handles carry them). Raises
+        ValueError where the shapes contradict the graph."""
+        inferred = tf.Graph()
+        with inferred.as_default():
+            feeds = {}
+            for i, name in enumerate(self.input_names):
+                t = self.tensors[name]
+                shape = None if t.dims is None else [batch if d is None else d for d in t.dims]
+                feeds[name] = tf.compat.v1.placeholder(t.dtype, shape, name=f"input_{i}")
+            for i, (name, (dtype, shape)) in enumerate(self._handles.items()):
+                if name in self.tensors:
+                    feeds[name] = tf.raw_ops.VarHandleOp(dtype=dtype, shape=shape,
+                                                         shared_name=f"variable_{i}",
+                                                         name=f"variable_{i}")
+            tf.graph_util.import_graph_def(self.graph.as_graph_def(), input_map=feeds,
+                                           name="graph")
+        shape = lambda t: t.shape.as_list() if t.shape.rank is not None else None
+        return {name: shape(inferred.get_tensor_by_name("graph/" + name))
+                for name in self.tensors}
 
     def _phases(self):
         """phase[op]: "backward" for the gradient ops (under a gradient name
@@ -340,7 +415,26 @@ class GraphTrace:
 
     def batched(self, name):
         t = self.tensors[name]
-        return t.dims is not None and None in t.dims
+        return t.dims is not None and any(not isinstance(d, int) for d in t.dims)
+
+
+def affine(sizes, batches):
+    """(k, c) where sizes[i] = k * batches[i] + c for all i (c alone where
+    k is 0), else None (unknown somewhere, or not affine in the batch)."""
+    if None in sizes:
+        return None
+    k, rest = divmod(sizes[1] - sizes[0], batches[1] - batches[0])
+    c = sizes[0] - k * batches[0]
+    if rest or any(s != k * b + c for s, b in zip(sizes, batches)):
+        return None
+    return (k, c) if k else c
+
+
+def kept_label(tensor, batch):
+    """A kept buffer in a row's "kept for backward": oneDNN's workspace (an
+    output TF's rewrite adds) or the op's output, and its bytes."""
+    what = f"oneDNN {tensor.op.type} workspace" if tensor.kind == "workspace" else "output"
+    return f"{what} {fmt_bytes(tensor.bytes(batch))}"
 
 
 def graph_rows(report, batch, Row):
@@ -380,11 +474,13 @@ def graph_rows(report, batch, Row):
                                outs[0].shape(batch) if outs else None,
                                sum(o.bytes(batch) for o in outs if o.base == o.name), 0, 0, 0,
                                sum(k.bytes(batch) for k in kept),
-                               ", ".join(f"output {fmt_bytes(k.bytes(batch))}" for k in kept),
+                               ", ".join(kept_label(k, batch) for k in kept),
                                None if ours else ws, ws if ours else None, ""))
         total = lambda pairs: tuple(map(sum, zip(*pairs))) if pairs else None
-        main = max(forward, key=lambda op: sum(t.tensors[n].bytes(batch) for n in op.outputs),
-                   default=None)
+        # The scope's main op: the one whose outputs take the most memory of their own.
+        main = max((op for op in forward if op.type not in ALIASES),
+                   key=lambda op: sum(t.tensors[n].bytes(batch) for n in op.outputs
+                                      if t.tensors[n].base == n), default=None)
         grads = sum(t.tensors[n].bytes(batch) for op in s.ops for n in op.outputs
                     if t.phase[op.name] == "backward" and t.tensors[n].base == n
                     and t.kind_of(n) == PARAM_GRADS)

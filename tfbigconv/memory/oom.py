@@ -16,6 +16,9 @@ class explain_oom(contextlib.ContextDecorator):
         with tfbigconv.explain_oom(model, batch_size=16):
             model.fit(x, y, batch_size=16)
 
+        with tfbigconv.explain_oom(graph, 256, fetches=[train_op, loss]):
+            session.run([train_op, loss], feed)    # a TF1 graph: its fetches
+
     On tf.errors.ResourceExhaustedError (TensorFlow's out-of-memory error,
     also raised by tfbigconv's ops when nothing fits their workspace_limit)
     it writes to `file` (default: stderr) the report for `batch_size`: the
@@ -27,13 +30,17 @@ class explain_oom(contextlib.ContextDecorator):
     and the largest batch within the limits, if any.
     The error is re-raised unchanged; a failure while reporting is noted and
     never replaces it. Other exceptions pass through untouched.
+
+    `model` is what memory_report takes (a Keras model, a tf.function or
+    ConcreteFunction, a TF1 tf.Graph); `fetches` is a tf.Graph's, as
+    memory_report's; optimizer and input_shape are for Keras models.
     """
 
     def __init__(self, model, batch_size, *, budget=None, optimizer=None, device=None,
-                 input_shape=None, file=None):
+                 input_shape=None, fetches=None, file=None):
         self.model, self.batch_size, self.budget = model, batch_size, budget
         self.optimizer, self.device, self.input_shape = optimizer, device, input_shape
-        self.file = file
+        self.fetches, self.file = fetches, file
         self.report = None  # the MemoryReport printed, after an OOM
 
     def __enter__(self):
@@ -46,7 +53,7 @@ class explain_oom(contextlib.ContextDecorator):
                 from tfbigconv.memory.api import memory_report
                 self.report = memory_report(self.model, self.batch_size, optimizer=self.optimizer,
                                             device=self.device, budget=self.budget,
-                                            input_shape=self.input_shape)
+                                            input_shape=self.input_shape, fetches=self.fetches)
                 limits = limit_failures_raised(self.report, error)
                 if limits:
                     print(workspace_limit_summary(self.report, limits), file=out)

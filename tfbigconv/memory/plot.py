@@ -4,6 +4,7 @@ summaries (MemoryReport.to_tensorboard).
 matplotlib is optional: it is imported here, inside the functions that draw,
 and nowhere else in tfbigconv. Figures are drawn on the Agg canvas directly
 (no pyplot, no display, the user's matplotlib backend left alone)."""
+import collections
 import io
 import os
 import struct
@@ -17,6 +18,49 @@ FORMATS = ("png", "svg")
 COLORS = dict(zip(KINDS, ("#8da0cb", "#b3b3d9", "#c7e9f1", "#fdae61", "#fee08b",
                           "#1a9850", "#a6d96a", "#d73027")))
 UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1))
+# The phase strip: its height (a fraction of the axes), its shade per phase;
+# a span this fraction of the steps wide or more is named.
+STRIP, LABELLED_SPAN = 0.05, 0.08
+PHASE_SHADES = {"forward": "0.92", "backward": "0.75", "update": "0.55"}
+
+
+def phase_runs(phases):
+    """[(start, end, phase)]: the runs of equal phases, end exclusive."""
+    runs = []
+    for i, phase in enumerate(phases):
+        if runs and runs[-1][2] == phase:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1, phase])
+    return [tuple(r) for r in runs]
+
+
+def phase_spans(phases, fraction=0.05):
+    """The runs merged into a few spans, [(start, end, phase)]: each step
+    takes the phase most steps within `fraction` of the steps around it run;
+    a run of those shorter than `fraction` joins the span before it (the
+    first, the one after). A graph's step interleaves its phases (a TF1
+    U-Net's: 105 runs); a Keras model's runs forward, backward and one
+    update step: two spans, the update in the backward's."""
+    n = len(phases)
+    half = max(1, int(fraction * n) // 2)
+    counts = collections.Counter(phases[:half])
+    smoothed = []
+    for i in range(n):  # counts: the phases of steps i - half .. i + half
+        if i + half < n:
+            counts[phases[i + half]] += 1
+        if i - half - 1 >= 0:
+            counts[phases[i - half - 1]] -= 1
+        smoothed.append(max(counts, key=lambda p: (counts[p], p == phases[i])))
+    spans = []
+    for start, end, phase in phase_runs(smoothed):
+        if spans and (end - start < fraction * n or spans[-1][2] == phase):
+            spans[-1][1] = end
+        elif spans and spans[-1][1] - spans[-1][0] < fraction * n:
+            spans[-1][1:] = [end, phase]
+        else:
+            spans.append([start, end, phase])
+    return [tuple(s) for s in spans]
 
 
 def image_format(path):
@@ -39,8 +83,9 @@ def _matplotlib():
 
 def figure(report):
     """A matplotlib Figure of report.timeline: live bytes at each step,
-    stacked by kind, the phases marked, the peak annotated with its step,
-    layer, op and bytes."""
+    stacked by kind, each step's phase shaded in a strip along the top (the
+    main spans named, phase_spans), the peak annotated with its step, layer,
+    op and bytes."""
     Figure, FigureCanvasAgg = _matplotlib()
     tl = report.timeline
     fig = Figure(figsize=(11, 5.5), dpi=100)
@@ -61,17 +106,17 @@ def figure(report):
     ax.set_title(f"Simulated memory of one {what}: batch {report.batch_size}, "
                  f"device {report.device}" +
                  (f", {report.optimizer}" if report.training and report.optimizer else ""))
-    # Phases: where each starts, named at the top.
-    starts = [(i, s.phase) for i, s in enumerate(tl.steps)
-              if i == 0 or s.phase != tl.steps[i - 1].phase]
-    for n, (i, phase) in enumerate(starts):
-        if i:
-            ax.axvline(i - 0.5, color="0.3", linewidth=0.8, linestyle="--")
-        end = starts[n + 1][0] if n + 1 < len(starts) else len(x)
-        narrow = end - i < 0.08 * len(x)  # the update's one step: written upwards
-        ax.text((i + end - 1) / 2, 0.97, phase, transform=ax.get_xaxis_transform(),
-                ha="right" if narrow else "center", va="top", fontsize=9, color="0.3",
-                rotation=90 if narrow else 0)
+    # Phases: a strip along the top, shaded by each step's phase; lines and
+    # names only between the few spans phase_spans merges the runs into.
+    for start, end, phase in phase_runs([s.phase for s in tl.steps]):
+        ax.axvspan(start - 0.5, end - 0.5, ymin=1 - STRIP, ymax=1, color=PHASE_SHADES[phase],
+                   linewidth=0)
+    for start, end, phase in phase_spans([s.phase for s in tl.steps]):
+        if start:
+            ax.axvline(start - 0.5, color="0.3", linewidth=0.8, linestyle="--")
+        if end - start >= LABELLED_SPAN * len(x):
+            ax.text((start + end - 1) / 2, 1 - STRIP / 2, phase, ha="center", va="center",
+                    transform=ax.get_xaxis_transform(), fontsize=8, gid="phase")
     # The peak: its step, layer and op, and the bytes alive.
     i = tl.peak_index
     right = i > len(x) / 2
@@ -82,7 +127,8 @@ def figure(report):
                 arrowprops=dict(arrowstyle="-", color="black", linewidth=0.8),
                 gid="peak")
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles[::-1], labels[::-1], loc="upper left", fontsize=8, framealpha=0.9)
+    ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(0, 1 - STRIP),
+              fontsize=8, framealpha=0.9)
     fig.tight_layout()
     return fig
 

@@ -369,7 +369,8 @@ class MemoryReport(Advice):
                 if not batched and tf_ws is None:
                     continue
                 what = ", ".join(("input " if n in op.inputs else "output " if n in op.outputs
-                                  else "workspace ") + fmt_bytes(k.bytes(batch)) for n, k in kept)
+                                  else f"oneDNN {op.type} workspace ") + fmt_bytes(k.bytes(batch))
+                                 for n, k in kept)
                 op_rows.append(Row(call.label, op.type, outs[0].shape(batch) if outs else None,
                                    sum(o.bytes(batch) for o in outs), 0, 0, 0,
                                    sum(k.bytes(batch) for _, k in kept), what, tf_ws, big_ws, ""))

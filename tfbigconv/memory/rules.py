@@ -51,6 +51,8 @@ SAVED_FOR_BACKWARD = {
     "Tanh": {0: ("out0",)},
     "Softmax": {0: ("out0",)},
     "LogSoftmax": {0: ("out0",)},
+    # tf.where(cond, x, y) (Dropout's): both gradients select with the bool condition.
+    "SelectV2": {1: ("in0",), 2: ("in0",)},
     # Pooling, resizing, reductions.
     "MaxPool": {0: ("in0", "out0")},
     "AvgPool": {0: ()},

@@ -328,8 +328,8 @@ def simulate(trace, plans, batch, persistent, convert=(), recompute=(), slots=0,
     # The optimizer's update: every weight's gradient is alive; a few
     # temporaries of one weight's size each at a time.
     if param_grad_bytes:
-        alloc(("optimizer", "temporaries"), (1 + min(slots, 2)) * max(param_grad_bytes),
-              "optimizer update temporaries", t.ops[-1])
+        live.alloc(("optimizer", "temporaries"), (1 + min(slots, 2)) * max(param_grad_bytes),
+                   "optimizer update temporaries", "(optimizer)", None, WORKSPACES)
         check(Step("update", "(optimizer)", "apply_gradients"))
     return res
 

@@ -12,6 +12,13 @@ from tfbigconv.memory.rules import ALIASES, NO_GRADIENT, SAVED_FOR_BACKWARD, VAR
 # Tracing
 
 
+def dim_at(d, batch):
+    """A dimension's size at `batch`: d an int (fixed), None (the batch), or
+    (k, c): k * batch + c (a graph's dimension as its shape inference scales
+    it with the batch, graph.GraphTrace.size_unknown_dims)."""
+    return batch if d is None else d if isinstance(d, int) else d[0] * batch + d[1]
+
+
 class Tensor:
     __slots__ = ("name", "dims", "itemsize", "op", "kind", "base", "dtype")
 
@@ -20,11 +27,11 @@ class Tensor:
             return 0
         n = self.itemsize
         for d in self.dims:
-            n *= batch if d is None else d
+            n *= dim_at(d, batch)
         return n
 
     def shape(self, batch):
-        return None if self.dims is None else [batch if d is None else d for d in self.dims]
+        return None if self.dims is None else [dim_at(d, batch) for d in self.dims]
 
 
 class Op:
