@@ -15,6 +15,7 @@ import tfbigconv
 from tfbigconv import host
 from tfbigconv.cli import main as cli_main
 from tfbigconv.memory import report as MR
+from tfbigconv.memory.trace import Trace, differentiable
 from tfbigconv.memory.rules import (CUDNN_WORKSPACE_LIMIT, SAVED_FOR_BACKWARD,
                                     VARIADIC_NOTHING, fmt_bytes)
 from tfbigconv.planning import planner, tf_rules
@@ -110,6 +111,12 @@ def _build(op_type):
         "DepthToSpace": lambda: _raw("DepthToSpace", _ph([1, 2, 2, 4]), block_size=2),
         "SpaceToDepth": lambda: _raw("SpaceToDepth", _ph([1, 4, 4, 1]), block_size=2),
         "SelectV2": lambda: _raw("SelectV2", _ph([2, 3], tf.bool), _ph([2, 3]), _ph([2, 3])),
+        "Split": lambda: tf.raw_ops.Split(axis=1, value=_ph([2, 6]), num_split=3)[0],
+        "SplitV": lambda: tf.raw_ops.SplitV(value=_ph([2, 6]), size_splits=[2, 4], axis=1,
+                                            num_split=2)[0],
+        "ReverseV2": lambda: _raw("ReverseV2", _ph([2, 3]), [1]),
+        "RFFT": lambda: _raw("RFFT", _ph([2, 8]), [8]),  # its gradient: unpadded only
+        "IRFFT": lambda: _raw("IRFFT", _ph([2, 5], tf.complex64), [8]),
     }
     out = builders[op_type]()
     op = out.op
@@ -129,7 +136,7 @@ def _gradient_reads(op_type, index):
     with graph.as_default():
         op = _build(op_type)
         forward = set(graph.get_operations())
-        ys = [y for y in op.outputs if y.dtype.is_floating]
+        ys = [y for y in op.outputs if differentiable(y.dtype)]
         dys = [_ph(y.shape, y.dtype) for y in ys]
         (dx,) = tf.gradients(ys, [op.inputs[index]], grad_ys=dys)
     if dx is None:
@@ -144,7 +151,7 @@ def _gradient_reads(op_type, index):
         seen.add(o)
         for t in o.inputs:
             if t.name in names:
-                if t.dtype.is_floating or t.dtype == tf.bool:
+                if differentiable(t.dtype) or t.dtype == tf.bool:
                     reads.add(names[t.name])
             else:
                 stack.append(t.op)
@@ -157,7 +164,7 @@ def test_saved_for_backward_rule_matches_tf_gradient(op_type):
     graph = func_graph.FuncGraph("inputs")
     with graph.as_default():
         op = _build(op_type)
-    float_inputs = [i for i, t in enumerate(op.inputs) if t.dtype.is_floating]
+    float_inputs = [i for i, t in enumerate(op.inputs) if differentiable(t.dtype)]
     reads = {i: _gradient_reads(op_type, i)[0] for i in float_inputs}
     with_gradient = [i for i in float_inputs if reads[i] is not None]
     rule = SAVED_FOR_BACKWARD[op_type]
@@ -196,6 +203,59 @@ def test_liveness_hand_checked_mlp():
         assert alive == sorted([(act, "Relu output"), (act, "gradient of Relu output"),
                                 (act, "gradient of MatMul output"),
                                 (64, "gradient of d2/kernel")])
+
+
+def _spectral_model(length, channels):
+    """Dense on a sequence, then Hyena's FFT causal convolution with a weight k
+    [L, d]: rfft of length 2L (padded to a length from tf.shape), multiply,
+    irfft, crop."""
+    class SpectralConv(keras.layers.Layer):
+        def build(self, input_shape):
+            self.k = self.add_weight(shape=(length, channels), name="k")
+
+        def call(self, u):
+            n = 2 * tf.shape(u)[1]
+            u_f = tf.signal.rfft(tf.transpose(u, [0, 2, 1]), fft_length=[n])
+            k_f = tf.signal.rfft(tf.transpose(self.k), fft_length=[n])
+            y = tf.signal.irfft(u_f * k_f, fft_length=[n])[..., :length]
+            return tf.transpose(y, [0, 2, 1])
+
+    inp = keras.Input((length, channels))
+    h = keras.layers.Dense(channels, use_bias=False, name="proj")(inp)
+    return keras.Model(inp, SpectralConv(name="spectral")(h))
+
+
+def test_liveness_hand_checked_fft_long_convolution():
+    """Gradients flow through complex tensors, and the sizes shape inference
+    knows are used. The peak is the gradient of the input's RFFT (u_f): its
+    incoming gradient dL/du_f (complex [B, d, L+1]), the gradient being made
+    (of the padded input, real [B, d, 2L]), its Hermitian-terms temporary
+    (complex64 and its real part: 12 bytes per element of [B, d, 2L]), dL/dk_f
+    (complex [d, L+1], its RFFT's gradient runs next) and Dense's input, kept
+    for its kernel's gradient."""
+    length, d, b = 64, 8, 4
+    model = _spectral_model(length, d)
+    r = tfbigconv.memory_report(model, b, advice=False, device="CPU")
+    spectrum, padded = 8 * b * d * (length + 1), 4 * b * d * 2 * length
+    alive = sorted((a.bytes, a.what) for a in r.alive_at_peak)
+    assert alive == sorted([
+        (3 * padded, "RFFT's gradient: the Hermitian terms (complex64) and their real part"),
+        (spectrum, "gradient of RFFT output"), (padded, "gradient of Pad output"),
+        (4 * b * length * d, "Transpose output"),
+        (8 * d * (length + 1), "gradient of RFFT output")])
+    assert (r.peak_step.phase, r.peak_step.layer) == ("backward", "spectral")
+    assert r.peak_step.op.endswith("/rfft")
+    trace = Trace(model)
+    by_type = {}
+    for op in trace.ops:
+        by_type.setdefault(op.type, []).append(op)
+    # The spectra's product keeps both spectra (complex64) for its gradients.
+    (product,) = [op for op in by_type["Mul"] if trace.tensors[op.outputs[0]].dtype.is_complex]
+    assert sorted(trace.tensors[n].bytes(b) for n in trace.saved(product)[0]) == \
+        [8 * d * (length + 1), spectrum]
+    # Keras 3's Dense on a sequence multiplies a [B * L, d] matrix: not [B, d].
+    (matmul,) = by_type["MatMul"]
+    assert trace.tensors[matmul.outputs[0]].bytes(b) == 4 * b * length * d
 
 
 def test_inference_keeps_nothing_for_backward():

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tfbigconv.memory.rules import ALIASES, NO_GRADIENT, fmt_bytes
 from tfbigconv.memory.simulate import GRADS, KEPT, OUTPUTS, PARAM_GRADS, WORKSPACES
-from tfbigconv.memory.trace import Op, Tensor, onednn_workspace
+from tfbigconv.memory.trace import Op, Tensor, onednn_workspace, shapes_at
 from tfbigconv.memory.workspaces import CONV_OPERANDS
 
 # The name scope TensorFlow builds gradients under: tf.gradients' "gradients"
@@ -245,27 +245,13 @@ class GraphTrace:
     def shape_inference_at(self, batch):
         """{tensor name: its shape as a list (None: unknown rank)} as
         TensorFlow's shape inference gives it with the inputs' unknown
-        dimensions set to batch: the graph imported into a new one, its inputs
-        placeholders of those shapes (a function's captured variables:
-        variable handles of their shapes, as the handles carry them). Raises
-        ValueError where the shapes contradict the graph."""
-        inferred = tf.Graph()
-        with inferred.as_default():
-            feeds = {}
-            for i, name in enumerate(self.input_names):
-                t = self.tensors[name]
-                shape = None if t.dims is None else [batch if d is None else d for d in t.dims]
-                feeds[name] = tf.compat.v1.placeholder(t.dtype, shape, name=f"input_{i}")
-            for i, (name, (dtype, shape)) in enumerate(self._handles.items()):
-                if name in self.tensors:
-                    feeds[name] = tf.raw_ops.VarHandleOp(dtype=dtype, shape=shape,
-                                                         shared_name=f"variable_{i}",
-                                                         name=f"variable_{i}")
-            tf.graph_util.import_graph_def(self.graph.as_graph_def(), input_map=feeds,
-                                           name="graph")
-        shape = lambda t: t.shape.as_list() if t.shape.rank is not None else None
-        return {name: shape(inferred.get_tensor_by_name("graph/" + name))
-                for name in self.tensors}
+        dimensions set to batch (trace.shapes_at). Raises ValueError where the
+        shapes contradict the graph."""
+        inputs = {name: (self.tensors[name].dtype, self.tensors[name].dims)
+                  for name in self.input_names}
+        handles = {name: h for name, h in self._handles.items() if name in self.tensors}
+        found = shapes_at(self.graph, inputs, handles, batch)
+        return {name: found[name] for name in self.tensors}
 
     def _phases(self):
         """phase[op]: "backward" for the gradient ops (under a gradient name

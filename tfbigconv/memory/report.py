@@ -345,7 +345,8 @@ class MemoryReport(Advice):
                 if op.type in ("Const", "Placeholder", "ReadVariableOp", "NoOp") or op.type in ALIASES:
                     continue
                 outs = [t.tensors[o] for o in op.outputs]
-                batched = any(o.dims is not None and None in o.dims for o in outs)
+                batched = any(o.dims is not None and any(not isinstance(d, int) for d in o.dims)
+                              for o in outs)  # None or (k, c): scales with the batch
                 kept_names = t.saved(op)[0] if self.training else []
                 kept = [(n, t.tensors[t.tensors[n].base]) for n in kept_names]
                 kept = [(n, k) for n, k in kept if k.kind in ("activation", "workspace")]

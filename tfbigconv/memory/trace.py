@@ -38,6 +38,37 @@ class Op:
     __slots__ = ("index", "name", "type", "inputs", "outputs", "layer", "attrs", "tf_op")
 
 
+def differentiable(dtype):
+    """Whether a tensor of `dtype` carries a gradient: real floating point or
+    complex (tf.signal's FFTs: RFFT's output, the spectra multiplied, IRFFT's
+    input)."""
+    return dtype.is_floating or dtype.is_complex
+
+
+def shapes_at(graph, inputs, handles, batch):
+    """{tensor name: its shape as a list (None: unknown rank)} as TensorFlow's
+    shape inference gives it with the inputs' unknown dimensions set to batch:
+    the graph imported into a new one, its inputs ({name: (dtype, dims)})
+    placeholders of those shapes, its captured variables ({handle tensor name:
+    (dtype, shape)}) variable handles of their shapes, as the handles carry
+    them. Raises ValueError where the shapes contradict the graph."""
+    inferred = tf.Graph()
+    with inferred.as_default():
+        feeds = {}
+        for i, (name, (dtype, dims)) in enumerate(inputs.items()):
+            shape = None if dims is None else [batch if d is None else d for d in dims]
+            feeds[name] = tf.compat.v1.placeholder(dtype, shape, name=f"input_{i}")
+        for i, (name, (dtype, shape)) in enumerate(handles.items()):
+            feeds[name] = tf.raw_ops.VarHandleOp(dtype=dtype, shape=shape,
+                                                 shared_name=f"variable_{i}",
+                                                 name=f"variable_{i}")
+        tf.graph_util.import_graph_def(graph.as_graph_def(), input_map=feeds, name="graph")
+    shape = lambda t: t.shape.as_list() if t.shape.rank is not None else None
+    return {op.name[len("graph/"):] + f":{k}": shape(t)
+            for op in inferred.get_operations() if op.name.startswith("graph/")
+            for k, t in enumerate(op.outputs)}
+
+
 def onednn_workspace(trace, op, per_element):
     """Registers the workspace oneDNN's kernel keeps beside op's first output (TF's
     graph rewrite adds it as an extra output), per_element bytes per output
@@ -157,6 +188,7 @@ class Trace:
         self.input_names = [x.name for x in xs]
         self._variables(model, graph)
         self._ops(graph, owner)
+        self._size_unknown_dims()
 
     def _variables(self, model, graph):
         by_handle = {}
@@ -206,6 +238,37 @@ class Trace:
             self.ops.append(op)
         self._gradient_flow()
 
+    def _size_unknown_dims(self):
+        """Sizes the dimensions that the static shapes leave unknown: not all are
+        the batch (tf.signal's rfft pads to a length computed from tf.shape;
+        Keras 3's Dense on a sequence multiplies a [batch * length, d] matrix):
+        TensorFlow's shape inference at three batches (shapes_at), a dimension
+        k * b + c at all three becomes (k, c) (dim_at). None stays the batch
+        where that fails; a tensor of unknown rank counts as 0 bytes."""
+        from tfbigconv.memory.graph import affine
+        unknown = [t for t in self.tensors.values()
+                   if t.kind == "activation" and t.itemsize and (t.dims is None or None in t.dims)]
+        if not unknown:
+            return
+        inputs = {name: (self.tensors[name].dtype, self.tensors[name].dims)
+                  for name in self.input_names}
+        handles = {name: (tf.as_dtype(v.dtype), list(v.shape))
+                   for name, v in self.variable_of.items()}
+        batches = (2, 3, 4)
+        try:
+            found = [shapes_at(self.graph, inputs, handles, b) for b in batches]
+        except (ValueError, tf.errors.OpError):
+            return
+        for t in unknown:
+            shapes = [f.get(t.name) for f in found]
+            if any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1:
+                continue
+            dims = t.dims if t.dims is not None else [None] * len(shapes[0])
+            sized = [d if d is not None else affine([s[i] for s in shapes], batches)
+                     for i, d in enumerate(dims)]
+            # (1, 0) is the batch itself, None in this trace's dimensions.
+            t.dims = [None if d == (1, 0) else d for d in sized]
+
     def variable(self, tensor_name):
         """The Keras variable a ReadVariableOp output reads, or None."""
         t = self.tensors[tensor_name]
@@ -222,7 +285,7 @@ class Trace:
                 continue
             for name in op.outputs:
                 t = self.tensors[name]
-                if not t.dtype.is_floating:
+                if not differentiable(t.dtype):
                     continue
                 if op.type == "ReadVariableOp":
                     v = self.variable(name)
@@ -279,7 +342,7 @@ class Trace:
             return [], True
         rule = SAVED_FOR_BACKWARD.get(op.type)
         if rule is None:  # unknown: assume it keeps every input and output
-            names = [n for n in op.inputs + op.outputs if self.tensors[n].dtype.is_floating]
+            names = [n for n in op.inputs + op.outputs if differentiable(self.tensors[n].dtype)]
             return names, False
         keep = []
         for i in grads:
