@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tfbigconv.memory.rules import ALIASES, NO_GRADIENT, fmt_bytes
 from tfbigconv.memory.simulate import GRADS, KEPT, OUTPUTS, PARAM_GRADS, WORKSPACES
-from tfbigconv.memory.trace import Op, Tensor, onednn_workspace, shapes_at
+from tfbigconv.memory.trace import Op, Tensor, affine, onednn_workspace, shapes_at
 from tfbigconv.memory.workspaces import CONV_OPERANDS
 
 # The name scope TensorFlow builds gradients under: tf.gradients' "gradients"
@@ -402,18 +402,6 @@ class GraphTrace:
     def batched(self, name):
         t = self.tensors[name]
         return t.dims is not None and any(not isinstance(d, int) for d in t.dims)
-
-
-def affine(sizes, batches):
-    """(k, c) where sizes[i] = k * batches[i] + c for all i (c alone where
-    k is 0), else None (unknown somewhere, or not affine in the batch)."""
-    if None in sizes:
-        return None
-    k, rest = divmod(sizes[1] - sizes[0], batches[1] - batches[0])
-    c = sizes[0] - k * batches[0]
-    if rest or any(s != k * b + c for s, b in zip(sizes, batches)):
-        return None
-    return (k, c) if k else c
 
 
 def kept_label(tensor, batch):

@@ -45,6 +45,19 @@ def differentiable(dtype):
     return dtype.is_floating or dtype.is_complex
 
 
+def affine(sizes, batches):
+    """(k, c) where sizes[i] = k * batches[i] + c for all i (c alone where
+    k is 0), else None (unknown somewhere, or not affine in the batch)."""
+    if None in sizes:
+        return None
+    k, rest = divmod(sizes[1] - sizes[0], batches[1] - batches[0])
+    c = sizes[0] - k * batches[0]
+    if rest or any(s != k * b + c for s, b in zip(sizes, batches)):
+        return None
+    return (k, c) if k else c
+
+
+
 def shapes_at(graph, inputs, handles, batch):
     """{tensor name: its shape as a list (None: unknown rank)} as TensorFlow's
     shape inference gives it with the inputs' unknown dimensions set to batch:
@@ -245,7 +258,6 @@ class Trace:
         TensorFlow's shape inference at three batches (shapes_at), a dimension
         k * b + c at all three becomes (k, c) (dim_at). None stays the batch
         where that fails; a tensor of unknown rank counts as 0 bytes."""
-        from tfbigconv.memory.graph import affine
         unknown = [t for t in self.tensors.values()
                    if t.kind == "activation" and t.itemsize and (t.dims is None or None in t.dims)]
         if not unknown:
