@@ -93,7 +93,7 @@ def measure(name, batch, onednn):
     off, in the environment bench_memory_report.measure sets."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", MALLOC_MMAP_THRESHOLD_="65536",
                TFBIGCONV_AUTOTUNE="0", TF_ENABLE_ONEDNN_OPTS="1" if onednn else "0",
-               PYTHONPATH=os.pathsep.join([str(ROOT)] + sys.path))
+               PYTHONPATH=os.pathsep.join(sys.path))  # not ROOT: its tfbigconv is not built
     if onednn:  # the allocator log
         env.update(TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="log_memory=2")
     r = subprocess.run([sys.executable, __file__, name, str(batch)] +
