@@ -71,14 +71,14 @@ def worker(spec):
     conv_with(x[:1, :8, :8], w[:3, :3]).numpy()
     m = _harness.measure_call(lambda: conv_with(x, w), spec["reps"])
 
-    out_shape = geometry["output_shape"]
+    out_shape = geometry.output_shape
     io_bytes = 4 * sum(int(np.prod(s)) for s in (in_shape, f_shape, out_shape))
     print(json.dumps({
         "median_s": m["median_s"],
         "times_s": m["times_s"],
         "warmup_s": m["warmup_s"],
         "reps": m["reps"],
-        "macs": geometry["macs"],
+        "macs": geometry.macs,
         "output_shape": out_shape,
         "io_bytes": io_bytes,
         "baseline_maxrss_bytes": m["baseline_maxrss_bytes"],

@@ -84,8 +84,8 @@ def main():
         attrs = dict(strides=st, padding="SAME", explicit_paddings=[], data_format="NHWC",
                      dilations=[1] * 4)
         geo = _core.conv_geometry(list(shape), list(w.shape), st, "SAME", [], "NHWC", [1] * 4)
-        dy = rng.standard_normal(geo["output_shape"]).astype(np.float32)
-        outs = {"forward": np.empty(geo["output_shape"], np.float32),
+        dy = rng.standard_normal(geo.output_shape).astype(np.float32)
+        outs = {"forward": np.empty(geo.output_shape, np.float32),
                 "backprop_input": np.empty(shape, np.float32),
                 "backprop_filter": np.empty(w.shape, np.float32)}
         calls = {

@@ -459,7 +459,7 @@ def measure_geometry(spec):
                                  data_format=g.data_format, dtype=g.dtype)
     with _harness.autotune_off():
         e = explain()
-    g_out = tf.cast(rng.standard_normal(e.geometry["output_shape"], dtype=np.float32), g.dtype)
+    g_out = tf.cast(rng.standard_normal(e.geometry.output_shape, dtype=np.float32), g.dtype)
 
     progress = Progress(spec["progress"], spec.get("resume", {}))
     results, calls = {}, {}
@@ -529,7 +529,7 @@ def measure_geometry(spec):
                                and kernels[(c, mode)] == kernels[(b, mode)]]
                for c in AUTOS for mode in MODES if (c, mode) in kernels}
     return {"results": [{"contender": c, "mode": mode, **r} for (c, mode), r in results.items()],
-            "chosen_est": e.chosen, "chosen_after": tuned, "macs": e.geometry["macs"],
+            "chosen_est": e.chosen, "chosen_after": tuned, "macs": e.geometry.macs,
             "same_graph_as": same_as}
 
 

@@ -54,7 +54,7 @@ def measure_here(batch, threads):
     # batch and channels swapped, filter dy, output the filter's shape.
     plan = _core.fft_plan([1, 321, 481, batch], [187, 347, batch, 3], workers=host.workers(),
                           dtype="float32", **ATTRS)
-    print(json.dumps({"seen": seen, "plan": {k: plan[k] for k in (
+    print(json.dumps({"seen": seen, "plan": {k: getattr(plan, k) for k in (
         "workspace_bytes", "filter_spectra_bytes", "item_spectra_bytes", "worker_bytes",
         "workers", "chunk")}}))
 

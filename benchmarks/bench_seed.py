@@ -196,9 +196,12 @@ def worker(spec):
         result["versions"] = {"tensorflow": tf.__version__, "numpy": np.__version__}
         if method == "fft":
             # The op plans with the intra-op pool's threads as its workers.
-            result["fft_plan"] = tfbigconv._core.fft_plan(
+            plan = tfbigconv._core.fft_plan(
                 in_shape, f_shape, [1, 1, 1, 1], padding, [], "NHWC", [1, 1, 1, 1],
                 workers=host.workers())
+            result["fft_plan"] = {k: getattr(plan, k) for k in (
+                "tile_h", "tile_w", "fft_h", "fft_w", "tiles_h", "tiles_w", "chunk", "items",
+                "workspace_bytes")}
     print(json.dumps(result))
 
 

@@ -126,7 +126,7 @@ def run_core(kind, x, w, strides=1, padding="VALID", dil=1, fmt="NHWC", pads=((0
     explicit = flat_explicit(pads, fmt) if padding == "EXPLICIT" else []
     geo = _core.conv_geometry(list(x.shape), list(w.shape), to4(strides, fmt), padding, explicit,
                               fmt, to4(dil, fmt))
-    out = np.full(geo["output_shape"], np.nan, dtype=x.dtype)  # unwritten elements show
+    out = np.full(geo.output_shape, np.nan, dtype=x.dtype)  # unwritten elements show
     _core.run_pass(kind, "forward", x, w, [], to4(strides, fmt), padding, explicit, fmt,
                    to4(dil, fmt), out=out, **kwargs)
     return out

@@ -188,7 +188,7 @@ def test_output_sizes_and_errors_match_tf(tf_shapes, n, k, s):
         try:
             got = _core.conv_geometry([1, n, 4, 1], [k, 2, 1, 1], [1, s, s, 1],
                                       pad if isinstance(pad, str) else "EXPLICIT", explicit,
-                                      "NHWC", [1, 1, 1, 1])["output_shape"]
+                                      "NHWC", [1, 1, 1, 1]).output_shape
         except ValueError as e:
             assert "larger than the padded input" in str(e)
             got = None
@@ -259,7 +259,7 @@ def test_core_fft_non_finite_tiles_match_direct(pass_, strides, dil):
     x[1, 5, 6, 2] = np.inf
     geo = _core.conv_geometry(list(x.shape), list(w.shape), [1, strides, strides, 1], "SAME", [],
                               "NHWC", [1, dil, dil, 1])
-    dy = random_case(geo["output_shape"], 2)
+    dy = random_case(geo.output_shape, 2)
     dy[0, 1, 2, 3] = -np.inf
     a, b, sizes = {"forward": (x, w, []), "backprop_input": (dy, w, list(x.shape)),
                    "backprop_filter": (x, dy, list(w.shape))}[pass_]
@@ -277,7 +277,7 @@ def test_core_fft_non_finite_tiles_match_direct(pass_, strides, dil):
                           "NHWC", [1, dil, dil, 1], workers=2)
     for divisor in (16, 4, 1):  # the smallest workspace the pass allows: many tiles and chunks
         try:
-            fft = run("fft", workspace_limit=plan["workspace_bytes"] // divisor, num_threads=2)
+            fft = run("fft", workspace_limit=plan.workspace_bytes // divisor, num_threads=2)
             break
         except ValueError:
             continue
@@ -374,14 +374,14 @@ def test_planner_saturates_instead_of_wrapping():
                             "VALID", [], "NHWC", [1, 1, 1, 1], pass_, "float32", device,
                             "auto", 1 << 30, 2, "Conv2D")
         for name in ("tf", "direct", "fft"):
-            e = p[name]
-            assert e["workspace_bytes"] >= 0 and e["peak_bytes"] >= 0 and e["seconds"] >= 0
-            assert not e["fits"] or e["workspace_bytes"] <= 1 << 30
+            e = getattr(p, name)
+            assert e.workspace_bytes >= 0 and e.peak_bytes >= 0 and e.seconds >= 0
+            assert not e.fits or e.workspace_bytes <= 1 << 30
 
 
 def test_explain_accepts_tensor_shapes_and_numpy_ints():
     e = tfbigconv.explain(tf.TensorShape([1, 9, 9, 1]), np.array([3, 3, 1, 2]))
-    assert e.geometry["output_shape"] == [1, 7, 7, 2]
+    assert e.geometry.output_shape == [1, 7, 7, 2]
 
 
 # ---- fuzz: invalid and extreme arguments, each probe in the worker process ---------

@@ -133,6 +133,8 @@ Status PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
   PassPlan p;
   p.pass = pass;
   p.device = device;
+  p.limit = limit;
+  p.tf_kernel = tf.kernel;
   const ConvProblem problem = PassProblem(ug, pass);
   Status err;
   Algorithm ours = Algorithm::kDirect;

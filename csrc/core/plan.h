@@ -38,6 +38,8 @@ Status ChooseAlgorithm(const ConvGeometry& g, DType dtype, AlgorithmRequest requ
 struct PassPlan {
   Pass pass = Pass::kForward;
   Device device = Device::kCpu;
+  int64_t limit = 0;                     // the workspace limit planned with
+  TfKernel tf_kernel = TfKernel::kNone;  // TF's kernel for the case
   Estimate tf, direct, fft;
   FftPlan fft_plan;     // CPU only
   AlgorithmRequest chosen = AlgorithmRequest::kDirect;

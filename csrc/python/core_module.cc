@@ -64,40 +64,6 @@ ConvGeometry GeometryOf(GEOMETRY_PARAMS) {
                   MakeAttrs(strides, padding, explicit_paddings, data_format, dilations));
 }
 
-py::dict GeometryDict(const ConvGeometry& g) {
-  py::dict d;
-  d["batch"] = g.batch;
-  d["in_h"] = g.in[kH];
-  d["in_w"] = g.in[kW];
-  d["in_c"] = g.in_c;
-  d["filter_h"] = g.filter[kH];
-  d["filter_w"] = g.filter[kW];
-  d["filter_in_c"] = g.filter_in_c;
-  d["out_c"] = g.out_c;
-  d["groups"] = g.groups;
-  d["stride_h"] = g.stride[kH];
-  d["stride_w"] = g.stride[kW];
-  d["dilation_h"] = g.dilation[kH];
-  d["dilation_w"] = g.dilation[kW];
-  d["pad_top"] = g.pad_before[kH];
-  d["pad_bottom"] = g.pad_after[kH];
-  d["pad_left"] = g.pad_before[kW];
-  d["pad_right"] = g.pad_after[kW];
-  d["out_h"] = g.out[kH];
-  d["out_w"] = g.out[kW];
-  // Depth: 1 (and no padding) in 2-D.
-  d["in_d"] = g.in[kD];
-  d["filter_d"] = g.filter[kD];
-  d["stride_d"] = g.stride[kD];
-  d["dilation_d"] = g.dilation[kD];
-  d["pad_front"] = g.pad_before[kD];
-  d["pad_back"] = g.pad_after[kD];
-  d["out_d"] = g.out[kD];
-  d["output_shape"] = g.output_shape();
-  d["macs"] = g.macs();
-  return d;
-}
-
 // "" means the active variant. Whether this CPU can run it is checked where
 // it is used (PickIsa, RunConvCpu).
 Isa ParseIsaName(const std::string& name) {
@@ -145,52 +111,11 @@ int64_t BudgetOrDefault(int64_t workspace_limit) {
   return workspace_limit > 0 ? workspace_limit : DefaultHostWorkspaceBudget();
 }
 
-py::dict PlanDict(const FftPlan& p) {
-  py::dict d;
-  d["tile_d"] = p.tile_d;
-  d["tile_h"] = p.tile_h;
-  d["tile_w"] = p.tile_w;
-  d["fft_d"] = p.fft_d;
-  d["fft_h"] = p.fft_h;
-  d["fft_w"] = p.fft_w;
-  d["tiles_d"] = p.tiles_d;
-  d["tiles_h"] = p.tiles_h;
-  d["tiles_w"] = p.tiles_w;
-  d["items"] = p.items;
-  d["chunk"] = p.chunk;
-  d["workers"] = p.workers;
-  d["filter_spectra_bytes"] = p.filter_spectra_bytes;
-  d["item_spectra_bytes"] = p.item_spectra_bytes;
-  d["worker_bytes"] = p.worker_bytes;
-  d["fused_mix"] = p.fused_mix;
-  d["ci_block"] = p.ci_block;
-  d["stage_planes"] = p.stage_planes;
-  d["lanes"] = p.lanes;
-  d["workspace_bytes"] = p.workspace_bytes;
-  d["transform_flops"] = p.transform_flops;
-  d["mix_flops"] = p.mix_flops;
-  d["bytes"] = p.bytes;
-  d["cost"] = p.cost;
-  return d;
-}
-
 FftPlan PlanOrThrow(const ConvGeometry& g, DType dtype, int64_t workspace_limit, int workers) {
   FftPlan plan;
   const std::string err = PlanFft(g, dtype, BudgetOrDefault(workspace_limit), workers, &plan);
   if (!err.empty()) throw py::value_error(err);
   return plan;
-}
-
-py::dict EstimateDict(const Estimate& e) {
-  py::dict d;
-  d["available"] = e.available;
-  d["fits"] = e.fits;
-  d["seconds"] = e.seconds;
-  d["workspace_bytes"] = e.workspace_bytes;
-  d["peak_bytes"] = e.peak_bytes;
-  d["note"] = e.note;
-  d["terms"] = e.terms;
-  return d;
 }
 
 // Bad arguments and unavailable algorithms raise ValueError; a workspace that
@@ -295,16 +220,6 @@ LaneBackpropPlan LanePlanOrThrow(const ConvGeometry& g, DType dtype, int64_t wor
   return plan;
 }
 
-py::dict LanePlanDict(const LaneBackpropPlan& p) {
-  py::dict d;
-  d["fft_w"] = p.fft_w;
-  d["stage_planes"] = p.stage_planes;
-  d["workers"] = p.workers;
-  d["worker_bytes"] = p.worker_bytes;
-  d["workspace_bytes"] = p.workspace_bytes;
-  return d;
-}
-
 // Both gradients at once (RunLaneBackpropCpu): (dx, dw).
 py::tuple RunLaneBackprop(py::array x, py::array w, py::array dy,
                           const std::vector<int64_t>& strides, const std::string& padding,
@@ -336,15 +251,115 @@ py::tuple RunLaneBackprop(py::array x, py::array w, py::array dy,
   return py::make_tuple(dx, dw);
 }
 
+// The core's structs as read-only Python classes: the fields Python reads,
+// by the names it reads them (per axis: _d, _h, _w; depth is 1 in 2-D).
+void BindTypes(py::module_& m) {
+  py::class_<ConvGeometry>(m, "ConvGeometry")
+      .def_readonly("batch", &ConvGeometry::batch)
+      .def_readonly("in_c", &ConvGeometry::in_c)
+      .def_readonly("filter_in_c", &ConvGeometry::filter_in_c)
+      .def_readonly("out_c", &ConvGeometry::out_c)
+      .def_readonly("groups", &ConvGeometry::groups)
+#define TFBIGCONV_AXIS(name, field, axis) \
+  .def_property_readonly(name, [](const ConvGeometry& g) { return g.field[axis]; })
+      TFBIGCONV_AXIS("in_d", in, kD) TFBIGCONV_AXIS("in_h", in, kH) TFBIGCONV_AXIS("in_w", in, kW)
+      TFBIGCONV_AXIS("filter_d", filter, kD) TFBIGCONV_AXIS("filter_h", filter, kH)
+      TFBIGCONV_AXIS("filter_w", filter, kW)
+      TFBIGCONV_AXIS("out_d", out, kD) TFBIGCONV_AXIS("out_h", out, kH) TFBIGCONV_AXIS("out_w", out, kW)
+      TFBIGCONV_AXIS("stride_d", stride, kD) TFBIGCONV_AXIS("stride_h", stride, kH)
+      TFBIGCONV_AXIS("stride_w", stride, kW)
+      TFBIGCONV_AXIS("dilation_d", dilation, kD) TFBIGCONV_AXIS("dilation_h", dilation, kH)
+      TFBIGCONV_AXIS("dilation_w", dilation, kW)
+      TFBIGCONV_AXIS("pad_front", pad_before, kD) TFBIGCONV_AXIS("pad_back", pad_after, kD)
+      TFBIGCONV_AXIS("pad_top", pad_before, kH) TFBIGCONV_AXIS("pad_bottom", pad_after, kH)
+      TFBIGCONV_AXIS("pad_left", pad_before, kW) TFBIGCONV_AXIS("pad_right", pad_after, kW)
+#undef TFBIGCONV_AXIS
+      .def_property_readonly("output_shape", &ConvGeometry::output_shape)
+      .def_property_readonly("macs", &ConvGeometry::macs)
+      .def("__repr__", [](const ConvGeometry& g) {
+        std::string r = "ConvGeometry(batch=" + std::to_string(g.batch) + ", in=[";
+        for (int a = 0; a < kSpatialAxes; ++a) r += (a ? ", " : "") + std::to_string(g.in[a]);
+        r += "], filter=[";
+        for (int a = 0; a < kSpatialAxes; ++a) r += (a ? ", " : "") + std::to_string(g.filter[a]);
+        return r + "], in_c=" + std::to_string(g.in_c) + ", out_c=" + std::to_string(g.out_c) +
+               ", groups=" + std::to_string(g.groups) + ")";
+      });
+  py::class_<FftPlan>(m, "FftPlan")
+      .def_readonly("tile_d", &FftPlan::tile_d)
+      .def_readonly("tile_h", &FftPlan::tile_h)
+      .def_readonly("tile_w", &FftPlan::tile_w)
+      .def_readonly("fft_d", &FftPlan::fft_d)
+      .def_readonly("fft_h", &FftPlan::fft_h)
+      .def_readonly("fft_w", &FftPlan::fft_w)
+      .def_readonly("tiles_d", &FftPlan::tiles_d)
+      .def_readonly("tiles_h", &FftPlan::tiles_h)
+      .def_readonly("tiles_w", &FftPlan::tiles_w)
+      .def_readonly("items", &FftPlan::items)
+      .def_readonly("chunk", &FftPlan::chunk)
+      .def_readonly("workers", &FftPlan::workers)
+      .def_readonly("filter_spectra_bytes", &FftPlan::filter_spectra_bytes)
+      .def_readonly("item_spectra_bytes", &FftPlan::item_spectra_bytes)
+      .def_readonly("worker_bytes", &FftPlan::worker_bytes)
+      .def_readonly("fused_mix", &FftPlan::fused_mix)
+      .def_readonly("ci_block", &FftPlan::ci_block)
+      .def_readonly("stage_planes", &FftPlan::stage_planes)
+      .def_readonly("lanes", &FftPlan::lanes)
+      .def_readonly("workspace_bytes", &FftPlan::workspace_bytes)
+      .def_readonly("transform_flops", &FftPlan::transform_flops)
+      .def_readonly("mix_flops", &FftPlan::mix_flops)
+      .def_readonly("bytes", &FftPlan::bytes)
+      .def_readonly("cost", &FftPlan::cost);
+  py::class_<LaneBackpropPlan>(m, "LaneBackpropPlan")
+      .def_readonly("fft_w", &LaneBackpropPlan::fft_w)
+      .def_readonly("stage_planes", &LaneBackpropPlan::stage_planes)
+      .def_readonly("workers", &LaneBackpropPlan::workers)
+      .def_readonly("worker_bytes", &LaneBackpropPlan::worker_bytes)
+      .def_readonly("workspace_bytes", &LaneBackpropPlan::workspace_bytes);
+  py::class_<DirectBlocking>(m, "DirectBlocking")
+      .def_readonly("channel_vectors", &DirectBlocking::channel_vectors)
+      .def_readonly("group_vectors", &DirectBlocking::group_vectors)
+      .def_readonly("narrow_pixels", &DirectBlocking::narrow_pixels)
+      .def_readonly("group_block", &DirectBlocking::group_block)
+      .def_readonly("channels_per_tile", &DirectBlocking::channels_per_tile)
+      .def_readonly("task_rows", &DirectBlocking::task_rows)
+      .def_readonly("image_block", &DirectBlocking::image_block)
+      .def_readonly("ci_block", &DirectBlocking::ci_block)
+      .def_readonly("kh_block", &DirectBlocking::kh_block)
+      .def_readonly("tasks", &DirectBlocking::tasks)
+      .def_readonly("scratch_bytes_per_worker", &DirectBlocking::scratch_bytes_per_worker);
+  py::class_<Estimate>(m, "Estimate")
+      .def_readonly("available", &Estimate::available)
+      .def_readonly("fits", &Estimate::fits)
+      .def_readonly("seconds", &Estimate::seconds)
+      .def_readonly("workspace_bytes", &Estimate::workspace_bytes)
+      .def_readonly("peak_bytes", &Estimate::peak_bytes)
+      .def_readonly("note", &Estimate::note)
+      .def_readonly("terms", &Estimate::terms);
+  py::class_<PassPlan>(m, "PassPlan")
+      .def_property_readonly("pass_", [](const PassPlan& p) { return std::string(PassName(p.pass)); })
+      .def_property_readonly("device", [](const PassPlan& p) { return std::string(DeviceName(p.device)); })
+      .def_readonly("limit", &PassPlan::limit)
+      .def_property_readonly("tf_kernel",
+                             [](const PassPlan& p) { return std::string(TfKernelName(p.tf_kernel)); })
+      .def_readonly("tf", &PassPlan::tf)
+      .def_readonly("direct", &PassPlan::direct)
+      .def_readonly("fft", &PassPlan::fft)
+      .def_readonly("fft_plan", &PassPlan::fft_plan)
+      .def_property_readonly("chosen",
+                             [](const PassPlan& p) { return std::string(AlgorithmRequestName(p.chosen)); })
+      .def_readonly("reason", &PassPlan::reason);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "tfbigconv core: geometry and CPU kernels on numpy arrays (no TensorFlow).";
+  BindTypes(m);
   m.def(
       "conv_geometry",
-      [](GEOMETRY_PARAMS) { return GeometryDict(GeometryOf(GEOMETRY_ARGS)); },
+      [](GEOMETRY_PARAMS) { return GeometryOf(GEOMETRY_ARGS); },
       GEOMETRY_PY_ARGS,
-      "Validated geometry of a conv2d as a dict; raises ValueError naming the bad argument.");
+      "Validated geometry of a convolution (a ConvGeometry); raises ValueError naming the bad argument.");
   m.def(
       "validate_attrs",
       [](const std::vector<int64_t>& strides, const std::string& padding,
@@ -361,22 +376,8 @@ PYBIND11_MODULE(_core, m) {
       [](GEOMETRY_PARAMS, const std::string& dtype, const std::string& isa,
          const std::string& pass, int workers) {
         const ConvGeometry g = GeometryOf(GEOMETRY_ARGS);
-        const DirectBlocking b =
-            DirectConvBlocking(PassProblem(g, PassFromName(pass)).g, DTypeFromName(dtype),
-                               PickIsa(isa), StdThreadParallelFor(workers).num_workers());
-        py::dict d;
-        d["channel_vectors"] = b.channel_vectors;
-        d["group_vectors"] = b.group_vectors;
-        d["narrow_pixels"] = b.narrow_pixels;
-        d["group_block"] = b.group_block;
-        d["channels_per_tile"] = b.channels_per_tile;
-        d["task_rows"] = b.task_rows;
-        d["image_block"] = b.image_block;
-        d["ci_block"] = b.ci_block;
-        d["kh_block"] = b.kh_block;
-        d["tasks"] = b.tasks;
-        d["scratch_bytes_per_worker"] = b.scratch_bytes_per_worker;
-        return d;
+        return DirectConvBlocking(PassProblem(g, PassFromName(pass)).g, DTypeFromName(dtype),
+                                  PickIsa(isa), StdThreadParallelFor(workers).num_workers());
       },
       GEOMETRY_PY_ARGS,
       py::arg("dtype") = "float32", py::arg("isa") = "", py::arg("pass_") = "forward",
@@ -394,7 +395,7 @@ PYBIND11_MODULE(_core, m) {
       "fft_plan",
       [](GEOMETRY_PARAMS, const std::string& dtype, int64_t workspace_limit, int workers) {
         const ConvGeometry g = GeometryOf(GEOMETRY_ARGS);
-        return PlanDict(PlanOrThrow(g, DTypeFromName(dtype), workspace_limit, workers));
+        return PlanOrThrow(g, DTypeFromName(dtype), workspace_limit, workers);
       },
       GEOMETRY_PY_ARGS,
       py::arg("dtype") = "float32", py::arg("workspace_limit") = 0, py::arg("workers") = 1,
@@ -403,8 +404,8 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "lane_backprop_plan",
       [](GEOMETRY_PARAMS, const std::string& dtype, int64_t workspace_limit, int workers) {
-        return LanePlanDict(
-            LanePlanOrThrow(GeometryOf(GEOMETRY_ARGS), DTypeFromName(dtype), workspace_limit, workers));
+        return LanePlanOrThrow(GeometryOf(GEOMETRY_ARGS), DTypeFromName(dtype), workspace_limit,
+                               workers);
       },
       GEOMETRY_PY_ARGS,
       py::arg("dtype") = "float32", py::arg("workspace_limit") = 0, py::arg("workers") = 1,
@@ -442,17 +443,7 @@ PYBIND11_MODULE(_core, m) {
         PassPlan p;
         ThrowIfError(PlanPass(g, ps, dt, device == "GPU" ? Device::kGpu : Device::kCpu, requested,
                               limit, workers, tf, &p));
-        py::dict d;
-        d["pass"] = pass;
-        d["device"] = device;
-        d["limit"] = limit;
-        d["tf"] = EstimateDict(p.tf);
-        d["tf_kernel"] = std::string(TfKernelName(tf.kernel));
-        d["direct"] = EstimateDict(p.direct);
-        d["fft"] = EstimateDict(p.fft);
-        d["chosen"] = std::string(AlgorithmRequestName(p.chosen));
-        d["reason"] = p.reason;
-        return d;
+        return p;
       },
       GEOMETRY_PY_ARGS,
       py::arg("pass_"), py::arg("dtype"), py::arg("device"), py::arg("algorithm"),

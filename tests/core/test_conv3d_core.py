@@ -25,7 +25,7 @@ def run(kind, pass_, a, b, sizes, strides=(1, 1, 1), dil=(1, 1, 1), fmt="NDHWC",
         padding="VALID", pads=((0, 0),) * 3, **kw):
     s, p, e, f, d = attrs(strides, dil, fmt, padding, pads)
     shape = sizes if pass_ != "forward" else _core.conv_geometry(
-        list(a.shape), list(b.shape), s, p, e, f, d)["output_shape"]
+        list(a.shape), list(b.shape), s, p, e, f, d).output_shape
     out = np.full(tuple(shape), np.nan, dtype=a.dtype)
     _core.run_pass(kind, pass_, a, b, list(sizes), s, p, e, f, d, out=out, **kw)
     return out
@@ -87,7 +87,7 @@ def test_fft_depth_tiles_and_chunks(limit):
     plan = _core.fft_plan([2, 17, 8, 9, 3], [7, 3, 3, 3, 2], [1] * 5, "SAME", [], "NDHWC",
                           [1] * 5, workspace_limit=limit)
     if limit < 1 << 20:
-        assert plan["tiles_d"] > 1 or plan["chunk"] < plan["items"]
+        assert plan.tiles_d > 1 or plan.chunk < plan.items
     got = run("fft", "forward", x, w, [], padding="SAME", workspace_limit=limit)
     assert rel_l2(got, conv3d_reference(x, w, padding="SAME")) < 1e-4
 
@@ -106,12 +106,12 @@ def test_nan_in_a_tile_falls_back_to_direct():
 def test_geometry_in_3d():
     g = _core.conv_geometry([2, 10, 11, 12, 3], [3, 4, 5, 3, 6], [1, 2, 1, 3, 1], "SAME", [],
                             "NDHWC", [1, 1, 2, 1, 1])
-    assert g["output_shape"] == [2, 5, 11, 4, 6]
-    assert (g["in_d"], g["filter_d"], g["stride_d"], g["out_d"]) == (10, 3, 2, 5)
-    assert g["macs"] == 2 * 5 * 11 * 4 * 6 * 3 * 4 * 5 * 3
+    assert g.output_shape == [2, 5, 11, 4, 6]
+    assert (g.in_d, g.filter_d, g.stride_d, g.out_d) == (10, 3, 2, 5)
+    assert g.macs == 2 * 5 * 11 * 4 * 6 * 3 * 4 * 5 * 3
     g = _core.conv_geometry([2, 3, 10, 11, 12], [3, 4, 5, 3, 6], [1] * 5, "EXPLICIT",
                             [0, 0, 0, 0, 1, 2, 0, 0, 0, 0], "NCDHW", [1] * 5)
-    assert g["output_shape"] == [2, 6, 11, 8, 8] and (g["pad_front"], g["pad_back"]) == (1, 2)
+    assert g.output_shape == [2, 6, 11, 8, 8] and (g.pad_front, g.pad_back) == (1, 2)
     for bad, match in [(([2, 10, 11, 3], [3, 3, 3, 3, 1], [1] * 5), "input must be rank 5"),
                        (([2, 10, 11, 12, 3], [3, 3, 3, 1], [1] * 5), "filter must be rank 5"),
                        (([2, 10, 11, 12, 3], [3, 3, 3, 3, 1], [1] * 4), "strides must have 5"),

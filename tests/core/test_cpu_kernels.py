@@ -111,7 +111,7 @@ def test_half_and_double(kind, dtype):
         return
     xb, wb = x64.astype(ml_dtypes.bfloat16), w64.astype(ml_dtypes.bfloat16)
     geo = _core.conv_geometry(list(xb.shape), list(wb.shape), [1] * 4, "SAME", [], "NHWC", [1] * 4)
-    out = np.full(geo["output_shape"], 0xFFFF, dtype=np.uint16)  # NaN pattern
+    out = np.full(geo.output_shape, 0xFFFF, dtype=np.uint16)  # NaN pattern
     _core.run_pass(kind, "forward", xb.view(np.uint16), wb.view(np.uint16), [], [1] * 4,
                    "SAME", [], "NHWC", [1] * 4, out=out, dtype="bfloat16")
     ref = conv2d_reference(xb.astype(np.float64), wb.astype(np.float64), (1, 1), "SAME")
@@ -168,7 +168,7 @@ def test_results_independent_of_thread_count(kind, pass_, x_shape, w_shape):
         dy = random_case(conv2d_reference(x, w, (1, 1), "SAME").shape, 2)
         if kind == "direct":
             blocks = {_core.direct_blocking(list(x.shape), list(w.shape), [1] * 4, "SAME", [],
-                                            "NHWC", [1] * 4, pass_=pass_, workers=t)["image_block"]
+                                            "NHWC", [1] * 4, pass_=pass_, workers=t).image_block
                       for t in threads}
             assert len(blocks) > 1, blocks
         outs = [run_core_pass(kind, pass_, x, dy, w.shape, 1, "SAME", num_threads=t)
@@ -186,7 +186,7 @@ def tol(dtype, algorithm):
 def out_shape(x_shape, w_shape, strides, padding, dil, fmt, pads):
     explicit = [v for p in explicit_pairs(pads, fmt) for v in p] if padding == "EXPLICIT" else []
     return _core.conv_geometry(list(x_shape), list(w_shape), to4(strides, fmt), padding, explicit,
-                               fmt, to4(dil, fmt))["output_shape"]
+                               fmt, to4(dil, fmt)).output_shape
 
 
 def check_core_grads(kind, x_shape, w_shape, strides=1, padding="VALID", dil=1, fmt="NHWC",
@@ -292,7 +292,7 @@ def test_group_vector_tiles(isa, groups):
     lanes = {"baseline": 4, "avx2": 8, "avx512": 16}[isa]
     b = _core.direct_blocking(list(shape), list(fshape), [1, 2, 2, 1], "SAME", [], "NHWC",
                               [1] * 4, isa=isa)
-    assert b["group_vectors"] == (groups >= lanes), b
+    assert b.group_vectors == (groups >= lanes), b
     for strides, dil in ((1, 1), (2, 1), (1, 2), ((2, 1), (1, 3))):
         check("direct", x, w, strides, "SAME", dil, isa=isa)
     y = check("direct", x, w, (2, 1), "VALID", isa=isa)
@@ -314,7 +314,7 @@ def test_group_vector_tiles_other_dtypes(dtype):
     np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     x, w = x64.astype(np_dtype), w64.astype(np_dtype)
     assert _core.direct_blocking(list(shape), list(fshape), [1] * 4, "SAME", [], "NHWC",
-                                 [1] * 4, dtype=dtype)["group_vectors"]
+                                 [1] * 4, dtype=dtype).group_vectors
     ref = conv2d_reference(x.astype(np.float64), w.astype(np.float64), (1, 1), "SAME")
     if dtype == "bfloat16":
         out = np.full(ref.shape, 0xFFFF, dtype=np.uint16)  # NaN pattern
@@ -331,7 +331,7 @@ def test_blocking_over_filter_rows_and_channels():
     shape, fshape = (1, 40, 44, 48), (31, 31, 48, 40)
     b = _core.direct_blocking(list(shape), list(fshape), [1] * 4, "SAME", [], "NHWC",
                                       [1] * 4)
-    assert b["kh_block"] < 31 or b["ci_block"] < 48, b
+    assert b.kh_block < 31 or b.ci_block < 48, b
     check("direct", random_case(shape, 1), random_case(fshape, 2), 1, "SAME")
 
 
@@ -349,12 +349,12 @@ def test_narrow_pixel_groups(isa, kind, width):
         b = _core.direct_blocking(list(shape), list(fshape), [1] * 4, "VALID", [], "NHWC",
                                   [1] * 4, isa=isa)
         if kind == "groups":
-            assert b["group_vectors"], b
+            assert b.group_vectors, b
         elif c > lanes or 2 * width <= lanes:
-            assert b["channel_vectors"], b  # one vector of channels: only where narrow
+            assert b.channel_vectors, b  # one vector of channels: only where narrow
         # The narrow groups kernel needs 2x less work: only against 12 pixels.
-        if width <= 4 and (b["channel_vectors"] or (b["group_vectors"] and isa == "avx512")):
-            assert b["narrow_pixels"], b
+        if width <= 4 and (b.channel_vectors or (b.group_vectors and isa == "avx512")):
+            assert b.narrow_pixels, b
         check("direct", random_case(shape, width), random_case(fshape, c), isa=isa)
 
 
@@ -373,7 +373,7 @@ def test_images_share_packed_filters(isa, pass_, shape, fshape):
     b = _core.direct_blocking(list(shape), list(fshape), [1] * 4, "SAME", [], "NHWC", [1] * 4,
                               isa=isa, pass_=pass_, workers=3)
     images = shape[0] if pass_ == "forward" else fshape[2]
-    assert 1 < b["image_block"] < images and images % b["image_block"] != 0, b
+    assert 1 < b.image_block < images and images % b.image_block != 0, b
     x, w = random_case(shape, 0), random_case(fshape, 1)
     if pass_ == "forward":
         y = run_core("direct", x, w, 1, "SAME", isa=isa, num_threads=3)
@@ -394,10 +394,10 @@ def test_image_blocks_follow_the_workers():
                                          [1] * 4, pass_="backprop_filter", workers=w)
                 for w in (1, 2, 3, 16, 64)}
     for w, b in blocking.items():
-        blocks = -(-16 // b["image_block"])
-        assert b["tasks"] >= min(w, 16) and (blocks % w == 0 or blocks == 16), (w, b)
-    assert blocking[1]["image_block"] >= blocking[2]["image_block"] > blocking[16]["image_block"]
-    assert blocking[64]["image_block"] == 1
+        blocks = -(-16 // b.image_block)
+        assert b.tasks >= min(w, 16) and (blocks % w == 0 or blocks == 16), (w, b)
+    assert blocking[1].image_block >= blocking[2].image_block > blocking[16].image_block
+    assert blocking[64].image_block == 1
 
 
 def test_isa_selection():
@@ -410,8 +410,8 @@ def test_isa_selection():
 # ---- the FFT kernel ---------------------------------------------------------
 
 def test_both_mixing_paths_are_planned():
-    assert fft_plan((1, 16, 16, 1), (3, 3, 1, 4))["fused_mix"]
-    assert not fft_plan((1, 16, 16, 8), (3, 3, 8, 4))["fused_mix"]
+    assert fft_plan((1, 16, 16, 1), (3, 3, 1, 4)).fused_mix
+    assert not fft_plan((1, 16, 16, 8), (3, 3, 8, 4)).fused_mix
 
 
 @pytest.mark.parametrize("limit_kib", [6, 9, 14, 20, 40, 100])
@@ -424,13 +424,13 @@ def test_tile_edges(limit_kib, out_hw):
     w = random_case((k, k, 1, 2), limit_kib)
     limit = limit_kib << 10
     p = fft_plan(x.shape, w.shape, workspace_limit=limit, workers=2)
-    assert p["workspace_bytes"] <= limit
+    assert p.workspace_bytes <= limit
     check("fft", x, w, workspace_limit=limit, num_threads=2)
 
 
 def test_tiles_used_for_small_filters_on_large_images():
     p = fft_plan((1, 512, 512, 1), (7, 7, 1, 1))
-    assert p["tiles_h"] * p["tiles_w"] > 1, p
+    assert p.tiles_h * p.tiles_w > 1, p
 
 
 @pytest.mark.parametrize("limit", [2 ** 17, 2 ** 19, 2 ** 21, 2 ** 23, 2 ** 26])
@@ -442,9 +442,9 @@ def test_workspace_never_exceeds_limit(limit):
         except ValueError as e:
             assert "at least" in str(e)
             continue
-        assert p["workspace_bytes"] <= limit
-        assert p["workspace_bytes"] == (p["filter_spectra_bytes"] + p["chunk"] * p["item_spectra_bytes"]
-                                        + 3 * p["worker_bytes"])
+        assert p.workspace_bytes <= limit
+        assert p.workspace_bytes == (p.filter_spectra_bytes + p.chunk * p.item_spectra_bytes
+                                        + 3 * p.worker_bytes)
 
 
 def test_too_small_limit_states_minimum():
@@ -452,7 +452,7 @@ def test_too_small_limit_states_minimum():
         fft_plan((2, 140, 137, 1), (135, 135, 1, 3), workspace_limit=1000)
     minimum = int(str(e.value).split("at least ")[1].split()[0])
     p = fft_plan((2, 140, 137, 1), (135, 135, 1, 3), workspace_limit=minimum)
-    assert p["workspace_bytes"] <= minimum
+    assert p.workspace_bytes <= minimum
     with pytest.raises(ValueError, match="at least"):
         fft_plan((2, 140, 137, 1), (135, 135, 1, 3), workspace_limit=minimum - 1)
 
@@ -463,7 +463,7 @@ def test_results_independent_of_chunking():
     plans = set()
     for limit in (60_000, 100_000, 200_000, 1 << 30):
         p = fft_plan(x.shape, w.shape, padding="SAME", workspace_limit=limit, workers=2)
-        plans.add((p["tile_h"], p["tile_w"], p["chunk"]))
+        plans.add((p.tile_h, p.tile_w, p.chunk))
         got = run("fft", x, w, 1, "SAME", workspace_limit=limit, num_threads=2)
         assert rel_l2(got, big) < 1e-6
     assert len(plans) > 2  # the limits really changed the tiling or chunking
@@ -482,7 +482,7 @@ def test_reduction_blocks_bound_the_filter_spectra():
     for x_shape, w_shape, limit in [((2, 30, 28, 12), (9, 9, 12, 10), 30_000),
                                     ((2, 20, 22, 12), (7, 7, 6, 8), 12_000)]:  # 2 groups
         p = fft_plan(x_shape, w_shape, padding="SAME", workspace_limit=limit, workers=2)
-        assert p["ci_block"] < w_shape[2] and p["workspace_bytes"] <= limit, p
+        assert p.ci_block < w_shape[2] and p.workspace_bytes <= limit, p
         check("fft", random_case(x_shape, 0), random_case(w_shape, 1), 1, "SAME",
               workspace_limit=limit, num_threads=2)
 
@@ -518,23 +518,23 @@ def run_pass_fft(pass_, x, w, strides, padding, dil, fmt, **kw):
 def test_stage_planes_planned_and_dropped_under_a_tight_limit():
     x_shape, w_shape = (8, 56, 56, 128), (31, 31, 1, 128)  # issue 11's depthwise case
     p = fft_plan(x_shape, w_shape, padding="SAME", workers=2)
-    spectrum = p["fft_h"] * (p["fft_w"] // 2 + 1) * 8
-    assert p["stage_planes"] == 8 and p["fused_mix"]
-    assert p["worker_bytes"] == 8 * p["fft_h"] * p["fft_w"] * 4 + spectrum
+    spectrum = p.fft_h * (p.fft_w // 2 + 1) * 8
+    assert p.stage_planes == 8 and p.fused_mix
+    assert p.worker_bytes == 8 * p.fft_h * p.fft_w * 4 + spectrum
     tight = fft_plan(x_shape, w_shape, padding="SAME", workers=2,
-                 workspace_limit=p["workspace_bytes"] - 1)
-    assert tight["stage_planes"] == 1 and tight["workspace_bytes"] < p["workspace_bytes"]
-    assert tight["worker_bytes"] == tight["fft_h"] * tight["fft_w"] * 4 + spectrum
+                 workspace_limit=p.workspace_bytes - 1)
+    assert tight.stage_planes == 1 and tight.workspace_bytes < p.workspace_bytes
+    assert tight.worker_bytes == tight.fft_h * tight.fft_w * 4 + spectrum
     # Height 1 (1-D) without lanes (a multiplier of 2): up to 64 planes within
     # 8 MiB of staged rows, at least 16 whatever their size; a spectrum each if fused.
     long = fft_plan((2, 1, 4096, 48), (1, 4096, 1, 96), workers=2)
-    assert long["fft_h"] == 1 and long["stage_planes"] == 64 and long["fused_mix"]
-    assert not long["lanes"]
-    assert long["worker_bytes"] == 64 * long["fft_w"] * 4 + 64 * (long["fft_w"] // 2 + 1) * 8
-    assert fft_plan((2, 1, 4096, 16), (1, 4096, 1, 32))["stage_planes"] == 32  # as many as there are
+    assert long.fft_h == 1 and long.stage_planes == 64 and long.fused_mix
+    assert not long.lanes
+    assert long.worker_bytes == 64 * long.fft_w * 4 + 64 * (long.fft_w // 2 + 1) * 8
+    assert fft_plan((2, 1, 4096, 16), (1, 4096, 1, 32)).stage_planes == 32  # as many as there are
     for length, want in ((100000, 16), (50000, 27), (20000, 64)):  # 8 MiB / (fft_w * 4 bytes), at least 16
         longer = fft_plan((1, 1, length, 32), (1, length, 1, 64), padding="SAME", workers=2)
-        assert longer["stage_planes"] == max(16, min(64, (8 << 20) // (longer["fft_w"] * 4))) == want
+        assert longer.stage_planes == max(16, min(64, (8 << 20) // (longer.fft_w * 4))) == want
 
 
 def test_lane_plans_size_their_groups_and_buffers():
@@ -542,7 +542,7 @@ def test_lane_plans_size_their_groups_and_buffers():
     # within 8 MiB of staged groups and no more than keep the workers busy; a
     # worker holds its task's groups and two of scratch, the filter a group
     # buffer per group, and no item holds spectra.
-    group = lambda p: 8 * p["fft_w"] * 4
+    group = lambda p: 8 * p.fft_w * 4
     for x_shape, w_shape, workers, want in [
             ((2, 1, 4096, 96), (1, 4096, 1, 1), 2, 8),     # 12 groups of lanes, 2 items
             ((1, 1, 4096, 96), (1, 4096, 1, 1), 16, 1),    # 12 tasks for 16 workers
@@ -550,20 +550,20 @@ def test_lane_plans_size_their_groups_and_buffers():
             ((1, 1, 20000, 64), (1, 20000, 1, 1), 2, 4)]:   # two tasks, one per worker
         w_shape = w_shape[:3] + (x_shape[3],)
         p = fft_plan(x_shape, w_shape, padding="SAME", workers=workers)
-        assert p["lanes"] and p["item_spectra_bytes"] == 0, p
-        per_task = min(8, (8 << 20) // group(p), -(-12 * p["items"] // workers) if x_shape[3] == 96
-                       else -(-8 * p["items"] // workers))
-        assert p["stage_planes"] == 8 * per_task == 8 * want, p
-        assert p["worker_bytes"] == (per_task + 2) * group(p) + 64
-        assert p["filter_spectra_bytes"] == -(-x_shape[3] // 8) * group(p) + 64
-        assert p["workspace_bytes"] == p["filter_spectra_bytes"] + workers * p["worker_bytes"]
+        assert p.lanes and p.item_spectra_bytes == 0, p
+        per_task = min(8, (8 << 20) // group(p), -(-12 * p.items // workers) if x_shape[3] == 96
+                       else -(-8 * p.items // workers))
+        assert p.stage_planes == 8 * per_task == 8 * want, p
+        assert p.worker_bytes == (per_task + 2) * group(p) + 64
+        assert p.filter_spectra_bytes == -(-x_shape[3] // 8) * group(p) + 64
+        assert p.workspace_bytes == p.filter_spectra_bytes + workers * p.worker_bytes
     # Fewer than 8 groups, or a multiplier: no lanes.
-    assert not fft_plan((2, 1, 4096, 7), (1, 4096, 1, 7), padding="SAME")["lanes"]
-    assert not fft_plan((2, 1, 4096, 8), (1, 4096, 1, 16), padding="SAME")["lanes"]
-    assert not fft_plan((2, 40, 40, 16), (9, 9, 1, 16), padding="SAME")["lanes"]  # 2-D
+    assert not fft_plan((2, 1, 4096, 7), (1, 4096, 1, 7), padding="SAME").lanes
+    assert not fft_plan((2, 1, 4096, 8), (1, 4096, 1, 16), padding="SAME").lanes
+    assert not fft_plan((2, 40, 40, 16), (9, 9, 1, 16), padding="SAME").lanes  # 2-D
     # Few channels: no more planes than a task can have; big transforms: fewer.
-    assert fft_plan((1, 40, 40, 1), (9, 9, 1, 3))["stage_planes"] == 3
-    assert fft_plan((1, 400, 400, 8), (135, 135, 1, 8))["stage_planes"] == 1
+    assert fft_plan((1, 40, 40, 1), (9, 9, 1, 3)).stage_planes == 3
+    assert fft_plan((1, 400, 400, 8), (135, 135, 1, 8)).stage_planes == 1
 
 
 @pytest.mark.parametrize("pass_", ["forward", "backprop_input", "backprop_filter"])
@@ -587,7 +587,7 @@ def test_height_1_blocks_past_16_planes_match_reference(pass_, fmt):
     # 70 depthwise channels: a block of 64 planes and one of 6 (kMaxStagePlanes1D).
     shape = (2, 1, 300, 70) if fmt == "NHWC" else (2, 70, 1, 300)
     x, w = random_case(shape, 3), random_case((1, 40, 1, 70), 4)
-    assert fft_plan(shape, w.shape, padding="SAME", fmt=fmt)["stage_planes"] == 64
+    assert fft_plan(shape, w.shape, padding="SAME", fmt=fmt).stage_planes == 64
     got, ref = run_pass_fft(pass_, x, w, 1, "SAME", 1, fmt, num_threads=2)
     assert rel_l2(got, ref) <= FFT_TOL
 
@@ -597,11 +597,11 @@ def test_height_1_depthwise_plans_keep_no_item_spectra():
     # inverted in its worker's spectra, so the plan holds none per item and
     # takes every item in one chunk; a multiplier of 2 mixes across planes.
     local = fft_plan((8, 1, 2048, 64), (1, 2048, 1, 64), padding="SAME", workers=2)
-    assert local["fft_h"] == 1 and local["fused_mix"] and local["item_spectra_bytes"] == 0
-    assert local["chunk"] == local["items"] >= 8
-    assert local["workspace_bytes"] == local["filter_spectra_bytes"] + 2 * local["worker_bytes"]
+    assert local.fft_h == 1 and local.fused_mix and local.item_spectra_bytes == 0
+    assert local.chunk == local.items >= 8
+    assert local.workspace_bytes == local.filter_spectra_bytes + 2 * local.worker_bytes
     mixed = fft_plan((8, 1, 2048, 64), (1, 2048, 1, 128), padding="SAME", workers=2)
-    assert mixed["item_spectra_bytes"] > 0
+    assert mixed.item_spectra_bytes > 0
 
 
 @pytest.mark.parametrize("pass_", ["forward", "backprop_input", "backprop_filter"])
@@ -614,7 +614,7 @@ def test_height_1_depthwise_strided_and_dilated_match_reference(pass_, fmt, stri
                                                                  multiplier):
     shape = (3, 1, 257, 20) if fmt == "NHWC" else (3, 20, 1, 257)
     x, w = random_case(shape, 1), random_case((1, 31, 1, 20 * multiplier), 2)
-    local = fft_plan(shape, w.shape, strides, "SAME", dil, fmt)["item_spectra_bytes"] == 0
+    local = fft_plan(shape, w.shape, strides, "SAME", dil, fmt).item_spectra_bytes == 0
     assert local == (multiplier == 1)
     got, ref = run_pass_fft(pass_, x, w, strides, "SAME", dil, fmt, num_threads=2)
     assert rel_l2(got, ref) <= FFT_TOL
@@ -647,7 +647,7 @@ def test_lane_plans_match_reference(pass_, fmt, dtype, case):
         x, w = x.astype(dtype), w.astype(dtype)
     args = (hw_pair(strides), padding, hw_pair(dil), fmt, ((0, 0), (0, 0)))
     if pass_ == "forward":
-        assert fft_plan(shape, w.shape, strides, padding, dil, fmt, dtype=dtype)["lanes"]
+        assert fft_plan(shape, w.shape, strides, padding, dil, fmt, dtype=dtype).lanes
         got, ref = run("fft", x, w, strides, padding, dil, fmt, num_threads=2), conv2d_reference(x, w, *args)
     else:
         dy = random_case(conv2d_reference(x, w, *args).shape, 7).astype(x.dtype)
@@ -670,7 +670,7 @@ def test_lane_plans_of_a_2d_row_filter_match_reference(pass_, fmt):
     x, w = random_case(shape, 1), random_case((1, 9, 1, 16), 2)
     pads = ((1, 2), (4, 4))
     assert _core.fft_plan(list(shape), list(w.shape), to4((2, 1), fmt), "EXPLICIT",
-                          flat_explicit(pads, fmt), fmt, to4(1, fmt), workers=2)["lanes"]
+                          flat_explicit(pads, fmt), fmt, to4(1, fmt), workers=2).lanes
     args = ((2, 1), "EXPLICIT", (1, 1), fmt, pads)
     if pass_ == "forward":
         got = run("fft", x, w, (2, 1), "EXPLICIT", 1, fmt, pads, num_threads=2)
@@ -762,7 +762,7 @@ def test_fused_backprop_matches_reference(fmt, dtype, case):
     # NCHW's lanes a row apart, float64's half-width vectors.
     x, w, dy, attrs, (rdx, rdw) = fused_args(case, fmt, dtype)
     plan = _core.lane_backprop_plan(list(x.shape), list(w.shape), dtype=dtype, workers=2, **attrs)
-    assert plan["stage_planes"] % 8 == 0 and plan["workspace_bytes"] == 2 * plan["worker_bytes"]
+    assert plan.stage_planes % 8 == 0 and plan.workspace_bytes == 2 * plan.worker_bytes
     dx, dw = _core.run_lane_backprop(x, w, dy, num_threads=2, **attrs)
     tol = FFT_TOL if dtype == "float32" else TOLERANCE[dtype]
     assert rel_l2(dx.astype(np.float64), rdx) <= tol and rel_l2(dw.astype(np.float64), rdw) <= tol
@@ -774,12 +774,12 @@ def test_fused_backprop_plan_sizes_its_transforms_and_buffers():
     attrs = dict(strides=[1, 1, 1, 1], padding="EXPLICIT", explicit_paddings=[0, 0, 0, 0, 99, 0, 0, 0],
                  data_format="NHWC", dilations=[1, 1, 1, 1])
     p = _core.lane_backprop_plan([2, 1, 100, 16], [1, 100, 1, 16], workers=2, **attrs)
-    assert p["fft_w"] == 200 and p["stage_planes"] == 8  # two groups, a task each
+    assert p.fft_w == 200 and p.stage_planes == 8  # two groups, a task each
     # A task's four buffers per group (filter, dL/dy, input, sum) and two of scratch.
-    assert p["worker_bytes"] == (4 * 1 + 2) * 8 * 200 * 4 + 64
+    assert p.worker_bytes == (4 * 1 + 2) * 8 * 200 * 4 + 64
     big = _core.lane_backprop_plan([8, 1, 16384, 256], [1, 16384, 1, 256], workers=2,
                                    **dict(attrs, explicit_paddings=[0, 0, 0, 0, 16383, 0, 0, 0]))
-    assert big["fft_w"] == 32768 and big["stage_planes"] == 64
+    assert big.fft_w == 32768 and big.stage_planes == 64
 
 
 @pytest.mark.parametrize("x_shape,w_shape,attrs,why", [
@@ -823,7 +823,7 @@ def test_height_1_depthwise_item_with_a_nan_matches_direct(fmt):
     shape = (3, 1, 200, 20) if fmt == "NHWC" else (3, 20, 1, 200)
     x, w = random_case(shape, 5), random_case((1, 40, 1, 20), 6)
     x[(1, 0, 77, 17) if fmt == "NHWC" else (1, 17, 0, 77)] = np.nan
-    assert fft_plan(shape, w.shape, padding="SAME", fmt=fmt)["item_spectra_bytes"] == 0
+    assert fft_plan(shape, w.shape, padding="SAME", fmt=fmt).item_spectra_bytes == 0
     got = run("fft", x, w, 1, "SAME", 1, fmt, num_threads=2)
     want = run_core("direct", x, w, 1, "SAME", 1, fmt)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
@@ -838,12 +838,12 @@ def test_staged_blocks_change_no_result(w_shape):
     x, w = random_case((2, 21, 19, 12), 0), random_case(w_shape, 1)
     p = fft_plan(x.shape, w.shape, padding="SAME", workers=2)
     tight = fft_plan(x.shape, w.shape, padding="SAME", workers=2,
-                 workspace_limit=p["workspace_bytes"] - 1)
-    assert p["stage_planes"] > 1 and tight["stage_planes"] == 1
-    assert [tight[k] for k in ("tile_h", "tile_w", "chunk")] == [p[k] for k in ("tile_h", "tile_w", "chunk")]
+                 workspace_limit=p.workspace_bytes - 1)
+    assert p.stage_planes > 1 and tight.stage_planes == 1
+    assert [getattr(tight, k) for k in ("tile_h", "tile_w", "chunk")] == [getattr(p, k) for k in ("tile_h", "tile_w", "chunk")]
     staged = run("fft", x, w, 1, "SAME", num_threads=2)
     np.testing.assert_array_equal(staged, run("fft", x, w, 1, "SAME", num_threads=2,
-                                              workspace_limit=p["workspace_bytes"] - 1))
+                                              workspace_limit=p.workspace_bytes - 1))
     assert rel_l2(staged, conv2d_reference(x, w, (1, 1), "SAME")) <= FFT_TOL
 
 
@@ -865,12 +865,12 @@ def test_many_groups_keep_threads_busy_with_small_chunks_and_blocks():
     busy threads: issue 11's depthwise passes stay far below their old 37
     and 69 MiB workspaces (fresh pages cost about 0.4 ms per MiB)."""
     fwd = fft_plan((8, 56, 56, 128), (31, 31, 1, 128), padding="SAME", workers=2)
-    assert fwd["chunk"] < fwd["items"] and fwd["workspace_bytes"] < 20 << 20, fwd
+    assert fwd.chunk < fwd.items and fwd.workspace_bytes < 20 << 20, fwd
     # The filter gradient posed as a convolution: groups = channels, the
     # batch of 8 as each group's input channels, dy as the filter.
     bwd = _core.fft_plan([1, 56, 56, 8 * 128], [56, 56, 8, 128], [1, 1, 1, 1], "EXPLICIT",
                          [0, 0, 15, 15, 15, 15, 0, 0], "NHWC", [1, 1, 1, 1], workers=2)
-    assert bwd["ci_block"] < 8 and bwd["workspace_bytes"] < 20 << 20, bwd
+    assert bwd.ci_block < 8 and bwd.workspace_bytes < 20 << 20, bwd
     # One group: the old rules (8 items a chunk, all input channels a block).
     dense = fft_plan((8, 40, 40, 6), (9, 9, 6, 4), padding="SAME", workers=2)
-    assert dense["chunk"] == 8 and dense["ci_block"] == 6, dense
+    assert dense.chunk == 8 and dense.ci_block == 6, dense

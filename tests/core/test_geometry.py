@@ -27,29 +27,29 @@ def test_output_size_matches_tf(n, k, s, d, padding):
     w = tf.TensorSpec((k, k, 2, 3))
     fn = tf.function(lambda x, w: tf.nn.conv2d(x, w, s, padding, dilations=d))
     expect = fn.get_concrete_function(x, w).output_shapes.as_list()
-    assert g["output_shape"] == expect
+    assert g.output_shape == expect
 
 
 def test_same_padding_split_like_tf():
     # pad_total = 4 for in 10, k 5, s 1: TF puts the smaller half first.
     g = geometry((1, 10, 10, 1), (6, 6, 1, 1), 1, "SAME")
-    assert (g["pad_top"], g["pad_bottom"]) == (2, 3)
+    assert (g.pad_top, g.pad_bottom) == (2, 3)
 
 
 def test_explicit_and_nchw():
     g = geometry((2, 3, 10, 12), (3, 5, 3, 4), (2, 1), "EXPLICIT",
                  [0, 0, 0, 0, 1, 2, 3, 0], "NCHW")
-    assert (g["pad_top"], g["pad_bottom"], g["pad_left"], g["pad_right"]) == (1, 2, 3, 0)
-    assert g["output_shape"] == [2, 4, (10 + 3 - 3) // 2 + 1, 12 - 5 + 3 + 1]
+    assert (g.pad_top, g.pad_bottom, g.pad_left, g.pad_right) == (1, 2, 3, 0)
+    assert g.output_shape == [2, 4, (10 + 3 - 3) // 2 + 1, 12 - 5 + 3 + 1]
 
 
 def test_groups():
     g = geometry((1, 8, 8, 12), (3, 3, 4, 6))
-    assert g["groups"] == 3
+    assert g.groups == 3
 
 
 def test_batch_zero():
-    assert geometry((0, 8, 8, 1), (3, 3, 1, 2))["output_shape"] == [0, 6, 6, 2]
+    assert geometry((0, 8, 8, 1), (3, 3, 1, 2)).output_shape == [0, 6, 6, 2]
 
 
 BAD = [

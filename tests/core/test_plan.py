@@ -35,34 +35,34 @@ CASES = [
 @pytest.mark.parametrize("limit", [1 << 34, 64 * MIB, 6 * MIB])
 def test_choice_fits_and_is_the_fastest_that_fits(x, w, pass_, limit):
     p = plan(x, w, pass_, limit=limit)
-    assert p["limit"] == limit
-    est = {a: p[a] for a in ("tf", "direct", "fft")}
-    usable = {a: e for a, e in est.items() if e["available"] and e["fits"]}
-    assert p["chosen"] in usable
-    chosen = est[p["chosen"]]
-    assert chosen["workspace_bytes"] <= limit
-    assert chosen["seconds"] == min(e["seconds"] for e in usable.values())
+    assert p.limit == limit
+    est = {a: getattr(p, a) for a in ("tf", "direct", "fft")}
+    usable = {a: e for a, e in est.items() if e.available and e.fits}
+    assert p.chosen in usable
+    chosen = est[p.chosen]
+    assert chosen.workspace_bytes <= limit
+    assert chosen.seconds == min(e.seconds for e in usable.values())
     for a, e in est.items():
-        assert math.isfinite(e["seconds"]) and e["peak_bytes"] >= e["workspace_bytes"] >= 0
-        if e["available"]:
-            assert e["fits"] == (e["workspace_bytes"] <= limit), a
+        assert math.isfinite(e.seconds) and e.peak_bytes >= e.workspace_bytes >= 0
+        if e.available:
+            assert e.fits == (e.workspace_bytes <= limit), a
     # The reason names the choice and every runner-up's estimate or why it is out.
-    assert p["reason"].startswith(f"auto: {p['chosen']}")
+    assert p.reason.startswith(f"auto: {p.chosen}")
     for a in est:
-        assert a in p["reason"]
+        assert a in p.reason
 
 
 def test_small_filters_go_to_tf_and_huge_ones_to_fft():
-    assert plan((8, 64, 64, 16), (3, 3, 16, 16))["chosen"] == "tf"
+    assert plan((8, 64, 64, 16), (3, 3, 16, 16)).chosen == "tf"
     for pass_ in PASSES:
-        assert plan((16, 321, 481, 1), (135, 135, 1, 3), pass_, padding="VALID")["chosen"] == "fft"
+        assert plan((16, 321, 481, 1), (135, 135, 1, 3), pass_, padding="VALID").chosen == "fft"
 
 
 def test_estimates_grow_with_the_filter():
     prev = None
     for k in (3, 7, 15, 31, 63):
         p = plan((2, 128, 128, 8), (k, k, 8, 8))
-        cur = (p["tf"]["seconds"], p["direct"]["seconds"], p["tf"]["workspace_bytes"])
+        cur = (p.tf.seconds, p.direct.seconds, p.tf.workspace_bytes)
         if prev:
             assert all(c > q for c, q in zip(cur, prev)), (k, cur, prev)
         prev = cur
@@ -71,15 +71,15 @@ def test_estimates_grow_with_the_filter():
 def test_direct_estimate_has_a_compute_bound_and_a_load_bound_rate():
     """Column tiles of one or two output channels are load-bound: their flops
     go to the second term, per channel; wider tiles to the first."""
-    dense = plan((4, 64, 64, 16), (7, 7, 16, 16), algorithm="direct")["direct"]["terms"]
-    one = plan((4, 64, 64, 16), (7, 7, 16, 1), algorithm="direct")["direct"]["terms"]
-    two = plan((4, 64, 64, 16), (7, 7, 16, 2), algorithm="direct")["direct"]["terms"]
+    dense = plan((4, 64, 64, 16), (7, 7, 16, 16), algorithm="direct").direct.terms
+    one = plan((4, 64, 64, 16), (7, 7, 16, 1), algorithm="direct").direct.terms
+    two = plan((4, 64, 64, 16), (7, 7, 16, 2), algorithm="direct").direct.terms
     assert dense[0] > 0 and dense[1] == 0
     assert one[0] == 0 and two[0] == 0
     # Same lanes and tasks: two channels do twice the flops at twice the rate.
     assert two[1] == pytest.approx(one[1], rel=1e-12)
     saved = _core.get_cost_model()
-    seconds = lambda cout: plan((4, 64, 64, 16), (7, 7, 16, cout), algorithm="direct")["direct"]["seconds"]
+    seconds = lambda cout: plan((4, 64, 64, 16), (7, 7, 16, cout), algorithm="direct").direct.seconds
     before = {c: seconds(c) for c in (1, 16)}
     try:
         _core.set_cost_model(_scaled("direct_load_bound_flops_per_second", 0.5))
@@ -93,12 +93,12 @@ def test_direct_estimate_has_a_compute_bound_and_a_load_bound_rate():
 def test_direct_estimate_counts_idle_workers_in_the_last_wave():
     """A filter gradient with a 9x9 output is one task: with 4 workers, 3 idle."""
     args = ((8, 160, 160, 1), (9, 9, 1, 3), "backprop_filter")
-    one = plan(*args, algorithm="direct", workers=1)["direct"]["terms"]
-    four = plan(*args, algorithm="direct", workers=4)["direct"]["terms"]
+    one = plan(*args, algorithm="direct", workers=1).direct.terms
+    four = plan(*args, algorithm="direct", workers=4).direct.terms
     assert four[0] == pytest.approx(4 * one[0], rel=1e-12)
     # The forward pass has 40 tasks: 10 waves of 4, none idle.
-    one = plan(*args[:2], algorithm="direct", workers=1)["direct"]["terms"]
-    four = plan(*args[:2], algorithm="direct", workers=4)["direct"]["terms"]
+    one = plan(*args[:2], algorithm="direct", workers=1).direct.terms
+    four = plan(*args[:2], algorithm="direct", workers=4).direct.terms
     assert four[0] == pytest.approx(one[0], rel=1e-12)
 
 
@@ -106,11 +106,11 @@ def test_fft_workspace_shrinks_with_the_limit_and_time_does_not_fall():
     x, w = (16, 321, 481, 1), (135, 135, 1, 3)
     last = None
     for limit in (1 << 34, 256 * MIB, 64 * MIB, 16 * MIB, 4 * MIB):
-        f = plan(x, w, padding="VALID", algorithm="fft", limit=limit)["fft"]
-        assert f["fits"] and f["workspace_bytes"] <= limit
+        f = plan(x, w, padding="VALID", algorithm="fft", limit=limit).fft
+        assert f.fits and f.workspace_bytes <= limit
         if last:
-            assert f["workspace_bytes"] <= last["workspace_bytes"]
-            assert f["seconds"] >= last["seconds"] * 0.999
+            assert f.workspace_bytes <= last.workspace_bytes
+            assert f.seconds >= last.seconds * 0.999
         last = f
 
 
@@ -132,19 +132,19 @@ def test_fft_memory_slack_does_not_compound(x, w, strides):
         except ValueError:  # below the minimum workspace
             continue
         for cost in chosen:
-            assert p["cost"] <= 1.10 * cost * (1 + 1e-9), (limit, p["cost"], cost)
-        chosen.append(p["cost"])
+            assert p.cost <= 1.10 * cost * (1 + 1e-9), (limit, p.cost, cost)
+        chosen.append(p.cost)
     assert len(chosen) > 20
 
 
 def test_tf_is_out_when_unavailable_or_too_big():
     p = plan((8, 64, 64, 16), (3, 3, 16, 16), tf_kernel="", note="TF cannot")
-    assert not p["tf"]["available"] and p["chosen"] != "tf"
-    assert "tf unavailable" in p["reason"] and p["tf"]["note"] == "TF cannot"
+    assert not p.tf.available and p.chosen != "tf"
+    assert "tf unavailable" in p.reason and p.tf.note == "TF cannot"
     # One image's patch matrix: out_h * out_w * KH * KW * Cin floats.
     p = plan((2, 64, 64, 4), (9, 9, 4, 4), limit=64 * 64 * 81 * 4 * 4 - 1)
-    assert p["tf"]["workspace_bytes"] == 64 * 64 * 81 * 4 * 4
-    assert not p["tf"]["fits"] and p["chosen"] != "tf"
+    assert p.tf.workspace_bytes == 64 * 64 * 81 * 4 * 4
+    assert not p.tf.fits and p.chosen != "tf"
 
 
 def test_tf_gradient_col_buffer_holds_the_images_of_its_working_set():
@@ -154,26 +154,26 @@ def test_tf_gradient_col_buffer_holds_the_images_of_its_working_set():
     work per thread is over 256 KiB, or the batch is 1 (TfColBufferImages)."""
     x, w = (4, 48, 48, 3), (25, 25, 3, 2)  # VALID: 24x24 outputs
     one = 24 * 24 * 25 * 25 * 3 * 4       # one image's patch matrix, bytes
-    p = {q: plan(x, w, q, padding="VALID")["tf"] for q in PASSES}
-    assert p["forward"]["workspace_bytes"] == one
+    p = {q: plan(x, w, q, padding="VALID").tf for q in PASSES}
+    assert p["forward"].workspace_bytes == one
     # Filter: a work unit of 24*24*1875 + 1875*2 + 24*24*2 elements, so
     # ceil(8 Mi / 1.08 M) = 8 images fit 32 MiB; the batch is 4.
-    assert p["backprop_filter"]["workspace_bytes"] == 4 * one
+    assert p["backprop_filter"].workspace_bytes == 4 * one
     # (after it, the note may say how the channel block widens the layer)
-    assert p["backprop_filter"]["note"].split(";")[0] == "col_buffer of 4 images"
+    assert p["backprop_filter"].note.split(";")[0] == "col_buffer of 4 images"
     # Input: 1.08 M elements / 2 threads is over 64 Ki floats (256 KiB).
-    assert p["backprop_input"]["workspace_bytes"] == one
-    assert p["backprop_input"]["note"].split(";")[0] == "col_buffer of one image"
-    assert plan((16,) + x[1:], w, "backprop_filter", padding="VALID")["tf"]["workspace_bytes"] \
+    assert p["backprop_input"].workspace_bytes == one
+    assert p["backprop_input"].note.split(";")[0] == "col_buffer of one image"
+    assert plan((16,) + x[1:], w, "backprop_filter", padding="VALID").tf.workspace_bytes \
         == 8 * one
     # A small problem: the whole batch (a 10384-element work unit).
     small = 16 * 16 * 3 * 3 * 4 * 4
     for q in PASSES[1:]:
-        assert plan((8, 16, 16, 4), (3, 3, 4, 4), q)["tf"]["workspace_bytes"] == 8 * small
-        assert plan((1, 16, 16, 4), (3, 3, 4, 4), q)["tf"]["workspace_bytes"] == small
+        assert plan((8, 16, 16, 4), (3, 3, 4, 4), q).tf.workspace_bytes == 8 * small
+        assert plan((1, 16, 16, 4), (3, 3, 4, 4), q).tf.workspace_bytes == small
     # The estimate decides whether TF's kernel fits the limit.
     q = plan((8, 16, 16, 4), (3, 3, 4, 4), "backprop_filter", limit=8 * small - 1)
-    assert not q["tf"]["fits"] and q["chosen"] != "tf"
+    assert not q.tf.fits and q.chosen != "tf"
 
 
 def test_forced_algorithm_that_does_not_fit_states_the_minimum():
@@ -181,7 +181,7 @@ def test_forced_algorithm_that_does_not_fit_states_the_minimum():
     with pytest.raises(RuntimeError, match=r"at least (\d+) bytes") as e:
         plan(x, w, algorithm="fft", limit=1024)
     minimum = int(e.value.args[0].split("at least ")[1].split()[0])
-    assert plan(x, w, algorithm="fft", limit=minimum)["chosen"] == "fft"
+    assert plan(x, w, algorithm="fft", limit=minimum).chosen == "fft"
     with pytest.raises(RuntimeError, match="no algorithm fits"):
         plan(x, w, limit=1024, tf_kernel="")
     # A candidate that cannot run the case, or an unknown name, is a bad argument
@@ -197,7 +197,7 @@ def test_forced_algorithm_that_does_not_fit_states_the_minimum():
 def test_forced_algorithms_are_obeyed():
     for a in ("tf", "direct", "fft"):
         p = plan((2, 64, 64, 4), (15, 15, 4, 4), algorithm=a)
-        assert p["chosen"] == a and p["reason"] == f"{a} requested"
+        assert p.chosen == a and p.reason == f"{a} requested"
 
 
 def test_bad_arguments_are_value_errors():
@@ -233,11 +233,11 @@ def test_the_model_moves_the_choice():
     fields, values = _core.cost_model_fields(), _core.get_cost_model()
     x, w = (16, 321, 481, 1), (135, 135, 1, 3)
     try:
-        assert plan(x, w, padding="VALID")["chosen"] == "fft"
+        assert plan(x, w, padding="VALID").chosen == "fft"
         fast = list(values)
         fast[fields.index("direct_flops_per_second")] *= 1000
         _core.set_cost_model(fast)
-        assert plan(x, w, padding="VALID")["chosen"] == "direct"
+        assert plan(x, w, padding="VALID").chosen == "direct"
     finally:
         _core.set_cost_model(values)
 
@@ -258,10 +258,10 @@ def test_depthwise_with_a_channel_multiplier_has_its_own_rates():
     saved = _core.get_cost_model()
     try:
         for pass_ in PASSES:
-            before = [plan(*c, pass_=pass_, tf_kernel="DepthwiseConv2dNative")["tf"]["seconds"]
+            before = [plan(*c, pass_=pass_, tf_kernel="DepthwiseConv2dNative").tf.seconds
                       for c in (one, two)]
             _core.set_cost_model(_scaled("tf_depthwise_multiplier_flops_per_second", 0.01))
-            after = [plan(*c, pass_=pass_, tf_kernel="DepthwiseConv2dNative")["tf"]["seconds"]
+            after = [plan(*c, pass_=pass_, tf_kernel="DepthwiseConv2dNative").tf.seconds
                      for c in (one, two)]
             assert after[0] == before[0], pass_
             assert after[1] == pytest.approx(100 * before[1]), pass_
@@ -285,7 +285,7 @@ def test_tf_rates_at_side_14_and_15_are_apart():
 
         def rate(k):
             p = plan(x, (k, k, 4, 4), pass_="backprop_filter")
-            return p["tf"]["terms"][0] / p["tf"]["seconds"]
+            return p.tf.terms[0] / p.tf.seconds
         before = {k: rate(k) for k in (13, 14, 15)}
         _core.set_cost_model(values)
         after = {k: rate(k) for k in (13, 14, 15)}
@@ -312,7 +312,7 @@ def test_half_types_filter_gradient_stops_below_the_float32_slow_path():
 
         def rate(k, dtype):
             p = plan(x, (k, k, 4, 4), pass_="backprop_filter", dtype=dtype)
-            return p["tf"]["terms"][0] / p["tf"]["seconds"]
+            return p.tf.terms[0] / p.tf.seconds
         for dtype in ("bfloat16", "float16"):
             assert rate(15, dtype) == pytest.approx(rate(14, dtype))
             assert rate(21, dtype) == pytest.approx(rate(14, dtype))
@@ -342,14 +342,14 @@ def test_tf_kernels_take_their_own_dtype_slowdown_per_pass(kernel, prefix):
     fields = _core.cost_model_fields()
     saved = _core.get_cost_model()
     try:
-        base = {p: plan(x, w, pass_=p, tf_kernel=kernel, dtype="bfloat16")["tf"]["seconds"]
+        base = {p: plan(x, w, pass_=p, tf_kernel=kernel, dtype="bfloat16").tf.seconds
                 for p in PASSES}
         values = list(saved)
         values[fields.index(prefix + "backprop_filter.bfloat16")] *= 4
         _core.set_cost_model(values)
-        after = {p: plan(x, w, pass_=p, tf_kernel=kernel, dtype="bfloat16")["tf"]["seconds"]
+        after = {p: plan(x, w, pass_=p, tf_kernel=kernel, dtype="bfloat16").tf.seconds
                  for p in PASSES}
-        f32 = plan(x, w, pass_="backprop_filter", tf_kernel=kernel)["tf"]["seconds"]
+        f32 = plan(x, w, pass_="backprop_filter", tf_kernel=kernel).tf.seconds
     finally:
         _core.set_cost_model(saved)
     assert after["backprop_filter"] == pytest.approx(4 * base["backprop_filter"])
@@ -369,22 +369,22 @@ def test_tf_conv2d_runs_the_channels_it_writes_in_blocks(pass_):
         return (4, 40, 40, cin), (9, 9, cin, cout)
 
     def tf_estimate(written, **kw):
-        return plan(*layer(written), pass_=pass_, **kw)["tf"]
+        return plan(*layer(written), pass_=pass_, **kw).tf
 
     saved = _core.get_cost_model()
     try:
         _core.set_cost_model(_with_channel_block(16))
         for narrow, full in ((1, 16), (3, 16), (16, 16), (20, 32)):
             e = tf_estimate(narrow)
-            assert e["seconds"] == pytest.approx(tf_estimate(full)["seconds"]), narrow
-            assert (f"channels run as {full}" in e["note"]) == (narrow != full), e["note"]
+            assert e.seconds == pytest.approx(tf_estimate(full).seconds), narrow
+            assert (f"channels run as {full}" in e.note) == (narrow != full), e.note
         grouped = ((4, 40, 40, 64), (9, 9, 16, 4))  # 4 groups of 16 -> 1
-        assert "run as" not in plan(*grouped, pass_=pass_)["tf"]["note"]
-        blocked = plan(*grouped, pass_=pass_)["tf"]["seconds"]
+        assert "run as" not in plan(*grouped, pass_=pass_).tf.note
+        blocked = plan(*grouped, pass_=pass_).tf.seconds
         _core.set_cost_model(_with_channel_block(1))
-        assert tf_estimate(1)["seconds"] < tf_estimate(16)["seconds"] / 2
-        assert "run as" not in tf_estimate(3)["note"]
-        assert plan(*grouped, pass_=pass_)["tf"]["seconds"] == blocked
+        assert tf_estimate(1).seconds < tf_estimate(16).seconds / 2
+        assert "run as" not in tf_estimate(3).note
+        assert plan(*grouped, pass_=pass_).tf.seconds == blocked
     finally:
         _core.set_cost_model(saved)
 
@@ -403,15 +403,15 @@ def test_channel_block_is_per_filter_side():
         _core.set_cost_model(values)
 
         def tf_seconds(k, cout, pass_="backprop_filter"):
-            return plan((2, 48, 48, 8), (k, k, 8, cout), pass_=pass_)["tf"]["seconds"]
+            return plan((2, 48, 48, 8), (k, k, 8, cout), pass_=pass_).tf.seconds
         for k in (3, 9, 14):  # sides 3-14: blocks of 16
             assert tf_seconds(k, 1) == pytest.approx(tf_seconds(k, 16)), k
         for k in (15, 21, 40):  # from side 15: none
             assert tf_seconds(k, 1) < tf_seconds(k, 16) / 2, k
             assert tf_seconds(k, 1, "forward") == pytest.approx(tf_seconds(k, 16, "forward")), k
         # A non-square filter goes by the square root of its taps: 1x31 is side 5.6.
-        assert plan((2, 48, 48, 8), (1, 31, 8, 1), pass_="backprop_filter")["tf"]["seconds"] == \
-            pytest.approx(plan((2, 48, 48, 8), (1, 31, 8, 16), pass_="backprop_filter")["tf"]["seconds"])
+        assert plan((2, 48, 48, 8), (1, 31, 8, 1), pass_="backprop_filter").tf.seconds == \
+            pytest.approx(plan((2, 48, 48, 8), (1, 31, 8, 16), pass_="backprop_filter").tf.seconds)
     finally:
         _core.set_cost_model(saved)
 
@@ -445,14 +445,14 @@ def test_untrusted_tf_is_shown_but_never_chosen_on_its_estimate():
     try:
         _core.set_cost_model(_scaled("im2col_flops_per_second", 1e6))
         trusted = plan(x, w)
-        assert trusted["chosen"] == "tf"
+        assert trusted.chosen == "tf"
         p = plan(x, w, trusted=False, note="untrusted here")
-        assert p["chosen"] in ("direct", "fft")
-        assert p["tf"]["available"] and p["tf"]["fits"] and p["tf"]["note"] == "untrusted here"
-        assert p["tf"]["seconds"] == trusted["tf"]["seconds"]
-        assert p["tf"]["seconds"] < min(p["direct"]["seconds"], p["fft"]["seconds"])
-        assert "untrusted" in p["reason"]
-        assert plan(x, w, algorithm="tf", trusted=False)["chosen"] == "tf"
+        assert p.chosen in ("direct", "fft")
+        assert p.tf.available and p.tf.fits and p.tf.note == "untrusted here"
+        assert p.tf.seconds == trusted.tf.seconds
+        assert p.tf.seconds < min(p.direct.seconds, p.fft.seconds)
+        assert "untrusted" in p.reason
+        assert plan(x, w, algorithm="tf", trusted=False).chosen == "tf"
     finally:
         _core.set_cost_model(saved)
 
@@ -463,17 +463,17 @@ def test_depthwise_kernel_has_its_own_estimate():
     x, w = (4, 56, 56, 32), (31, 31, 1, 32)
     conv = plan(x, w, tf_kernel="Conv2D")
     dw = plan(x, w, tf_kernel="DepthwiseConv2dNative")
-    assert conv["tf_kernel"] == "tf.Conv2D" and dw["tf_kernel"] == "tf.DepthwiseConv2dNative"
-    assert dw["tf"]["workspace_bytes"] == 0 < conv["tf"]["workspace_bytes"]
-    assert dw["tf"]["seconds"] != conv["tf"]["seconds"]
-    assert "tf.DepthwiseConv2dNative" in dw["reason"]
+    assert conv.tf_kernel == "tf.Conv2D" and dw.tf_kernel == "tf.DepthwiseConv2dNative"
+    assert dw.tf.workspace_bytes == 0 < conv.tf.workspace_bytes
+    assert dw.tf.seconds != conv.tf.seconds
+    assert "tf.DepthwiseConv2dNative" in dw.reason
     saved = _core.get_cost_model()
     try:
         _core.set_cost_model(_scaled("tf_depthwise_flops_per_second", 1e6))
         fast = plan(x, w, tf_kernel="DepthwiseConv2dNative")
-        assert fast["tf"]["seconds"] == pytest.approx(dw["tf"]["seconds"] / 1e6)
-        assert fast["chosen"] == "tf"
-        assert plan(x, w, tf_kernel="Conv2D")["tf"]["seconds"] == conv["tf"]["seconds"]
+        assert fast.tf.seconds == pytest.approx(dw.tf.seconds / 1e6)
+        assert fast.chosen == "tf"
+        assert plan(x, w, tf_kernel="Conv2D").tf.seconds == conv.tf.seconds
     finally:
         _core.set_cost_model(saved)
 
@@ -503,19 +503,19 @@ def test_dilated_depthwise_kernels_count_their_space_to_batch_copies(x, w, paddi
     attrs = dict(dilations=[1, dil[0], dil[1], 1], explicit_paddings=explicit)
     for pass_ in PASSES:
         p = plan(x, w, pass_, padding, tf_kernel="DepthwiseConv2dNative", dtype=dtype, **attrs)
-        assert p["tf"]["workspace_bytes"] == want, pass_
+        assert p.tf.workspace_bytes == want, pass_
         undilated = plan(x, w, pass_, padding, tf_kernel="DepthwiseConv2dNative", dtype=dtype,
                          explicit_paddings=explicit)
-        assert undilated["tf"]["workspace_bytes"] == 0
+        assert undilated.tf.workspace_bytes == 0
         assert plan(x, w, pass_, padding, tf_kernel="DepthwiseConv2dNative", dtype=dtype,
-                    limit=want, **attrs)["tf"]["fits"]
+                    limit=want, **attrs).tf.fits
         try:  # one byte less: TF's kernel is out
             tight = plan(x, w, pass_, padding, tf_kernel="DepthwiseConv2dNative", dtype=dtype,
                          limit=want - 1, **attrs)
         except RuntimeError as e:  # and ours did not fit either
             assert "no algorithm fits" in str(e)
         else:
-            assert not tight["tf"]["fits"] and tight["chosen"] != "tf"
+            assert not tight.tf.fits and tight.chosen != "tf"
 
 
 @pytest.mark.parametrize("x,w", CASES)
@@ -525,13 +525,13 @@ def test_gpu_plans_choose_the_fastest_gpu_estimate(x, w, pass_):
     trace-time limit unless one is given, and its own (GPU) estimates."""
     kernel = "DepthwiseConv2dNative" if w[2] == 1 and x[3] > 1 else "Conv2D"
     p = plan(x, w, pass_, device="GPU", limit=0, tf_kernel=kernel)
-    assert p["device"] == "GPU" and p["limit"] >= 1 << 62
-    assert p["tf"]["workspace_bytes"] == 0 and p["tf_kernel"] == "tf." + kernel
-    est = {a: p[a] for a in ("tf", "direct", "fft")}
-    assert all(e["available"] and e["fits"] and e["seconds"] > 0 for e in est.values())
-    assert est[p["chosen"]]["seconds"] == min(e["seconds"] for e in est.values())
+    assert p.device == "GPU" and p.limit >= 1 << 62
+    assert p.tf.workspace_bytes == 0 and p.tf_kernel == "tf." + kernel
+    est = {a: getattr(p, a) for a in ("tf", "direct", "fft")}
+    assert all(e.available and e.fits and e.seconds > 0 for e in est.values())
+    assert est[p.chosen].seconds == min(e.seconds for e in est.values())
     cpu = plan(x, w, pass_, tf_kernel=kernel)
-    assert p["direct"]["seconds"] != cpu["direct"]["seconds"]
+    assert p.direct.seconds != cpu.direct.seconds
     # The GPU kernels' own choice needs no thread count.
     assert plan(x, w, pass_, device="GPU", limit=0, tf_kernel=kernel, workers=9) == p
 
@@ -541,4 +541,4 @@ def test_gpu_fft_that_does_not_fit_states_the_minimum():
     with pytest.raises(RuntimeError, match="at least"):
         plan(x, w, padding="VALID", algorithm="fft", device="GPU", limit=1024)
     p = plan(x, w, padding="VALID", device="GPU", limit=1024)
-    assert not p["fft"]["fits"] and p["chosen"] != "fft"
+    assert not p.fft.fits and p.chosen != "fft"

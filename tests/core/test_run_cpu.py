@@ -18,7 +18,7 @@ TF_ATTRS = dict(strides=[1, 2, 1, 1], padding="SAME", data_format="NHWC",
 def operands():
     x, w = random_case(X_SHAPE, 0), random_case(W_SHAPE, 1)
     y_shape = _core.conv_geometry(list(X_SHAPE), list(W_SHAPE), TF_ATTRS["strides"], "SAME", [],
-                                  "NHWC", [1] * 4)["output_shape"]
+                                  "NHWC", [1] * 4).output_shape
     return x, w, random_case(y_shape, 2)
 
 

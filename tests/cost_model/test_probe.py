@@ -79,7 +79,7 @@ def test_a_ratio_moves_the_estimates_by_itself(algorithm, kernel, dtype, x, w, r
                                 **ATTRS)
         finally:
             _core.set_cost_model(active)
-        return p[algorithm]["seconds"]
+        return getattr(p, algorithm).seconds
 
     values = base()
     assert estimate(probe.scale(values, RATIOS)) == pytest.approx(ratio * estimate(values),

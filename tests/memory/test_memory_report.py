@@ -380,8 +380,8 @@ def test_a_fused_backward_counts_one_workspace():
     fused = planner.fused_backward([2, 1, 300, 16], [1, 200, 1, 16], attrs, "float32", "CPU")
     separate = sum(planner.plan(p, [2, 1, 300, 16], [1, 200, 1, 16], attrs, "float32", "fft", 0)
                    .fft.workspace_bytes for p in planner.PASSES[1:])
-    assert fused and fused["workspace_bytes"] != separate
-    assert row.bigconv_workspace[1] == fused["workspace_bytes"]
+    assert fused and fused.workspace_bytes != separate
+    assert row.bigconv_workspace[1] == fused.workspace_bytes
 
 
 def test_a_tf_ops_gradient_workspace_is_its_own_kernels(eigen_kernels):

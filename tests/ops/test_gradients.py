@@ -19,7 +19,7 @@ ALGORITHMS = ["direct", "fft"]
 def out_shape(x_shape, w_shape, strides, padding, dil, fmt, pads):
     explicit = [v for p in explicit_pairs(pads, fmt) for v in p] if padding == "EXPLICIT" else []
     return _core.conv_geometry(list(x_shape), list(w_shape), to4(strides, fmt), padding, explicit,
-                               fmt, to4(dil, fmt))["output_shape"]
+                               fmt, to4(dil, fmt)).output_shape
 
 
 def tape_grads(fn, x, w):

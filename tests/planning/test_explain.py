@@ -30,7 +30,7 @@ def test_explain_table():
     assert all(r.measured_seconds is None for r in e.rows)
     text = str(e)
     assert text.count("<==") == 3 and "forward: estimated; auto: fft" in text
-    assert e.geometry["output_shape"] == [4, 187, 347, 3]
+    assert e.geometry.output_shape == [4, 187, 347, 3]
 
 
 def test_explain_errors():
@@ -64,7 +64,7 @@ def test_explain_shows_the_fused_backward_where_it_serves():
     both (its plan and a line in the table); a 2-D layer: none."""
     e = tfbigconv.explain([2, 300, 16], [200, 1, 16], padding="CAUSAL", algorithm="fft",
                           device="CPU")
-    assert e.fused_backward and e.fused_backward["fft_w"] >= 300 + 199
+    assert e.fused_backward and e.fused_backward.fft_w >= 300 + 199
     assert "both gradients in one op (BigConv2DBackprop)" in e.table()
     assert tfbigconv.explain([2, 300, 7], [200, 1, 7], padding="CAUSAL", algorithm="fft",
                              device="CPU").fused_backward is None  # fewer than 8 channels

@@ -31,7 +31,7 @@ def test_plan_is_the_cores_table_with_the_geometry():
     p = planner.plan("forward", SEED16[0], SEED16[1], dict(ATTRS, padding="VALID"), "float32",
                      "auto", 256 << 20, "CPU")
     assert p.pass_ == "forward" and p.device == "CPU" and p.chosen == "fft"
-    assert p.geometry["output_shape"] == [4, 187, 347, 3] and p.measured is None
+    assert p.geometry.output_shape == [4, 187, 347, 3] and p.measured is None
     assert p.tf_kernel == "tf.Conv2D" and p.tf_for_auto == "trusted" and p.tf_trusted
     assert set(planner.PASSES) == {"forward", "backprop_input", "backprop_filter"}
     with pytest.raises(tf.errors.InvalidArgumentError, match="multiple"):

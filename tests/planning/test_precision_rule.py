@@ -13,6 +13,7 @@ autotuning rigged so that fft is timed fastest in every pass: before the rule,
 auto then ran fft and missed TF's tolerances.
 """
 import math
+import types
 
 import numpy as np
 import pytest
@@ -162,15 +163,13 @@ def test_estimated_fft_goes_to_the_fastest_precise_candidate(monkeypatch):
     why. Over SMALL_PASS_MACS (1.19M multiply-adds), where TF's kernel may run."""
     shapes = [2, 22, 22, 22, 1], [2, 2, 2, 1, 8]  # K = 8 against 512 FFT points
     p = plan("forward", *shapes, CONV3D)
-    assert p.geometry["macs"] >= planner.SMALL_PASS_MACS
-    # _core.plan_pass's dict of that plan, with fft chosen
-    fake = {"pass": p.pass_, "device": p.device, "limit": p.limit, "tf_kernel": p.tf_kernel,
-            "chosen": "fft", "reason": "auto: fft is the fastest that fits"}
+    assert p.geometry.macs >= planner.SMALL_PASS_MACS
+    # _core.plan_pass's PassPlan of that plan, with fft chosen
+    fake = types.SimpleNamespace(pass_=p.pass_, device=p.device, limit=p.limit,
+                                 tf_kernel=p.tf_kernel, chosen="fft", fft_plan=p.fft_plan,
+                                 reason="auto: fft is the fastest that fits")
     for n in ("tf", "direct", "fft"):
-        e = p.estimate(n)
-        fake[n] = dict(available=e.available, fits=e.fits, seconds=e.seconds,
-                       workspace_bytes=e.workspace_bytes, peak_bytes=e.peak_bytes, note=e.note,
-                       terms=list(e.terms))
+        setattr(fake, n, p.estimate(n))
     monkeypatch.setattr(planner._core, "plan_pass", lambda *a, **k: fake)
     got = plan("forward", *shapes, CONV3D)
     assert "less precise" in planner.fft_less_precise(got)

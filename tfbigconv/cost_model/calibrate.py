@@ -169,7 +169,7 @@ def _pass_fn(pass_, x_shape, w_shape, padding, dtype, forward, backprop_input, b
     callables take (x, w), (input_sizes, w, dy) and (x, filter_sizes, dy)."""
     x, w = _random(x_shape, dtype), _random(w_shape, dtype, seed=1)
     y_shape = _core.conv_geometry(list(x_shape), list(w_shape), padding=padding,
-                                  **ATTRS)["output_shape"]
+                                  **ATTRS).output_shape
     dy = _random(y_shape, dtype, seed=2)
     if pass_ == "forward":
         f = lambda: forward(x, w)  # noqa: E731
@@ -426,7 +426,7 @@ def _model_terms(algorithm, pass_, x_shape, w_shape, padding):
     p = _core.plan_pass(list(x_shape), list(w_shape), padding=padding, pass_=pass_,
                         dtype="float32", device="CPU", algorithm=algorithm, workspace_limit=0,
                         workers=host.current().threads(), tf_kernel="", **ATTRS)
-    return p[algorithm]["terms"]
+    return getattr(p, algorithm).terms
 
 
 def calibrate(output, quick=False, rounds=None, log=print, progress=True, cpu_only=False,
@@ -487,7 +487,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress, cpu_only, budget_s
                 x_shape, w_shape = _im2col_case(side, cin, cout, work)
                 fns[key] = im2col_fn(pass_, x_shape, w_shape, "SAME", tf.float32, graph=False)
                 macs[key] = _core.conv_geometry(list(x_shape), list(w_shape), padding="SAME",
-                                                **ATTRS)["macs"]
+                                                **ATTRS).macs
     for table, multiplier in ((profiles.DEPTHWISE_TABLE, 1), (profiles.MULTIPLIER_TABLE, 2)):
         for pass_ in arguments.PASSES:
             for side in IM2COL_SIDES:
@@ -499,7 +499,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress, cpu_only, budget_s
                 fns[key] = depthwise_fn(pass_, x_shape, w_shape, "SAME", tf.float32,
                                         graph=False)
                 macs[key] = _core.conv_geometry(list(x_shape), [side, side, 1, 32 * multiplier],
-                                                padding="SAME", **ATTRS)["macs"]
+                                                padding="SAME", **ATTRS).macs
     fns.update(_dtype_slowdown_fns(target, prior, call_s))
     times.update(_first_times(fns, rep_s, progress, clock))
     # Later rounds over every measurement, kernels and tables, while time is left.

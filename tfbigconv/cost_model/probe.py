@@ -275,10 +275,10 @@ def _estimate(group, x, w, dtype, terms=False):
                         strides=ATTRS["strides"], explicit_paddings=[],
                         data_format="NHWC", dilations=ATTRS["dilations"])
     if not terms:
-        return p[algorithm]["seconds"]
+        return getattr(p, algorithm).seconds
     values = dict(zip(_core.cost_model_fields(), _core.get_cost_model()))
     return [t * profiles.coefficient(name, values[name])
-            for t, name in zip(p["direct"]["terms"], profiles.DIRECT_TERMS)]
+            for t, name in zip(p.direct.terms, profiles.DIRECT_TERMS)]
 
 
 def _call(group, pass_, x_shape, w_shape, dtype):

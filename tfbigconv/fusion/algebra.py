@@ -93,7 +93,7 @@ def same_pads(size, kernel_size, strides, dilations=(1, 1)):
                             [int(kernel_size[0]), int(kernel_size[1]), 1, 1],
                             [1, int(strides[0]), int(strides[1]), 1], "SAME", [], "NHWC",
                             [1, int(dilations[0]), int(dilations[1]), 1])
-    return tuple(g[k] for k in ("pad_top", "pad_bottom", "pad_left", "pad_right"))
+    return tuple(getattr(g, k) for k in ("pad_top", "pad_bottom", "pad_left", "pad_right"))
 
 
 def dilate_kernel(kernel, dilations):

@@ -112,7 +112,7 @@ class ConvStep(Step):
         (sh, sw), (dh, dw) = step["strides"], step["dilations"]
         g = _core.conv_geometry([1, h, w, c], [int(d) for d in f], [1, sh, sw, 1], "EXPLICIT",
                                 [0, 0, t, bottom, l, r, 0, 0], "NHWC", [1, dh, dw, 1])
-        return tuple(g["output_shape"][1:])
+        return tuple(g.output_shape[1:])
 
     def channels(self, step, channels, weights):
         return int(conv_kernel(step, weights)[0].shape[-1])

@@ -122,7 +122,7 @@ class ConvPlans:
             if g is not None and out["backprop_input"][0] == out["backprop_filter"][0] == "fft":
                 fused = planner.fused_backward(xs, ws, attrs, dtype, self.device, limit)
                 if fused:
-                    out[FUSED] = ("fft (fused backward)", fused["workspace_bytes"], "")
+                    out[FUSED] = ("fft (fused backward)", fused.workspace_bytes, "")
             self.cache[key] = out
         return self.cache[key]
 

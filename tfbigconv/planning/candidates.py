@@ -14,7 +14,7 @@ def output_shape(input_shape, filter_shape, a):
     """The forward output shape (data_format order) of static shapes."""
     return _core.conv_geometry(list(input_shape), list(filter_shape), a["strides"], a["padding"],
                                a["explicit_paddings"], a["data_format"],
-                               a["dilations"])["output_shape"]
+                               a["dilations"]).output_shape
 
 
 def filter_dims(f_shape, a):

@@ -94,7 +94,7 @@ class Explanation:
         out = [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
         out += [fmt(line) for line in lines]
         g = self.geometry
-        out.append(f"output shape {g['output_shape']}, {2 * g['macs'] / 1e9:.3g} GFLOP per pass; "
+        out.append(f"output shape {g.output_shape}, {2 * g.macs / 1e9:.3g} GFLOP per pass; "
                    f"device {self.device}; workspace budget {self._budget()}; "
                    f"cost model: {self.cost_model}"
                    + (f" ({self.cost_model_file})" if self.cost_model_file else ""))
@@ -107,8 +107,8 @@ class Explanation:
         if self.fused_backward:
             f = self.fused_backward
             out.append(f"backward: both gradients in one op (BigConv2DBackprop), dL/doutput "
-                       f"transformed once for both: {f['fft_w']}-point transforms, workspace "
-                       f"{_bytes(f['workspace_bytes'])} in place of the two passes' (when both "
+                       f"transformed once for both: {f.fft_w}-point transforms, workspace "
+                       f"{_bytes(f.workspace_bytes)} in place of the two passes' (when both "
                        "gradients are wanted)")
         return "\n".join(out)
 

@@ -1,7 +1,7 @@
 """The planner's decision for one pass, typed: a Plan, with an Estimate per candidate.
 
-The C++ planner (_core.plan_pass) returns a dict; planner.plan reads it into a
-Plan once, and every layer above reads fields. Plans are frozen: the precision
+The C++ planner (_core.plan_pass) returns a read-only _core.PassPlan;
+planner.plan reads it into a Plan once, and every layer above reads fields. Plans are frozen: the precision
 rule and autotuning return changed copies (Plan.replace, Plan.with_estimate).
 """
 import dataclasses
@@ -26,10 +26,10 @@ class Estimate:
     for_auto: bool = True  # False: auto neither times nor picks it (planner's precision rule)
 
     @classmethod
-    def from_core(cls, d):
-        return cls(bool(d["available"]), bool(d["fits"]), float(d["seconds"]),
-                   int(d["workspace_bytes"]), int(d["peak_bytes"]), d["note"],
-                   tuple(d.get("terms", ())))
+    def from_core(cls, e):
+        """An Estimate of a _core.Estimate."""
+        return cls(e.available, e.fits, e.seconds, e.workspace_bytes, e.peak_bytes, e.note,
+                   tuple(e.terms))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,17 +50,19 @@ class Plan:
     fft: Estimate
     chosen: Algorithm
     reason: str
-    geometry: dict        # _core.conv_geometry's
+    geometry: object      # _core.ConvGeometry
     tf_for_auto: str
     measured: Optional[dict] = None
     measured_together: Optional[dict] = None
+    fft_plan: object = None  # _core.FftPlan of the CPU's fft candidate, else None
 
     @classmethod
-    def from_core(cls, d, geometry, tf_for_auto):
-        """A Plan of _core.plan_pass's dict."""
-        return cls(d["pass"], d["device"], int(d["limit"]), d["tf_kernel"],
-                   *(Estimate.from_core(d[n]) for n in CANDIDATES), Algorithm(d["chosen"]),
-                   d["reason"], geometry, tf_for_auto)
+    def from_core(cls, p, geometry, tf_for_auto):
+        """A Plan of a _core.PassPlan."""
+        return cls(p.pass_, p.device, p.limit, p.tf_kernel,
+                   *(Estimate.from_core(getattr(p, n.value)) for n in CANDIDATES),
+                   Algorithm(p.chosen), p.reason, geometry, tf_for_auto,
+                   fft_plan=p.fft_plan if p.device == "CPU" and p.fft.available else None)
 
     @property
     def tf_trusted(self):

@@ -11,7 +11,6 @@ precise), which both the estimated and the measured choice follow.
 import contextlib
 import contextvars
 import math
-import re
 
 import tensorflow as tf
 from absl import logging
@@ -86,14 +85,14 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
     picked, for_auto, note = tf_rules.tf_kernel(pass_, geometry, attrs, dtype, device)
     kernel = kernel or picked
     try:
-        d = _core.plan_pass(*args, pass_, dtype, device, algorithm.value, workspace_limit,
+        core_plan = _core.plan_pass(*args, pass_, dtype, device, algorithm.value, workspace_limit,
                             host.current().threads(),
                             kernel, for_auto == "trusted", note)
     except ValueError as e:
         raise errors.invalid_argument(str(e)) from None
     except RuntimeError as e:
         raise errors.resource_exhausted(str(e)) from None
-    return _precision_rule(Plan.from_core(d, geometry, for_auto), algorithm)
+    return _precision_rule(Plan.from_core(core_plan, geometry, for_auto), algorithm)
 
 
 # The precision rule. Rounding error per output, relative, measured against
@@ -118,25 +117,23 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
 # time on any device, and it is not for auto either.
 SMALL_PASS_MACS = 1 << 20
 FFT_ROUNDING_LOW, DIRECT_ROUNDING_HIGH = 0.13, 0.3
-_FFT_SIZE = re.compile(r"\(FFT ([0-9x]+)\)")
 
 
 def summed_terms(pass_, g):
     """K: how many products the pass sums into each of its outputs."""
     if pass_ == "forward":
-        return g["filter_d"] * g["filter_h"] * g["filter_w"] * g["filter_in_c"]
+        return g.filter_d * g.filter_h * g.filter_w * g.filter_in_c
     if pass_ == "backprop_input":  # a stride s uses one tap in s per dimension
-        taps = g["filter_d"] * g["filter_h"] * g["filter_w"] * (g["out_c"] // max(g["groups"], 1))
-        return max(1, taps // (g["stride_d"] * g["stride_h"] * g["stride_w"]))
-    return g["batch"] * g["out_d"] * g["out_h"] * g["out_w"]
+        taps = g.filter_d * g.filter_h * g.filter_w * (g.out_c // max(g.groups, 1))
+        return max(1, taps // (g.stride_d * g.stride_h * g.stride_w))
+    return g.batch * g.out_d * g.out_h * g.out_w
 
 
 def fft_size(p):
-    """N: the points of the pass's FFT, as its CPU plan states them (the note
-    "tile ... (FFT 7x6x4) ..." of plan.cc); None where the plan does not say
-    (the GPU's kernel tiles at run time)."""
-    m = _FFT_SIZE.search(p.fft.note) if p.fft.available else None
-    return math.prod(int(n) for n in m.group(1).split("x")) if m else None
+    """N: the points of the pass's FFT, of its CPU plan; None where there is
+    none (the GPU's kernel tiles at run time)."""
+    f = p.fft_plan
+    return f.fft_d * f.fft_h * f.fft_w if f is not None else None
 
 
 def fft_less_precise(p):
@@ -146,9 +143,9 @@ def fft_less_precise(p):
                           > DIRECT_ROUNDING_HIGH * math.sqrt(k)):
         return (f"fft is less precise than direct here (rounding ~log2 of its {n} points "
                 f"against ~sqrt of {k} terms)")
-    if p.geometry["macs"] < SMALL_PASS_MACS:
+    if p.geometry.macs < SMALL_PASS_MACS:
         return (f"fft's rounding, unlike direct's, moves with every operand, on a problem of "
-                f"{p.geometry['macs']} multiply-adds")
+                f"{p.geometry.macs} multiply-adds")
     return ""
 
 
@@ -167,10 +164,10 @@ def _precision_rule(p, algorithm):
     others = [n for n in (Algorithm.TF, Algorithm.DIRECT)
               if p.estimate(n).available and p.estimate(n).fits
               and (n != Algorithm.TF or p.tf_for_auto != "never")]
-    small = p.geometry["macs"] < SMALL_PASS_MACS and Algorithm.DIRECT in others
+    small = p.geometry.macs < SMALL_PASS_MACS and Algorithm.DIRECT in others
     why = fft_less_precise(p) if p.fft.available else ""
     if small:
-        why = (f"on a problem of {p.geometry['macs']} multiply-adds precision decides: "
+        why = (f"on a problem of {p.geometry.macs} multiply-adds precision decides: "
                f"direct sums each output in order")
         others = [Algorithm.DIRECT]
         p = p.with_estimate(Algorithm.TF, for_auto=False)

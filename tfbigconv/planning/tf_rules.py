@@ -120,10 +120,10 @@ def onednn_compiles_slowly(pass_, geometry, dtype):
     """Whether TF's oneDNN depthwise kernel for the pass is in the region
     where its first call compiled for minutes (ONEDNN_SLOW_COMPILE_NOTE):
     auto must not run it, not even to time it."""
-    return (pass_ == "forward" and dtype == "bfloat16" and geometry["in_c"] <= 16
-            and geometry["out_c"] == geometry["in_c"] and geometry["stride_h"] == 1
-            and geometry["stride_w"] == 1
-            and max(geometry["filter_h"], geometry["filter_w"]) >= 15)
+    return (pass_ == "forward" and dtype == "bfloat16" and geometry.in_c <= 16
+            and geometry.out_c == geometry.in_c and geometry.stride_h == 1
+            and geometry.stride_w == 1
+            and max(geometry.filter_h, geometry.filter_w) >= 15)
 
 
 # oneDNN's grouped Conv2D against its estimate (the dense rates per group),
@@ -202,22 +202,22 @@ class Case:
     def __post_init__(self):
         g = self.geometry
         self.conv3d = kernels.conv3d(self.attrs)
-        self.filter_shape = [g[k] for k in ("filter_d", "filter_h", "filter_w", "filter_in_c",
+        self.filter_shape = [getattr(g, k) for k in ("filter_d", "filter_h", "filter_w", "filter_in_c",
                                             "out_c")[0 if self.conv3d else 1:]]
         self.nchw = self.attrs["data_format"] in ("NCHW", "NCDHW")
         self.explicit = self.attrs["padding"] == "EXPLICIT"
         self.half = self.dtype in HALF_TYPES and self.device == "CPU"
-        self.dilated = g["dilation_d"] > 1 or g["dilation_h"] > 1 or g["dilation_w"] > 1
-        self.grouped = g["groups"] > 1
+        self.dilated = g.dilation_d > 1 or g.dilation_h > 1 or g.dilation_w > 1
+        self.grouped = g.groups > 1
         self.gradient = self.pass_ != "forward"
         sizes = ("batch", "in_d", "in_h", "in_w", "in_c", "filter_d", "filter_h", "filter_w",
                  "out_c", "out_d", "out_h", "out_w")
-        self.empty = any(g[k] == 0 for k in sizes)
+        self.empty = any(getattr(g, k) == 0 for k in sizes)
 
     @functools.cached_property
     def depthwise(self):
         """TF's kernel is DepthwiseConv2dNative (uses_depthwise_kernel; may probe oneDNN)."""
-        return uses_depthwise_kernel(self.pass_, self.geometry["in_c"], self.filter_shape,
+        return uses_depthwise_kernel(self.pass_, self.geometry.in_c, self.filter_shape,
                                      self.attrs, self.dtype, self.device)
 
     @functools.cached_property
@@ -312,8 +312,8 @@ TF_KERNEL_RULES = (
     Rule(lambda c: c.depthwise, "DepthwiseConv2dNative", "trusted", "",
          "NCHW: TF's own CPU depthwise kernels reject it, oneDNN's ran it (uses_depthwise_kernel)"),
     # Conv2D.
-    Rule(lambda c: (c.device == "GPU" and c.geometry["filter_in_c"] == 1
-                    and c.geometry["in_c"] > 1), "Conv2D", "trusted", GPU_DEPTHWISE_NOTE, "GPU_DEPTHWISE_NOTE"),
+    Rule(lambda c: (c.device == "GPU" and c.geometry.filter_in_c == 1
+                    and c.geometry.in_c > 1), "Conv2D", "trusted", GPU_DEPTHWISE_NOTE, "GPU_DEPTHWISE_NOTE"),
     Rule(lambda c: c.device == "GPU", "Conv2D", "trusted", "", "cuDNN, as tf.nn.conv2d runs it"),
     Rule(lambda c: c.needs_onednn_conv2d and c.nchw and not c.onednn_conv2d, "", "never",
          "TensorFlow's CPU Conv2D runs only NHWC", "TF's Eigen Conv2D kernels"),
@@ -327,9 +327,9 @@ TF_KERNEL_RULES = (
          "measured rel. L2 vs float64 (bfloat16, 15x15x8): 1.4e-2 input and 1.9e-2 filter "
          "gradient, against 2.4e-3 for ours"),
     Rule(lambda c: c.pass_ == "backprop_filter" and tf_filter_gradient_crashes(
-        c.geometry["in_c"], c.filter_shape, c.attrs, c.dtype, c.device), "", "never",
+        c.geometry.in_c, c.filter_shape, c.attrs, c.dtype, c.device), "", "never",
          ONEDNN_BF16_GROUPED_DILATED_NOTE, "ONEDNN_BF16_GROUPED_DILATED_NOTE"),
-    Rule(lambda c: (c.grouped and c.geometry["filter_in_c"] >= ONEDNN_GROUPED_TRUSTED_CHANNELS
+    Rule(lambda c: (c.grouped and c.geometry.filter_in_c >= ONEDNN_GROUPED_TRUSTED_CHANNELS
                     and c.dtype in ("float32", "bfloat16") and not c.nchw and c.onednn_conv2d),
          "Conv2D", "trusted", "", "ONEDNN_GROUPED_TRUSTED_CHANNELS"),
     Rule(lambda c: c.grouped, "Conv2D", "measured",
