@@ -196,12 +196,13 @@ def _runtime_checks(x, f, strides, padding, pairs, data_format, dilations):
     with tf.control_dependencies(checks):
         xs, fs = tf.shape(x, out_type=tf.int64), tf.shape(f, out_type=tf.int64)
     cin, cig, cout = xs[cd], fs[rank], fs[rank + 1]
+    zero = tf.constant(0, tf.int64)
     checks += [
-        tf.debugging.assert_equal(tf.math.floormod(cin, tf.maximum(cig, 1)), tf.constant(0, tf.int64),
-                                  message="input depth must be a multiple of the filter's in_depth"),
+        tf.debugging.assert_equal(tf.math.floormod(cin, tf.maximum(cig, 1)), zero,
+                                  message="input depth must be a multiple of the filter's "
+                                          "in_depth"),
         tf.debugging.assert_equal(tf.math.floormod(cout, tf.maximum(cin // tf.maximum(cig, 1), 1)),
-                                  tf.constant(0, tf.int64),
-                                  message="filter out_depth must be a multiple of groups")]
+                                  zero, message="filter out_depth must be a multiple of groups")]
     if padding != "SAME":
         for k, (d, pair) in enumerate(zip(dims, pairs)):
             eff = (fs[k] - 1) * dilations[d] + 1
