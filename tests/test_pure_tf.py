@@ -348,8 +348,7 @@ def test_3d_fft_under_xla_in_every_dtype(dtype):
     dy = tf.cast(random_case(_conv(case, x64, w64).shape, 28, np.float64), dtype)
     step = _step(case, "fft", xla=True)
     types = {op.type for op in step.get_concrete_function(x, w, dy).graph.get_operations()}
-    assert {"RFFT2D", "FFT", "IFFT"} <= types and "Conv3D" not in types
-    assert {"IRFFT2D", "IRFFT"} & types  # the plane's inverse, pruned or not
+    assert {"RFFT2D", "FFT", "IFFT", "IRFFT2D"} <= types and "Conv3D" not in types
     got = step(x, w, dy)
     refs = _reference(case, x64, w64, tf.cast(dy, tf.float64).numpy())
     for g, ref, what in zip(got, refs, ("y", "dL/dx", "dL/dw")):
@@ -367,7 +366,7 @@ def test_large_3d_filter_under_xla_runs_the_fft():
             .graph.get_operations()}
 
     big = types((2, 24, 24, 24, 2), (15, 15, 15, 2, 2))
-    assert {"RFFT2D", "FFT", "IFFT"} <= big and {"IRFFT2D", "IRFFT"} & big and "Conv3D" not in big
+    assert {"RFFT2D", "FFT", "IFFT", "IRFFT2D"} <= big and "Conv3D" not in big
     small = types((2, 24, 24, 24, 16), (3, 3, 3, 16, 16))
     assert "Conv3D" in small and "RFFT2D" not in small
 

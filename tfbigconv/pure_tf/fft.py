@@ -15,6 +15,8 @@ CHUNK_TARGET_BYTES = 8 << 20
 # The inverse transforms skip the rows past the crop where the output keeps at
 # most this share of the transform's rows (seed forward under XLA: 187 of 324
 # rows, 7% faster; with nearly all rows kept the extra transposes cost more).
+# Measured in 2-D only: with a depth dimension the plane's inverse is irfft2d
+# (3-D under XLA on a loaded 2-core host, pruned against not: no clear verdict).
 PRUNE_BELOW = 0.75
 # Spectra of one batch chunk when no workspace_limit is given and the host's
 # budget is not known (no compiled library).
@@ -77,14 +79,15 @@ def _spectra(a, fft_size):
 def _inverse(ys, fft_size, keep, strides):
     """[N, C, fft_h, bins, *fft_size[:-2]] complex -> [N, C, *output] real: the
     inverse over each leading dimension, keeping only the output's positions, then
-    over the last two, where few rows are kept by columns and then only the output
-    rows (rows past the crop are never transformed), else by irfft2d."""
+    over the last two: in 2-D where few rows are kept by columns and then only the
+    output rows (rows past the crop are never transformed; PRUNE_BELOW), else by
+    irfft2d."""
     for i in reversed(range(len(fft_size) - 2)):
         t = tf.signal.ifft(ys)[..., :keep[i]:strides[i]]
         r = t.shape.rank
         ys = tf.transpose(t, [0, 1, r - 1, *range(2, r - 1)])
     (fft_h, fft_w), (rows, cols), (sh, sw) = fft_size[-2:], keep[-2:], strides[-2:]
-    if -(-rows // sh) <= PRUNE_BELOW * fft_h:
+    if len(fft_size) == 2 and -(-rows // sh) <= PRUNE_BELOW * fft_h:
         t = tf.signal.ifft(_swap_last_two(ys))[..., :rows:sh]
         y = tf.signal.irfft(_swap_last_two(t), fft_length=[fft_w])
         return y[..., :cols:sw]
