@@ -23,9 +23,9 @@ import tensorflow as tf
 import keras
 import tfbigconv
 from conftest import ROOT, pure_tf_mode
-from reference import conv2d_reference, rel_l2
+from reference import conv2d_reference, conv3d_reference, rel_l2
 from tfbigconv import pure_tf
-from tfbigconv.keras import BigConv1D, BigConv2D, BigDepthwiseConv2D
+from tfbigconv.keras import BigConv1D, BigConv2D, BigConv3D, BigDepthwiseConv2D
 
 REASON = "tfbigconv.portable()"
 # Where the native ops run, the reason the pure path would run anyway (--pure-tf).
@@ -330,19 +330,69 @@ def test_portable_dft_matches_the_reference(x_shape, f_shape, strides, padding, 
     assert rel_l2(got, want) <= 1e-5
 
 
-def test_portable_conv3d_runs_tf_convolution():
-    """Inside portable(), a 3-D convolution runs TF's Conv3D even where the FFT is
-    asked for: the 3-D FFT's complex transforms convert to neither LiteRT nor ONNX."""
+@pytest.mark.parametrize("x_shape, f_shape, strides, padding, dilations, data_format", [
+    ((1, 6, 12, 11, 2), (3, 7, 6, 2, 3), (1, 1, 1), "SAME", (1, 1, 1), "NDHWC"),
+    ((2, 4, 7, 9, 10), (3, 3, 4, 2, 6), (2, 1, 3), "VALID", (1, 2, 1), "NCDHW"),  # groups 2
+    ((1, 9, 8, 7, 3), (4, 3, 3, 1, 3), (1, 2, 1),
+     [[0, 0], [2, 1], [0, 3], [1, 1], [0, 0]], (2, 1, 1), "NDHWC"),  # depthwise
+])
+def test_portable_dft_3d_matches_the_reference(x_shape, f_shape, strides, padding, dilations,
+                                               data_format):
+    """Inside portable() a 3-D convolution that asks for the FFT runs the DFT in
+    matrix products too (the 3-D FFT's complex transforms convert to neither
+    LiteRT nor ONNX): no FFT op, against the float64 reference."""
     rng = np.random.default_rng(2)
-    x = rng.standard_normal((1, 6, 12, 12, 2)).astype(np.float32)
-    f = rng.standard_normal((3, 7, 7, 2, 3)).astype(np.float32)
-    fn = tf.function(lambda x, f: tfbigconv.bigconv3d(x, f, 1, "SAME", algorithm="fft"))
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    f = rng.standard_normal(f_shape).astype(np.float32)
+    fn = tf.function(lambda x, f: tfbigconv.bigconv3d(x, f, strides, padding, data_format,
+                                                      dilations, algorithm="fft"))
     with tfbigconv.portable():
         graph_fn = fn.get_concrete_function(tf.constant(x), tf.constant(f))
     types = {op.type for op in graph_fn.graph.get_operations()}
-    assert "Conv3D" in types and not types & FFT_OPS and big_ops(types) == [], types
-    want = tf.nn.conv3d(x.astype(np.float64), f.astype(np.float64), [1] * 5, "SAME").numpy()
-    assert rel_l2(graph_fn(tf.constant(x), tf.constant(f)).numpy(), want) <= 1e-5
+    assert "BatchMatMulV2" in types and not types & (FFT_OPS | {"Conv3D"}), types
+    assert big_ops(types) == []
+    explicit = isinstance(padding, list)
+    want = conv3d_reference(x, f, strides, "EXPLICIT" if explicit else padding, dilations,
+                            data_format, explicit=tuple(map(tuple, padding[1:4]))
+                            if explicit else ((0, 0),) * 3)
+    got = graph_fn(tf.constant(x), tf.constant(f)).numpy()
+    assert got.shape == want.shape
+    assert rel_l2(got, want) <= 1e-5
+
+
+def test_portable_conv3d_small_filter_runs_tf_convolution():
+    """Where the pure path runs TensorFlow's convolution (a small 3-D filter
+    under auto), portable() keeps Conv3D."""
+    x = tf.TensorSpec((1, 8, 16, 16, 8), tf.float32)
+    f = tf.TensorSpec((3, 3, 3, 8, 8), tf.float32)
+    fn = tf.function(lambda x, f: tfbigconv.bigconv3d(x, f, 1, "SAME"))
+    with tfbigconv.portable():
+        types = {op.type for op in fn.get_concrete_function(x, f).graph.get_operations()}
+    assert "Conv3D" in types and "BatchMatMulV2" not in types and not types & FFT_OPS, types
+
+
+@pytest.mark.skipif(not (HAVE_LITERT and HAVE_ONNX), reason="needs ai-edge-litert, tf2onnx "
+                    "and onnxruntime (make deps)")
+def test_portable_3d_exports_run_in_litert_and_onnxruntime(tmp_path):
+    """A BigConv3D whose pure path runs the FFT (algorithm "fft"), exported inside
+    portable() with LiteRT's builtins only and to ONNX, runs in a process without
+    tfbigconv and matches the Keras model."""
+    keras.utils.set_random_seed(3)
+    volume = keras.Input((6, 10, 9, 2))
+    model = keras.Model(volume, BigConv3D(3, (3, 7, 5), padding="same", algorithm="fft")(volume))
+    x = np.random.default_rng(4).standard_normal((2, 6, 10, 9, 2)).astype(np.float32)
+    with tfbigconv.portable():
+        model.export(str(tmp_path / "m.tflite"), format="litert", verbose=False,
+                     target_spec={"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]})
+        model.export(str(tmp_path / "m.onnx"), format="onnx", verbose=False)
+    ops = litert_op_names(str(tmp_path / "m.tflite"))
+    assert "BATCH_MATMUL" in ops and "CONV_3D" not in ops, ops
+    clean = load_clean({"litert": ("litert", str(tmp_path / "m.tflite"), True),
+                        "onnx": ("onnx", str(tmp_path / "m.onnx"), True)}, [x], tmp_path)
+    assert clean["loaded"] == [] and not clean["library_mapped"]
+    want = [np.asarray(model(x))]
+    match_outputs(clean["litert"], want)
+    match_outputs(clean["onnx"], want)
 
 
 @native

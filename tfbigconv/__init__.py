@@ -38,7 +38,7 @@ def _load_compiled():
 
 
 _cause, _not_loaded = _load_compiled()
-if _cause:  # pure TensorFlow instead (pure_tf.py), said once, here
+if _cause:  # pure TensorFlow instead (pure_tf/), said once, here
     _missing.install(_sys.modules[__name__], _not_loaded, _cause)
     _pure_tf.missing_library = _cause
     _warnings.warn(_missing.message("tfbigconv's custom ops", _cause), RuntimeWarning,

@@ -1,7 +1,7 @@
 """Stand-ins for the compiled modules (_core, the op library) when they did not load.
 
 tfbigconv then runs bigconv2d and its Keras layers as pure TensorFlow
-(pure_tf.py). Modules keep their `from tfbigconv import _core` imports;
+(pure_tf/). Modules keep their `from tfbigconv import _core` imports;
 what needs the compiled code raises ImportError naming the cause and the
 rebuild command when it is used, not when tfbigconv is imported.
 """

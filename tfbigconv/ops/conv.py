@@ -15,7 +15,7 @@ import warnings
 
 import tensorflow as tf
 
-from tfbigconv import _core, arguments, errors, host, kernels, pure_tf
+from tfbigconv import _core, arguments, capabilities, errors, host, kernels, pure_tf
 from tfbigconv.arguments import Algorithm
 from tfbigconv.ops import planned
 from tfbigconv.planning import candidates, planner, tf_rules
@@ -96,8 +96,8 @@ def _convolve(rank, input, filters, attrs, asked, algorithm, workspace_limit):
     if why:
         run = pure_tf.conv3d if rank.spatial == 3 else pure_tf.conv2d
         return run(input, filters, *geometry_args, algorithm.value, workspace_limit, why=why)
-    if rank.spatial == 3 and algorithm != Algorithm.TF and host.resolve_device(input) == "GPU":
-        _warn_cpu_only()
+    if algorithm != Algorithm.TF and capabilities.unregistered(rank.spatial):
+        _warn_if_elsewhere(capabilities.of(rank.spatial, host.resolve_device(input)))
     plan_in = planner.planning_shape(input.shape)
     static = plan_in is not None and f_shape is not None
     device = None  # where the op runs: resolved for planning, and TF's kernel follows it
@@ -159,10 +159,12 @@ def with_batch_flattened(x, inner_rank, conv):
 _warned = []
 
 
-def _warn_cpu_only():
-    """Said once per process: a GPU user would not expect the CPU."""
-    if not _warned:
+def _warn_if_elsewhere(where):
+    """Where our op of the rank is not registered on the device (capabilities), said
+    once per process: a GPU user would not expect the CPU."""
+    if not where.registered and not _warned:
         _warned.append(True)
-        warnings.warn("tfbigconv: bigconv3d runs on the CPU: its ops have no GPU kernels yet. "
-                      "algorithm='tf' runs tf.nn.conv3d, which runs on the GPU.",
+        warnings.warn(f"tfbigconv: bigconv{where.rank}d runs on the {where.runs_on}: its ops have "
+                      f"no {where.device} kernels yet. algorithm='tf' runs "
+                      f"tf.nn.conv{where.rank}d, which runs on the {where.device}.",
                       RuntimeWarning, stacklevel=5)

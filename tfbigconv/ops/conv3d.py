@@ -40,7 +40,7 @@ def bigconv3d(input, filters=None, strides=None, padding=None, data_format="NDHW
 
     The ops run on the CPU (where the op would run on a GPU, they run on the CPU and
     a RuntimeWarning says so once per process). Under XLA or without the compiled
-    library it is composed of TensorFlow ops (tfbigconv/pure_tf.py): an FFT for large
+    library it is composed of TensorFlow ops (tfbigconv/pure_tf/): an FFT for large
     filters, else tf.nn.conv3d (outside XLA one per group and dilations by
     space-to-batch, which TF's CPU kernels run with gradients on every host).
 

@@ -125,7 +125,7 @@ class Explanation:
 
 class XlaExplanation:
     """What bigconv2d builds where XLA compiles it (tf.function(jit_compile=True),
-    Keras' jit_compile=True): pure TensorFlow (tfbigconv/pure_tf.py), every pass.
+    Keras' jit_compile=True): pure TensorFlow (tfbigconv/pure_tf/), every pass.
 
     Attributes: chosen {pass: "fft" or "tf"} (the gradients are TensorFlow's
     autodiff of the forward's composition, so they follow it); fft (the transform
@@ -133,10 +133,10 @@ class XlaExplanation:
     spectra of one image, the chunk's unit); reason."""
 
     def __init__(self, p, budget):
-        self.chosen = {name: p["branch"] for name in planner.PASSES}
-        self.fft, self.reason = p["fft"], p["reason"]
-        self.tf_seconds, self.fft_seconds = p["tf_seconds"], p["fft_seconds"]
-        self.per_image_bytes, self.budget = p["per_image_bytes"], budget
+        self.chosen = {name: p.branch.value for name in planner.PASSES}
+        self.fft, self.reason = p.fft, p.reason
+        self.tf_seconds, self.fft_seconds = p.tf_seconds, p.fft_seconds
+        self.per_image_bytes, self.budget = p.per_image_bytes, budget
 
     def table(self):
         size = "x".join(str(n) for n in self.fft)

@@ -15,7 +15,7 @@ import math
 import tensorflow as tf
 from absl import logging
 
-from tfbigconv import _core, arguments, errors, host, kernels
+from tfbigconv import _core, arguments, capabilities, errors, host, kernels
 from tfbigconv.cost_model import probe
 from tfbigconv.arguments import PASSES  # noqa: F401  (planner.PASSES: the passes planned)
 from tfbigconv.arguments import Algorithm
@@ -48,8 +48,9 @@ def planning_shape(shape):
 
 def planning_device(a, device):
     """The device the passes of the op with attributes `a` (ours) are planned for:
-    `device` (where the op runs), but the CPU in 3-D, whose ops run only there."""
-    return "CPU" if arguments.spatial_dims(a["data_format"]) == 3 else device
+    `device` (where the op runs), or where our op of that rank runs instead
+    (capabilities: the CPU in 3-D)."""
+    return capabilities.of(arguments.spatial_dims(a["data_format"]), device).runs_on
 
 
 def static_shape(shape):
@@ -79,9 +80,10 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
         raise errors.invalid_argument(str(e)) from None
     if device == "CPU":
         probe.ensure()  # the shipped profile scaled to this host, once
-    if len(input_shape) == 5 and device == "GPU":
-        raise errors.invalid_argument("3-D convolutions run on the CPU only (bigconv3d's "
-                                      "ops have no GPU kernels): device must be 'CPU'")
+    where = capabilities.of(len(input_shape) - 2, device)
+    if not where.registered:
+        raise errors.invalid_argument(f"{where.rank}-D convolutions run on the {where.runs_on} "
+                                      f"only ({where.gap}): device must be '{where.runs_on}'")
     picked, for_auto, note = tf_rules.tf_kernel(pass_, geometry, attrs, dtype, device)
     kernel = kernel or picked
     try:

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfbigconv import _core, host, kernels
+from tfbigconv import _core, capabilities, host, kernels
 
 HALF_TYPES = ("float16", "bfloat16")
 
@@ -271,10 +271,12 @@ TF_KERNEL_RULES = (
          "TF 2.21's oneDNN Conv2D returns an input-shaped result for empty inputs, its "
          "gradients leave empty sums uninitialised, and its graph shape function rejects the "
          "empty outputs its kernel gives (filter one larger than the input)"),
+    # Where our op of the rank is not registered (capabilities: 3-D on the GPU).
+    Rule(lambda c: not capabilities.of(3 if c.conv3d else 2, c.device).registered, "", "never",
+         "; ".join(f"{u.rank}-D convolutions run on the {u.runs_on} ({u.gap})"
+                   for u in capabilities.unregistered()),
+         "; ".join(u.source for u in capabilities.unregistered())),
     # Conv3D, TF's only 3-D kernel (bigconv3d).
-    Rule(lambda c: c.conv3d and c.device == "GPU", "", "never",
-         "3-D convolutions run on the CPU (bigconv3d's ops have no GPU kernels)",
-         "csrc/tf/kernels_gpu.cc registers 2-D ops only"),
     Rule(lambda c: c.conv3d and c.grouped, "", "never", "TensorFlow's CPU Conv3D rejects groups",
          "TF 2.21, oneDNN and Eigen: 'input and filter must have the same depth'"),
     Rule(lambda c: c.conv3d and (c.nchw or c.dilated) and not c.onednn_conv3d, "", "never",
