@@ -7,8 +7,6 @@ source with ast; nothing is imported."""
 import ast
 import os
 
-import pytest
-
 import tfbigconv
 
 ROOT = os.path.dirname(os.path.abspath(tfbigconv.__file__))

@@ -4,8 +4,10 @@ Each flavour's thin classes (`tfbigconv.keras.flavours.LAYER_CLASSES`: one of th
 `*Logic` classes here on that flavour's Keras layer, Conv2D, DepthwiseConv2D, ...)
 are made by its `Flavour`, which the classes hold as `_flavour`. The logic adds
 `algorithm` and `workspace_limit` to the Keras constructor and passes everything
-else through, so each flavour's own signature and defaults hold. This module
-imports neither Keras, so the Keras 2 classes do not need Keras 3 and vice versa.
+else through, so each flavour's own signature and defaults hold; each class's
+`__signature__` (what help() and inspect show) is that signature plus the two.
+This module imports neither Keras, so the Keras 2 classes do not need Keras 3 and
+vice versa.
 """
 import inspect
 import numbers
@@ -50,12 +52,16 @@ def check_options(algorithm, workspace_limit):
     return algorithm, int(workspace_limit)
 
 
-def _by_name(signature, bound):
-    """The arguments `bound` to `signature` (whose first parameter is self) as
-    {name: value}, the **kwargs merged in; defaults not applied."""
+def _arguments_of(init):
+    """The signature of constructor `init` without its self."""
+    signature = inspect.signature(init)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+def _by_name(bound):
+    """The arguments of `bound` as {name: value}, its **kwargs merged in."""
     given = dict(bound.arguments)
-    given.pop(next(iter(signature.parameters)))
-    for name, p in signature.parameters.items():
+    for name, p in bound.signature.parameters.items():
         if p.kind is p.VAR_KEYWORD:
             given.update(given.pop(name, {}))
     return given
@@ -71,6 +77,22 @@ class _BigConvMixin:
         # The rest is the Keras class's own: its positions, names and defaults.
         super().__init__(*args, **kwargs)
         self._init_big(algorithm, workspace_limit)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls._flavour is not None:  # a flavour's class: its signature, for help() and inspect
+            theirs = list(cls._keras_arguments().parameters.values())
+            ours = [p for p in _arguments_of(_BigConvMixin.__init__).parameters.values()
+                    if p.kind is p.KEYWORD_ONLY]
+            cls.__signature__ = inspect.Signature(
+                [p for p in theirs if p.kind is not p.VAR_KEYWORD] + ours
+                + [p for p in theirs if p.kind is p.VAR_KEYWORD])
+
+    @classmethod
+    def _keras_arguments(cls):
+        """The Keras arguments the constructor takes: its Keras base class's."""
+        keras_base = next(c for c in cls.__mro__[1:] if not issubclass(c, _BigConvMixin))
+        return _arguments_of(keras_base.__init__)
 
     def _init_big(self, algorithm, workspace_limit):
         self._flavour.check_backend()
@@ -201,13 +223,12 @@ class BigDepthwiseConv1DLogic(_DepthwiseLogic):
 
     def __init__(self, *args, **kwargs):
         # Keras refuses "causal" here; both Kerases' output-shape rules read it as "same".
-        bound = inspect.signature(self._flavour.keras.layers.DepthwiseConv1D.__init__).bind(
-            None, *args, **kwargs)
+        bound = self._keras_arguments().bind(*args, **kwargs)
         padding = bound.arguments.get("padding")
         causal = isinstance(padding, str) and padding.lower() == "causal"
         if causal:
             bound.arguments["padding"] = "valid"
-        super().__init__(*bound.args[1:], **bound.kwargs)
+        super().__init__(*bound.args, **bound.kwargs)
         if causal:
             self.padding = "causal"
 
@@ -234,13 +255,18 @@ class BigDepthwiseConv3DLogic(_DepthwiseLogic):
     class is the flavour's rank-generic depthwise base, built with rank 3.
     """
 
+    @classmethod
+    def _keras_arguments(cls):
+        """DepthwiseConv2D's, in its order, with the rank-generic base's defaults where
+        it has them (strides=1: (1, 1, 1))."""
+        like = _arguments_of(cls._flavour.keras.layers.DepthwiseConv2D.__init__)
+        base = _arguments_of(cls._flavour.depthwise_base.__init__).parameters
+        return like.replace(parameters=[
+            p.replace(default=base[name].default)
+            if name in base and base[name].default is not p.empty else p
+            for name, p in like.parameters.items()])
+
     def __init__(self, *args, **kwargs):
-        like = inspect.signature(self._flavour.keras.layers.DepthwiseConv2D.__init__)
-        given = _by_name(like, like.bind(None, *args, **kwargs))
-        # Keras 3's rank-generic base has no default depth_multiplier: DepthwiseConv2D's.
-        base = inspect.signature(self._flavour.depthwise_base.__init__).parameters
-        for name, p in list(base.items())[1:]:
-            if (p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD
-                    and name in like.parameters and name not in given):
-                given[name] = like.parameters[name].default
-        super().__init__(rank=3, **given)
+        bound = self._keras_arguments().bind(*args, **kwargs)
+        bound.apply_defaults()
+        super().__init__(rank=3, **_by_name(bound))

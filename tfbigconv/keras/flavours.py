@@ -15,6 +15,7 @@ tf_keras) is made by the first such model or by importing `tfbigconv.keras.keras
 """
 import dataclasses
 import sys
+import threading
 import types
 from typing import Optional
 
@@ -240,13 +241,15 @@ class Keras2(Flavour):
 
 KERAS3 = Keras3()
 _keras2 = []  # the Keras 2 flavour, once made
+_keras2_lock = threading.Lock()  # made once: registering its layers twice would fail
 
 
 def tf_keras_flavour(tf_keras):
     """The Keras 2 flavour on module `tf_keras`, made (its layers registered) at the
     first call."""
-    if not _keras2:
-        _keras2.append(Keras2(tf_keras))
+    with _keras2_lock:
+        if not _keras2:
+            _keras2.append(Keras2(tf_keras))
     return _keras2[0]
 
 
