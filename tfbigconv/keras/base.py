@@ -72,6 +72,7 @@ class _BigConvMixin:
     `tfbigconv.keras.flavours.Flavour`) is set by the flavour's thin class."""
 
     _flavour = None
+    _keras_signature = None  # _keras_arguments(), set on a flavour's class
 
     def __init__(self, *args, algorithm="auto", workspace_limit=0, **kwargs):
         # The rest is the Keras class's own: its positions, names and defaults.
@@ -81,7 +82,10 @@ class _BigConvMixin:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if cls._flavour is not None:  # a flavour's class: its signature, for help() and inspect
-            theirs = list(cls._keras_arguments().parameters.values())
+            # Read once, from the classes as they are now (a test harness may patch
+            # keras.layers later).
+            cls._keras_signature = cls._keras_arguments()
+            theirs = list(cls._keras_signature.parameters.values())
             ours = [p for p in _arguments_of(_BigConvMixin.__init__).parameters.values()
                     if p.kind is p.KEYWORD_ONLY]
             cls.__signature__ = inspect.Signature(
@@ -223,7 +227,7 @@ class BigDepthwiseConv1DLogic(_DepthwiseLogic):
 
     def __init__(self, *args, **kwargs):
         # Keras refuses "causal" here; both Kerases' output-shape rules read it as "same".
-        bound = self._keras_arguments().bind(*args, **kwargs)
+        bound = self._keras_signature.bind(*args, **kwargs)
         padding = bound.arguments.get("padding")
         causal = isinstance(padding, str) and padding.lower() == "causal"
         if causal:
@@ -267,6 +271,6 @@ class BigDepthwiseConv3DLogic(_DepthwiseLogic):
             for name, p in like.parameters.items()])
 
     def __init__(self, *args, **kwargs):
-        bound = self._keras_arguments().bind(*args, **kwargs)
+        bound = self._keras_signature.bind(*args, **kwargs)
         bound.apply_defaults()
         super().__init__(rank=3, **_by_name(bound))
