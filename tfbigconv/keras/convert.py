@@ -87,7 +87,7 @@ def _convert_in_place(model, flavour, min_size, algorithm, workspace_limit):
     least min_size; returns the ConversionReport."""
     replacements = {getattr(flavour.keras.layers, name): getattr(flavour.layers, big)
                     for name, big in _REPLACEMENTS.items()}
-    ours = tuple(vars(flavour.layers).values())
+    ours = flavour.classes
     converted, not_converted = [], []
     for path, layer, custom in _sublayers(model, flavour):
         if not isinstance(layer, flavour.conv_bases) or isinstance(layer, ours):

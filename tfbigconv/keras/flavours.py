@@ -94,8 +94,9 @@ class Flavour:
     An instance holds the flavour's Keras module (`keras`), its saving module
     (`saving`: register_keras_serializable, get_custom_objects,
     get_registered_name), its rank-generic depthwise base (`depthwise_base`),
-    `conv_bases`, and `layers`, the classes of LAYER_CLASSES made on its Keras
-    and registered (package "tfbigconv"). Subclasses add reading and rebuilding
+    `conv_bases`, `classes`, the classes of LAYER_CLASSES made on its Keras and
+    registered (package "tfbigconv"), and `layers`, what its layer module
+    exports (the classes by name, and `BaseDepthwiseConv`). Subclasses add reading and rebuilding
     its models (functional, calls, replay, input_like, structures, pack,
     clone_model)."""
 
@@ -105,7 +106,11 @@ class Flavour:
     def __init__(self, keras_module, saving, depthwise_base, conv_bases):
         self.keras, self.saving = keras_module, saving
         self.depthwise_base, self.conv_bases = depthwise_base, conv_bases
-        self.layers = types.SimpleNamespace(**{c.name: self._make(c) for c in LAYER_CLASSES})
+        self.classes = tuple(self._make(c) for c in LAYER_CLASSES)
+        # What its layer module exports: the classes, and the depthwise base by the
+        # name that module gives it.
+        self.layers = types.SimpleNamespace(**{c.__name__: c for c in self.classes},
+                                            BaseDepthwiseConv=depthwise_base)
 
     def _make(self, layer_class):
         base = (self.depthwise_base if layer_class.keras_layer is None
@@ -122,7 +127,7 @@ class Flavour:
         """Puts the layers in the flavour's registry again where they are missing
         (e.g. after it was cleared); returns their registered names."""
         custom_objects, names = self.saving.get_custom_objects(), []
-        for cls in vars(self.layers).values():
+        for cls in self.classes:
             name = self.saving.get_registered_name(cls)
             if custom_objects.get(name) is not cls:
                 custom_objects[name] = cls

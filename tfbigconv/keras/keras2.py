@@ -42,3 +42,6 @@ BigDepthwiseConv2D = KERAS2.layers.BigDepthwiseConv2D
 BigDepthwiseConv3D = KERAS2.layers.BigDepthwiseConv3D
 FusedLinearConv = KERAS2.layers.FusedLinearConv
 FusedBiasMap = KERAS2.layers.FusedBiasMap
+# The flavour's rank-generic depthwise base (BigDepthwiseConv3D's), which Keras does
+# not export.
+BaseDepthwiseConv = KERAS2.layers.BaseDepthwiseConv

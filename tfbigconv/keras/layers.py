@@ -45,3 +45,6 @@ BigDepthwiseConv2D = KERAS3.layers.BigDepthwiseConv2D
 BigDepthwiseConv3D = KERAS3.layers.BigDepthwiseConv3D
 FusedLinearConv = KERAS3.layers.FusedLinearConv
 FusedBiasMap = KERAS3.layers.FusedBiasMap
+# The flavour's rank-generic depthwise base (BigDepthwiseConv3D's), which Keras does
+# not export.
+BaseDepthwiseConv = KERAS3.layers.BaseDepthwiseConv
