@@ -96,9 +96,9 @@ class Flavour:
     get_registered_name), its rank-generic depthwise base (`depthwise_base`),
     `conv_bases`, `classes`, the classes of LAYER_CLASSES made on its Keras and
     registered (package "tfbigconv"), and `layers`, what its layer module
-    exports (the classes by name, and `BaseDepthwiseConv`). Subclasses add reading and rebuilding
-    its models (functional, calls, replay, input_like, structures, pack,
-    clone_model)."""
+    exports (the classes by name, and `BaseDepthwiseConv`). Subclasses add
+    reading and rebuilding its models (functional, calls, replay, input_like,
+    structures, pack, clone_model)."""
 
     name = package = module = depthwise_kernel = None
     declares_jit = False
