@@ -1,10 +1,11 @@
-"""The package's imports run one way: no cycle among tfbigconv's modules (imports
-inside functions included), no loop between its subpackages, and no module uses
-another's private names. Read from the source with ast; nothing is imported."""
+"""The package's imports run one way: every import, at module level or inside a
+function, goes to the module's own layer or one below (LAYERS, docs/ARCHITECTURE.md
+2.1); no cycle among tfbigconv's modules (imports inside functions included); no
+loop between its subpackages; no import of the package inside a function but the
+compiled modules'; and no module uses another's private names. Read from the
+source with ast; nothing is imported."""
 import ast
 import os
-
-import pytest
 
 import tfbigconv
 
@@ -48,6 +49,14 @@ def imports(name, path, known):
                 elif base in known:
                     out.append((base, [a.name], node.lineno))
     return out
+
+
+def in_functions(path):
+    """The lines of the import statements inside function bodies (nested ones too)."""
+    tree = ast.parse(open(path).read(), path)
+    return {node.lineno for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            for node in ast.walk(f) if isinstance(node, (ast.Import, ast.ImportFrom))}
 
 
 def import_graph(root=ROOT):
@@ -101,6 +110,89 @@ def package_loop(graph):
     loop = find_cycle({u: {b for a, b in why if a == u} for u in {unit(m) for m in graph}})
     return loop and " -> ".join(loop) + " (" + "; ".join(
         why[a, b] for a, b in zip(loop, loop[1:])) + ")"
+
+
+# The package's layers, lowest first (docs/ARCHITECTURE.md, 2.1): each module's layer
+# is that of the longest name here that it is or lies under.
+LAYERS = (
+    ("compiled", ("tfbigconv._core", "tfbigconv._bigconv_ops", "tfbigconv._build_info")),
+    ("foundation", ("tfbigconv.version", "tfbigconv.errors", "tfbigconv.host",
+                    "tfbigconv.arguments", "tfbigconv.capabilities", "tfbigconv._native",
+                    "tfbigconv._missing", "tfbigconv.large_kernels")),
+    ("TF's kernels", ("tfbigconv.kernels", "tfbigconv.pure_tf")),
+    ("cost model", ("tfbigconv.cost_model",)),
+    ("planning", ("tfbigconv.planning",)),
+    ("ops", ("tfbigconv.ops",)),
+    ("features", ("tfbigconv.keras", "tfbigconv.fusion", "tfbigconv.memory",
+                  "tfbigconv.routing")),
+    ("entry points", ("tfbigconv.cli", "tfbigconv.__main__", "tfbigconv")),
+)
+
+# The compiled modules may be missing (a source tree, an export without the library):
+# pure_tf/, imported before tfbigconv/__init__.py puts stand-ins in their place,
+# imports _core where it calls it. Only these may be imported inside a function.
+COMPILED = ("tfbigconv._core", "tfbigconv._native")
+
+
+def layer_of(module):
+    """(index in LAYERS, name) of `module`'s layer, or None if LAYERS has none."""
+    found = [(len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+             if module == prefix or module.startswith(prefix + ".")]
+    return found and (max(found)[1], LAYERS[max(found)[1]][0]) or None
+
+
+def upward_imports(graph):
+    """["m:line (layer) imports dep (higher layer)"] for each import in
+    {module: {(imported module, line)}} that runs up the layers."""
+    return [f"{m}:{line} ({layer_of(m)[1]}) imports {dep} ({layer_of(dep)[1]})"
+            for m, deps in sorted(graph.items()) for dep, line in sorted(deps)
+            if layer_of(dep)[0] > layer_of(m)[0]]
+
+
+def test_every_module_has_a_layer():
+    missing = [m for m in modules() if layer_of(m) is None]
+    assert not missing, f"modules in no layer of LAYERS: {missing}"
+
+
+def test_imports_run_down_the_layers():
+    """Module level and inside functions alike."""
+    graph = import_graph()
+    assert not upward_imports(graph)
+    assert len(graph) > 20  # the walk saw the package
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"tfbigconv.kernels": {("tfbigconv.planning.planner", 12)},
+             "tfbigconv.planning.planner": {("tfbigconv.kernels", 3)}}
+    assert upward_imports(graph) == ["tfbigconv.kernels:12 (TF's kernels) imports "
+                                     "tfbigconv.planning.planner (planning)"]
+
+
+def imports_in_functions(known):
+    """["m:line imports dep"] for each import of the package inside a function of a
+    module of `known` ({dotted name: path}), but of the compiled modules."""
+    return [f"{m}:{line} imports {dep}" for m, path in sorted(known.items()) if path
+            for dep, _, line in imports(m, path, known)
+            if line in in_functions(path) and dep not in COMPILED]
+
+
+def test_no_package_imports_inside_functions():
+    """An import inside a function hides a dependency, or works around a cycle: the
+    package's imports are at module level, but for the compiled modules (COMPILED)."""
+    hidden = imports_in_functions(modules())
+    assert not hidden, hidden
+
+
+def test_the_function_check_finds_an_import_in_a_function(tmp_path):
+    (tmp_path / "a.py").write_text("from tfbigconv import _core, b\n\n\n"
+                                   "class A:\n    def f(self):\n"
+                                   "        g = lambda: __import__('os')\n"
+                                   "        from tfbigconv import _native, b\n"
+                                   "        import tfbigconv.b\n        return g\n")
+    known = {"tfbigconv.a": str(tmp_path / "a.py"), "tfbigconv.b": None,
+             "tfbigconv._core": None, "tfbigconv._native": None}
+    assert imports_in_functions(known) == ["tfbigconv.a:7 imports tfbigconv.b",
+                                           "tfbigconv.a:8 imports tfbigconv.b"]
 
 
 def test_no_import_cycle():

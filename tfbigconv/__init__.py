@@ -56,6 +56,7 @@ from tfbigconv.planning.explain import explain  # noqa: E402
 from tfbigconv.pure_tf import portable  # noqa: E402
 
 from tfbigconv import keras  # registers the Keras layers (needs Keras 3, a TensorFlow dependency)
+from tfbigconv.keras import flavours as _flavours
 from tfbigconv.keras.convert import convert_model
 from tfbigconv.memory import MemoryReport, explain_oom, memory_report
 from tfbigconv import fusion as fuse
@@ -86,8 +87,9 @@ def register_all():
     Keras layers (`tfbigconv>BigConv1D`, ..., `tfbigconv>BigDepthwiseConv3D`,
     and fuse_linear's `tfbigconv>FusedLinearConv` and `tfbigconv>FusedBiasMap`)
     for `keras.models.load_model`, and, once tf_keras is in use
-    (`tfbigconv.keras.keras2` imported, as under TF_USE_LEGACY_KERAS=1), the
-    same names for `tf_keras.models.load_model`. Importing tfbigconv already
+    (`tfbigconv.keras.keras2` imported, as under TF_USE_LEGACY_KERAS=1, or a
+    tf_keras model given to tfbigconv), the same names for
+    `tf_keras.models.load_model`. Importing tfbigconv already
     does all this (and fails with ImportError, saying what to rebuild, when the
     ops were built against another TensorFlow); the call makes a serving
     script's dependency explicit, keeps linters from removing the import, and
@@ -95,20 +97,5 @@ def register_all():
 
     Returns the registered Keras names, e.g. ["tfbigconv>BigConv2D", ...].
     """
-    import keras as keras_lib
-    from tfbigconv import keras as package
-    from tfbigconv.keras import layers
-
-    registries = [(keras_lib.saving, layers)]
-    keras2 = _sys.modules.get("tfbigconv.keras.keras2")
-    if keras2 is not None:
-        registries.append((_sys.modules["tf_keras"].utils, keras2))
-    names = []
-    for saving, module in registries:
-        custom_objects = saving.get_custom_objects()
-        for cls in (getattr(module, name) for name in package.__all__):
-            name = saving.get_registered_name(cls)
-            if custom_objects.get(name) is not cls:  # e.g. after the registry was cleared
-                custom_objects[name] = cls
-            names.append(name)
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(name for flavour in _flavours.made()
+                              for name in flavour.register()))

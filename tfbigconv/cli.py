@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import tfbigconv
 from tfbigconv.cost_model import calibrate, gpu_fit, profiles
+from tfbigconv.memory.plot import image_format
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -105,7 +106,6 @@ def main(argv=None):
                 return 2
             if args.plot is not None:
                 try:
-                    from tfbigconv.memory.plot import image_format
                     image_format(args.plot)  # before the report, not after
                 except ValueError as e:
                     print(f"error: --plot: {e}", file=sys.stderr)

@@ -93,6 +93,49 @@ def test_config_is_the_flavours_plus_ours(flavour, case):
     assert [w.name for w in big.weights] == [w.name for w in ref.weights]
 
 
+# Each case's arguments by position, in its Keras class's order (DepthwiseConv2D's for
+# the 3-D depthwise layer), and the same by name.
+POSITIONAL = {
+    "conv2d": ((3, 15, (1, 2), "same"),
+               dict(filters=3, kernel_size=15, strides=(1, 2), padding="same")),
+    "depthwise2d": (((15, 13), 1, "valid", 2),
+                    dict(kernel_size=(15, 13), strides=1, padding="valid", depth_multiplier=2)),
+    "conv1d": ((4, 31, 2, "causal"), dict(filters=4, kernel_size=31, strides=2, padding="causal")),
+    "depthwise1d": ((25, 1, "causal", 2),
+                    dict(kernel_size=25, strides=1, padding="causal", depth_multiplier=2)),
+    "conv3d": ((2, (7, 5, 9), 1, "same"),
+               dict(filters=2, kernel_size=(7, 5, 9), strides=1, padding="same")),
+    "depthwise3d": (((7, 5, 9), 2, "same", 2),
+                    dict(kernel_size=(7, 5, 9), strides=2, padding="same", depth_multiplier=2)),
+}
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("case", CASES)
+def test_positions_and_defaults_are_the_flavours(flavour, case, data_format):
+    """The Big constructor passes every argument but algorithm and workspace_limit
+    to the flavour's class: positions mean what they mean there, and the defaults are
+    its own (tf_keras' Conv1D is channels_last whatever image_data_format says)."""
+    big_cls, ref_cls = classes(flavour, case)
+    args, kwargs = POSITIONAL[case]
+    backend = flavour.keras.backend
+    before = backend.image_data_format()
+    backend.set_image_data_format(data_format)
+    try:
+        big = big_cls(*args, name="l", workspace_limit=7)
+        config = big.get_config()
+        assert (config.pop("algorithm"), config.pop("workspace_limit")) == ("auto", 7)
+        by_name = big_cls(name="l", **kwargs).get_config()
+        assert config == {k: v for k, v in by_name.items()
+                          if k not in ("algorithm", "workspace_limit")}
+        if ref_cls is not None and (case == "conv1d" or "causal" not in args):
+            assert config == ref_cls(*args, name="l").get_config()
+        if case == "depthwise1d":
+            assert big.padding == "causal"
+    finally:
+        backend.set_image_data_format(before)
+
+
 def test_bad_arguments_name_the_argument(flavour):
     with pytest.raises(ValueError, match="algorithm"):
         flavour.big.BigConv2D(2, 3, algorithm="nope")

@@ -168,14 +168,17 @@ def test_depthwise_matches_tf_nn_depthwise_conv2d(flavour):
 @pytest.mark.parametrize("name", ["Conv2D", "DepthwiseConv2D", "Conv1D", "DepthwiseConv1D",
                                   "Conv3D"])
 def test_same_arguments_and_defaults_as_keras(flavour, name):
-    big = inspect.signature(getattr(flavour.big, "Big" + name).__init__).parameters
+    """The signature help() and inspect show: the flavour's class's (its constructor
+    takes *args: test_keras_flavours.py checks that they mean the same), plus two
+    keyword-only arguments."""
+    big = inspect.signature(getattr(flavour.big, "Big" + name)).parameters
     ref = inspect.signature(getattr(flavour.layers, name).__init__).parameters
     extra = {"algorithm": "auto", "workspace_limit": 0}
-    assert [p for p in big if p not in extra] == list(ref)
-    for name, p in ref.items():
-        assert big[name].default == p.default, name
+    assert [p for p in big if p not in extra] == list(ref)[1:]  # without self
+    for name, p in list(ref.items())[1:]:
+        assert big[name].default == p.default and big[name].kind == p.kind, name
     for name, default in extra.items():
-        assert big[name].default == default
+        assert big[name].default == default and big[name].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def test_config_round_trip(flavour):

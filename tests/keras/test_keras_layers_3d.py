@@ -72,9 +72,14 @@ def test_depthwise_conv3d_against_the_reference(data_format):
 
 
 def test_depthwise_conv3d_takes_depthwise_conv2d_arguments_in_3d():
-    ours = inspect.signature(BigDepthwiseConv3D.__init__).parameters
+    """In DepthwiseConv2D's order, with defaults for 3-D (strides 1, not (1, 1))."""
+    ours = inspect.signature(BigDepthwiseConv3D).parameters
     theirs = inspect.signature(keras.layers.DepthwiseConv2D.__init__).parameters
-    assert [p for p in ours if p not in ("algorithm", "workspace_limit")] == list(theirs)
+    assert [p for p in ours if p not in ("algorithm", "workspace_limit")] == list(theirs)[1:]
+    assert ours["strides"].default == ours["dilation_rate"].default == 1
+    layer = BigDepthwiseConv3D(3, 2, "same", 2)
+    assert (layer.strides, layer.padding, layer.depth_multiplier) == ((2, 2, 2), "same", 2)
+    assert BigDepthwiseConv3D(3).dilation_rate == (1, 1, 1)
 
 
 def test_depthwise_21_trains_saves_and_loads(tmp_path):

@@ -28,7 +28,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfbigconv import _core, host
-from tfbigconv.cost_model import profiles
+from tfbigconv.cost_model import calibrate, profiles
 
 ATTRS = dict(strides=[1, 1, 1, 1], explicit_paddings=[], data_format="NHWC",
              dilations=[1, 1, 1, 1], padding="SAME")
@@ -284,7 +284,6 @@ def _estimate(group, x, w, dtype, terms=False):
 def _call(group, pass_, x_shape, w_shape, dtype):
     """A callable running one probe's pass on random operands: calibrate's,
     run eagerly (tracing each would take a fifth of the probe's time)."""
-    from tfbigconv.cost_model import calibrate  # it loads the op library
     if group.startswith("direct") or group == "fft":  # float32 only, as calibrate times them
         return calibrate.kernel_fn("fft" if group == "fft" else "direct", pass_, x_shape,
                                    w_shape, ATTRS["padding"], graph=False)

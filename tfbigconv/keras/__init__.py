@@ -2,8 +2,9 @@
 BigDepthwiseConv2D, BigDepthwiseConv3D and fuse_linear's FusedLinearConv and
 FusedBiasMap, for Keras 3 (layers.py; their logic: base.py and fused.py), all
 registered under the package name "tfbigconv"; the same layers for Keras 2
-(tf_keras) in keras2.py; convert_model (convert.py) and fuse_linear
-(fuse_model.py), which take models of either flavour (flavours.py).
+(tf_keras) in keras2.py (each flavour's classes made by its Flavour, flavours.py,
+from one table); convert_model (convert.py) and fuse_linear (fuse_model.py),
+which take models of either flavour.
 
 `tfbigconv.keras` gives the layers of the Keras that `tf.keras` is, as `tf.keras`
 does: Keras 3's (`tfbigconv.keras.layers`), or, under TF_USE_LEGACY_KERAS=1 (read

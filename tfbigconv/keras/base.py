@@ -1,11 +1,15 @@
 """The Big layers' logic, written once for both Keras flavours.
 
-Keras 3 (`tfbigconv.keras.layers`) and Keras 2, i.e. tf_keras
-(`tfbigconv.keras.keras2`), each define six thin classes: one of the `*Logic`
-classes here plus that flavour's base layer (Conv2D, DepthwiseConv2D, ...), and a
-`Flavour` with the few things that differ between the two. This module imports
-neither Keras, so the Keras 2 classes do not need Keras 3 and vice versa.
+Each flavour's thin classes (`tfbigconv.keras.flavours.LAYER_CLASSES`: one of the
+`*Logic` classes here on that flavour's Keras layer, Conv2D, DepthwiseConv2D, ...)
+are made by its `Flavour`, which the classes hold as `_flavour`. The logic adds
+`algorithm` and `workspace_limit` to the Keras constructor and passes everything
+else through, so each flavour's own signature and defaults hold; each class's
+`__signature__` (what help() and inspect show) is that signature plus the two.
+This module imports neither Keras, so the Keras 2 classes do not need Keras 3 and
+vice versa.
 """
+import inspect
 import numbers
 
 import tensorflow as tf
@@ -48,36 +52,51 @@ def check_options(algorithm, workspace_limit):
     return algorithm, int(workspace_limit)
 
 
-class Flavour:
-    """What the layers need from one Keras flavour.
-
-      check_backend: called by each layer's constructor; raises if the flavour
-        cannot run TensorFlow ops.
-      depthwise_kernel: the name of the depthwise layers' kernel attribute
-        ("kernel" in Keras 3, "depthwise_kernel" in tf_keras).
-      declares_jit: whether the flavour reads the layers' `supports_jit`
-        (Keras 3 does; tf_keras has no such flag).
-      package: the flavour's Python package ("keras" or "tf_keras").
-    """
-
-    def __init__(self, check_backend, depthwise_kernel, declares_jit, package):
-        self.check_backend = check_backend
-        self.depthwise_kernel = depthwise_kernel
-        self.declares_jit = declares_jit
-        self.package = package
+def _arguments_of(init):
+    """The signature of constructor `init` without its self."""
+    signature = inspect.signature(init)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
-# Each flavour's package -> (its name, the module of its Big layers), for the
-# message when a layer of one flavour is called on the other's symbolic tensors.
-_FLAVOUR_LAYERS = {"keras": ("Keras 3", "tfbigconv.keras.layers"),
-                   "tf_keras": ("Keras 2 (tf_keras)", "tfbigconv.keras.keras2")}
+def _by_name(bound):
+    """The arguments of `bound` as {name: value}, its **kwargs merged in."""
+    given = dict(bound.arguments)
+    for name, p in bound.signature.parameters.items():
+        if p.kind is p.VAR_KEYWORD:
+            given.update(given.pop(name, {}))
+    return given
 
 
 class _BigConvMixin:
-    """What every Big layer adds to its Keras base class; `_flavour` is set by the
-    flavour's thin class."""
+    """What every Big layer adds to its Keras base class; `_flavour` (a
+    `tfbigconv.keras.flavours.Flavour`) is set by the flavour's thin class."""
 
     _flavour = None
+    _keras_signature = None  # _keras_arguments(), set on a flavour's class
+
+    def __init__(self, *args, algorithm="auto", workspace_limit=0, **kwargs):
+        # The rest is the Keras class's own: its positions, names and defaults.
+        super().__init__(*args, **kwargs)
+        self._init_big(algorithm, workspace_limit)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls._flavour is not None:  # a flavour's class: its signature, for help() and inspect
+            # Read once, from the classes as they are now (a test harness may patch
+            # keras.layers later).
+            cls._keras_signature = cls._keras_arguments()
+            theirs = list(cls._keras_signature.parameters.values())
+            ours = [p for p in _arguments_of(_BigConvMixin.__init__).parameters.values()
+                    if p.kind is p.KEYWORD_ONLY]
+            cls.__signature__ = inspect.Signature(
+                [p for p in theirs if p.kind is not p.VAR_KEYWORD] + ours
+                + [p for p in theirs if p.kind is p.VAR_KEYWORD])
+
+    @classmethod
+    def _keras_arguments(cls):
+        """The Keras arguments the constructor takes: its Keras base class's."""
+        keras_base = next(c for c in cls.__mro__[1:] if not issubclass(c, _BigConvMixin))
+        return _arguments_of(keras_base.__init__)
 
     def _init_big(self, algorithm, workspace_limit):
         self._flavour.check_backend()
@@ -96,18 +115,9 @@ class _BigConvMixin:
         return layer
 
     def __call__(self, *args, **kwargs):
-        # A Keras 3 layer in a tf_keras model (or the reverse) fails deep in Keras with
-        # a message that does not say why; say which import gives the right layer.
         inputs = args[0] if args else kwargs.get("inputs")
-        package = type(tf.nest.flatten(inputs)[0]).__module__.split(".")[0] if inputs is not None \
-            else None
-        if package in _FLAVOUR_LAYERS and package != self._flavour.package:
-            ours, theirs = _FLAVOUR_LAYERS[self._flavour.package], _FLAVOUR_LAYERS[package]
-            raise TypeError(
-                f"{type(self).__name__} of {ours[1]} is a {ours[0]} layer, called on a "
-                f"{theirs[0]} tensor; for {theirs[0]} models use "
-                f"`from {theirs[1]} import {type(self).__name__}` (`tfbigconv.keras` gives "
-                f"the layers of the Keras that `tf.keras` is)")
+        if inputs is not None:
+            self._flavour.check_tensor(type(self).__name__, tf.nest.flatten(inputs)[0])
         return super().__call__(*args, **kwargs)
 
     def _bigconv(self, inputs, kernel):
@@ -163,9 +173,9 @@ class _DepthwiseLogic(_BigConvMixin):
 class BigConv2DLogic(_ConvLogic):
     """`keras.layers.Conv2D` computed by `tfbigconv.bigconv2d`.
 
-    Same arguments, defaults, weights and outputs as `keras.layers.Conv2D`
-    (filters, kernel_size, strides, padding, data_format, dilation_rate, groups,
-    activation, use_bias, the initializers, regularizers and constraints), plus:
+    Same arguments (positional and keyword), defaults, weights and outputs as
+    the flavour's `Conv2D` (Keras 3's `keras.layers.Conv2D` or tf_keras'), which
+    the constructor passes them to, plus two keyword-only arguments:
 
       algorithm: "auto" (default) or another entry of `tfbigconv.ALGORITHMS`.
       workspace_limit: workspace budget in bytes for the FFT; 0 (default) means
@@ -174,21 +184,6 @@ class BigConv2DLogic(_ConvLogic):
     Unlike Keras' TensorFlow backend, grouped convolution and "channels_first"
     run on CPU without XLA.
     """
-
-    def __init__(self, filters, kernel_size, strides=(1, 1), padding="valid", data_format=None,
-                 dilation_rate=(1, 1), groups=1, activation=None, use_bias=True,
-                 kernel_initializer="glorot_uniform", bias_initializer="zeros",
-                 kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
-                 kernel_constraint=None, bias_constraint=None, algorithm="auto",
-                 workspace_limit=0, **kwargs):
-        super().__init__(
-            filters=filters, kernel_size=kernel_size, strides=strides, padding=padding,
-            data_format=data_format, dilation_rate=dilation_rate, groups=groups,
-            activation=activation, use_bias=use_bias, kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer, kernel_regularizer=kernel_regularizer,
-            bias_regularizer=bias_regularizer, activity_regularizer=activity_regularizer,
-            kernel_constraint=kernel_constraint, bias_constraint=bias_constraint, **kwargs)
-        self._init_big(algorithm, workspace_limit)
 
 
 class BigDepthwiseConv2DLogic(_DepthwiseLogic):
@@ -207,22 +202,6 @@ class BigDepthwiseConv2DLogic(_DepthwiseLogic):
     order.
     """
 
-    def __init__(self, kernel_size, strides=(1, 1), padding="valid", depth_multiplier=1,
-                 data_format=None, dilation_rate=(1, 1), activation=None, use_bias=True,
-                 depthwise_initializer="glorot_uniform", bias_initializer="zeros",
-                 depthwise_regularizer=None, bias_regularizer=None, activity_regularizer=None,
-                 depthwise_constraint=None, bias_constraint=None, algorithm="auto",
-                 workspace_limit=0, **kwargs):
-        super().__init__(
-            kernel_size=kernel_size, strides=strides, padding=padding,
-            depth_multiplier=depth_multiplier, data_format=data_format,
-            dilation_rate=dilation_rate, activation=activation, use_bias=use_bias,
-            depthwise_initializer=depthwise_initializer, bias_initializer=bias_initializer,
-            depthwise_regularizer=depthwise_regularizer, bias_regularizer=bias_regularizer,
-            activity_regularizer=activity_regularizer, depthwise_constraint=depthwise_constraint,
-            bias_constraint=bias_constraint, **kwargs)
-        self._init_big(algorithm, workspace_limit)
-
 
 class BigConv1DLogic(_ConvLogic):
     """`keras.layers.Conv1D` computed by `tfbigconv.bigconv1d`.
@@ -235,21 +214,6 @@ class BigConv1DLogic(_ConvLogic):
     models) run as 1-D FFTs.
     """
 
-    def __init__(self, filters, kernel_size, strides=1, padding="valid", data_format=None,
-                 dilation_rate=1, groups=1, activation=None, use_bias=True,
-                 kernel_initializer="glorot_uniform", bias_initializer="zeros",
-                 kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
-                 kernel_constraint=None, bias_constraint=None, algorithm="auto",
-                 workspace_limit=0, **kwargs):
-        super().__init__(
-            filters=filters, kernel_size=kernel_size, strides=strides, padding=padding,
-            data_format=data_format, dilation_rate=dilation_rate, groups=groups,
-            activation=activation, use_bias=use_bias, kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer, kernel_regularizer=kernel_regularizer,
-            bias_regularizer=bias_regularizer, activity_regularizer=activity_regularizer,
-            kernel_constraint=kernel_constraint, bias_constraint=bias_constraint, **kwargs)
-        self._init_big(algorithm, workspace_limit)
-
 
 class BigDepthwiseConv1DLogic(_DepthwiseLogic):
     """`keras.layers.DepthwiseConv1D` computed by `tfbigconv.bigconv1d`.
@@ -261,24 +225,16 @@ class BigDepthwiseConv1DLogic(_DepthwiseLogic):
     shape [k, channels, depth_multiplier].
     """
 
-    def __init__(self, kernel_size, strides=1, padding="valid", depth_multiplier=1,
-                 data_format=None, dilation_rate=1, activation=None, use_bias=True,
-                 depthwise_initializer="glorot_uniform", bias_initializer="zeros",
-                 depthwise_regularizer=None, bias_regularizer=None, activity_regularizer=None,
-                 depthwise_constraint=None, bias_constraint=None, algorithm="auto",
-                 workspace_limit=0, **kwargs):
+    def __init__(self, *args, **kwargs):
+        # Keras refuses "causal" here; both Kerases' output-shape rules read it as "same".
+        bound = self._keras_signature.bind(*args, **kwargs)
+        padding = bound.arguments.get("padding")
         causal = isinstance(padding, str) and padding.lower() == "causal"
-        super().__init__(
-            kernel_size=kernel_size, strides=strides, padding="valid" if causal else padding,
-            depth_multiplier=depth_multiplier, data_format=data_format,
-            dilation_rate=dilation_rate, activation=activation, use_bias=use_bias,
-            depthwise_initializer=depthwise_initializer, bias_initializer=bias_initializer,
-            depthwise_regularizer=depthwise_regularizer, bias_regularizer=bias_regularizer,
-            activity_regularizer=activity_regularizer, depthwise_constraint=depthwise_constraint,
-            bias_constraint=bias_constraint, **kwargs)
-        if causal:  # both Kerases' output-shape rules read "causal" as "same"
+        if causal:
+            bound.arguments["padding"] = "valid"
+        super().__init__(*bound.args, **bound.kwargs)
+        if causal:
             self.padding = "causal"
-        self._init_big(algorithm, workspace_limit)
 
 
 class BigConv3DLogic(_ConvLogic):
@@ -289,21 +245,6 @@ class BigConv3DLogic(_ConvLogic):
     (`groups`), which TensorFlow's CPU Conv3D refuses, runs.
     """
 
-    def __init__(self, filters, kernel_size, strides=(1, 1, 1), padding="valid",
-                 data_format=None, dilation_rate=(1, 1, 1), groups=1, activation=None,
-                 use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
-                 kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
-                 kernel_constraint=None, bias_constraint=None, algorithm="auto",
-                 workspace_limit=0, **kwargs):
-        super().__init__(
-            filters=filters, kernel_size=kernel_size, strides=strides, padding=padding,
-            data_format=data_format, dilation_rate=dilation_rate, groups=groups,
-            activation=activation, use_bias=use_bias, kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer, kernel_regularizer=kernel_regularizer,
-            bias_regularizer=bias_regularizer, activity_regularizer=activity_regularizer,
-            kernel_constraint=kernel_constraint, bias_constraint=bias_constraint, **kwargs)
-        self._init_big(algorithm, workspace_limit)
-
 
 class BigDepthwiseConv3DLogic(_DepthwiseLogic):
     """Depthwise 3-D convolution, which Keras lacks, computed by `tfbigconv.bigconv3d`.
@@ -313,22 +254,23 @@ class BigDepthwiseConv3DLogic(_DepthwiseLogic):
     dilation_rate, activation, use_bias, the depthwise initializer, regularizer and
     constraint, the bias's, plus `algorithm` and `workspace_limit` as in
     `BigConv2D`. Its kernel is [kd, kh, kw, channels, depth_multiplier], its
-    output channel c * depth_multiplier + m, as DepthwiseConv2D's. Its base class
-    is the flavour's rank-generic depthwise base, built with rank 3.
+    output channel c * depth_multiplier + m, as DepthwiseConv2D's. Positional
+    arguments mean what they mean in the flavour's DepthwiseConv2D. Its base
+    class is the flavour's rank-generic depthwise base, built with rank 3.
     """
 
-    def __init__(self, kernel_size, strides=(1, 1, 1), padding="valid", depth_multiplier=1,
-                 data_format=None, dilation_rate=(1, 1, 1), activation=None, use_bias=True,
-                 depthwise_initializer="glorot_uniform", bias_initializer="zeros",
-                 depthwise_regularizer=None, bias_regularizer=None, activity_regularizer=None,
-                 depthwise_constraint=None, bias_constraint=None, algorithm="auto",
-                 workspace_limit=0, **kwargs):
-        super().__init__(
-            rank=3, kernel_size=kernel_size, strides=strides, padding=padding,
-            depth_multiplier=depth_multiplier, data_format=data_format,
-            dilation_rate=dilation_rate, activation=activation, use_bias=use_bias,
-            depthwise_initializer=depthwise_initializer, bias_initializer=bias_initializer,
-            depthwise_regularizer=depthwise_regularizer, bias_regularizer=bias_regularizer,
-            activity_regularizer=activity_regularizer, depthwise_constraint=depthwise_constraint,
-            bias_constraint=bias_constraint, **kwargs)
-        self._init_big(algorithm, workspace_limit)
+    @classmethod
+    def _keras_arguments(cls):
+        """DepthwiseConv2D's, in its order, with the rank-generic base's defaults where
+        it has them (strides=1: (1, 1, 1))."""
+        like = _arguments_of(cls._flavour.keras.layers.DepthwiseConv2D.__init__)
+        base = _arguments_of(cls._flavour.depthwise_base.__init__).parameters
+        return like.replace(parameters=[
+            p.replace(default=base[name].default)
+            if name in base and base[name].default is not p.empty else p
+            for name, p in like.parameters.items()])
+
+    def __init__(self, *args, **kwargs):
+        bound = self._keras_signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        super().__init__(rank=3, **_by_name(bound))

@@ -11,8 +11,7 @@ from tfbigconv.large_kernels import is_large, min_kernel_size as parse_min_kerne
 # Exact Keras classes -> their tfbigconv counterparts, by name in the model's
 # flavour. Subclasses of Conv2D are left alone (and reported): they may override
 # call() with something else.
-_REPLACEMENTS = {name: "Big" + name for name in
-                 ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D")}
+_REPLACEMENTS = {c.replaces: c.name for c in flavours.LAYER_CLASSES if c.replaces}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +87,7 @@ def _convert_in_place(model, flavour, min_size, algorithm, workspace_limit):
     least min_size; returns the ConversionReport."""
     replacements = {getattr(flavour.keras.layers, name): getattr(flavour.layers, big)
                     for name, big in _REPLACEMENTS.items()}
-    ours = tuple(getattr(flavour.layers, name) for name in flavour.layers.__all__
-                 if name.startswith("Big"))
+    ours = flavour.classes
     converted, not_converted = [], []
     for path, layer, custom in _sublayers(model, flavour):
         if not isinstance(layer, flavour.conv_bases) or isinstance(layer, ours):
@@ -119,7 +117,7 @@ def _convert_in_place(model, flavour, min_size, algorithm, workspace_limit):
 
 def _big_name(flavour, stock):
     """The import path of the Big layer for Keras class `stock`."""
-    return f"{flavour.layers.__name__}.{_REPLACEMENTS[stock.__name__]}"
+    return f"{flavour.module}.{_REPLACEMENTS[stock.__name__]}"
 
 
 def _copy(model, flavour):

@@ -1,29 +1,75 @@
-"""A model's Keras flavour, as convert_model and fuse_linear need it.
+"""A Keras flavour: Keras 3 (`keras`) or Keras 2 (`tf_keras`), one `Flavour` object each.
 
-Keras 3 (`keras`) and Keras 2 (`tf_keras`) have the same public layers under
-the same names, so the two functions are written once against `flavour.keras`
-(the Keras module) and `flavour.layers` (tfbigconv's layers for it:
-`tfbigconv.keras.layers` or `tfbigconv.keras.keras2`). What differs, and is
-here: how a functional model's graph of layer calls is read and replayed, the
-base classes of its convolution layers (`conv_bases`), how a model is cloned
-(tf_keras' clone_model does not recurse into nested models), and making an
-Input like another.
+The Big and fused layers, convert_model, fuse_linear and memory_report are written
+once against a flavour: `flavour.keras` (the Keras module), `flavour.layers`
+(tfbigconv's layers for it, made here from LAYER_CLASSES and importable from
+`flavour.module`), and what differs between the two: the layers' backend check,
+the depthwise kernel's name, whether Keras reads `supports_jit`, how a functional
+model's graph of layer calls is read and replayed, the base classes of its
+convolution layers (`conv_bases`), how a model is cloned (tf_keras' clone_model
+does not recurse into nested models), and making an Input like another.
 
 tf-keras stays optional: a tf_keras model means tf_keras is imported already, so
-`of` looks only in sys.modules, and `tfbigconv.keras.keras2` is imported when
-the first such model comes.
+`of` looks only in sys.modules; the Keras 2 flavour (its layers registered with
+tf_keras) is made by the first such model or by importing `tfbigconv.keras.keras2`.
 """
+import dataclasses
 import sys
+import threading
+import types
+from typing import Optional
 
 import keras
 import tensorflow as tf
+
 # Keras 3's convolution base classes: every convolution layer of the flavour is one.
 from keras.src.layers.convolutional.base_conv import BaseConv
 from keras.src.layers.convolutional.base_conv_transpose import BaseConvTranspose
 from keras.src.layers.convolutional.base_depthwise_conv import BaseDepthwiseConv
 from keras.src.layers.convolutional.base_separable_conv import BaseSeparableConv
 
-from tfbigconv.keras import layers as keras3_layers
+from tfbigconv.keras.base import (BigConv1DLogic, BigConv2DLogic, BigConv3DLogic,
+                                  BigDepthwiseConv1DLogic, BigDepthwiseConv2DLogic,
+                                  BigDepthwiseConv3DLogic)
+from tfbigconv.keras.fused import FusedBiasMapLogic, FusedLinearConvLogic
+
+if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - depends on the install
+    raise ImportError(
+        f"tfbigconv.keras needs Keras 3 (found keras {keras.__version__}); "
+        "for Keras 2 use tfbigconv.keras.keras2 (pip install tf-keras)")
+
+# The package name the layers are registered under ("tfbigconv>BigConv2D").
+PACKAGE = "tfbigconv"
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerClass:
+    """One of tfbigconv's Keras layers, made in each flavour as `name`(logic, base).
+
+      keras_layer: the flavour's Keras layer it subclasses, by its name in
+        `keras.layers` ("Conv2D"); None for the flavour's rank-generic depthwise
+        base (Keras has no DepthwiseConv3D).
+    """
+    name: str
+    logic: type
+    keras_layer: Optional[str]
+
+    @property
+    def replaces(self):
+        """The Keras layer convert_model turns into this one ("Conv2D"), or None."""
+        return self.keras_layer if self.name == f"Big{self.keras_layer}" else None
+
+
+LAYER_CLASSES = (
+    LayerClass("BigConv1D", BigConv1DLogic, "Conv1D"),
+    LayerClass("BigConv2D", BigConv2DLogic, "Conv2D"),
+    LayerClass("BigConv3D", BigConv3DLogic, "Conv3D"),
+    LayerClass("BigDepthwiseConv1D", BigDepthwiseConv1DLogic, "DepthwiseConv1D"),
+    LayerClass("BigDepthwiseConv2D", BigDepthwiseConv2DLogic, "DepthwiseConv2D"),
+    LayerClass("BigDepthwiseConv3D", BigDepthwiseConv3DLogic, None),
+    LayerClass("FusedLinearConv", FusedLinearConvLogic, "Layer"),
+    LayerClass("FusedBiasMap", FusedBiasMapLogic, "Layer"),
+)
 
 
 class Call:
@@ -34,13 +80,90 @@ class Call:
         self.layer, self.inputs, self.outputs, self.node = layer, inputs, outputs, node
 
 
-class Keras3:
-    name = "Keras 3"
+class Flavour:
+    """One Keras flavour. Class attributes (known without the flavour's Keras):
+
+      name: "Keras 3" or "Keras 2 (tf_keras)".
+      package: the flavour's Python package ("keras" or "tf_keras").
+      module: where its tfbigconv layers are imported from.
+      depthwise_kernel: the depthwise layers' kernel attribute ("kernel" in
+        Keras 3, "depthwise_kernel" in tf_keras).
+      declares_jit: whether the flavour reads the layers' `supports_jit` (Keras 3
+        does; tf_keras has no such flag).
+
+    An instance holds the flavour's Keras module (`keras`), its saving module
+    (`saving`: register_keras_serializable, get_custom_objects,
+    get_registered_name), its rank-generic depthwise base (`depthwise_base`),
+    `conv_bases`, `classes`, the classes of LAYER_CLASSES made on its Keras and
+    registered (package "tfbigconv"), and `layers`, what its layer module
+    exports (the classes by name, and `BaseDepthwiseConv`). Subclasses add
+    reading and rebuilding its models (functional, calls, replay, input_like,
+    structures, pack, clone_model)."""
+
+    name = package = module = depthwise_kernel = None
+    declares_jit = False
+
+    def __init__(self, keras_module, saving, depthwise_base, conv_bases):
+        self.keras, self.saving = keras_module, saving
+        self.depthwise_base, self.conv_bases = depthwise_base, conv_bases
+        self.classes = tuple(self._make(c) for c in LAYER_CLASSES)
+        # What its layer module exports: the classes, and the depthwise base by the
+        # name that module gives it.
+        self.layers = types.SimpleNamespace(**{c.__name__: c for c in self.classes},
+                                            BaseDepthwiseConv=depthwise_base)
+
+    def _make(self, layer_class):
+        base = (self.depthwise_base if layer_class.keras_layer is None
+                else getattr(self.keras.layers, layer_class.keras_layer))
+
+        def body(namespace):
+            namespace.update(__module__=self.module, __qualname__=layer_class.name,
+                             __doc__=layer_class.logic.__doc__, _flavour=self)
+
+        cls = types.new_class(layer_class.name, (layer_class.logic, base), exec_body=body)
+        return self.saving.register_keras_serializable(package=PACKAGE)(cls)
+
+    def register(self):
+        """Puts the layers in the flavour's registry again where they are missing
+        (e.g. after it was cleared); returns their registered names."""
+        custom_objects, names = self.saving.get_custom_objects(), []
+        for cls in self.classes:
+            name = self.saving.get_registered_name(cls)
+            if custom_objects.get(name) is not cls:
+                custom_objects[name] = cls
+            names.append(name)
+        return names
+
+    def check_backend(self):
+        """Raises where the flavour cannot run TensorFlow ops."""
+
+    def check_tensor(self, layer_name, tensor):
+        """A layer of this flavour called on the other flavour's tensor fails deep in
+        Keras with a message that does not say why: a TypeError naming the import
+        that gives the right layer."""
+        package = type(tensor).__module__.split(".")[0]
+        theirs = next((f for f in (Keras3, Keras2) if f.package == package), None)
+        if theirs is not None and theirs.package != self.package:
+            raise TypeError(
+                f"{layer_name} of {self.module} is a {self.name} layer, called on a "
+                f"{theirs.name} tensor; for {theirs.name} models use "
+                f"`from {theirs.module} import {layer_name}` (`tfbigconv.keras` gives "
+                f"the layers of the Keras that `tf.keras` is)")
+
+
+class Keras3(Flavour):
+    name, package, module = "Keras 3", "keras", "tfbigconv.keras.layers"
+    depthwise_kernel, declares_jit = "kernel", True
 
     def __init__(self):
-        self.keras, self.layers = keras, keras3_layers
-        self.depthwise_kernel = keras3_layers.KERAS3.depthwise_kernel
-        self.conv_bases = (BaseConv, BaseConvTranspose, BaseDepthwiseConv, BaseSeparableConv)
+        super().__init__(keras, keras.saving, BaseDepthwiseConv,
+                         (BaseConv, BaseConvTranspose, BaseDepthwiseConv, BaseSeparableConv))
+
+    def check_backend(self):
+        if keras.backend.backend() != "tensorflow":
+            raise ValueError(
+                "tfbigconv's Keras layers run TensorFlow ops and need the TensorFlow backend; "
+                f"the Keras backend is {keras.backend.backend()!r} (set KERAS_BACKEND=tensorflow)")
 
     def functional(self, model):
         """The functional model that runs `model`, or None (subclassed, unbuilt)."""
@@ -76,17 +199,15 @@ class Keras3:
         return keras.models.clone_model(model, clone_function=clone_function, recursive=True)
 
 
-class Keras2:
-    name = "Keras 2 (tf_keras)"
+class Keras2(Flavour):
+    name, package, module = "Keras 2 (tf_keras)", "tf_keras", "tfbigconv.keras.keras2"
+    depthwise_kernel, declares_jit = "depthwise_kernel", False
 
-    def __init__(self):
-        import tf_keras
+    def __init__(self, tf_keras):
         from tf_keras.src.layers.convolutional.base_conv import Conv
-
-        from tfbigconv.keras import keras2
-        self.keras, self.layers = tf_keras, keras2
-        self.depthwise_kernel = keras2.KERAS2.depthwise_kernel
-        self.conv_bases = (Conv,)  # tf_keras' depthwise, separable and transposed too
+        from tf_keras.src.layers.convolutional.base_depthwise_conv import DepthwiseConv
+        # Conv: tf_keras' depthwise, separable and transposed layers are Convs too.
+        super().__init__(tf_keras, tf_keras.utils, DepthwiseConv, (Conv,))
 
     def functional(self, model):
         # A Sequential with an input is itself a functional model in tf_keras.
@@ -124,7 +245,22 @@ class Keras2:
 
 
 KERAS3 = Keras3()
-_keras2 = []  # made when the first tf_keras model comes
+_keras2 = []  # the Keras 2 flavour, once made
+_keras2_lock = threading.Lock()  # made once: registering its layers twice would fail
+
+
+def tf_keras_flavour(tf_keras):
+    """The Keras 2 flavour on module `tf_keras`, made (its layers registered) at the
+    first call."""
+    with _keras2_lock:
+        if not _keras2:
+            _keras2.append(Keras2(tf_keras))
+    return _keras2[0]
+
+
+def made():
+    """The flavours made so far: Keras 3's, and Keras 2's once tf_keras is in use."""
+    return [KERAS3, *_keras2]
 
 
 def of(model):
@@ -133,8 +269,6 @@ def of(model):
         return KERAS3
     tf_keras = sys.modules.get("tf_keras")
     if tf_keras is not None and isinstance(model, tf_keras.Model):
-        if not _keras2:
-            _keras2.append(Keras2())
-        return _keras2[0]
+        return tf_keras_flavour(tf_keras)
     raise ValueError("Invalid value for argument `model`: expected a Keras model (Keras 3 or "
                      f"tf_keras), received {type(model).__name__}")

@@ -71,7 +71,7 @@ class FusedLinearConvLogic:
     Input and output are channels_last.
     """
 
-    _flavour = None  # set by the flavour's thin class (tfbigconv.keras.base.Flavour)
+    _flavour = None  # set by the flavour's thin class (a tfbigconv.keras.flavours.Flavour)
 
     def __init__(self, program, weight_shapes, input_size, channels, algorithm="auto",
                  workspace_limit=0, mode="auto", **kwargs):

@@ -24,85 +24,27 @@ stays float32 and the convolution runs in the compute dtype (the kernels
 accumulate half types in float32), like the Keras layers.
 
 Requires Keras 3 with the TensorFlow backend. The layers' logic is in
-`tfbigconv.keras.base`, shared with the Keras 2 (tf_keras) classes of
-`tfbigconv.keras.keras2`; this module adds Keras 3's base classes and `KERAS3`.
+`tfbigconv.keras.base` and `fused`, shared with the Keras 2 (tf_keras) classes of
+`tfbigconv.keras.keras2`; the classes are made on Keras 3's base classes by
+`tfbigconv.keras.flavours.KERAS3` (from `flavours.LAYER_CLASSES`), and are
+exported here.
 """
-import keras
-
-from tfbigconv.keras.base import (BigConv1DLogic, BigConv2DLogic, BigConv3DLogic,
-                                  BigDepthwiseConv1DLogic, BigDepthwiseConv2DLogic,
-                                  BigDepthwiseConv3DLogic, Flavour, check_options, declares_jit)
-from tfbigconv.keras.fused import FusedBiasMapLogic, FusedLinearConvLogic
-
-# Keras' base class of DepthwiseConv1D/2D, which takes the rank; Keras has no
-# DepthwiseConv3D to subclass.
-from keras.src.layers.convolutional.base_depthwise_conv import BaseDepthwiseConv
-
-if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - depends on the install
-    raise ImportError(
-        f"tfbigconv.keras needs Keras 3 (found keras {keras.__version__}); "
-        "for Keras 2 use tfbigconv.keras.keras2 (pip install tf-keras)")
+from tfbigconv.keras.base import check_options, declares_jit
+from tfbigconv.keras.flavours import KERAS3
 
 __all__ = ["BigConv1D", "BigConv2D", "BigConv3D", "BigDepthwiseConv1D", "BigDepthwiseConv2D",
            "BigDepthwiseConv3D", "FusedLinearConv", "FusedBiasMap", "check_backend",
            "check_options", "declares_jit"]
 
-
-def check_backend():
-    if keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            "tfbigconv's Keras layers run TensorFlow ops and need the TensorFlow backend; "
-            f"the Keras backend is {keras.backend.backend()!r} (set KERAS_BACKEND=tensorflow)")
-
-
-KERAS3 = Flavour(check_backend=check_backend, depthwise_kernel="kernel", declares_jit=True,
-                 package="keras")
-_register = keras.saving.register_keras_serializable(package="tfbigconv")
-
-
-@_register
-class BigConv2D(BigConv2DLogic, keras.layers.Conv2D):
-    __doc__ = BigConv2DLogic.__doc__
-    _flavour = KERAS3
-
-
-@_register
-class BigDepthwiseConv2D(BigDepthwiseConv2DLogic, keras.layers.DepthwiseConv2D):
-    __doc__ = BigDepthwiseConv2DLogic.__doc__
-    _flavour = KERAS3
-
-
-@_register
-class BigConv1D(BigConv1DLogic, keras.layers.Conv1D):
-    __doc__ = BigConv1DLogic.__doc__
-    _flavour = KERAS3
-
-
-@_register
-class BigDepthwiseConv1D(BigDepthwiseConv1DLogic, keras.layers.DepthwiseConv1D):
-    __doc__ = BigDepthwiseConv1DLogic.__doc__
-    _flavour = KERAS3
-
-
-@_register
-class BigConv3D(BigConv3DLogic, keras.layers.Conv3D):
-    __doc__ = BigConv3DLogic.__doc__
-    _flavour = KERAS3
-
-
-@_register
-class BigDepthwiseConv3D(BigDepthwiseConv3DLogic, BaseDepthwiseConv):
-    __doc__ = BigDepthwiseConv3DLogic.__doc__
-    _flavour = KERAS3
-
-
-@_register
-class FusedLinearConv(FusedLinearConvLogic, keras.layers.Layer):
-    __doc__ = FusedLinearConvLogic.__doc__
-    _flavour = KERAS3
-
-
-@_register
-class FusedBiasMap(FusedBiasMapLogic, keras.layers.Layer):
-    __doc__ = FusedBiasMapLogic.__doc__
-    _flavour = KERAS3
+check_backend = KERAS3.check_backend
+BigConv1D = KERAS3.layers.BigConv1D
+BigConv2D = KERAS3.layers.BigConv2D
+BigConv3D = KERAS3.layers.BigConv3D
+BigDepthwiseConv1D = KERAS3.layers.BigDepthwiseConv1D
+BigDepthwiseConv2D = KERAS3.layers.BigDepthwiseConv2D
+BigDepthwiseConv3D = KERAS3.layers.BigDepthwiseConv3D
+FusedLinearConv = KERAS3.layers.FusedLinearConv
+FusedBiasMap = KERAS3.layers.FusedBiasMap
+# The flavour's rank-generic depthwise base (BigDepthwiseConv3D's), which Keras does
+# not export.
+BaseDepthwiseConv = KERAS3.layers.BaseDepthwiseConv
