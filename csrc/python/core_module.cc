@@ -452,6 +452,10 @@ PYBIND11_MODULE(_core, m) {
         d["fft"] = EstimateDict(p.fft);
         d["chosen"] = std::string(AlgorithmRequestName(p.chosen));
         d["reason"] = p.reason;
+        // The CPU's FFT tiling, which the planner's precision rule reads (the GPU tiles at
+        // run time: None).
+        d["fft_plan"] = device == "CPU" && p.fft.fits ? py::object(PlanDict(p.fft_plan))
+                                                      : py::object(py::none());
         return d;
       },
       GEOMETRY_PY_ARGS,

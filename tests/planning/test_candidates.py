@@ -24,23 +24,6 @@ def test_output_shape_is_the_geometrys():
     assert candidates.output_shape((2, 3, 20, 31), (5, 4, 3, 7), nchw) == [2, 7, 20, 31]
 
 
-def test_ours_carries_the_planned_algorithm_for_auto_only():
-    auto = dict(ATTRS, algorithm="auto", workspace_limit_bytes=0)
-    assert candidates.ours(auto, "fft") == dict(auto, planned_algorithm="fft")
-    assert candidates.ours(auto, "direct")["planned_algorithm"] == "direct"
-    assert candidates.ours(auto, "auto") == auto  # unknown shapes: the op chooses at run time
-    forced = dict(auto, algorithm="direct")
-    assert candidates.ours(forced, "direct") == forced
-
-
-def test_ours_gives_the_ops_strings():
-    """The Algorithm enum stops at the op boundary: the attributes are plain strings."""
-    a = dict(ATTRS, algorithm=Algorithm.AUTO, workspace_limit_bytes=0)
-    got = candidates.ours(a, Algorithm.FFT)
-    assert got == dict(a, planned_algorithm="fft")
-    assert type(got["algorithm"]) is str and type(got["planned_algorithm"]) is str
-
-
 @pytest.mark.parametrize("chosen", ["tf", "direct", "fft"])
 def test_every_candidate_runs_every_pass(chosen):
     """run_pass (what autotune times) against the float64 reference."""

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
-from tfbigconv import _core, host, kernels
+from tfbigconv import _core, arguments, host, kernels
 from tfbigconv.planning import autotune, candidates, planner, tf_rules
 from conftest import (TOLERANCE, cpu_bigconv2d, grads_vs_reference, onednn_host, op_types, rand,
                       random_case, tape_types)
@@ -241,7 +241,8 @@ def _verdicts(x_shape, w_shape, dtype, data_format="NHWC"):
     a = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[],
              data_format=data_format, dilations=[1, 1, 1, 1])
     g = _core.conv_geometry(list(x_shape), list(w_shape), **a)
-    return [tf_rules.tf_kernel(p, g, a, dtype, "CPU")[1] for p in planner.PASSES]
+    return [tf_rules.tf_kernel(p, g, arguments.ConvSpec.of(a), dtype, "CPU")[1]
+            for p in planner.PASSES]
 
 
 def test_grouped_conv2d_is_trusted_from_8_channels_per_group_where_onednn_runs_it(onednn_tf):
