@@ -406,21 +406,20 @@ def exact_tf_kernels(monkeypatch, dtype, error=0.0, fail=False):
 
     attrs = None
 
-    def with_attrs(a):
+    def with_attrs(spec):
         nonlocal attrs
-        attrs = (a["strides"], a["padding"], a["explicit_paddings"], a["data_format"],
-                 a["dilations"])
+        attrs = spec.geometry_args()
 
-    def forward(x, w, a, depthwise=None):
-        with_attrs(a)
+    def forward(x, w, spec, depthwise=None):
+        with_attrs(spec)
         return pass_fn("forward", x, w, [])
 
-    def backprop_input(sizes, w, dy, a, in_depth, depthwise=None):
-        with_attrs(a)
+    def backprop_input(sizes, w, dy, spec, depthwise=None):
+        with_attrs(spec)
         return pass_fn("backprop_input", dy, w, tf.get_static_value(sizes).tolist())
 
-    def backprop_filter(x, f_shape, dy, a, depthwise=None):
-        with_attrs(a)
+    def backprop_filter(x, f_shape, dy, spec, depthwise=None):
+        with_attrs(spec)
         return pass_fn("backprop_filter", x, dy, list(f_shape))
 
     monkeypatch.setattr(kernels, "tf_forward", forward)

@@ -422,10 +422,11 @@ def _onednn_probe(kernel, dtype, explicit_padding, fmt):
         return rounded(rng.standard_normal(shape))
 
     x, w = exact(x_shape), exact(f_shape)
-    y_ref = _core.run_pass("direct", "forward", x, w, [], *core_args)
+    y_ref = _core.run_pass("direct", Pass.FORWARD, x, w, [], *core_args)
     dy = exact(y_ref.shape)
-    refs = [y_ref, _core.run_pass("direct", "backprop_input", dy, w, list(x_shape), *core_args),
-            _core.run_pass("direct", "backprop_filter", x, dy, list(f_shape), *core_args)]
+    refs = [y_ref,
+            _core.run_pass("direct", Pass.BACKPROP_INPUT, dy, w, list(x_shape), *core_args),
+            _core.run_pass("direct", Pass.BACKPROP_FILTER, x, dy, list(f_shape), *core_args)]
     try:
         with host.eager_scope(), tf.device("/CPU:0"):
             xt, wt, dyt = (tf.constant(v, tf_dtype) for v in (x, w, dy))
