@@ -41,6 +41,28 @@ def test_every_candidate_runs_every_pass(chosen):
             assert rel_l2(got.numpy(), ref) < TOLERANCE["float64"], (p, chosen)
 
 
+@pytest.mark.parametrize("chosen", [("tf", "fft"), ("direct", None), (None, "tf"),
+                                    ("fft", "direct")])
+def test_gradients_emits_the_wanted_passes_as_chosen(chosen):
+    """candidates.gradients, the one wiring of the gradient passes: each wanted
+    pass as its candidate, against the float64 reference; None where not wanted."""
+    x_shape, w_shape, strides = (2, 13, 11, 4), (5, 4, 4, 3), (2, 1)
+    x, w = random_case(x_shape, 0, np.float64), random_case(w_shape, 1, np.float64)
+    dy = random_case(conv2d_reference(x, w, strides, "SAME").shape, 2, np.float64)
+    refs = (conv2d_reference_backprop_input(dy, w, x_shape, strides, "SAME"),
+            conv2d_reference_backprop_filter(x, dy, w_shape, strides, "SAME"))
+    spec = tfbigconv.arguments.parse_attrs(2, [1, 2, 1, 1], "SAME", "NHWC", 1).with_operands(
+        x_shape, w_shape)
+    with tf.device("/CPU:0"):
+        got = candidates.gradients(tf.constant(x), tf.constant(w), tf.constant(dy), spec,
+                                   chosen, "CPU")
+    for g, ref, c in zip(got, refs, chosen):
+        if c is None:
+            assert g is None
+        else:
+            assert rel_l2(g.numpy(), ref) < TOLERANCE["float64"], chosen
+
+
 @pytest.mark.parametrize("x_shape, w_shape, padding, dil", [
     ((2, 13, 17, 6), (3, 3, 1, 6), "SAME", (2, 2)),
     ((2, 13, 17, 6), (3, 5, 1, 12), "SAME", (3, 2)),    # multiplier 2, odd sizes

@@ -18,7 +18,7 @@ import tensorflow as tf
 from tfbigconv import _core, arguments, errors, host, pure_tf
 from tfbigconv.arguments import Algorithm
 from tfbigconv.ops import planned
-from tfbigconv.planning import candidates, planner, tf_rules
+from tfbigconv.planning import planner, tf_rules
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,45 +106,7 @@ def _convolve(rank, input, filters, spec, asked):
     device = None  # where the op runs: resolved for planning, and TF's kernel follows it
     if static and algorithm in (Algorithm.TF, Algorithm.AUTO):
         device = planner.planning_device(spec, host.resolve_device(input))
-    if algorithm == Algorithm.TF:
-        if static:  # raises, saying why, where TensorFlow cannot run the case (tf_rules)
-            planned.plan_forward(plan_in, f_shape, spec, input.dtype, device)
-            return planned.tf_forward_routed(input, filters, plan_in, filters.shape, spec,
-                                             device)
-        # Shapes known only when the graph runs: the planner could not rule out an
-        # empty tensor, which TF's kernels mishandle (tf_rules.EMPTY_NOTE); our op
-        # gives it its shape (and empty gradients).
-        direct = spec.replace(algorithm=Algorithm.DIRECT).op_attrs()
-        return tf.cond(
-            _empty_at_run_time(input, filters, spec),
-            lambda: candidates.native_ops(spec)[0](input=input, filter=filters, **direct),
-            lambda: planned.tf_forward_routed(input, filters, None, filters.shape, spec, device))
-    op = candidates.native_ops(spec)[0]  # BigConv2D or BigConv3D
-    if algorithm == Algorithm.AUTO and static:
-        chosen = planned.plan_forward(plan_in, f_shape, spec, input.dtype, device).chosen
-        if chosen == Algorithm.TF:
-            return planned.tf_forward_routed(input, filters, plan_in, filters.shape, spec,
-                                             device)
-        return op(input=input, filter=filters, **spec.op_attrs(chosen))
-    return op(input=input, filter=filters, **spec.op_attrs(Algorithm.AUTO))
-
-
-def _empty_at_run_time(x, w, spec):
-    """Whether the convolution of x and w (`spec`, its ConvSpec) has an empty
-    operand or output, as a boolean tensor: an output dimension is 0 where the
-    (padded) input is smaller than the dilated filter, or is empty."""
-    first = 1 if spec.channels_last else 2  # the input's first spatial axis
-    xs, ws = tf.shape(x), tf.shape(w)
-    empty = tf.logical_or(tf.equal(tf.size(x), 0), tf.equal(tf.size(w), 0))
-    if spec.padding == "SAME":  # outputs ceil(input / stride): empty with the input
-        return empty
-    for i in range(spec.spatial):
-        d = first + i
-        pads = (spec.explicit_paddings[2 * d] + spec.explicit_paddings[2 * d + 1]
-                if spec.explicit else 0)
-        dilated = (ws[i] - 1) * spec.dilations[d] + 1
-        empty = tf.logical_or(empty, xs[d] + pads < dilated)
-    return empty
+    return planned.forward(input, filters, plan_in if static else None, spec, device)
 
 
 def with_batch_flattened(x, inner_rank, conv):

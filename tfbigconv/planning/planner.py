@@ -63,8 +63,9 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
 
     attrs: the convolution's arguments.ConvSpec (or a mapping of TF's op
     attributes: strides, padding, explicit_paddings, data_format, dilations;
-    its algorithm and workspace limit are the arguments here). Raises InvalidArgumentError for bad arguments and
-    ResourceExhaustedError when nothing requested fits the workspace limit.
+    its algorithm and workspace limit are the arguments here). Raises
+    InvalidArgumentError for bad arguments and ResourceExhaustedError when
+    nothing requested fits the workspace limit.
     workspace_limit 0: the default budget (on the GPU, gpu_workspace_budget()).
     kernel: TF's kernel to estimate ("Conv2D", "DepthwiseConv2dNative") instead
     of tf_rules.tf_kernel's (memory_report: the kernel of an op already in a graph).
