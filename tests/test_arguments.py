@@ -207,3 +207,64 @@ def test_conv1d_messages_name_1d_arguments(kwargs, error, fragment):
     with pytest.raises(error, match=fragment) as info:
         tfbigconv.bigconv1d(**args)
     assert "4 [before" not in str(info.value) and "explicit_paddings" not in str(info.value)
+
+
+# ---- ConvSpec: the parsed arguments every layer reads -----------------------
+from tfbigconv.arguments import Algorithm, ConvSpec  # noqa: E402
+
+
+def test_parse_attrs_gives_a_frozen_spec_and_the_ops_lists():
+    spec = tfbigconv.arguments.parse_attrs(2, 2, [[0, 0], [1, 2], [3, 4], [0, 0]], "NHWC", 1)
+    assert spec == ConvSpec((1, 2, 2, 1), "EXPLICIT", (0, 0, 1, 2, 3, 4, 0, 0), "NHWC",
+                            (1, 1, 1, 1))
+    assert hash(spec) == hash(ConvSpec.of(spec.tf_attrs()))
+    with pytest.raises(AttributeError):
+        spec.padding = "SAME"
+    assert spec.tf_attrs() == dict(strides=[1, 2, 2, 1], padding="EXPLICIT",
+                                   explicit_paddings=[0, 0, 1, 2, 3, 4, 0, 0],
+                                   data_format="NHWC", dilations=[1, 1, 1, 1])
+    assert ConvSpec.of(spec.op_attrs()) == spec
+    with pytest.raises(TypeError, match="attrs must be a ConvSpec or a mapping"):
+        ConvSpec.of([1, 1, 1, 1])
+
+
+def test_op_attrs_carry_the_planned_algorithm_for_auto_only_as_strings():
+    auto = tfbigconv.arguments.parse_attrs(2, 1, "SAME", "NHWC", 1)
+    got = auto.op_attrs(Algorithm.FFT)
+    assert got == dict(auto.tf_attrs(), algorithm="auto", workspace_limit_bytes=0,
+                       planned_algorithm="fft")
+    assert type(got["algorithm"]) is str and type(got["planned_algorithm"]) is str
+    assert auto.op_attrs(Algorithm.DIRECT)["planned_algorithm"] == "direct"
+    assert "planned_algorithm" not in auto.op_attrs(Algorithm.AUTO)  # the op chooses at run time
+    forced = auto.replace(algorithm=Algorithm.DIRECT, workspace_limit_bytes=7)
+    assert forced.op_attrs(Algorithm.DIRECT) == dict(auto.tf_attrs(), algorithm="direct",
+                                                     workspace_limit_bytes=7)
+
+
+@pytest.mark.parametrize("data_format,x_shape,f_shape,groups,depthwise", [
+    ("NHWC", [2, 9, 9, 8], [3, 3, 1, 16], 8, True),
+    ("NCHW", [2, 8, 9, 9], [3, 3, 1, 8], 8, True),
+    ("NHWC", [2, 9, 9, 8], [3, 3, 2, 8], 4, False),
+    ("NHWC", [2, 9, 9, 1], [3, 3, 1, 4], 1, False),      # one channel: dense
+    ("NHWC", [2, 9, 9, 8], [3, 3, 8, 4], 1, False),
+    ("NDHWC", [2, 5, 9, 9, 8], [3, 3, 3, 1, 8], 8, False),  # no 3-D depthwise kernel
+    ("NCDHW", [2, 8, 5, 9, 9], [3, 3, 1, 2, 8], 4, False),  # width 1 is no channel
+])
+def test_the_filters_facts_come_from_the_operands(data_format, x_shape, f_shape, groups,
+                                                 depthwise):
+    spatial = len(x_shape) - 2
+    spec = tfbigconv.arguments.parse_attrs(spatial, 1, "SAME", data_format, 1).with_operands(
+        tf.TensorShape(x_shape), tf.TensorShape(f_shape))
+    assert spec.in_depth == (x_shape[-1] if data_format.endswith("C") else x_shape[1])
+    assert spec.filter_dims == f_shape and spec.filter_in_depth == f_shape[-2]
+    assert (spec.groups, spec.grouped, spec.depthwise) == (groups, groups > 1, depthwise)
+
+
+def test_unknown_operands_leave_the_filters_facts_unknown():
+    spec = tfbigconv.arguments.parse_attrs(2, 1, "SAME", "NHWC", 1)
+    assert spec.filter_dims == [None] * 4 and spec.groups is None
+    assert not spec.grouped and not spec.depthwise
+    spec = spec.with_operands(tf.TensorShape([None, None, None, None]), tf.TensorShape(None))
+    assert spec.in_depth is None and spec.filter_dims == [None] * 4
+    spec = spec.with_operands(tf.TensorShape([None, 9, 9, 8]), tf.TensorShape([3, 3, None, 8]))
+    assert spec.in_depth == 8 and spec.groups is None and not spec.grouped

@@ -5,7 +5,7 @@ import tensorflow as tf
 from tensorflow.python.framework import kernels as tf_kernels
 
 import tfbigconv  # noqa: F401  (loads the op library)
-from tfbigconv import capabilities, host
+from tfbigconv import arguments, capabilities, host
 from tfbigconv.planning import planner, tf_rules
 
 
@@ -29,8 +29,9 @@ def test_registered_is_what_the_library_registers(rank, device):
 
 
 def test_3d_on_the_gpu_plans_for_the_cpu_and_explain_says_why():
-    assert planner.planning_device({"data_format": "NDHWC"}, "GPU") == "CPU"
-    assert planner.planning_device({"data_format": "NHWC"}, "GPU") == "GPU"
+    spec = lambda fmt: arguments.parse_attrs(len(fmt) - 2, 1, "SAME", fmt, 1)
+    assert planner.planning_device(spec("NDHWC"), "GPU") == "CPU"
+    assert planner.planning_device(spec("NHWC"), "GPU") == "GPU"
     with pytest.raises(tf.errors.InvalidArgumentError) as e:
         tfbigconv.explain((1, 10, 11, 12, 2), (3, 3, 3, 2, 4), device="GPU")
     assert str(e.value.message) == ("3-D convolutions run on the CPU only (bigconv3d's ops have "

@@ -3,9 +3,11 @@
 Every bad argument raises an exception naming it before anything reaches the
 compiled code (whose int64 arguments would otherwise raise a raw TypeError).
 """
+import dataclasses
 import enum
 import numbers
 import os
+from typing import Mapping, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -16,7 +18,7 @@ from tfbigconv import errors
 class Algorithm(enum.StrEnum):
     """What runs a pass: the planner's choice ("auto"), TensorFlow's own kernel
     ("tf"), or ours ("direct", "fft"). Users pass the strings; Python code carries
-    the enum, and the ops' attributes take its value (planning.candidates.ours)."""
+    the enum, and the ops' attributes take its value (ConvSpec.op_attrs)."""
     AUTO = "auto"
     TF = "tf"
     DIRECT = "direct"
@@ -26,8 +28,17 @@ class Algorithm(enum.StrEnum):
 # What `algorithm` takes; "im2col" is the earlier name of "tf", still accepted.
 ALGORITHMS = tuple(a.value for a in Algorithm) + ("im2col",)
 ENV_ALGORITHM = "TFBIGCONV_ALGORITHM"
-# The passes of a convolution, each planned on its own.
-PASSES = ("forward", "backprop_input", "backprop_filter")
+
+
+class Pass(enum.StrEnum):
+    """A pass of a convolution, each planned on its own. The values are the names
+    explain's tables, the ops' logs and autotune's cache on disk show."""
+    FORWARD = "forward"
+    BACKPROP_INPUT = "backprop_input"
+    BACKPROP_FILTER = "backprop_filter"
+
+
+PASSES = tuple(Pass)
 # The dtypes our kernels run; TF_ONLY_DTYPES: tf.nn.conv2d takes them, and
 # TensorFlow's Conv2D runs them.
 DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
@@ -390,19 +401,156 @@ def parse_format(spatial, data_format):
     return parse_data_format_3d(data_format)
 
 
+# The attributes TensorFlow's own convolution ops share with ours (ConvSpec.tf_attrs),
+# and all of ours (ConvSpec.op_attrs, without planned_algorithm).
+TF_ATTRS = ("strides", "padding", "explicit_paddings", "data_format", "dilations")
+OP_ATTRS = TF_ATTRS + ("algorithm", "workspace_limit_bytes")
+
+
+def _dim(d):
+    """A dimension (int, tf.compat.v1.Dimension or None) as an int or None."""
+    d = getattr(d, "value", d)
+    return None if d is None else int(d)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvSpec:
+    """One convolution as every layer reads it (parse_attrs makes it): the op's
+    attributes (1-D as 2-D with height 1; lists as tuples), what runs it, and
+    its operands' channel facts once known (with_operands), from which the
+    filter's derived facts (groups, depthwise) are computed here only.
+
+    The ops' boundaries take dicts: tf_attrs() (TensorFlow's ops, autotune's
+    cache keys), op_attrs() (ours), geometry_args() (_core's functions)."""
+    strides: tuple
+    padding: str                  # "SAME", "VALID" or "EXPLICIT"
+    explicit_paddings: tuple      # [before, after] per dimension, flat; () unless EXPLICIT
+    data_format: str              # "NHWC", "NCHW", "NDHWC" or "NCDHW"
+    dilations: tuple
+    algorithm: Algorithm = Algorithm.AUTO
+    workspace_limit_bytes: int = 0
+    in_depth: Optional[int] = None        # the input's channels (None: unknown)
+    filter_shape: Optional[tuple] = None  # the op's filter, None where a dimension is unknown
+
+    @classmethod
+    def of(cls, attrs):
+        """A ConvSpec of a ConvSpec (itself) or of a mapping with the op's attribute
+        names (TF's five, and ours: algorithm, workspace_limit_bytes)."""
+        if isinstance(attrs, cls):
+            return attrs
+        if not isinstance(attrs, Mapping):
+            raise TypeError(f"attrs must be a ConvSpec or a mapping of the op's attributes, "
+                            f"got {type(attrs).__name__}")
+        return cls(tuple(attrs["strides"]), attrs["padding"], tuple(attrs["explicit_paddings"]),
+                   attrs["data_format"], tuple(attrs["dilations"]),
+                   Algorithm(attrs.get("algorithm", Algorithm.AUTO)),
+                   int(attrs.get("workspace_limit_bytes", 0)))
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def with_operands(self, input_shape, filter_shape):
+        """A copy that knows the operands' channels: the input's depth and the
+        filter's dimensions (shapes in data_format order; unknown parts None)."""
+        return self.with_filter(self.in_depth_of(input_shape), filter_shape)
+
+    def with_filter(self, in_depth, filter_shape):
+        """A copy with the input's depth and the filter's shape (None where unknown)."""
+        dims = tf.TensorShape(filter_shape)
+        dims = ((None,) * (self.spatial + 2) if dims.rank is None
+                else tuple(_dim(d) for d in dims))
+        return self.replace(in_depth=_dim(in_depth), filter_shape=dims)
+
+    def in_depth_of(self, shape):
+        """The channels of a tensor of `shape` in data_format (None: unknown)."""
+        shape = tf.TensorShape(shape)
+        return _dim(shape[-1 if self.channels_last else 1]) if shape.rank else None
+
+    @property
+    def spatial(self):
+        """The op's spatial dimensions: 2 (also 1-D's) or 3."""
+        return spatial_dims(self.data_format)
+
+    @property
+    def conv3d(self):
+        """Whether TF's Conv3D ops run it (no explicit padding, no depthwise kernel)."""
+        return self.spatial == 3
+
+    @property
+    def channels_last(self):
+        return self.data_format in ("NHWC", "NDHWC")
+
+    @property
+    def explicit(self):
+        return self.padding == "EXPLICIT"
+
+    @property
+    def dilated(self):
+        return any(d != 1 for d in self.dilations)
+
+    @property
+    def filter_dims(self):
+        """The filter's dimensions as a list, None where unknown (all, before with_operands)."""
+        return list(self.filter_shape or (None,) * (self.spatial + 2))
+
+    @property
+    def filter_in_depth(self):
+        """The filter's input channels per group (None: unknown)."""
+        return self.filter_dims[-2]
+
+    @property
+    def grouped(self):
+        """Known to have groups: the filter's input channels below the input's."""
+        return (self.in_depth is not None and self.filter_in_depth is not None
+                and self.in_depth != self.filter_in_depth)
+
+    @property
+    def groups(self):
+        """The number of groups (None: unknown)."""
+        if self.in_depth is None or not self.filter_in_depth:
+            return None
+        return self.in_depth // self.filter_in_depth
+
+    @property
+    def depthwise(self):
+        """A 2-D depthwise filter: one input channel per group, several groups."""
+        return (not self.conv3d and self.filter_in_depth == 1 and self.in_depth is not None
+                and self.in_depth > 1)
+
+    def tf_attrs(self):
+        """The attributes of TensorFlow's convolution ops, as lists (the op boundary)."""
+        return dict(strides=list(self.strides), padding=self.padding,
+                    explicit_paddings=list(self.explicit_paddings),
+                    data_format=self.data_format, dilations=list(self.dilations))
+
+    def op_attrs(self, chosen=Algorithm.AUTO):
+        """Our op's attributes for a pass planned as `chosen` ("auto": at run time),
+        the algorithms as strings (the op boundary)."""
+        out = dict(self.tf_attrs(), algorithm=str(self.algorithm),
+                   workspace_limit_bytes=self.workspace_limit_bytes)
+        if self.algorithm == Algorithm.AUTO and chosen in (Algorithm.DIRECT, Algorithm.FFT):
+            out["planned_algorithm"] = str(chosen)
+        return out
+
+    def geometry_args(self):
+        """(strides, padding, explicit_paddings, data_format, dilations) as _core's
+        geometry functions take them, after the shapes."""
+        return (list(self.strides), self.padding, list(self.explicit_paddings),
+                self.data_format, list(self.dilations))
+
+
 def parse_attrs(spatial, strides, padding, data_format, dilations, filter_width=None):
-    """The op's attributes (strides, padding, explicit_paddings, data_format,
-    dilations; 1-D as 2-D with height 1) of a convolution's arguments in
-    tf.nn.conv1d's, conv2d's or conv3d's forms. data_format is parse_format's.
-    filter_width: 1-D's, for CAUSAL padding (None: unknown). Raises ValueError
-    naming the argument (graph_error's class where TF's shape function checks it)."""
+    """The ConvSpec (algorithm "auto", no workspace limit, operands unknown) of a
+    convolution's arguments in tf.nn.conv1d's, conv2d's or conv3d's forms; 1-D as
+    2-D with height 1. data_format is parse_format's. filter_width: 1-D's, for
+    CAUSAL padding (None: unknown). Raises ValueError naming the argument
+    (graph_error's class where TF's shape function checks it)."""
     if spatial == 1:
         strides, padding, dilations = conv1d_as_conv2d(
             strides, padding, data_format, dilations, filter_width)
     pad, explicit = parse_padding(padding, dims=max(spatial, 2) + 2)
-    return dict(strides=parse_strides(strides, "strides", data_format), padding=pad,
-                explicit_paddings=explicit, data_format=data_format,
-                dilations=parse_strides(dilations, "dilations", data_format))
+    return ConvSpec(tuple(parse_strides(strides, "strides", data_format)), pad, tuple(explicit),
+                    data_format, tuple(parse_strides(dilations, "dilations", data_format)))
 
 
 def as_op_shapes(spatial, input_shape, filter_shape, data_format):

@@ -24,23 +24,6 @@ def test_output_shape_is_the_geometrys():
     assert candidates.output_shape((2, 3, 20, 31), (5, 4, 3, 7), nchw) == [2, 7, 20, 31]
 
 
-def test_ours_carries_the_planned_algorithm_for_auto_only():
-    auto = dict(ATTRS, algorithm="auto", workspace_limit_bytes=0)
-    assert candidates.ours(auto, "fft") == dict(auto, planned_algorithm="fft")
-    assert candidates.ours(auto, "direct")["planned_algorithm"] == "direct"
-    assert candidates.ours(auto, "auto") == auto  # unknown shapes: the op chooses at run time
-    forced = dict(auto, algorithm="direct")
-    assert candidates.ours(forced, "direct") == forced
-
-
-def test_ours_gives_the_ops_strings():
-    """The Algorithm enum stops at the op boundary: the attributes are plain strings."""
-    a = dict(ATTRS, algorithm=Algorithm.AUTO, workspace_limit_bytes=0)
-    got = candidates.ours(a, Algorithm.FFT)
-    assert got == dict(a, planned_algorithm="fft")
-    assert type(got["algorithm"]) is str and type(got["planned_algorithm"]) is str
-
-
 @pytest.mark.parametrize("chosen", ["tf", "direct", "fft"])
 def test_every_candidate_runs_every_pass(chosen):
     """run_pass (what autotune times) against the float64 reference."""
@@ -56,6 +39,28 @@ def test_every_candidate_runs_every_pass(chosen):
             got = candidates.run_pass(p, chosen, tf.constant(x), tf.constant(w), tf.constant(dy),
                                       a, "CPU")
             assert rel_l2(got.numpy(), ref) < TOLERANCE["float64"], (p, chosen)
+
+
+@pytest.mark.parametrize("chosen", [("tf", "fft"), ("direct", None), (None, "tf"),
+                                    ("fft", "direct")])
+def test_gradients_emits_the_wanted_passes_as_chosen(chosen):
+    """candidates.gradients, the one wiring of the gradient passes: each wanted
+    pass as its candidate, against the float64 reference; None where not wanted."""
+    x_shape, w_shape, strides = (2, 13, 11, 4), (5, 4, 4, 3), (2, 1)
+    x, w = random_case(x_shape, 0, np.float64), random_case(w_shape, 1, np.float64)
+    dy = random_case(conv2d_reference(x, w, strides, "SAME").shape, 2, np.float64)
+    refs = (conv2d_reference_backprop_input(dy, w, x_shape, strides, "SAME"),
+            conv2d_reference_backprop_filter(x, dy, w_shape, strides, "SAME"))
+    spec = tfbigconv.arguments.parse_attrs(2, [1, 2, 1, 1], "SAME", "NHWC", 1).with_operands(
+        x_shape, w_shape)
+    with tf.device("/CPU:0"):
+        got = candidates.gradients(tf.constant(x), tf.constant(w), tf.constant(dy), spec,
+                                   chosen, "CPU")
+    for g, ref, c in zip(got, refs, chosen):
+        if c is None:
+            assert g is None
+        else:
+            assert rel_l2(g.numpy(), ref) < TOLERANCE["float64"], chosen
 
 
 @pytest.mark.parametrize("x_shape, w_shape, padding, dil", [

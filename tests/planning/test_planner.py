@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
+from tfbigconv import arguments
 from tfbigconv.planning import autotune, planner
 from conftest import rand
 from reference import conv2d_reference, conv2d_reference_backprop_input, rel_l2
@@ -61,13 +62,13 @@ def test_planning_only_plans_on_estimates_without_raising(autotuning, monkeypatc
 
 
 def test_choose_gradients_plans_static_shapes_and_leaves_the_rest_to_the_op():
-    a = dict(ATTRS, algorithm="auto", workspace_limit_bytes=0)
+    a = arguments.ConvSpec.of(ATTRS)
     chosen = planner.choose_gradients(tf.TensorShape([None, 321, 481, 1]), [135, 135, 1, 3], a,
                                       tf.float32, "CPU")
     assert chosen == ("fft", "fft")
     assert planner.choose_gradients([None, None, None, 1], [135, 135, 1, 3], a, tf.float32,
                                     "CPU") == ("auto", "auto")
-    forced = dict(a, algorithm="direct")
+    forced = a.replace(algorithm="direct")
     assert planner.choose_gradients([4, 321, 481, 1], [135, 135, 1, 3], forced, tf.float32,
                                     "CPU") == ("direct", "direct")
 

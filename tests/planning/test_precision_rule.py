@@ -13,6 +13,7 @@ autotuning rigged so that fft is timed fastest in every pass: before the rule,
 auto then ran fft and missed TF's tolerances.
 """
 import math
+import re
 import types
 
 import numpy as np
@@ -162,14 +163,15 @@ def test_estimated_fft_goes_to_the_fastest_precise_candidate(monkeypatch):
     is the fastest of the others (TF's kernel where trusted), and the reason says
     why. Over SMALL_PASS_MACS (1.19M multiply-adds), where TF's kernel may run."""
     shapes = [2, 22, 22, 22, 1], [2, 2, 2, 1, 8]  # K = 8 against 512 FFT points
+    real, seen = planner._core.plan_pass, []
+    monkeypatch.setattr(planner._core, "plan_pass",
+                        lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
     p = plan("forward", *shapes, CONV3D)
     assert p.geometry.macs >= planner.SMALL_PASS_MACS
     # _core.plan_pass's PassPlan of that plan, with fft chosen
-    fake = types.SimpleNamespace(pass_=p.pass_, device=p.device, limit=p.limit,
-                                 tf_kernel=p.tf_kernel, chosen="fft", fft_plan=p.fft_plan,
-                                 reason="auto: fft is the fastest that fits")
-    for n in ("tf", "direct", "fft"):
-        setattr(fake, n, p.estimate(n))
+    fake = types.SimpleNamespace(**{k: getattr(seen[-1], k) for k in (
+        "pass_", "device", "limit", "tf_kernel", "tf", "direct", "fft", "fft_plan")},
+        chosen="fft", reason="auto: fft is the fastest that fits")
     monkeypatch.setattr(planner._core, "plan_pass", lambda *a, **k: fake)
     got = plan("forward", *shapes, CONV3D)
     assert "less precise" in planner.fft_less_precise(got)
@@ -199,3 +201,21 @@ def test_fft_size_is_read_from_the_plan():
                   dilations=[1] * 4))
     n = planner.fft_size(p)
     assert n is not None and n >= 15 * 15 and math.log2(n) > 7
+
+
+@pytest.mark.parametrize("pass_", ["forward", "backprop_input", "backprop_filter"])
+@pytest.mark.parametrize("x_shape,w_shape,fmt", [
+    ([2, 40, 40, 4], [15, 15, 4, 4], "NHWC"),
+    ([1, 3, 33, 29], [9, 7, 3, 5], "NCHW"),
+    ([1, 12, 14, 16, 2], [5, 6, 7, 2, 3], "NDHWC"),
+])
+def test_fft_size_is_the_size_the_plans_note_shows(pass_, x_shape, w_shape, fmt):
+    """The FFT size from the plan's fields (Plan.fft_points) is the one plan.cc's
+    note shows the user ("tile ... (FFT 24x30) ...")."""
+    rank = len(x_shape)
+    p = plan(pass_, x_shape, w_shape,
+             dict(strides=[1] * rank, padding="SAME", explicit_paddings=[], data_format=fmt,
+                  dilations=[1] * rank))
+    shown = re.search(r"\(FFT ([0-9x]+)\)", p.fft.note).group(1)
+    assert planner.fft_size(p) == math.prod(int(n) for n in shown.split("x"))
+    assert len(shown.split("x")) == rank - 2

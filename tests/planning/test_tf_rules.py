@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
-from tfbigconv import _core, host, kernels
+from tfbigconv import _core, arguments, host, kernels
 from tfbigconv.planning import autotune, candidates, planner, tf_rules
 from conftest import (TOLERANCE, cpu_bigconv2d, grads_vs_reference, onednn_host, op_types, rand,
                       random_case, tape_types)
@@ -241,7 +241,8 @@ def _verdicts(x_shape, w_shape, dtype, data_format="NHWC"):
     a = dict(strides=[1, 1, 1, 1], padding="SAME", explicit_paddings=[],
              data_format=data_format, dilations=[1, 1, 1, 1])
     g = _core.conv_geometry(list(x_shape), list(w_shape), **a)
-    return [tf_rules.tf_kernel(p, g, a, dtype, "CPU")[1] for p in planner.PASSES]
+    return [tf_rules.tf_kernel(p, g, arguments.ConvSpec.of(a), dtype, "CPU")[1]
+            for p in planner.PASSES]
 
 
 def test_grouped_conv2d_is_trusted_from_8_channels_per_group_where_onednn_runs_it(onednn_tf):
@@ -405,21 +406,20 @@ def exact_tf_kernels(monkeypatch, dtype, error=0.0, fail=False):
 
     attrs = None
 
-    def with_attrs(a):
+    def with_attrs(spec):
         nonlocal attrs
-        attrs = (a["strides"], a["padding"], a["explicit_paddings"], a["data_format"],
-                 a["dilations"])
+        attrs = spec.geometry_args()
 
-    def forward(x, w, a, depthwise=None):
-        with_attrs(a)
+    def forward(x, w, spec, depthwise=None):
+        with_attrs(spec)
         return pass_fn("forward", x, w, [])
 
-    def backprop_input(sizes, w, dy, a, in_depth, depthwise=None):
-        with_attrs(a)
+    def backprop_input(sizes, w, dy, spec, depthwise=None):
+        with_attrs(spec)
         return pass_fn("backprop_input", dy, w, tf.get_static_value(sizes).tolist())
 
-    def backprop_filter(x, f_shape, dy, a, depthwise=None):
-        with_attrs(a)
+    def backprop_filter(x, f_shape, dy, spec, depthwise=None):
+        with_attrs(spec)
         return pass_fn("backprop_filter", x, dy, list(f_shape))
 
     monkeypatch.setattr(kernels, "tf_forward", forward)

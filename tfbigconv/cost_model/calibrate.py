@@ -259,23 +259,23 @@ def _more_rounds(fns, best, budget_s, rounds, progress, clock):
 
 def im2col_fn(pass_, x_shape, w_shape, padding, dtype, graph=True):
     """One pass of TensorFlow's own convolution ops."""
-    a = dict(ATTRS, padding=padding)
+    spec = arguments.ConvSpec.of(dict(ATTRS, padding=padding)).with_filter(x_shape[3], w_shape)
     return _pass_fn(
         pass_, x_shape, w_shape, padding, dtype,
-        lambda x, w: kernels.tf_forward(x, w, a, depthwise=False),
-        lambda s, w, dy: kernels.tf_backprop_input(s, w, dy, a, x_shape[3], depthwise=False),
-        lambda x, s, dy: kernels.tf_backprop_filter(x, s, dy, a, depthwise=False), graph)
+        lambda x, w: kernels.tf_forward(x, w, spec, depthwise=False),
+        lambda s, w, dy: kernels.tf_backprop_input(s, w, dy, spec, depthwise=False),
+        lambda x, s, dy: kernels.tf_backprop_filter(x, s, dy, spec, depthwise=False), graph)
 
 
 def depthwise_fn(pass_, x_shape, w_shape, padding, dtype, graph=True):
     """One pass of TensorFlow's depthwise ops (w_shape in TF's [KH, KW, C, 1] form)."""
-    a = dict(ATTRS, padding=padding)
     ours = [w_shape[0], w_shape[1], 1, w_shape[2] * w_shape[3]]
+    spec = arguments.ConvSpec.of(dict(ATTRS, padding=padding)).with_filter(x_shape[3], ours)
     return _pass_fn(
         pass_, x_shape, ours, padding, dtype,
-        lambda x, w: kernels.tf_forward(x, w, a, depthwise=True),
-        lambda s, w, dy: kernels.tf_backprop_input(s, w, dy, a, x_shape[3], depthwise=True),
-        lambda x, s, dy: kernels.tf_backprop_filter(x, ours, dy, a, depthwise=True), graph)
+        lambda x, w: kernels.tf_forward(x, w, spec, depthwise=True),
+        lambda s, w, dy: kernels.tf_backprop_input(s, w, dy, spec, depthwise=True),
+        lambda x, s, dy: kernels.tf_backprop_filter(x, ours, dy, spec, depthwise=True), graph)
 
 
 def _sized(target, rate, slowdown=1.0, call_s=CALL_S):

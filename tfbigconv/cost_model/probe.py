@@ -28,6 +28,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfbigconv import _core, host
+from tfbigconv.arguments import PASSES
 from tfbigconv.cost_model import calibrate, profiles
 
 ATTRS = dict(strides=[1, 1, 1, 1], explicit_paddings=[], data_format="NHWC",
@@ -61,7 +62,6 @@ SLOWDOWN_PROBES = (
 HALF_TYPES = ("float16", "bfloat16")
 # The profile's slowdown fields of each of TF's kernels: <prefix><pass>.<dtype>.
 SLOWDOWN_PREFIX = dict(zip(("Conv2D", "DepthwiseConv2dNative"), profiles.DTYPE_SLOWDOWNS))
-PASSES = ("forward", "backprop_input", "backprop_filter")
 # A ratio is clamped to [1 / MAX_RATIO, MAX_RATIO]: a host under load can time
 # one call many times too slow, and a bounded error is what the estimates can
 # carry (autotuning times the near ties). oneDNN's float16 filter gradients

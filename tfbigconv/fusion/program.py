@@ -22,6 +22,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfbigconv import _core, arguments, host
+from tfbigconv.arguments import Algorithm
 from tfbigconv.fusion import algebra
 from tfbigconv.ops.conv2d import bigconv2d
 from tfbigconv.planning import candidates, planner
@@ -55,14 +56,12 @@ def conv_padding(step):
     return [[0, 0], [t, b], [l, r], [0, 0]]
 
 
-def _conv_attrs(step, algorithm, workspace_limit):
-    """bigconv2d's op attributes for a conv step."""
-    pad, explicit = arguments.parse_padding(conv_padding(step))
-    return dict(strides=arguments.parse_strides(list(step["strides"]), "strides", "NHWC"),
-                padding=pad, explicit_paddings=explicit, data_format="NHWC",
-                dilations=arguments.parse_strides(list(step["dilations"]), "dilations", "NHWC"),
-                algorithm=arguments.requested_algorithm(algorithm),
-                workspace_limit_bytes=int(workspace_limit))
+def _conv_spec(step, algorithm, workspace_limit):
+    """bigconv2d's ConvSpec for a conv step (without its operands)."""
+    return arguments.parse_attrs(2, list(step["strides"]), conv_padding(step), "NHWC",
+                                 list(step["dilations"])).replace(
+        algorithm=arguments.requested_algorithm(algorithm),
+        workspace_limit_bytes=int(workspace_limit))
 
 
 @dataclasses.dataclass
@@ -144,12 +143,13 @@ class ConvStep(Step):
         src = b.values[step["src"]]
         kernel, _ = conv_kernel(step, b.weights)
         kernel = tf.cast(kernel, src.dtype)
-        a = _conv_attrs(step, b.algorithm, b.workspace_limit)
-        device = host.resolve_device(src) if a["algorithm"] in ("auto", "tf") else None
-        bpi, bpf = planner.choose_gradients(src.shape, kernel.shape, a, src.dtype, device)
-        b.send(step["src"], candidates.backprop_input(tf.shape(src), kernel, g, a, bpi,
-                                                      src.shape, device))
-        dkernel = candidates.backprop_filter(src, kernel.shape, g, a, bpf, device)
+        spec = _conv_spec(step, b.algorithm, b.workspace_limit).with_operands(src.shape,
+                                                                               kernel.shape)
+        device = (host.resolve_device(src) if spec.algorithm in (Algorithm.AUTO, Algorithm.TF)
+                  else None)
+        chosen = planner.choose_gradients(src.shape, kernel.shape, spec, src.dtype, device)
+        dsrc, dkernel = candidates.gradients(src, kernel, g, spec, chosen, device)
+        b.send(step["src"], dsrc)
         w = b.weights[step["kernel"]]
         b.weight_grad(step["kernel"], tf.cast(tf.reshape(dkernel, w.shape), w.dtype))
         if step["bias"]:

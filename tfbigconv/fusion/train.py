@@ -32,6 +32,7 @@ from typing import Optional, Tuple
 import tensorflow as tf
 
 from tfbigconv import _core, host
+from tfbigconv.arguments import Pass
 from tfbigconv.fusion import algebra, program as steps
 from tfbigconv.planning import planner
 from tfbigconv.planning.explain import explain
@@ -143,7 +144,7 @@ def _conv_seconds(input_shape, filter_shape, strides, pads, dilations, passes, a
 
 
 def _passes(training):
-    return planner.PASSES if training else ("forward",)
+    return planner.PASSES if training else (Pass.FORWARD,)
 
 
 def _branch_seconds(program, weight_shapes, in_size, channels, batch, training, algorithm,
@@ -160,7 +161,7 @@ def _branch_seconds(program, weight_shapes, in_size, channels, batch, training, 
         h, w, c = shapes[step["src"]]
         f, _ = _filter_shape(step, weight_shapes)
         pads = steps.conv_pads(step, (h, w), f[:2])
-        passes = _passes(training) + (("forward",) if i in again else ())
+        passes = _passes(training) + ((Pass.FORWARD,) if i in again else ())
         for p in set(passes):
             total += passes.count(p) * _conv_seconds(
                 (batch, h, w, c), f, step["strides"], pads, step["dilations"], (p,), algorithm,

@@ -15,10 +15,10 @@ import warnings
 
 import tensorflow as tf
 
-from tfbigconv import _core, arguments, capabilities, errors, host, kernels, pure_tf
+from tfbigconv import _core, arguments, capabilities, errors, host, pure_tf
 from tfbigconv.arguments import Algorithm
 from tfbigconv.ops import planned
-from tfbigconv.planning import candidates, planner, tf_rules
+from tfbigconv.planning import planner, tf_rules
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,23 +58,26 @@ def convolution(spatial, input, filters, strides, padding, data_format, dilation
     except ValueError as e:
         raise arguments.graph_error(str(e)) from None
     arguments.check_filter_not_empty(filters.shape, spatial)
-    a = arguments.parse_attrs(spatial, strides, padding, data_format, dilations,
-                              filters.shape[0] if spatial == 1 else None)
+    spec = arguments.parse_attrs(spatial, strides, padding, data_format, dilations,
+                                 filters.shape[0] if spatial == 1 else None)
     # What only TF's kernel checks, with the class it raises on this host and dtype.
-    tf_rules.check_batch_depth(rank.tf_kernel, a["strides"], a["dilations"], data_format, input)
+    tf_rules.check_batch_depth(rank.tf_kernel, list(spec.strides), list(spec.dilations),
+                               data_format, input)
+    spec = spec.replace(algorithm=algorithm, workspace_limit_bytes=int(workspace_limit))
     if spatial == 1:  # [N, W, C] -> [N, 1, W, C]; [N, C, W] -> [N, C, 1, W]; filters [1, K, I, O]
         axis = -3 if data_format == "NHWC" else -2
-        y = _convolve(RANKS[2], tf.expand_dims(input, axis), tf.expand_dims(filters, 0), a,
-                      asked, algorithm, workspace_limit)
+        y = _convolve(RANKS[2], tf.expand_dims(input, axis), tf.expand_dims(filters, 0), spec,
+                      asked)
         return tf.squeeze(y, [axis])
-    return _convolve(rank, input, filters, a, asked, algorithm, workspace_limit)
+    return _convolve(rank, input, filters, spec, asked)
 
 
-def _convolve(rank, input, filters, attrs, asked, algorithm, workspace_limit):
-    """The op's convolution (2-D or 3-D) of operands of its rank, attributes parsed."""
+def _convolve(rank, input, filters, spec, asked):
+    """The op's convolution (2-D or 3-D) of operands of its rank, arguments parsed
+    (spec: the ConvSpec, without its operands)."""
     in_shape, f_shape = planner.static_shape(input.shape), planner.static_shape(filters.shape)
-    geometry_args = (attrs["strides"], attrs["padding"], attrs["explicit_paddings"],
-                     attrs["data_format"], attrs["dilations"])
+    geometry_args = spec.geometry_args()
+    algorithm, workspace_limit = spec.algorithm, spec.workspace_limit_bytes
     try:
         if pure_tf.missing_library is None:
             _core.validate_attrs(*geometry_args)
@@ -85,13 +88,13 @@ def _convolve(rank, input, filters, attrs, asked, algorithm, workspace_limit):
                 pure_tf.check_geometry(in_shape, f_shape, *geometry_args)
     except ValueError as e:
         raise arguments.graph_error(str(e)) from None
-    a = dict(attrs, algorithm=algorithm, workspace_limit_bytes=int(workspace_limit))
+    spec = spec.with_operands(input.shape, filters.shape)
     if input.dtype in arguments.TF_ONLY_DTYPES:
         if asked not in (Algorithm.AUTO, Algorithm.TF, "im2col"):
             raise errors.invalid_argument(
                 f"algorithm {asked!r} does not run {input.dtype.name}: only "
                 f"TensorFlow's kernel does (algorithm 'auto' or 'tf')")
-        return tf.raw_ops.Conv2D(input=input, filter=filters, **kernels.tf_attrs(a))
+        return tf.raw_ops.Conv2D(input=input, filter=filters, **spec.tf_attrs())
     why = pure_tf.active()  # under XLA, or without the compiled library
     if why:
         run = pure_tf.conv3d if rank.spatial == 3 else pure_tf.conv2d
@@ -102,45 +105,8 @@ def _convolve(rank, input, filters, attrs, asked, algorithm, workspace_limit):
     static = plan_in is not None and f_shape is not None
     device = None  # where the op runs: resolved for planning, and TF's kernel follows it
     if static and algorithm in (Algorithm.TF, Algorithm.AUTO):
-        device = planner.planning_device(a, host.resolve_device(input))
-    if algorithm == Algorithm.TF:
-        if static:  # raises, saying why, where TensorFlow cannot run the case (tf_rules)
-            planned.plan_forward(plan_in, f_shape, a, input.dtype, device)
-            return planned.tf_forward_routed(input, filters, plan_in, filters.shape, a, device)
-        # Shapes known only when the graph runs: the planner could not rule out an
-        # empty tensor, which TF's kernels mishandle (tf_rules.EMPTY_NOTE); our op
-        # gives it its shape (and empty gradients).
-        direct = candidates.ours(dict(a, algorithm=Algorithm.DIRECT))
-        return tf.cond(
-            _empty_at_run_time(input, filters, a),
-            lambda: candidates.native_ops(a)[0](input=input, filter=filters, **direct),
-            lambda: planned.tf_forward_routed(input, filters, None, filters.shape, a, device))
-    op = candidates.native_ops(a)[0]  # BigConv2D or BigConv3D
-    if algorithm == Algorithm.AUTO and static:
-        chosen = planned.plan_forward(plan_in, f_shape, a, input.dtype, device).chosen
-        if chosen == Algorithm.TF:
-            return planned.tf_forward_routed(input, filters, plan_in, filters.shape, a, device)
-        return op(input=input, filter=filters, **candidates.ours(a, chosen))
-    return op(input=input, filter=filters, **candidates.ours(a, Algorithm.AUTO))
-
-
-def _empty_at_run_time(x, w, a):
-    """Whether the convolution of x and w (attributes `a`, ours) has an empty
-    operand or output, as a boolean tensor: an output dimension is 0 where the
-    (padded) input is smaller than the dilated filter, or is empty."""
-    spatial = arguments.spatial_dims(a["data_format"])
-    first = 1 if a["data_format"].endswith("C") else 2  # the input's first spatial axis
-    xs, ws = tf.shape(x), tf.shape(w)
-    empty = tf.logical_or(tf.equal(tf.size(x), 0), tf.equal(tf.size(w), 0))
-    if a["padding"] == "SAME":  # outputs ceil(input / stride): empty with the input
-        return empty
-    for i in range(spatial):
-        d = first + i
-        pads = (a["explicit_paddings"][2 * d] + a["explicit_paddings"][2 * d + 1]
-                if a["padding"] == "EXPLICIT" else 0)
-        dilated = (ws[i] - 1) * a["dilations"][d] + 1
-        empty = tf.logical_or(empty, xs[d] + pads < dilated)
-    return empty
+        device = planner.planning_device(spec, host.resolve_device(input))
+    return planned.forward(input, filters, plan_in if static else None, spec, device)
 
 
 def with_batch_flattened(x, inner_rank, conv):

@@ -3,17 +3,17 @@ TensorFlow's nn_grad.py for Conv2D and its backprops). Each gradient pass is
 planned on its own (planner.choose_gradients) and emitted as its candidate."""
 import tensorflow as tf
 
-from tfbigconv import host, kernels
+from tfbigconv import arguments, host
 from tfbigconv.arguments import Algorithm
 from tfbigconv._native import ops as native
 from tfbigconv.planning import candidates, planner
 
 
-def _attrs(op):
-    """The op's attributes as the Python side carries them (the algorithm as an Algorithm)."""
+def _spec(op):
+    """The op's attributes as the Python side carries them: a ConvSpec."""
     decode = lambda v: v.decode() if isinstance(v, bytes) else v  # string attrs come as bytes
-    a = {name: decode(op.get_attr(name)) for name in kernels.ATTRS}
-    return dict(a, algorithm=Algorithm(a["algorithm"]))
+    return arguments.ConvSpec.of({name: decode(op.get_attr(name))
+                                  for name in arguments.OP_ATTRS})
 
 
 def _device_of(op):
@@ -26,24 +26,21 @@ def _device_of(op):
 @tf.RegisterGradient("BigConv3D")
 def _big_conv_grad(op, grad):
     x, w = op.inputs
-    a = _attrs(op)
+    spec = _spec(op).with_operands(x.shape, w.shape)
     # Planning and TF's kernels follow it; ours need no device (3-D: the CPU's).
     device = None
-    if a["algorithm"] in (Algorithm.AUTO, Algorithm.TF):
-        device = planner.planning_device(a, _device_of(op))
+    if spec.algorithm in (Algorithm.AUTO, Algorithm.TF):
+        device = planner.planning_device(spec, _device_of(op))
     # A gradient the tape does not want (e.g. a model's input) is neither planned,
     # timed nor built: the tape's op says so (graph-mode tf.gradients' op does not).
     skip = set(getattr(op, "skip_input_indices", None) or ())
-    bpi, bpf = planner.choose_gradients(x.shape, w.shape, a, x.dtype, device,
-                                        needed=(0 not in skip, 1 not in skip))
+    chosen = planner.choose_gradients(x.shape, w.shape, spec, x.dtype, device,
+                                      needed=(0 not in skip, 1 not in skip))
     # Both as fft where one op transforms dL/dy once for both (1-D depthwise, CPU).
-    if bpi == bpf == "fft" and planner.fused_backward(
-            x.shape, w.shape, a, x.dtype, _device_of(op), a["workspace_limit_bytes"]):
-        return native.big_conv2d_backprop(x, w, grad, **candidates.ours(a, Algorithm.FFT))
-    return (candidates.backprop_input(tf.shape(x), w, grad, a, bpi, x.shape, device)
-            if bpi else None,
-            candidates.backprop_filter(x, w.shape if w.shape.is_fully_defined() else tf.shape(w),
-                                       grad, a, bpf, device) if bpf else None)
+    if chosen == (Algorithm.FFT, Algorithm.FFT) and planner.fused_backward(
+            x.shape, w.shape, spec, x.dtype, _device_of(op), spec.workspace_limit_bytes):
+        return native.big_conv2d_backprop(x, w, grad, **spec.op_attrs(Algorithm.FFT))
+    return candidates.gradients(x, w, grad, spec, chosen, device)
 
 
 @tf.RegisterGradient("BigConv2DBackprop")
@@ -51,14 +48,14 @@ def _fused_backprop_grad(op, grad_dx, grad_dw):
     """dx = BackpropInput(w, dy) is linear in w and dy, dw = BackpropFilter(x,
     dy) in x and dy: the sum of the two ops' gradients below."""
     x, w, dy = op.inputs
-    a = _attrs(op)
+    a = _spec(op).op_attrs()
     d_x = d_w = d_dy = None
     if grad_dx is not None:
-        d_w = native.big_conv2d_backprop_filter(grad_dx, tf.shape(w), dy, **candidates.ours(a))
-        d_dy = native.big_conv2d(grad_dx, w, **candidates.ours(a))
+        d_w = native.big_conv2d_backprop_filter(grad_dx, tf.shape(w), dy, **a)
+        d_dy = native.big_conv2d(grad_dx, w, **a)
     if grad_dw is not None:
-        d_x = native.big_conv2d_backprop_input(tf.shape(x), grad_dw, dy, **candidates.ours(a))
-        from_dw = native.big_conv2d(x, grad_dw, **candidates.ours(a))
+        d_x = native.big_conv2d_backprop_input(tf.shape(x), grad_dw, dy, **a)
+        from_dw = native.big_conv2d(x, grad_dw, **a)
         d_dy = from_dw if d_dy is None else d_dy + from_dw
     return d_x, d_w, d_dy
 
@@ -70,13 +67,13 @@ def _register_backprop_gradients(prefix, forward, backprop_input, backprop_filte
     @tf.RegisterGradient(prefix + "BackpropInput")
     def _input_grad(op, grad):
         _, w, dy = op.inputs
-        a = candidates.ours(_attrs(op))
+        a = _spec(op).op_attrs()
         return None, backprop_filter(grad, tf.shape(w), dy, **a), forward(grad, w, **a)
 
     @tf.RegisterGradient(prefix + "BackpropFilter")
     def _filter_grad(op, grad):
         x, _, dy = op.inputs
-        a = candidates.ours(_attrs(op))
+        a = _spec(op).op_attrs()
         return backprop_input(tf.shape(x), grad, dy, **a), None, forward(x, grad, **a)
 
 

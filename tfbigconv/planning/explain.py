@@ -5,7 +5,7 @@ import os
 import tensorflow as tf
 
 from tfbigconv import arguments, errors, host, pure_tf
-from tfbigconv.arguments import Algorithm
+from tfbigconv.arguments import Algorithm, Pass
 from tfbigconv.cost_model import profiles
 from tfbigconv.planning import autotune as tuner, planner
 from tfbigconv.planning.plan import CANDIDATES
@@ -210,32 +210,30 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
             data_format = {1: {"NHWC": None}, 3: {"NHWC": None, "NCHW": "NCDHW"}}.get(
                 spatial, {}).get(data_format, data_format)
         data_format = arguments.parse_format(spatial, data_format)
-        attrs = arguments.parse_attrs(spatial, strides, padding, data_format, dilations,
-                                      filter_shape[0])
+        spec = arguments.parse_attrs(spatial, strides, padding, data_format, dilations,
+                                     filter_shape[0])
         input_shape, filter_shape = arguments.as_op_shapes(spatial, input_shape, filter_shape,
                                                            data_format)
-        pad, explicit = attrs["padding"], attrs["explicit_paddings"]
     except ValueError as e:
         raise errors.invalid_argument(str(e)) from None
     algorithm = arguments.requested_algorithm(algorithm)
     if xla:
         try:
-            pure_tf.check_geometry(input_shape, filter_shape, attrs["strides"], pad, explicit,
-                                   data_format, attrs["dilations"])
+            pure_tf.check_geometry(input_shape, filter_shape, *spec.geometry_args())
         except ValueError as e:
             raise errors.invalid_argument(str(e)) from None
-        p = pure_tf.plan(input_shape, filter_shape, attrs["strides"], pad, explicit, data_format,
-                         attrs["dilations"], dtype, algorithm, budget or 0, xla=True)
+        p = pure_tf.plan(input_shape, filter_shape, *spec.geometry_args(), dtype, algorithm,
+                         budget or 0, xla=True)
         return XlaExplanation(p, budget or 0)
     if autotune is True and algorithm == Algorithm.AUTO:
         if not tuner.can_measure(device):
             raise errors.invalid_argument("autotune=True times the candidates on the GPU, and TensorFlow sees "
                            "none here; autotune=False shows the GPU's estimates")
     limit = budget or 0
-    plans = [planner.plan(p, input_shape, filter_shape, attrs, dtype, algorithm, limit, device)
+    plans = [planner.plan(p, input_shape, filter_shape, spec, dtype, algorithm, limit, device)
              for p in planner.PASSES]
     if algorithm == Algorithm.AUTO:
-        args = (input_shape, filter_shape, attrs, dtype, device, limit)
+        args = (input_shape, filter_shape, spec.tf_attrs(), dtype, device, limit)
         if autotune is False:
             plans = [tuner.cached(p, *args) for p in plans]
             # The gradient passes as bigconv2d's gradient decides them (planner.decide_gradients).
@@ -244,7 +242,7 @@ def explain(input_shape, filter_shape, strides=1, padding="VALID", data_format="
             plans = [tuner.refine(p, *args, enabled=autotune) for p in plans]
             plans[1:] = tuner.refine_gradients(*plans[1:], *args, enabled=autotune)
     e = Explanation(plans, plans[0].limit, profiles.active_source, device)
-    if e.chosen["backprop_input"] == e.chosen["backprop_filter"] == "fft":
-        e.fused_backward = planner.fused_backward(input_shape, filter_shape, attrs, dtype, device,
+    if e.chosen[Pass.BACKPROP_INPUT] == e.chosen[Pass.BACKPROP_FILTER] == Algorithm.FFT:
+        e.fused_backward = planner.fused_backward(input_shape, filter_shape, spec, dtype, device,
                                                   limit)
     return e

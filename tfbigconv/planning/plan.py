@@ -5,12 +5,30 @@ planner.plan reads it into a Plan once, and every layer above reads fields. Plan
 rule and autotuning return changed copies (Plan.replace, Plan.with_estimate).
 """
 import dataclasses
+import enum
 from typing import Optional
 
-from tfbigconv.arguments import Algorithm
+from tfbigconv.arguments import Algorithm, Pass
 
 # The candidates of every pass, in the order explain lists them.
 CANDIDATES = (Algorithm.TF, Algorithm.DIRECT, Algorithm.FFT)
+
+
+class Verdict(enum.StrEnum):
+    """Whether auto may pick TF's kernel for a pass (tf_rules.TF_KERNEL_RULES): its
+    estimate decides (TRUSTED), only when autotuning timed it fastest (MEASURED),
+    or not at all (NEVER). The values are what explain and calibrate show."""
+    TRUSTED = "trusted"
+    MEASURED = "measured"
+    NEVER = "never"
+
+
+def fft_points(fft_plan):
+    """N: the points of one FFT of a CPU fft plan (a _core.FftPlan); None
+    without a plan (the GPU's kernel tiles at run time)."""
+    if fft_plan is None:
+        return None
+    return fft_plan.fft_d * fft_plan.fft_h * fft_plan.fft_w
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +55,12 @@ class Plan:
     """The table and the choice for one pass on one device.
 
     tf_kernel names TF's kernel as explain shows it ("tf.Conv2D", or "tf" where
-    none runs the case); tf_for_auto is tf_rules' verdict on it ("trusted",
-    "measured" or "never"); measured is {candidate: seconds} where timings
-    decided, else None; measured_together the gradient pairs' timings where
-    they were timed together (autotune.refine_gradients)."""
-    pass_: str
+    none runs the case); tf_for_auto is tf_rules' Verdict on it; measured is
+    {candidate: seconds} where timings decided, else None; measured_together
+    the gradient pairs' timings where they were timed together
+    (autotune.refine_gradients); fft_points the points of one of fft's
+    transforms on the CPU (None: not planned, or the GPU's)."""
+    pass_: Pass
     device: str
     limit: int            # the workspace limit planned with, in bytes
     tf_kernel: str
@@ -51,23 +70,24 @@ class Plan:
     chosen: Algorithm
     reason: str
     geometry: object      # _core.ConvGeometry
-    tf_for_auto: str
+    tf_for_auto: Verdict
     measured: Optional[dict] = None
     measured_together: Optional[dict] = None
-    fft_plan: object = None  # _core.FftPlan of the CPU's fft candidate, else None
+    fft_points: Optional[int] = None
 
     @classmethod
     def from_core(cls, p, geometry, tf_for_auto):
         """A Plan of a _core.PassPlan."""
-        return cls(p.pass_, p.device, p.limit, p.tf_kernel,
+        cpu_fft = p.device == "CPU" and p.fft.fits
+        return cls(Pass(p.pass_), p.device, p.limit, p.tf_kernel,
                    *(Estimate.from_core(getattr(p, n.value)) for n in CANDIDATES),
-                   Algorithm(p.chosen), p.reason, geometry, tf_for_auto,
-                   fft_plan=p.fft_plan if p.device == "CPU" and p.fft.available else None)
+                   Algorithm(p.chosen), p.reason, geometry, Verdict(tf_for_auto),
+                   fft_points=fft_points(p.fft_plan if cpu_fft else None))
 
     @property
     def tf_trusted(self):
         """Whether TF's kernel's estimate decides (else it is picked only when timed)."""
-        return self.tf_for_auto == "trusted"
+        return self.tf_for_auto == Verdict.TRUSTED
 
     def estimate(self, name):
         """The Estimate of candidate `name` ("tf", "direct" or "fft")."""

@@ -15,12 +15,12 @@ import math
 import tensorflow as tf
 from absl import logging
 
-from tfbigconv import _core, arguments, capabilities, errors, host, kernels
+from tfbigconv import _core, capabilities, errors, host
 from tfbigconv.cost_model import probe
 from tfbigconv.arguments import PASSES  # noqa: F401  (planner.PASSES: the passes planned)
-from tfbigconv.arguments import Algorithm
+from tfbigconv.arguments import Algorithm, ConvSpec, Pass
 from tfbigconv.planning import autotune as tuner, tf_rules
-from tfbigconv.planning.plan import Plan
+from tfbigconv.planning.plan import Plan, Verdict
 
 # With an unknown batch (Keras' usual None), passes are planned for this many
 # images: the choice between algorithms depends little on the batch, and a
@@ -46,11 +46,11 @@ def planning_shape(shape):
     return [ASSUMED_BATCH if dims[0] is None else dims[0]] + dims[1:]
 
 
-def planning_device(a, device):
-    """The device the passes of the op with attributes `a` (ours) are planned for:
+def planning_device(spec, device):
+    """The device the passes of the op `spec` (a ConvSpec) are planned for:
     `device` (where the op runs), or where our op of that rank runs instead
     (capabilities: the CPU in 3-D)."""
-    return capabilities.of(arguments.spatial_dims(a["data_format"]), device).runs_on
+    return capabilities.of(spec.spatial, device).runs_on
 
 
 def static_shape(shape):
@@ -62,18 +62,20 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
          device="CPU", kernel=None):
     """The planner's table and choice for one pass (a Plan; see _core.plan_pass).
 
-    attrs: strides, padding, explicit_paddings, data_format, dilations as the
-    op takes them. Raises InvalidArgumentError for bad arguments and
-    ResourceExhaustedError when nothing requested fits the workspace limit.
+    attrs: the convolution's arguments.ConvSpec (or a mapping of TF's op
+    attributes: strides, padding, explicit_paddings, data_format, dilations;
+    its algorithm and workspace limit are the arguments here). Raises
+    InvalidArgumentError for bad arguments and ResourceExhaustedError when
+    nothing requested fits the workspace limit.
     workspace_limit 0: the default budget (on the GPU, gpu_workspace_budget()).
     kernel: TF's kernel to estimate ("Conv2D", "DepthwiseConv2dNative") instead
     of tf_rules.tf_kernel's (memory_report: the kernel of an op already in a graph).
     """
     algorithm = Algorithm(algorithm)
+    spec = ConvSpec.of(attrs)
     if device == "GPU" and not workspace_limit:
         workspace_limit = host.gpu_workspace_budget()
-    args = (list(input_shape), list(filter_shape), attrs["strides"], attrs["padding"],
-            attrs["explicit_paddings"], attrs["data_format"], attrs["dilations"])
+    args = (list(input_shape), list(filter_shape), *spec.geometry_args())
     try:
         geometry = _core.conv_geometry(*args)
     except ValueError as e:
@@ -84,12 +86,12 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
     if not where.registered:
         raise errors.invalid_argument(f"{where.rank}-D convolutions run on the {where.runs_on} "
                                       f"only ({where.gap}): device must be '{where.runs_on}'")
-    picked, for_auto, note = tf_rules.tf_kernel(pass_, geometry, attrs, dtype, device)
+    picked, for_auto, note = tf_rules.tf_kernel(pass_, geometry, spec, dtype, device)
     kernel = kernel or picked
     try:
         core_plan = _core.plan_pass(*args, pass_, dtype, device, algorithm.value, workspace_limit,
                             host.current().threads(),
-                            kernel, for_auto == "trusted", note)
+                            kernel, for_auto == Verdict.TRUSTED, note)
     except ValueError as e:
         raise errors.invalid_argument(str(e)) from None
     except RuntimeError as e:
@@ -123,19 +125,18 @@ FFT_ROUNDING_LOW, DIRECT_ROUNDING_HIGH = 0.13, 0.3
 
 def summed_terms(pass_, g):
     """K: how many products the pass sums into each of its outputs."""
-    if pass_ == "forward":
+    if pass_ == Pass.FORWARD:
         return g.filter_d * g.filter_h * g.filter_w * g.filter_in_c
-    if pass_ == "backprop_input":  # a stride s uses one tap in s per dimension
+    if pass_ == Pass.BACKPROP_INPUT:  # a stride s uses one tap in s per dimension
         taps = g.filter_d * g.filter_h * g.filter_w * (g.out_c // max(g.groups, 1))
         return max(1, taps // (g.stride_d * g.stride_h * g.stride_w))
     return g.batch * g.out_d * g.out_h * g.out_w
 
 
 def fft_size(p):
-    """N: the points of the pass's FFT, of its CPU plan; None where there is
-    none (the GPU's kernel tiles at run time)."""
-    f = p.fft_plan
-    return f.fft_d * f.fft_h * f.fft_w if f is not None else None
+    """N: the points of the pass's FFT, from its CPU plan (Plan.fft_points); None
+    where there is none (the GPU's kernel tiles at run time)."""
+    return p.fft_points if p.fft.available else None
 
 
 def fft_less_precise(p):
@@ -165,7 +166,7 @@ def _precision_rule(p, algorithm):
         return p
     others = [n for n in (Algorithm.TF, Algorithm.DIRECT)
               if p.estimate(n).available and p.estimate(n).fits
-              and (n != Algorithm.TF or p.tf_for_auto != "never")]
+              and (n != Algorithm.TF or p.tf_for_auto != Verdict.NEVER)]
     small = p.geometry.macs < SMALL_PASS_MACS and Algorithm.DIRECT in others
     why = fft_less_precise(p) if p.fft.available else ""
     if small:
@@ -216,8 +217,8 @@ def decide(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_
             return plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, 0, device)
     p = plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit, device)
     if algorithm == Algorithm.AUTO:
-        p = tuner.refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit,
-                         enabled=autotune)
+        p = tuner.refine(p, input_shape, filter_shape, ConvSpec.of(attrs).tf_attrs(), dtype,
+                         device, workspace_limit, enabled=autotune)
     return p
 
 
@@ -229,7 +230,8 @@ def decide_gradients(input_shape, filter_shape, attrs, dtype, algorithm, workspa
     plans = [decide(p, input_shape, filter_shape, attrs, dtype, algorithm, workspace_limit,
                     device, autotune) for p in PASSES[1:]]
     if algorithm == Algorithm.AUTO and _planning_only.get() is None:
-        plans = tuner.refine_gradients(*plans, input_shape, filter_shape, attrs, dtype, device,
+        plans = tuner.refine_gradients(*plans, input_shape, filter_shape,
+                                       ConvSpec.of(attrs).tf_attrs(), dtype, device,
                                        workspace_limit, enabled=autotune)
     return list(plans)
 
@@ -244,38 +246,37 @@ def fused_backward(input_shape, filter_shape, attrs, dtype, device, workspace_li
         return None
     try:
         return _core.lane_backprop_plan(
-            input_shape, filter_shape, attrs["strides"], attrs["padding"],
-            attrs["explicit_paddings"], attrs["data_format"], attrs["dilations"],
+            input_shape, filter_shape, *ConvSpec.of(attrs).geometry_args(),
             dtype=tf.as_dtype(dtype).name, workspace_limit=workspace_limit,
             workers=host.current().threads())
     except ValueError:  # it says why; the two gradients run on their own
         return None
 
 
-def log_choice(a, p):
-    """Logs plan `p` of a pass of the op with attributes `a` (ours)."""
+def log_choice(spec, p):
+    """Logs plan `p` of a pass of the op `spec` (a ConvSpec)."""
     how = "measured" if p.measured else "estimated"
-    op_name = f"bigconv{arguments.spatial_dims(a['data_format'])}d"
+    op_name = f"bigconv{spec.spatial}d"
     logging.vlog(1, "%s %s on %s: %s, %s (%s)", op_name, p.pass_, p.device, p.chosen, how,
                  p.reason)
 
 
-def choose_gradients(in_shape, f_shape, a, dtype, device, needed=(True, True)):
-    """The algorithms of the two gradient passes (dL/dinput, dL/dfilter) of an op
-    with attributes `a` (ours): planned together (decide_gradients) when shapes
+def choose_gradients(in_shape, f_shape, spec, dtype, device, needed=(True, True)):
+    """The algorithms of the two gradient passes (dL/dinput, dL/dfilter) of the op
+    `spec` (a ConvSpec): planned together (decide_gradients) when shapes
     are static, else the op's. `needed`: which of the two are wanted; one that
     is not is neither planned nor timed (None), and the other is planned alone
     (a frozen filter, or a layer whose input needs no gradient)."""
     in_shape, f_shape = planning_shape(in_shape), static_shape(f_shape)
-    if a["algorithm"] != Algorithm.AUTO or in_shape is None or f_shape is None:
-        return tuple(a["algorithm"] if n else None for n in needed)
-    args = (in_shape, f_shape, kernels.tf_attrs(a), dtype.name, a["algorithm"],
-            a["workspace_limit_bytes"], device)
+    if spec.algorithm != Algorithm.AUTO or in_shape is None or f_shape is None:
+        return tuple(spec.algorithm if n else None for n in needed)
+    args = (in_shape, f_shape, spec, dtype.name, spec.algorithm, spec.workspace_limit_bytes,
+            device)
     if all(needed):
         plans = decide_gradients(*args)
     else:
         plans = [decide(p, *args) if n else None for p, n in zip(PASSES[1:], needed)]
     for p in plans:
         if p is not None:
-            log_choice(a, p)
+            log_choice(spec, p)
     return tuple(p.chosen if p is not None else None for p in plans)

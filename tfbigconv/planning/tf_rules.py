@@ -15,13 +15,16 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfbigconv import _core, capabilities, host, kernels
+from tfbigconv import _core, arguments, capabilities, host, kernels
+from tfbigconv.arguments import Pass
+from tfbigconv.planning.plan import Verdict
 
 HALF_TYPES = ("float16", "bfloat16")
 
 
-def uses_depthwise_kernel(pass_, in_depth, filter_shape, attrs, dtype, device):
-    """Whether TF's kernel for the pass is DepthwiseConv2dNative: a depthwise
+def uses_depthwise_kernel(pass_, spec, dtype, device):
+    """Whether TF's kernel for the pass of `spec` (an arguments.ConvSpec with its
+    operands) is DepthwiseConv2dNative: a depthwise
     filter (one input channel, several groups) on the CPU that its kernels accept:
     equal strides, no dilations, and NHWC, or NCHW where TF runs it through
     oneDNN (tf_cpu_onednn). With dilations, in NHWC at stride 1, the gradients
@@ -30,24 +33,24 @@ def uses_depthwise_kernel(pass_, in_depth, filter_shape, attrs, dtype, device):
     forward is grouped Conv2D, which oneDNN runs faster there. Other grouped
     cases, and every one on the GPU (GPU_DEPTHWISE_NOTE), are grouped Conv2D.
     The rules and the emitters (planning.candidates) both ask this."""
-    if (kernels.conv3d(attrs) or in_depth is None or in_depth <= 1 or filter_shape[2] != 1
-            or device == "GPU"):  # TF has no 3-D depthwise kernel
+    if not spec.depthwise or device == "GPU":  # TF has no 3-D depthwise kernel
         return False
-    nhwc = attrs["data_format"] == "NHWC"
-    strides = attrs["strides"][1:3] if nhwc else attrs["strides"][2:4]
+    nhwc = spec.data_format == "NHWC"
+    strides = spec.strides[1:3] if nhwc else spec.strides[2:4]
     if strides[0] != strides[1]:
         return False
-    if any(d != 1 for d in attrs["dilations"]):
-        if not nhwc or strides[0] != 1 or None in filter_shape[:2]:
+    if spec.dilated:
+        filter_hw = spec.filter_dims[:2]
+        if not nhwc or strides[0] != 1 or None in filter_hw:
             return False
-        sides = [(k - 1) * d + 1 for k, d in zip(filter_shape[:2], attrs["dilations"][1:3])]
-        return pass_ != "forward" or max(sides) >= SPACE_TO_BATCH_FORWARD_SIDE
+        sides = [(k - 1) * d + 1 for k, d in zip(filter_hw, spec.dilations[1:3])]
+        return pass_ != Pass.FORWARD or max(sides) >= SPACE_TO_BATCH_FORWARD_SIDE
     if nhwc:
         return True
     # TF's own CPU depthwise kernels reject NCHW; oneDNN's ran it at 0.93-1.12x
     # the time of grouped Conv2D, with the same results.
-    return device == "CPU" and tf_cpu_onednn("DepthwiseConv2dNative", dtype,
-                                             attrs["padding"] == "EXPLICIT", "NCHW")
+    return device == "CPU" and tf_cpu_onednn("DepthwiseConv2dNative", dtype, spec.explicit,
+                                             "NCHW")
 
 
 # Measured fwd+bwd (RESULTS.md, "Dilated depthwise gradients"): TF's grouped
@@ -82,18 +85,18 @@ ONEDNN_BF16_GROUPED_DILATED_NOTE = (
     "(segmentation fault) in TF 2.21: not run; algorithm 'auto', 'direct' or 'fft' runs it")
 
 
-def tf_filter_gradient_crashes(in_depth, filter_shape, attrs, dtype, device):
-    """Whether TF's kernel for the filter gradient is the one that crashed
-    (ONEDNN_BF16_GROUPED_DILATED_NOTE): grouped Conv2DBackpropFilter in bfloat16
-    with dilations, where oneDNN runs it. Needs no spatial sizes, so the
-    emitter (planning.candidates) asks it too, also where shapes are unknown."""
-    if (kernels.conv3d(attrs) or device != "CPU" or dtype != "bfloat16" or in_depth is None
-            or filter_shape[2] is None
-            or in_depth == filter_shape[2] or all(d == 1 for d in attrs["dilations"])):
+def tf_filter_gradient_crashes(spec, dtype, device):
+    """Whether TF's kernel for the filter gradient of `spec` (a ConvSpec with its
+    operands) is the one that crashed (ONEDNN_BF16_GROUPED_DILATED_NOTE): grouped
+    Conv2DBackpropFilter in bfloat16 with dilations, where oneDNN runs it. Needs
+    no spatial sizes, so the emitter (planning.candidates) asks it too, also
+    where shapes are unknown."""
+    if (spec.conv3d or device != "CPU" or dtype != "bfloat16" or not spec.grouped
+            or not spec.dilated):
         return False
-    if uses_depthwise_kernel("backprop_filter", in_depth, filter_shape, attrs, dtype, device):
+    if uses_depthwise_kernel(Pass.BACKPROP_FILTER, spec, dtype, device):
         return False  # the undilated depthwise kernel on SpaceToBatchND copies
-    return tf_cpu_onednn("Conv2D", dtype, attrs["padding"] == "EXPLICIT")
+    return tf_cpu_onednn("Conv2D", dtype, spec.explicit)
 
 
 # oneDNN's bfloat16 kernels in NCHW measured 3-5x (Conv2D) and 10-30x (depthwise)
@@ -120,7 +123,7 @@ def onednn_compiles_slowly(pass_, geometry, dtype):
     """Whether TF's oneDNN depthwise kernel for the pass is in the region
     where its first call compiled for minutes (ONEDNN_SLOW_COMPILE_NOTE):
     auto must not run it, not even to time it."""
-    return (pass_ == "forward" and dtype == "bfloat16" and geometry.in_c <= 16
+    return (pass_ == Pass.FORWARD and dtype == "bfloat16" and geometry.in_c <= 16
             and geometry.out_c == geometry.in_c and geometry.stride_h == 1
             and geometry.stride_w == 1
             and max(geometry.filter_h, geometry.filter_w) >= 15)
@@ -191,25 +194,27 @@ def tf_version():
 
 @dataclasses.dataclass
 class Case:
-    """What the rules read of one pass: its geometry (_core.conv_geometry),
-    attributes, dtype and device. The oneDNN checks run only when a rule asks."""
-    pass_: str
+    """What the rules read of one pass: its geometry (_core.conv_geometry), its
+    arguments.ConvSpec (given the geometry's operands here), dtype and device.
+    The oneDNN checks run only when a rule asks."""
+    pass_: Pass
     geometry: dict
-    attrs: dict
+    spec: arguments.ConvSpec
     dtype: str
     device: str
 
     def __post_init__(self):
         g = self.geometry
-        self.conv3d = kernels.conv3d(self.attrs)
-        self.filter_shape = [getattr(g, k) for k in ("filter_d", "filter_h", "filter_w", "filter_in_c",
-                                            "out_c")[0 if self.conv3d else 1:]]
-        self.nchw = self.attrs["data_format"] in ("NCHW", "NCDHW")
-        self.explicit = self.attrs["padding"] == "EXPLICIT"
+        self.conv3d = self.spec.conv3d
+        filter_shape = [getattr(g, k) for k in ("filter_d", "filter_h", "filter_w", "filter_in_c",
+                                       "out_c")[0 if self.conv3d else 1:]]
+        self.spec = self.spec.with_filter(g.in_c, filter_shape)
+        self.nchw = not self.spec.channels_last
+        self.explicit = self.spec.explicit
         self.half = self.dtype in HALF_TYPES and self.device == "CPU"
         self.dilated = g.dilation_d > 1 or g.dilation_h > 1 or g.dilation_w > 1
         self.grouped = g.groups > 1
-        self.gradient = self.pass_ != "forward"
+        self.gradient = self.pass_ != Pass.FORWARD
         sizes = ("batch", "in_d", "in_h", "in_w", "in_c", "filter_d", "filter_h", "filter_w",
                  "out_c", "out_d", "out_h", "out_w")
         self.empty = any(getattr(g, k) == 0 for k in sizes)
@@ -217,8 +222,7 @@ class Case:
     @functools.cached_property
     def depthwise(self):
         """TF's kernel is DepthwiseConv2dNative (uses_depthwise_kernel; may probe oneDNN)."""
-        return uses_depthwise_kernel(self.pass_, self.geometry.in_c, self.filter_shape,
-                                     self.attrs, self.dtype, self.device)
+        return uses_depthwise_kernel(self.pass_, self.spec, self.dtype, self.device)
 
     @functools.cached_property
     def onednn_depthwise(self):
@@ -254,111 +258,114 @@ class Case:
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """A row of TF_KERNEL_RULES: where `applies`, TF's `kernel` ("" if it cannot
-    run the case), whether auto may pick it (`verdict`: "trusted", its estimate
-    decides; "measured", only when timed fastest; "never") and why (`note`;
+    run the case), whether auto may pick it (`verdict`: TRUSTED, its estimate
+    decides; MEASURED, only when timed fastest; NEVER) and why (`note`;
     ONEDNN_NOTE is added where TF's kernel is oneDNN's, unless the verdict is
-    "never"). `source` says where the measurement behind it is."""
+    NEVER). `source` says where the measurement behind it is."""
     applies: Callable
     kernel: str
-    verdict: str
+    verdict: Verdict
     note: str
     source: str
 
 
 # TensorFlow's kernel rules, the first row that applies decides (tf_kernel).
 TF_KERNEL_RULES = (
-    Rule(lambda c: c.empty, "", "never", EMPTY_NOTE,
+    Rule(lambda c: c.empty, "", Verdict.NEVER, EMPTY_NOTE,
          "TF 2.21's oneDNN Conv2D returns an input-shaped result for empty inputs, its "
          "gradients leave empty sums uninitialised, and its graph shape function rejects the "
          "empty outputs its kernel gives (filter one larger than the input)"),
     # Where our op of the rank is not registered (capabilities: 3-D on the GPU).
-    Rule(lambda c: not capabilities.of(3 if c.conv3d else 2, c.device).registered, "", "never",
+    Rule(lambda c: not capabilities.of(c.spec.spatial, c.device).registered, "", Verdict.NEVER,
          "; ".join(f"{u.rank}-D convolutions run on the {u.runs_on} ({u.gap})"
                    for u in capabilities.unregistered()),
          "; ".join(u.source for u in capabilities.unregistered())),
     # Conv3D, TF's only 3-D kernel (bigconv3d).
-    Rule(lambda c: c.conv3d and c.grouped, "", "never", "TensorFlow's CPU Conv3D rejects groups",
+    Rule(lambda c: c.conv3d and c.grouped, "", Verdict.NEVER,
+         "TensorFlow's CPU Conv3D rejects groups",
          "TF 2.21, oneDNN and Eigen: 'input and filter must have the same depth'"),
-    Rule(lambda c: c.conv3d and (c.nchw or c.dilated) and not c.onednn_conv3d, "", "never",
+    Rule(lambda c: c.conv3d and (c.nchw or c.dilated) and not c.onednn_conv3d, "", Verdict.NEVER,
          "TensorFlow's own CPU Conv3D runs only NDHWC, without dilations",
          "TF 2.21's Eigen Conv3D: 'only supports the NHWC tensor format', 'dilated rates of 1'"),
-    Rule(lambda c: c.conv3d and c.half and not c.onednn_conv3d, "Conv3D", "never",
+    Rule(lambda c: c.conv3d and c.half and not c.onednn_conv3d, "Conv3D", Verdict.NEVER,
          "TensorFlow's CPU Conv3D accumulates in half precision (4-6x the error of ours): "
          "not for auto",
          "measured rel. L2 vs float64 (3x3x3x8x8): bfloat16 1.2e-2 to 1.8e-2, oneDNN 2.5e-3 to "
          "2.9e-3"),
-    Rule(lambda c: c.conv3d and not c.onednn_conv3d, "Conv3D", "measured",
+    Rule(lambda c: c.conv3d and not c.onednn_conv3d, "Conv3D", Verdict.MEASURED,
          "TensorFlow's Eigen Conv3D, estimated at oneDNN's rates: picked only when measured "
          "fastest", "the Conv3D estimate was measured on oneDNN only"),
-    Rule(lambda c: c.conv3d, "Conv3D", "trusted", "",
+    Rule(lambda c: c.conv3d, "Conv3D", Verdict.TRUSTED, "",
          "oneDNN's Conv3D against Conv2D's rates at the side of as many taps (plan.cc)"),
     # DepthwiseConv2dNative (uses_depthwise_kernel).
     Rule(lambda c: c.depthwise and tf_version() < (2, 17) and c.onednn_depthwise,
-         "DepthwiseConv2dNative", "never", ONEDNN_216_DEPTHWISE_NOTE,
+         "DepthwiseConv2dNative", Verdict.NEVER, ONEDNN_216_DEPTHWISE_NOTE,
          "scripts/tf_matrix.sh, TF 2.16.2 on a Zen 4 host: Keras' DepthwiseConv2D (15x15 SAME) "
          "and a bfloat16 fit whose backprop_input auto gave TF's kernel abort the process "
          "(divide by zero in oneDNN's brdgmm blocking, gdb); not from TF 2.17 on"),
     Rule(lambda c: (c.depthwise and c.half and onednn_compiles_slowly(c.pass_, c.geometry, c.dtype)
-                    and c.onednn_depthwise), "DepthwiseConv2dNative", "never",
+                    and c.onednn_depthwise), "DepthwiseConv2dNative", Verdict.NEVER,
          ONEDNN_SLOW_COMPILE_NOTE, "ONEDNN_SLOW_COMPILE_NOTE"),
-    Rule(lambda c: c.depthwise and c.nchw and c.half, "DepthwiseConv2dNative", "measured",
+    Rule(lambda c: c.depthwise and c.nchw and c.half, "DepthwiseConv2dNative", Verdict.MEASURED,
          HALF_NCHW_NOTE, "HALF_NCHW_NOTE"),
     Rule(lambda c: c.depthwise and c.half and not c.nchw and not c.onednn_depthwise,
-         "DepthwiseConv2dNative", "never",
+         "DepthwiseConv2dNative", Verdict.NEVER,
          "TensorFlow's CPU depthwise kernels accumulate in half precision (3-10x the error of "
          "ours): not for auto",
          "measured rel. L2 vs float64 (bfloat16, 7x7): 8.5e-3 forward, 3.0e-2 filter gradient, "
          "against 3e-3 for ours"),
-    Rule(lambda c: c.depthwise and c.dilated, "DepthwiseConv2dNative", "measured",
+    Rule(lambda c: c.depthwise and c.dilated, "DepthwiseConv2dNative", Verdict.MEASURED,
          SPACE_TO_BATCH_NOTE, "SPACE_TO_BATCH_NOTE"),
-    Rule(lambda c: c.depthwise, "DepthwiseConv2dNative", "trusted", "",
+    Rule(lambda c: c.depthwise, "DepthwiseConv2dNative", Verdict.TRUSTED, "",
          "NCHW: TF's own CPU depthwise kernels reject it, oneDNN's ran it (uses_depthwise_kernel)"),
     # Conv2D.
     Rule(lambda c: (c.device == "GPU" and c.geometry.filter_in_c == 1
-                    and c.geometry.in_c > 1), "Conv2D", "trusted", GPU_DEPTHWISE_NOTE, "GPU_DEPTHWISE_NOTE"),
-    Rule(lambda c: c.device == "GPU", "Conv2D", "trusted", "", "cuDNN, as tf.nn.conv2d runs it"),
-    Rule(lambda c: c.needs_onednn_conv2d and c.nchw and not c.onednn_conv2d, "", "never",
+                    and c.geometry.in_c > 1), "Conv2D", Verdict.TRUSTED, GPU_DEPTHWISE_NOTE,
+         "GPU_DEPTHWISE_NOTE"),
+    Rule(lambda c: c.device == "GPU", "Conv2D", Verdict.TRUSTED, "",
+         "cuDNN, as tf.nn.conv2d runs it"),
+    Rule(lambda c: c.needs_onednn_conv2d and c.nchw and not c.onednn_conv2d, "", Verdict.NEVER,
          "TensorFlow's CPU Conv2D runs only NHWC", "TF's Eigen Conv2D kernels"),
-    Rule(lambda c: c.needs_onednn_conv2d and c.grouped and not c.onednn_conv2d, "", "never",
+    Rule(lambda c: c.needs_onednn_conv2d and c.grouped and not c.onednn_conv2d, "", Verdict.NEVER,
          "TensorFlow's CPU gradients reject grouped convolution", "TF's Eigen Conv2D kernels"),
-    Rule(lambda c: c.needs_onednn_conv2d and c.dilated and not c.onednn_conv2d, "", "never",
+    Rule(lambda c: c.needs_onednn_conv2d and c.dilated and not c.onednn_conv2d, "", Verdict.NEVER,
          "TensorFlow's CPU gradients reject dilations", "TF's Eigen Conv2D kernels"),
-    Rule(lambda c: c.needs_onednn_conv2d and not c.onednn_conv2d, "Conv2D", "never",
+    Rule(lambda c: c.needs_onednn_conv2d and not c.onednn_conv2d, "Conv2D", Verdict.NEVER,
          "TensorFlow's CPU gradients accumulate in half precision (5-20x the error of ours): "
          "not for auto",
          "measured rel. L2 vs float64 (bfloat16, 15x15x8): 1.4e-2 input and 1.9e-2 filter "
          "gradient, against 2.4e-3 for ours"),
-    Rule(lambda c: c.pass_ == "backprop_filter" and tf_filter_gradient_crashes(
-        c.geometry.in_c, c.filter_shape, c.attrs, c.dtype, c.device), "", "never",
+    Rule(lambda c: c.pass_ == Pass.BACKPROP_FILTER and tf_filter_gradient_crashes(
+        c.spec, c.dtype, c.device), "", Verdict.NEVER,
          ONEDNN_BF16_GROUPED_DILATED_NOTE, "ONEDNN_BF16_GROUPED_DILATED_NOTE"),
     Rule(lambda c: (c.grouped and c.geometry.filter_in_c >= ONEDNN_GROUPED_TRUSTED_CHANNELS
                     and c.dtype in ("float32", "bfloat16") and not c.nchw and c.onednn_conv2d),
-         "Conv2D", "trusted", "", "ONEDNN_GROUPED_TRUSTED_CHANNELS"),
-    Rule(lambda c: c.grouped, "Conv2D", "measured",
+         "Conv2D", Verdict.TRUSTED, "", "ONEDNN_GROUPED_TRUSTED_CHANNELS"),
+    Rule(lambda c: c.grouped, "Conv2D", Verdict.MEASURED,
          "grouped Conv2D on the CPU: picked only when measured fastest",
          "measured 10-300x slower than its estimate (depthwise-like shapes)"),
-    Rule(lambda c: c.half and c.nchw, "Conv2D", "measured", HALF_NCHW_NOTE, "HALF_NCHW_NOTE"),
-    Rule(lambda c: True, "Conv2D", "trusted", "", "the cost model's calibration"),
+    Rule(lambda c: c.half and c.nchw, "Conv2D", Verdict.MEASURED, HALF_NCHW_NOTE, "HALF_NCHW_NOTE"),
+    Rule(lambda c: True, "Conv2D", Verdict.TRUSTED, "", "the cost model's calibration"),
 )
 
 
-def tf_kernel(pass_, geometry, attrs, dtype, device):
+def tf_kernel(pass_, geometry, spec, dtype, device):
     """TensorFlow's kernel for one pass on `device`: (name, auto may pick it, note),
     from the first row of TF_KERNEL_RULES that applies.
 
     name is "Conv2D" or "DepthwiseConv2dNative", or "" where TensorFlow cannot
     run the case (then note says why); a forced algorithm="tf" runs any named
-    kernel. "auto may pick it" is "trusted" (its estimate decides), "measured"
-    (chosen only when autotuning timed it fastest) or "never" (runs, but less
-    precisely than ours, or compiles for minutes). On the CPU, TF's own (Eigen)
-    kernels run NHWC only, no grouped or dilated gradients, and accumulate half
-    types in half precision; where TF runs the case through oneDNN
+    kernel. "auto may pick it" is a Verdict: TRUSTED (its estimate decides),
+    MEASURED (chosen only when autotuning timed it fastest) or NEVER (runs, but
+    less precisely than ours, or compiles for minutes). spec: the ConvSpec. On
+    the CPU, TF's own (Eigen) kernels run NHWC only, no grouped or dilated
+    gradients, and accumulate half types in half precision; where TF runs the case through oneDNN
     (tf_cpu_onednn: measured, per kernel and dtype), none of that holds.
     """
-    case = Case(pass_, geometry, attrs, dtype, device)
+    case = Case(pass_, geometry, spec, dtype, device)
     rule = next(r for r in TF_KERNEL_RULES if r.applies(case))
     note = rule.note
-    if rule.verdict != "never" and case.relies_on_onednn:
+    if rule.verdict != Verdict.NEVER and case.relies_on_onednn:
         note = "; ".join(n for n in (note, ONEDNN_NOTE) if n)
     return rule.kernel, rule.verdict, note
 
@@ -403,9 +410,10 @@ def _onednn_probe(kernel, dtype, explicit_padding, fmt):
             x_shape = (2, 8, 17, 19)
     pads = ([0, 0, 1, 2, 2, 1, 0, 0] if fmt == "NHWC" else [0, 0, 0, 0, 1, 2, 2, 1]) \
         if explicit_padding else []
-    a = dict(strides=[1] * len(dil), padding="EXPLICIT" if explicit_padding else "SAME",
-             explicit_paddings=pads, data_format=fmt, dilations=dil)
-    core_args = (a["strides"], a["padding"], pads, fmt, dil)
+    spec = arguments.ConvSpec(
+        (1,) * len(dil), "EXPLICIT" if explicit_padding else "SAME", tuple(pads), fmt,
+        tuple(dil)).with_filter(x_shape[3 if fmt == "NHWC" else 1], f_shape)
+    core_args = spec.geometry_args()
     rng = np.random.default_rng(0)
     tf_dtype = tf.as_dtype(dtype)
 
@@ -416,18 +424,19 @@ def _onednn_probe(kernel, dtype, explicit_padding, fmt):
         return rounded(rng.standard_normal(shape))
 
     x, w = exact(x_shape), exact(f_shape)
-    y_ref = _core.run_pass("direct", "forward", x, w, [], *core_args)
+    y_ref = _core.run_pass("direct", Pass.FORWARD, x, w, [], *core_args)
     dy = exact(y_ref.shape)
-    refs = [y_ref, _core.run_pass("direct", "backprop_input", dy, w, list(x_shape), *core_args),
-            _core.run_pass("direct", "backprop_filter", x, dy, list(f_shape), *core_args)]
+    refs = [y_ref,
+            _core.run_pass("direct", Pass.BACKPROP_INPUT, dy, w, list(x_shape), *core_args),
+            _core.run_pass("direct", Pass.BACKPROP_FILTER, x, dy, list(f_shape), *core_args)]
     try:
         with host.eager_scope(), tf.device("/CPU:0"):
             xt, wt, dyt = (tf.constant(v, tf_dtype) for v in (x, w, dy))
-            in_depth = x_shape[3 if fmt == "NHWC" else 1]
             got = tf.function(lambda: (
-                kernels.tf_forward(xt, wt, a, depthwise),
-                kernels.tf_backprop_input(tf.constant(x_shape), wt, dyt, a, in_depth, depthwise),
-                kernels.tf_backprop_filter(xt, f_shape, dyt, a, depthwise)), autograph=False)()
+                kernels.tf_forward(xt, wt, spec, depthwise),
+                kernels.tf_backprop_input(tf.constant(x_shape), wt, dyt, spec, depthwise),
+                kernels.tf_backprop_filter(xt, f_shape, dyt, spec, depthwise)),
+                autograph=False)()
             got = [tf.cast(g, tf.float64).numpy() for g in got]
     except (tf.errors.OpError, ValueError) as e:
         logging.vlog(1, "TF's CPU %s does not run %s through oneDNN: %s", kernel, dtype,
@@ -442,17 +451,14 @@ def _onednn_probe(kernel, dtype, explicit_padding, fmt):
     return True
 
 
-def grouped_fusion_fails(in_depth, filter_shape, attrs, dtype, device):
-    """Whether TF's Conv2D forward of a grouped 2-D case on `device` would fail
-    where a BiasAdd follows it in a graph (grouped_conv2d_fusion_fails); then
-    planning.candidates emits it per group. Needs only the channel counts."""
-    filter_shape = tf.TensorShape(filter_shape)
-    f_depth = filter_shape[2] if filter_shape.rank == 4 else None
-    if (kernels.conv3d(attrs) or device != "CPU" or in_depth is None or f_depth is None
-            or in_depth == f_depth):
+def grouped_fusion_fails(spec, dtype, device):
+    """Whether TF's Conv2D forward of a grouped 2-D case (`spec`, a ConvSpec with
+    its operands) on `device` would fail where a BiasAdd follows it in a graph
+    (grouped_conv2d_fusion_fails); then planning.candidates emits it per group.
+    Needs only the channel counts."""
+    if spec.conv3d or device != "CPU" or not spec.grouped:
         return False
-    return grouped_conv2d_fusion_fails(dtype, attrs["data_format"],
-                                       attrs["padding"] == "EXPLICIT")
+    return grouped_conv2d_fusion_fails(dtype, spec.data_format, spec.explicit)
 
 
 @functools.lru_cache(maxsize=None)
