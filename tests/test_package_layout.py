@@ -117,7 +117,7 @@ def package_loop(graph):
 LAYERS = (
     ("compiled", ("tfbigconv._core", "tfbigconv._bigconv_ops", "tfbigconv._build_info")),
     ("foundation", ("tfbigconv.version", "tfbigconv.errors", "tfbigconv.host",
-                    "tfbigconv.arguments", "tfbigconv.capabilities", "tfbigconv._native",
+                    "tfbigconv.timer", "tfbigconv.arguments", "tfbigconv.capabilities", "tfbigconv._native",
                     "tfbigconv._missing", "tfbigconv.large_kernels")),
     ("TF's kernels", ("tfbigconv.kernels", "tfbigconv.pure_tf")),
     ("cost model", ("tfbigconv.cost_model",)),

@@ -120,6 +120,9 @@ void ForEachField(Model& m, F&& f) {
   per_side("tf_depthwise_flops_per_second.", m.tf_depthwise_flops_per_second);
   per_side("tf_depthwise_multiplier_flops_per_second.", m.tf_depthwise_multiplier_flops_per_second);
   per_dtype("tf_depthwise_dtype_slowdown.", m.tf_depthwise_dtype_slowdown);
+  for (int t = 0; t < kHalfDTypes; ++t)
+    f(std::string("im2col_half_slow_path_side.") + kSlowdownDTypeNames[t],
+      m.im2col_half_slow_path_side[t]);
   const auto gpu = [](int c, int p, int d) {
     return std::string("gpu.") + GpuCandidateName(GpuCandidate(c)) + "." + PassName(Pass(p)) +
            "." + kGpuDTypeClassNames[d] + ".";

@@ -67,6 +67,8 @@ constexpr int kIm2colSides = 5;     // filter sides (sqrt of taps): 3, 7, 14, 15
 constexpr int kIm2colChannels = 4;  // channels in x out per group: 1, 16, 256, 2048
 constexpr int kPasses = 3;
 constexpr int kSlowdownDTypes = 3;  // float16, bfloat16, float64 (over float32)
+constexpr int kHalfDTypes = 2;      // float16, bfloat16 (the first two of those)
+constexpr double kNoSlowPathSide = 1e6;  // a side no filter reaches
 constexpr int kGpuCandidates = 3;   // GpuCandidate
 constexpr int kGpuDTypeClasses = 2; // float32 and float64; float16 and bfloat16
 constexpr int kGpuFeatures = 9;     // GpuModelTerms::features
@@ -105,6 +107,14 @@ struct CostModel {
   // across layers; its Conv2D 0.5x).
   double tf_depthwise_dtype_slowdown[kPasses][kSlowdownDTypes] = {{1, 1, 1}, {1, 1, 1},
                                                                   {1, 1, 1}};
+  // The filter side from which TF's Conv2D filter gradient in float16 and
+  // bfloat16 runs float32's slow path (float32's rates, no slowdown); below it
+  // they run at the rate of the side before kIm2colSlowPathSide times their
+  // slowdown. oneDNN with AVX512_BF16 and no AMX (Zen 4), bfloat16: 16->16
+  // channels on a 40x40 image 4.3-7.2 s at sides 15-19 (float32's slow path);
+  // 3->8 on 96x96 2.6-8 ms up to side 24, then 4.7-12 s: 15, the slow path of
+  // the common case. With AMX (Xeon) none up to 31. kNoSlowPathSide: none.
+  double im2col_half_slow_path_side[kHalfDTypes] = {kNoSlowPathSide, kNoSlowPathSide};
   // The GPU model's coefficients (any sign).
   double gpu[kGpuCandidates][kPasses][kGpuDTypeClasses][kGpuFeatures] = {};
   // The shortest call measured per candidate, pass and dtype class: no GPU

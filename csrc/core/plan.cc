@@ -155,7 +155,7 @@ Status PlanPass(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
     if (requested == R::kFft) ours = Algorithm::kFft;
     if (requested == R::kDirect) ours = Algorithm::kDirect;
   }
-  p.tf = TfEstimate(ug, pass, dtype, device, tf.kernel, limit, workers);
+  p.tf = TfEstimate(ug, pass, dtype, device, tf, limit, workers);
   if (!tf.note.empty()) p.tf.note = tf.note;
   const Estimate& t = p.tf;
   // auto may pick TF's kernel where it runs, fits, and its estimate is trusted.

@@ -95,7 +95,8 @@ int64_t TfSpaceToBatchBytes(const ConvGeometry& ug, DType dtype) {
 }
 
 Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device device,
-                    TfKernel kernel, int64_t limit, int workers) {
+                    const TfCandidate& tf, int64_t limit, int workers) {
+  const TfKernel kernel = tf.kernel;
   const CostModel m = ActiveCostModel();
   Estimate e;
   e.available = kernel != TfKernel::kNone;
@@ -145,11 +146,15 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
     // oneDNN's float32 filter gradient leaves its fast path from side 15; the
     // half types run other code, at one rate across sides (Xeon with AMX,
     // sides 3-31: bfloat16 1.0-1.4 TFLOP/s, float16 0.7 GFLOP/s), so they
-    // take float32's rates below that side times their slowdown.
-    const bool half = dtype == DType::kHalf || dtype == DType::kBFloat16;
-    const double rate_side = half && rates == Pass::kBackpropFilter
-                                 ? std::min(side, kIm2colSideAxis[kIm2colSlowPathSide - 1])
-                                 : side;
+    // take float32's rates below that side times their slowdown, up to their
+    // own slow path's side (im2col_half_slow_path_side), where they run float32's.
+    const int half_index = dtype == DType::kHalf ? 0 : dtype == DType::kBFloat16 ? 1 : -1;
+    const bool half_fast_path = half_index >= 0 && rates == Pass::kBackpropFilter &&
+                                side < m.im2col_half_slow_path_side[half_index];
+    const bool half_slow_path = half_index >= 0 && rates == Pass::kBackpropFilter &&
+                                !half_fast_path;
+    const double rate_side =
+        half_fast_path ? std::min(side, kIm2colSideAxis[kIm2colSlowPathSide - 1]) : side;
     int block_side = 0;
     while (block_side + 1 < kIm2colSides && kIm2colSideAxis[block_side + 1] <= rate_side)
       ++block_side;
@@ -161,25 +166,36 @@ Estimate TfEstimate(const ConvGeometry& ug, Pass pass, DType dtype, Device devic
       channels *= padded / double(written);
       work *= padded / double(written);
     }
-    e.terms = {work * DTypeSlowdown(m.im2col_dtype_slowdown[int(rates)], dtype), rate_side,
-               channels};
+    const double slowdown =
+        half_slow_path ? 1.0 : DTypeSlowdown(m.im2col_dtype_slowdown[int(rates)], dtype);
+    e.terms = {work * slowdown, rate_side, channels};
     e.seconds = e.terms[0] / Im2colRate(m, rates, rate_side, channels);
     if (kernel == TfKernel::kConv3D) {
       // oneDNN's Conv3D (the one the rules trust) keeps no patch matrix we know the size of.
       e.workspace_bytes = 0;
       e.note = "Conv2D's forward rate at as many taps; workspace not modelled";
+    } else if (tf.onednn || pass == Pass::kForward) {
+      // Measured (RSS growth of one call, benchmarks/tf_workspace_rss.py): oneDNN's
+      // three passes +0-3.7 MiB, Eigen's forward +0.4-7.4 MiB (its contraction
+      // packs cache-sized blocks) on one 321x481 image by 135x135x1x3 and one
+      // 128x128x64 by 3x3x64x64, where a patch matrix is 4.4 GiB and 36 MiB.
+      e.workspace_bytes = 0;
+      e.note = tf.onednn ? "oneDNN: no patch matrix (its scratch, a few MiB, not modelled)"
+                         : "Eigen: no patch matrix (its packed blocks, a few MiB, not modelled)";
     } else {
       const int64_t images = TfColBufferImages(ug, pass, dtype, workers);
       e.workspace_bytes = SatMul({ug.out[kH], ug.out[kW], ug.filter[kH], ug.filter[kW], ug.in_c,
                                   int64_t(DTypeBytes(dtype)), images});
       if (ug.batch == 0) e.workspace_bytes = 0;
-      e.note = pass == Pass::kForward ? "patch matrix of one image (upper bound)"
-               : images == 1          ? "col_buffer of one image"
-                                      : "col_buffer of " + std::to_string(images) + " images";
+      e.note = images == 1 ? "col_buffer of one image"
+                           : "col_buffer of " + std::to_string(images) + " images";
     }
     if (padded > double(written))
       e.note += std::string("; ") + (pass == Pass::kBackpropInput ? "input" : "output") +
                 " channels run as " + std::to_string(int64_t(padded));
+    if (half_slow_path)
+      e.note += "; float32's slow path, as from side " +
+                std::to_string(int64_t(std::ceil(m.im2col_half_slow_path_side[half_index])));
   }
   e.fits = e.workspace_bytes <= limit;
   e.peak_bytes = SatAdd(OperandBytes(ug, dtype), e.workspace_bytes);

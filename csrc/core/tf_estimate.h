@@ -23,6 +23,9 @@ struct TfCandidate {
   // estimate has been wrong by 100x, e.g. grouped Conv2D on the CPU).
   bool estimate_trusted = true;
   std::string note;                   // why unavailable or untrusted
+  // TF runs the kernel through oneDNN (CPU Conv2D: tf_rules.tf_cpu_onednn):
+  // other code, with other workspace (TfEstimate).
+  bool onednn = false;
 };
 
 // How many images' patch matrices TF's CPU Conv2D gradient kernels
@@ -41,13 +44,14 @@ int64_t TfColBufferImages(const ConvGeometry& user_g, Pass pass, DType dtype, in
 int64_t TfSpaceToBatchBytes(const ConvGeometry& user_g, DType dtype);
 
 // Estimates of TF's kernel for one pass of the user's geometry. CPU Conv2D's
-// workspace: patch matrices of out_h * out_w * KH * KW * in_c elements per
-// image; the backprop kernels' col_buffer holds TfColBufferImages of them;
-// for the forward pass one image's is an upper bound (oneDNN blocks it).
+// workspace, measured per pass and host kind (tf.onednn): TF's own (Eigen)
+// gradient kernels fill a col_buffer of TfColBufferImages patch matrices of
+// out_h * out_w * KH * KW * in_c elements each; Eigen's forward pass and
+// oneDNN's three passes build none (a few MiB of scratch: 0).
 // DepthwiseConv2dNative: none but TfSpaceToBatchBytes. Conv3D (CPU, 3-D only):
 // Conv2D's rates at the side of a square filter with as many taps, workspace
 // not modelled (0); cuDNN likewise.
 Estimate TfEstimate(const ConvGeometry& user_g, Pass pass, DType dtype, Device device,
-                    TfKernel kernel, int64_t limit, int workers);
+                    const TfCandidate& tf, int64_t limit, int workers);
 
 }  // namespace tfbigconv

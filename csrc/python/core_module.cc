@@ -421,7 +421,8 @@ PYBIND11_MODULE(_core, m) {
       "plan_pass",
       [](GEOMETRY_PARAMS, const std::string& pass, const std::string& dtype,
          const std::string& device, const std::string& algorithm, int64_t workspace_limit,
-         int workers, const std::string& tf_kernel, bool tf_trusted, const std::string& tf_note) {
+         int workers, const std::string& tf_kernel, bool tf_trusted, const std::string& tf_note,
+         bool tf_onednn) {
         const ConvGeometry g = GeometryOf(GEOMETRY_ARGS);
         if (device != "CPU" && device != "GPU")
           throw py::value_error("device must be 'CPU' or 'GPU', got '" + device + "'");
@@ -434,6 +435,7 @@ PYBIND11_MODULE(_core, m) {
               "tf_kernel must be '', 'Conv2D', 'DepthwiseConv2dNative' or 'Conv3D'");
         tf.estimate_trusted = tf_trusted;
         tf.note = tf_note;
+        tf.onednn = tf_onednn;
         // The GPU budget is the caller's (TF's allocator); 0 means unknown.
         const int64_t limit = device == "GPU" ? (workspace_limit > 0 ? workspace_limit : std::numeric_limits<int64_t>::max())
                                               : BudgetOrDefault(workspace_limit);
@@ -448,9 +450,10 @@ PYBIND11_MODULE(_core, m) {
       GEOMETRY_PY_ARGS,
       py::arg("pass_"), py::arg("dtype"), py::arg("device"), py::arg("algorithm"),
       py::arg("workspace_limit"), py::arg("workers"), py::arg("tf_kernel"),
-      py::arg("tf_trusted") = true, py::arg("tf_note") = "",
+      py::arg("tf_trusted") = true, py::arg("tf_note") = "", py::arg("tf_onednn") = false,
       "Every algorithm's estimate for one pass of the forward geometry on a device, and the "
-      "choice. tf_kernel names TensorFlow's kernel for the case ('' if TF cannot run it). "
+      "choice. tf_kernel names TensorFlow's kernel for the case ('' if TF cannot run it); "
+      "tf_onednn: TF runs it through oneDNN (its workspace differs). "
       "ValueError for bad arguments or an algorithm that cannot run the case; RuntimeError "
       "when nothing requested fits the workspace limit (the message states the minimum).");
   m.def(
@@ -473,6 +476,8 @@ PYBIND11_MODULE(_core, m) {
       "(work, features) of the GPU cost model for one candidate and pass (for fitting).");
   m.def("cost_model_fields", &CostModelFields);
   m.def("get_cost_model", [] { return CostModelValues(ActiveCostModel()); });
+  m.def("default_cost_model", [] { return CostModelValues(CostModel()); },
+        "The built-in constants (cost_model.h), in cost_model_fields() order.");
   m.def(
       "set_cost_model",
       [](const std::vector<double>& values) {

@@ -14,11 +14,11 @@ MIB = 1 << 20
 
 def plan(x, w, pass_="forward", padding="SAME", algorithm="auto", limit=1 << 34,
          tf_kernel="Conv2D", dtype="float32", workers=3, device="CPU", trusted=True, note="",
-         **attrs):
+         onednn=False, **attrs):
     return _core.plan_pass(list(x), list(w), padding=padding, pass_=pass_, dtype=dtype,
                            device=device, algorithm=algorithm, workspace_limit=limit,
                            workers=workers, tf_kernel=tf_kernel, tf_trusted=trusted,
-                           tf_note=note, **dict(ATTRS, **attrs))
+                           tf_note=note, tf_onednn=onednn, **dict(ATTRS, **attrs))
 
 
 CASES = [
@@ -62,7 +62,8 @@ def test_estimates_grow_with_the_filter():
     prev = None
     for k in (3, 7, 15, 31, 63):
         p = plan((2, 128, 128, 8), (k, k, 8, 8))
-        cur = (p.tf.seconds, p.direct.seconds, p.tf.workspace_bytes)
+        col_buffer = plan((2, 128, 128, 8), (k, k, 8, 8), "backprop_input").tf.workspace_bytes
+        cur = (p.tf.seconds, p.direct.seconds, col_buffer)
         if prev:
             assert all(c > q for c, q in zip(cur, prev)), (k, cur, prev)
         prev = cur
@@ -142,7 +143,7 @@ def test_tf_is_out_when_unavailable_or_too_big():
     assert not p.tf.available and p.chosen != "tf"
     assert "tf unavailable" in p.reason and p.tf.note == "TF cannot"
     # One image's patch matrix: out_h * out_w * KH * KW * Cin floats.
-    p = plan((2, 64, 64, 4), (9, 9, 4, 4), limit=64 * 64 * 81 * 4 * 4 - 1)
+    p = plan((2, 64, 64, 4), (9, 9, 4, 4), "backprop_input", limit=64 * 64 * 81 * 4 * 4 - 1)
     assert p.tf.workspace_bytes == 64 * 64 * 81 * 4 * 4
     assert not p.tf.fits and p.chosen != "tf"
 
@@ -155,7 +156,7 @@ def test_tf_gradient_col_buffer_holds_the_images_of_its_working_set():
     x, w = (4, 48, 48, 3), (25, 25, 3, 2)  # VALID: 24x24 outputs
     one = 24 * 24 * 25 * 25 * 3 * 4       # one image's patch matrix, bytes
     p = {q: plan(x, w, q, padding="VALID").tf for q in PASSES}
-    assert p["forward"].workspace_bytes == one
+    assert p["forward"].workspace_bytes == 0  # Eigen's forward: no patch matrix
     # Filter: a work unit of 24*24*1875 + 1875*2 + 24*24*2 elements, so
     # ceil(8 Mi / 1.08 M) = 8 images fit 32 MiB; the batch is 4.
     assert p["backprop_filter"].workspace_bytes == 4 * one
@@ -301,7 +302,10 @@ def test_half_types_filter_gradient_stops_below_the_float32_slow_path():
     Xeon), so theirs take float32's rates below side 15 (times their slowdown)."""
     saved = _core.get_cost_model()
     fields, values = _core.cost_model_fields(), _with_channel_block(1)
+    built_in = dict(zip(fields, _core.default_cost_model()))
     for i, name in enumerate(fields):
+        if name.startswith("im2col_half_slow_path_side."):  # none: their one rate
+            values[i] = built_in[name]
         if name.startswith("im2col_flops_per_second.backprop_filter.side15") or \
                 name.startswith("im2col_flops_per_second.backprop_filter.side31"):
             values[i] = values[fields.index(name.replace("side15", "side14")
@@ -318,8 +322,33 @@ def test_half_types_filter_gradient_stops_below_the_float32_slow_path():
             assert rate(21, dtype) == pytest.approx(rate(14, dtype))
         assert rate(15, "float32") == pytest.approx(rate(14, "float32") / 100)
         assert rate(15, "float64") == pytest.approx(rate(14, "float64") / 100)
+        # From their own slow path's side (oneDNN's bfloat16 on Zen 4: 15), float32's
+        # rate and time.
+        values[fields.index("im2col_half_slow_path_side.bfloat16")] = 21
+        _core.set_cost_model(values)
+        assert rate(15, "bfloat16") == pytest.approx(rate(14, "bfloat16"))
+        assert rate(21, "bfloat16") == pytest.approx(rate(21, "float32"))
+
+        def seconds(dtype):
+            return plan(x, (21, 21, 4, 4), pass_="backprop_filter", dtype=dtype).tf.seconds
+        assert seconds("bfloat16") == pytest.approx(seconds("float32"))
+        assert seconds("float16") != pytest.approx(seconds("float32"))
     finally:
         _core.set_cost_model(saved)
+
+
+def test_tf_workspace_per_pass_and_host_kind():
+    """TF's own (Eigen) kernels: no patch matrix forward, the col_buffer in both
+    gradients; oneDNN's (tf_onednn): none in any pass (measured RSS growth, one
+    321x481 frame by 135x135x1x3: Eigen +7.4 MiB, +4.41 GiB, +4.41 GiB; oneDNN
+    +0, +3.7, +0.1 MiB; benchmarks/tf_workspace_rss.py)."""
+    x, w = (1, 321, 481, 1), (135, 135, 1, 3)
+    patch = 187 * 347 * 135 * 135 * 4
+    eigen = [plan(x, w, p, padding="VALID").tf for p in PASSES]
+    onednn = [plan(x, w, p, padding="VALID", onednn=True).tf for p in PASSES]
+    assert [e.workspace_bytes for e in eigen] == [0, patch, patch]
+    assert [e.workspace_bytes for e in onednn] == [0, 0, 0]
+    assert [e.seconds for e in eigen] == [e.seconds for e in onednn]
 
 
 def _with_channel_block(block, where="im2col_channel_block."):
@@ -464,7 +493,8 @@ def test_depthwise_kernel_has_its_own_estimate():
     conv = plan(x, w, tf_kernel="Conv2D")
     dw = plan(x, w, tf_kernel="DepthwiseConv2dNative")
     assert conv.tf_kernel == "tf.Conv2D" and dw.tf_kernel == "tf.DepthwiseConv2dNative"
-    assert dw.tf.workspace_bytes == 0 < conv.tf.workspace_bytes
+    conv_gradient = plan(x, w, "backprop_input", tf_kernel="Conv2D")
+    assert dw.tf.workspace_bytes == 0 < conv_gradient.tf.workspace_bytes
     assert dw.tf.seconds != conv.tf.seconds
     assert "tf.DepthwiseConv2dNative" in dw.reason
     saved = _core.get_cost_model()

@@ -204,3 +204,27 @@ def test_calibrate_keeps_its_time_budget(tmp_path):
             assert v in calibrate.BLOCK_PROBE, name
     loaded, _ = profiles.read_profile_and_meta(str(tmp_path / "p0.0.json"))
     assert len(loaded) == len(fields)
+
+
+def test_the_half_slow_path_side_is_found_by_bisection():
+    """The first side whose time per tap is HALF_SLOW_PATH_FACTOR x side 7's (a
+    step, as oneDNN's bfloat16 filter gradient has on Zen 4), in a few calls;
+    none where no side is slow."""
+    timed = []
+    none = 1e6
+
+    def step_at(first_slow):
+        def seconds_at(side):
+            timed.append(side)
+            return side ** 2 * (1e-3 if side >= first_slow else 1e-6)
+        return seconds_at
+
+    sides = list(range(8, 32))
+    for first_slow in (8, 15, 25, 31):
+        timed.clear()
+        assert calibrate.half_slow_path_side(step_at(first_slow), 7, sides, none) == first_slow
+        assert len(timed) <= 1 + 5  # side 7, then a bisection of 24 sides
+    assert calibrate.half_slow_path_side(step_at(32), 7, sides, none) == none
+    # Twice the time per tap is not a slow path.
+    assert calibrate.half_slow_path_side(
+        lambda s: s ** 2 * (2e-6 if s > 7 else 1e-6), 7, sides, none) == none

@@ -210,6 +210,19 @@ def test_a_profile_from_before_the_per_pass_dtype_slowdowns_keeps_its_model(tmp_
     assert all(x == legacy[k.rsplit(".", 1)[1]] for k, x in slowdowns.items()), slowdowns
 
 
+def test_a_profile_from_before_the_half_slow_path_keeps_its_model(tmp_path):
+    """Such a profile modelled no slow path of the half types' filter gradient:
+    reading it, also without defaults, gives the built-in kNoSlowPathSide."""
+    old = {k: v for k, v in shipped().items() if not k.startswith(profiles.HALF_SLOW_PATH)}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"meta": {"format": 1}, "values": old}))
+    values = dict(zip(_core.cost_model_fields(), profiles.read_profile(str(path))))
+    built_in = dict(zip(_core.cost_model_fields(), _core.default_cost_model()))
+    for dtype in profiles.HALF_TYPES:
+        name = profiles.HALF_SLOW_PATH + dtype
+        assert values[name] == built_in[name] > 1000  # beyond any filter side
+
+
 # ---- corrupt profiles (issue 15's finding 4) ---------------------------------
 
 @pytest.mark.parametrize("text", [

@@ -16,6 +16,7 @@ from tfbigconv import host
 from tfbigconv.cli import main as cli_main
 from tfbigconv.memory import report as MR
 from tfbigconv.memory.trace import Trace, differentiable
+from tfbigconv.memory.workspaces import patch_matrix_bytes
 from tfbigconv.memory.rules import (CUDNN_WORKSPACE_LIMIT, SAVED_FOR_BACKWARD,
                                     VARIADIC_NOTHING, fmt_bytes)
 from tfbigconv.planning import planner, tf_rules
@@ -347,7 +348,9 @@ def test_conv_workspaces_come_from_the_planner(eigen_kernels):
     assert row.tf_workspace == (ws["forward"].tf.workspace_bytes,
                                 ws["backprop_input"].tf.workspace_bytes
                                 + ws["backprop_filter"].tf.workspace_bytes)
-    assert ws["backprop_filter"].tf.workspace_bytes == 4 * ws["forward"].tf.workspace_bytes
+    assert ws["forward"].tf.workspace_bytes == 0  # Eigen's forward builds no patch matrix
+    assert ws["backprop_filter"].tf.workspace_bytes == 4 * patch_matrix_bytes(
+        ws["forward"].geometry, "float32")
     # tfbigconv plans an unknown batch as ASSUMED_BATCH images, then runs that
     # algorithm on the real batch.
     def chosen(p):
@@ -415,9 +418,9 @@ def test_gpu_report_needs_no_gpu():
     row = next(row for row in r.rows if row.layer == "big" and row.op == "Conv2D")
     attrs = dict(strides=[1, 1, 1, 1], padding="VALID", explicit_paddings=[],
                  data_format="NHWC", dilations=[1, 1, 1, 1])
-    patch = planner.plan("forward", [4, 48, 48, 3], [25, 25, 3, 2], attrs, "float32", "tf",
-                          0).tf.workspace_bytes
-    assert row.tf_workspace[0] == min(patch, CUDNN_WORKSPACE_LIMIT)
+    patch = patch_matrix_bytes(planner.plan("forward", [4, 48, 48, 3], [25, 25, 3, 2], attrs,
+                                            "float32", "tf", 0).geometry, "float32")
+    assert row.tf_workspace[0] == min(patch, CUDNN_WORKSPACE_LIMIT) == 24 * 24 * 25 * 25 * 3 * 4
     assert "device GPU" in str(r)
     assert "estimates" in str(r) and "not been checked against measured GPU peaks" in str(r)
     assert not any("GPU" in n for n in tfbigconv.memory_report(_bigfilter_model(), 4,

@@ -2,7 +2,9 @@
 package was restructured, issue 37; the GPU tables regenerated after the GPU
 section's refit of issue 41; case 19's 1-D fft workspaces after 1-D plans took
 up to 64 staged planes; 1-D and 3-D rows, cases 20-28, added before issue 54's
-restructure), on pinned host facts and the shipped generic
+restructure; TF's workspace per pass and host kind, issue 59: the tf rows' workspace,
+peak, fits and notes, and the reasons that said TF's kernel did not fit, no choice),
+on pinned host facts and the shipped generic
 profile: the same choices, estimates and notes. A deliberate change to the
 estimates regenerates it: run explain_golden_cases.py with this test's
 environment and write its output there."""

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfbigconv import _core, arguments, host, kernels
+from tfbigconv import _core, arguments, host, kernels, timer
 from tfbigconv._native import ops as native
 from tfbigconv.cost_model import profiles
 
@@ -60,6 +60,17 @@ BUDGET_S = 45.0
 # The shortest call a case is sized down to under a budget: TF's per-call cost
 # (~0.1 ms a graph call) stays about 1% of it.
 MIN_CALL_S = 0.01
+# TF's Conv2D filter gradient in the half types leaves its fast path from
+# a filter side (cost_model.h, im2col_half_slow_path_side): oneDNN's bfloat16 on
+# Zen 4 (AVX512_BF16, no AMX) from side 15 with 16->16 channels (4.3 s on one
+# 40x40 image), from 25 with 3->8. Timed on one small image of 16->16 channels
+# (HALF_SLOW_PATH_CASE: input, output channels) at side 7 and, by bisection,
+# at sides 8 to the table's last (one step, as measured); a side is on the
+# slow path where its call takes HALF_SLOW_PATH_FACTOR x side 7's per tap
+# (measured: over 500x). A call over HALF_SLOW_PATH_CAP_S is timed once.
+HALF_SLOW_PATH_CASE = ((1, 16, 16, 16), 16)
+HALF_SLOW_PATH_FACTOR = 10.0
+HALF_SLOW_PATH_CAP_S = 0.1
 
 # (input NHWC, filter HWIO, padding): convolutions for the direct and FFT fits,
 # spanning channels, filter sizes and both kernels' shapes of work.
@@ -123,22 +134,12 @@ def _time(fn, budget_s, reps=5, first_cap_s=2.0, warm=False, share_s=math.inf):
     """Median seconds of fn() (after one warm-up call unless `warm`: fn ran
     before, in an earlier round): calls until budget_s of them, at least two,
     or where the calibration is short of time, until the measurement has taken
-    `share_s` (_Clock.share), at least one after the warm-up."""
-    spent = 0.0
-    if not warm:
-        t0 = time.perf_counter()
-        fn()
-        spent = time.perf_counter() - t0
-        if spent > first_cap_s:  # too slow to repeat; its first call is the measurement
-            return spent  # (not sooner: a first call can take 0.7 s more, in-process setup)
-    times = []
-    while len(times) < reps and (sum(times) < budget_s or len(times) < 2):
-        if times and spent + sum(times) >= share_s:
-            break
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    `share_s` (_Clock.share), at least one after the warm-up. A warm-up over
+    first_cap_s is too slow to repeat: it is the measurement (not sooner: a
+    first call can take 0.7 s more, in-process setup)."""
+    return float(np.median(timer.calls_seconds(fn, reps, warm_up=not warm,
+                                               alone_above_s=first_cap_s, enough_s=budget_s,
+                                               share_s=share_s)))
 
 
 # While calibrate runs: operands by (shape, dtype, seed), which a case's passes
@@ -297,7 +298,7 @@ def _dtype_slowdown_fns(target, prior, call_s=CALL_S):
     channels (as its rate table); keys <prefix><pass>.<dtype>, float32 included.
     Each pass's case is sized for its slowest dtype (_sized, by the active
     profile `prior`); every dtype of a pass runs the same case."""
-    rates = {profiles.DTYPE_SLOWDOWNS[0]: (f"im2col_flops_per_second.{{}}.side7.channels256",
+    rates = {profiles.DTYPE_SLOWDOWNS[0]: ("im2col_flops_per_second.{}.side7.channels256",
                                            target),
              profiles.DTYPE_SLOWDOWNS[1]: (f"{profiles.DEPTHWISE_TABLE}{{}}.side7", target / 10)}
     fns = {}
@@ -315,6 +316,46 @@ def _dtype_slowdown_fns(target, prior, call_s=CALL_S):
                 fns[f"{prefix}{pass_}.{name}"] = make(pass_, xs, ws, "SAME", tf.as_dtype(name),
                                                       graph=False)
     return fns
+
+
+def half_slow_path_side(seconds_at, fast_side, sides, none):
+    """The first of `sides` (ascending) on the half type's slow path, by
+    bisection, with seconds_at(side) its filter gradient's time; `none` where
+    none is. A side is slow where its time per tap is HALF_SLOW_PATH_FACTOR x
+    fast_side's."""
+    base = seconds_at(fast_side) / fast_side ** 2
+    slow = lambda s: seconds_at(s) / s ** 2 >= HALF_SLOW_PATH_FACTOR * base  # noqa: E731
+    lo, hi = 0, len(sides)  # the first slow side is in sides[lo:hi], or none
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if slow(sides[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(sides[lo]) if lo < len(sides) else none
+
+
+def _half_slow_path_sides(log):
+    """{profile field: side} for each half type (half_slow_path_side)."""
+    (n, h, w, cin), cout = HALF_SLOW_PATH_CASE
+    fast_side = IM2COL_SIDES[1]
+    sides = list(range(fast_side + 1, IM2COL_SIDES[-1] + 1))
+    defaults = dict(zip(_core.cost_model_fields(), _core.default_cost_model()))
+    values = {}
+    for dtype in profiles.HALF_TYPES:
+        seconds = {}
+
+        def seconds_at(side):
+            fn = im2col_fn("backprop_filter", (n, h, w, cin), (side, side, cin, cout), "SAME",
+                           tf.as_dtype(dtype), graph=False)
+            seconds[side] = _time(fn, 0.0, reps=2, first_cap_s=HALF_SLOW_PATH_CAP_S)
+            return seconds[side]
+
+        field = f"{profiles.HALF_SLOW_PATH}{dtype}"
+        values[field] = half_slow_path_side(seconds_at, fast_side, sides, defaults[field])
+        log(f"im2col backprop_filter {dtype}: slow path from side {values[field]:g} ("
+            + ", ".join(f"side {s}: {t * 1e3:.2f} ms" for s, t in sorted(seconds.items())) + ")")
+    return values
 
 
 def _im2col_case(side, cin, cout, target_flops):
@@ -501,6 +542,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress, cpu_only, budget_s
                 macs[key] = _core.conv_geometry(list(x_shape), [side, side, 1, 32 * multiplier],
                                                 padding="SAME", **ATTRS).macs
     fns.update(_dtype_slowdown_fns(target, prior, call_s))
+    values.update(_half_slow_path_sides(_detail))
     times.update(_first_times(fns, rep_s, progress, clock))
     # Later rounds over every measurement, kernels and tables, while time is left.
     every = {**kernel_fns, **fns}

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfbigconv import _core, host
+from tfbigconv import _core, host, timer
 from tfbigconv.arguments import PASSES
 from tfbigconv.cost_model import calibrate, profiles
 
@@ -59,7 +59,7 @@ SLOWDOWN_PROBES = (
     ("Conv2D", (4, 32, 32, 32), (5, 5, 32, 32)),
     ("DepthwiseConv2dNative", (4, 28, 28, 128), (7, 7, 1, 128)),
 )
-HALF_TYPES = ("float16", "bfloat16")
+HALF_TYPES = profiles.HALF_TYPES
 # The profile's slowdown fields of each of TF's kernels: <prefix><pass>.<dtype>.
 SLOWDOWN_PREFIX = dict(zip(("Conv2D", "DepthwiseConv2dNative"), profiles.DTYPE_SLOWDOWNS))
 # A ratio is clamped to [1 / MAX_RATIO, MAX_RATIO]: a host under load can time
@@ -298,14 +298,7 @@ def _time(fn, spent_s=0.0):
     """The fastest of CALLS calls of fn after a warm-up call; of one more call
     if the warm-up took over SLOW_CALL_S; of none (the warm-up's time) once the
     probe has spent BUDGET_S (`spent_s` so far)."""
-    t0 = time.perf_counter()
-    fn()  # warm-up: TF's kernels compile and cache their primitives
-    first = time.perf_counter() - t0
+    first = timer.call_seconds(fn)  # warm-up: TF's kernels compile and cache their primitives
     if first > SLOW_CALL_S and spent_s + first > BUDGET_S:
         return first
-    times = []
-    for _ in range(1 if first > SLOW_CALL_S else CALLS):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(timer.calls_seconds(fn, 1 if first > SLOW_CALL_S else CALLS, warm_up=False))

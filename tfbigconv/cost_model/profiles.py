@@ -52,6 +52,10 @@ CHANNEL_BLOCK = "im2col_channel_block."
 # kernels and every pass.
 DTYPE_SLOWDOWNS = ("im2col_dtype_slowdown.", "tf_depthwise_dtype_slowdown.")
 LEGACY_DTYPE_SLOWDOWN = "im2col_dtype_slowdown."
+# The side from which TF's half-type Conv2D filter gradient runs float32's slow
+# path, <prefix><dtype> (cost_model.h); a profile from before has none there.
+HALF_SLOW_PATH = "im2col_half_slow_path_side."
+HALF_TYPES = ("float16", "bfloat16")
 
 # The direct and FFT models' fields, in the order of their terms (cost_model.h;
 # the "terms" _core.plan_pass returns). A term's coefficient is the field's
@@ -244,6 +248,12 @@ def read_profile_and_meta(path, defaults=None):
         older = _older_field(name)
         if older and name not in values and older in values:
             merged[name] = values[older]
+    # Profiles written before the half types' filter-gradient slow path existed
+    # modelled none: the built-in kNoSlowPathSide.
+    built_in = dict(zip(fields, _core.default_cost_model()))
+    for name in fields:
+        if name.startswith(HALF_SLOW_PATH) and name not in values:
+            merged[name] = built_in[name]
     # Profiles written before TF's channel block existed modelled none: 1.
     if any(name.startswith("im2col_flops_per_second.") for name in values):
         for name in fields:

@@ -2,12 +2,12 @@
 one large-kernel convolution. The kernel algebra is tfbigconv.fusion; this module
 reads the model's graph and rebuilds it in the model's flavour (flavours.py)."""
 import dataclasses
-import time
 from typing import List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from tfbigconv import timer
 from tfbigconv.fusion import algebra, program as steps
 from tfbigconv.keras import flavours
 from tfbigconv.keras.base import check_options
@@ -271,13 +271,8 @@ def _estimates(program, nodes, weights, in_size, channels, m):
 
 
 def _time(fn, x, reps=3):
-    fn(x).numpy()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn(x).numpy()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    """The fastest of `reps` calls of fn(x), after a warm-up call."""
+    return min(timer.calls_seconds(lambda: fn(x), reps))
 
 
 def fuse_linear(model, trainable=False, *, max_mac_ratio=None, measure=0, algorithm="auto",

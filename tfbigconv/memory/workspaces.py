@@ -55,30 +55,21 @@ class ConvPlans:
             out = {p: 0 for p in planner.PASSES}
             # TF's Conv3D workspace is not modelled: 0 for the 3-D ops.
             if g is not None and op.type != "BigConv3D":
-                # The CPU planner's estimate of TF's kernel: the gradient kernels'
-                # col_buffer (plan.cc, TfColBufferImages). On the GPU, cuDNN's
-                # workspace is estimated, unmeasured, as one image's patch matrix
-                # (the forward estimate), capped as TF caps it.
+                # The CPU planner's estimate of TF's kernel, per pass and host
+                # kind (tf_estimate.cc: the Eigen gradient kernels' col_buffer,
+                # nothing where TF runs oneDNN, as its allocator log of U-Net-style
+                # steps showed). On the GPU, cuDNN's workspace is estimated,
+                # unmeasured, as one image's patch matrix, capped as TF caps it.
                 # The op's registered gradients run its own kind of kernel.
                 kernel = ("DepthwiseConv2dNative" if op.type.startswith("DepthwiseConv2dNative")
                           else "Conv2D")
                 plans = {p: planner.plan(p, g[0], g[1], g[2], g[3], "tf", 0, "CPU", kernel)
                          for p in planner.PASSES}
-                # Where TF runs Conv2D through oneDNN (its default on many CPUs),
-                # the graph's Conv2D and its gradients are _MklNativeConv2D* ops,
-                # which allocate their outputs and nothing batch-sized: TF's
-                # allocator log (TF_CPP_VMODULE=log_memory=2) of U-Net-style steps
-                # at batch 16 showed no temporaries from them, and ONEDNN_VERBOSE
-                # showed NHWC operands used in place (only the filters reordered).
-                # The col_buffer above is the Eigen kernels' (oneDNN off).
-                onednn = (self.device == "CPU" and kernel == "Conv2D"
-                          and tf_conv2d_onednn(g[3], g[2]["padding"] == "EXPLICIT"))
+                one_image = (patch_matrix_bytes(plans["forward"].geometry, g[3])
+                             if kernel == "Conv2D" else plans["forward"].tf.workspace_bytes)
                 for p in planner.PASSES:
                     if self.device == "GPU":
-                        out[p] = min(plans["forward"].tf.workspace_bytes,
-                                     CUDNN_WORKSPACE_LIMIT)
-                    elif onednn:
-                        out[p] = 0
+                        out[p] = min(one_image, CUDNN_WORKSPACE_LIMIT)
                     else:
                         out[p] = plans[p].tf.workspace_bytes
             self.cache[key] = out
@@ -247,6 +238,14 @@ def gradients_routed(op):
     (ops.conv2d's routed forward), whose IdentityN takes the forward's output."""
     return op.type in ("Conv2D", "DepthwiseConv2dNative") and any(
         c.type == "IdentityN" for c in op.tf_op.outputs[0].consumers())
+
+
+def patch_matrix_bytes(geometry, dtype):
+    """One image's im2col patch matrix: out_h x out_w x KH x KW x in_c elements
+    (tf_estimate.cc's col_buffer of one image)."""
+    g = geometry
+    return (g["out_h"] * g["out_w"] * g["filter_h"] * g["filter_w"] * g["in_c"]
+            * tf.as_dtype(dtype).size if g["batch"] else 0)
 
 
 def tf_conv2d_onednn(dtype, explicit_padding):

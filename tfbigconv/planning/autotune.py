@@ -5,7 +5,8 @@ winner is chosen and confirmed, the gradient pair timed together, the cache
 and its key) are stated once, in docs/planner.md section 5; the constants
 below carry the measurements behind them. In short: candidates within
 NEAR_FACTOR of the best estimate, and TF's kernel where its estimate is not
-trusted, run as traced graphs on a reduced batch, interleaved; the fastest
+trusted, but none estimated at HOPELESS_FACTOR x the best or more, run as
+traced graphs on a reduced batch, interleaved; the fastest
 wins unless TF's kernel (then direct, then fft: PREFERENCE) is within
 TF_MARGIN of it; the result is remembered in memory and in a JSON cache
 (TFBIGCONV_AUTOTUNE_CACHE). TFBIGCONV_AUTOTUNE=0 turns it off.
@@ -26,7 +27,8 @@ from tfbigconv import host, version
 from tfbigconv.arguments import Algorithm
 from tfbigconv.cost_model import profiles
 from tfbigconv.planning import timing
-from tfbigconv.planning.timing import GRADIENTS, MIN_ROUNDS, MIN_TIMED_S, TIMING_BATCH, measure
+from tfbigconv.planning.timing import (GRADIENTS, HOPELESS_FACTOR, MIN_ROUNDS, MIN_TIMED_S,
+                                       TIMING_BATCH, measure)
 
 ENV_AUTOTUNE = "TFBIGCONV_AUTOTUNE"
 ENV_CACHE = "TFBIGCONV_AUTOTUNE_CACHE"
@@ -38,10 +40,6 @@ FORMAT = 3
 # times (RESULTS.md, calibration fit), so two candidates whose estimates are
 # within 3x of each other can be in either order.
 NEAR_FACTOR = 3.0
-CROSS_FACTOR = 50.0
-# Candidates estimated over this x the best are timed on fewer images
-# (screening_images): at least 3x fewer, which a re-timing may then cost.
-SCREEN_FACTOR = 10.0
 # Our kernel replaces TF's only when measured this much faster: nearer than
 # that, timings here do not tell them apart (millisecond calls spread 10-20%
 # between runs), and TF's kernel is the baseline auto must not lose to by
@@ -66,8 +64,6 @@ ANNOUNCE_ABOVE_S = 1.0
 ENV_BUDGET = "TFBIGCONV_AUTOTUNE_BUDGET"
 MIN_BUDGET_S = 0.5
 BUDGET_FACTOR = 3.0
-# A candidate estimated this much slower than the best is never run.
-NEVER_RUN_FACTOR = 1000.0
 # A measured win over TF's kernel by less than this is timed a second time.
 CONFIRM_BELOW = 2.0
 CANDIDATES = ("tf", "direct", "fft")
@@ -238,33 +234,38 @@ def candidates_to_time(p):
         return []
     est = {n: p.estimate(n).seconds for n in ok}
     best = min(est[n] for n in trusted)
-    # An untrusted TF estimate is timed when it is low, however far off, but
-    # not when it is over CROSS_FACTOR x our best: TF's grouped filter gradient
-    # was estimated at 3.7 s and took 4.1 s to time, for a 4 ms pass of ours.
-    ok = [n for n in ok if est[n] <= NEVER_RUN_FACTOR * best]
-    chosen = [n for n in ok if est[n] <= NEAR_FACTOR * best
-              or (n == "tf" and n not in trusted and est[n] <= CROSS_FACTOR * best)]
+    # Nothing estimated HOPELESS_FACTOR x the best is timed (issue 59: TF's
+    # bfloat16 filter gradient, estimated 5x fft's, took 9 s a call to time).
+    ok = [n for n in ok if hopeful(est[n], best)]
+    # An untrusted TF estimate is timed however low it is.
+    chosen = [n for n in ok if est[n] <= NEAR_FACTOR * best or (n == "tf" and n not in trusted)]
     ours = [n for n in ok if n != "tf"]
-    if "tf" in trusted and ours:
+    if "tf" in ok and "tf" in trusted and ours:
         # TF's kernel and ours come from different models; across them an
         # estimate has been off by up to ~40x (calibrated profile, dense
-        # Conv2D with few channels), so the two meet on the clock unless
-        # their estimates are over CROSS_FACTOR apart.
+        # Conv2D with few channels), so the two meet on the clock while both
+        # are hopeful.
         mine = min(ours, key=est.get)
-        if max(est["tf"], est[mine]) <= CROSS_FACTOR * min(est["tf"], est[mine]):
-            chosen += [n for n in ("tf", mine) if n not in chosen]
+        chosen += [n for n in ("tf", mine) if n not in chosen]
     return chosen if len(chosen) > 1 else []
+
+
+def hopeful(estimate_s, best_estimate_s):
+    """Whether a candidate estimated at `estimate_s` may be timed beside the best
+    estimate: under HOPELESS_FACTOR x it."""
+    return estimate_s < HOPELESS_FACTOR * best_estimate_s
 
 
 def widened(p, seconds):
     """The eligible candidates not in `seconds` ({name: measured seconds}) whose
     estimates are within NEAR_FACTOR of the measured best: the ones the
-    estimates would have timed had the best's estimate been right."""
+    estimates would have timed had the best's estimate been right; never a
+    hopeless one (hopeful)."""
     best = min(seconds.values())
     est = {n: p.estimate(n).seconds for n in _eligible(p)}
     floor = min(est.values())
     return [n for n in est if n not in seconds and est[n] <= NEAR_FACTOR * best
-            and est[n] <= NEVER_RUN_FACTOR * floor]
+            and hopeful(est[n], floor)]
 
 
 @tf.autograph.experimental.do_not_convert
@@ -286,7 +287,7 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
         untrusted = not p.tf_trusted
         start = time.perf_counter()
 
-        def timed(these, images=None):
+        def timed(these):
             left = budget - (time.perf_counter() - start)
             if left <= 0:  # spent: what was timed decides
                 return {}
@@ -298,23 +299,16 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
             return measure(p.pass_, these, input_shape, filter_shape, attrs, dtype, device,
                            order=sorted(these, key=lambda n: (n == "tf" and untrusted,
                                                               p.estimate(n).seconds)),
-                           workspace_limit=workspace_limit, batch=batch, images=images,
+                           workspace_limit=workspace_limit, batch=batch,
                            budget_s=left,
                            per_image_s={n: p.estimate(n).seconds / max(input_shape[0], 1)
                                         for n in these},
                            probe={"tf"} if untrusted else ())
 
-        screened = screening_images(p, names, batch, best_estimate)
-        expected = expected_seconds(p, names, input_shape[0], batch, screened)
+        expected = expected_seconds(p, names, input_shape[0], batch)
         if expected > ANNOUNCE_ABOVE_S:
             _announce(p, names, device, batch, f"about {expected:.1f} s", budget)
-        seconds = timed(names, screened)
-        close = [n for n in screened if seconds[n] < CONFIRM_BELOW * min(seconds.values())]
-        rest = [n for n in seconds if n not in screened and math.isfinite(seconds[n])]
-        if close and rest:  # in the race after all: timed again on the batch, beside the best of the rest
-            lead = min(rest, key=seconds.get)
-            seconds = retimed(seconds, timed([lead] + close))
-        seconds = confirmed(seconds, timed)
+        seconds = confirmed(timed(names), timed)
         more = widened(p, seconds)
         if more:  # timed beside the winner so far, in one session
             seconds = confirmed(retimed(seconds, timed([fastest(seconds)] + more)), timed)
@@ -327,11 +321,11 @@ def refine(p, input_shape, filter_shape, attrs, dtype, device, workspace_limit, 
     return _apply(p, entry)
 
 
-def expected_seconds(p, names, full_batch, batch, images):
+def expected_seconds(p, names, full_batch, batch):
     """What timing `names` should cost, from their estimates: the warm-up and
-    MIN_ROUNDS more calls of each, on `batch` images (fewer for a screened one)."""
-    per_image = {n: p.estimate(n).seconds / max(full_batch, 1) for n in names}
-    return (1 + MIN_ROUNDS) * sum(per_image[n] * images.get(n, batch) for n in names)
+    MIN_ROUNDS more calls of each, on `batch` images."""
+    return (1 + MIN_ROUNDS) * sum(p.estimate(n).seconds * batch / max(full_batch, 1)
+                                  for n in names)
 
 
 def budget_seconds(best_on_batch_s, count):
@@ -493,20 +487,6 @@ def _apply_gradients(bpi, bpf, names, entry):
                       f"pass alone: {p.reason}")
         out.append(p.replace(chosen=Algorithm(name), reason=reason, measured_together=seconds))
     return tuple(out)
-
-
-def screening_images(p, names, batch, best_estimate_s):
-    """{candidate: images} for the candidates of `names` estimated over
-    SCREEN_FACTOR x the best estimate, which are timed only as a check across
-    models: on as many of the `batch` images as keep their estimated call at
-    NEAR_FACTOR x the best's, at least one (TF's multiplier-2 depthwise, 40x
-    our fft's estimate and 140x its time, took 4.2 s to time on 4 images)."""
-    out = {}
-    for n in names:
-        ratio = p.estimate(n).seconds / max(best_estimate_s, 1e-12)
-        if ratio > SCREEN_FACTOR:
-            out[n] = max(1, int(batch * NEAR_FACTOR / ratio))
-    return out
 
 
 def timing_batch(batch, best_estimate_s):

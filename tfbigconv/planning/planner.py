@@ -91,7 +91,8 @@ def plan(pass_, input_shape, filter_shape, attrs, dtype, algorithm, workspace_li
     try:
         core_plan = _core.plan_pass(*args, pass_, dtype, device, algorithm.value, workspace_limit,
                             host.current().threads(),
-                            kernel, for_auto == Verdict.TRUSTED, note)
+                            kernel, for_auto == Verdict.TRUSTED, note,
+                            tf_rules.tf_runs_onednn(kernel, spec, dtype, device))
     except ValueError as e:
         raise errors.invalid_argument(str(e)) from None
     except RuntimeError as e:

@@ -394,6 +394,15 @@ def tf_cpu_onednn(kernel, dtype, explicit_padding, data_format="NHWC"):
     return _onednn_probe(kernel, dtype, bool(explicit_padding), fmt)
 
 
+def tf_runs_onednn(kernel, spec, dtype, device):
+    """Whether TF runs its `kernel` for the case (`spec`, a ConvSpec) through oneDNN:
+    CPU Conv2D where tf_cpu_onednn says so. Its workspace is then oneDNN's
+    (tf_estimate.cc), and TF's Eigen kernels' otherwise; the planner passes this to
+    TF's estimate."""
+    return (device == "CPU" and kernel == "Conv2D"
+            and tf_cpu_onednn("Conv2D", dtype, spec.explicit))
+
+
 @functools.lru_cache(maxsize=None)
 @tf.autograph.experimental.do_not_convert
 def _onednn_probe(kernel, dtype, explicit_padding, fmt):

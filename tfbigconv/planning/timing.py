@@ -4,12 +4,11 @@ operands and graphs for its other timings. autotune decides what to time and
 what the timings mean (docs/planner.md, section 5)."""
 import math
 import threading
-import time
 
 import numpy as np
 import tensorflow as tf
 
-from tfbigconv import host
+from tfbigconv import host, timer
 from tfbigconv.planning import candidates
 
 # The images timed (autotune.timing_batch), and the rounds of calls (measure).
@@ -17,6 +16,14 @@ TIMING_BATCH = 4
 MIN_TIMED_S = 0.03
 REPEAT_BELOW_S = 0.25
 ABANDON_FACTOR = 3.0
+# Never timed: a candidate estimated this x the best estimate
+# (autotune.candidates_to_time). Called once only: one that ran this x the
+# best measured so far (per image). TF's bfloat16 filter gradient of a 31x31
+# 3->8 layer took 9 s a call where fft took 0.07 s (issue 59).
+HOPELESS_FACTOR = 10.0
+# ...where that call took this long: a shorter one may be one-time costs (a
+# process's first calls of ours took 4-6 ms for 0.5 ms ones), and is cheap to repeat.
+HOPELESS_ABOVE_S = 0.025
 MIN_ROUNDS = 2
 MAX_ROUNDS = 6
 EXTRA_ROUNDS_BELOW_S = 0.1
@@ -44,7 +51,7 @@ _lock = threading.Lock()
 OPERANDS_KEPT_BYTES = 64 << 20
 _operands = {}        # {(shapes, dtype, device): (x, w, dy)}, at most one entry
 # The candidates' traced graphs on those operands, for the layer's re-timings
-# (confirmation, widening, the screened race, another pass's probe): traced
+# (confirmation, widening, another pass's probe): traced
 # again, each paid its tracing and a new graph's first call (3-6 ms) anew.
 _traced = {}          # {(pass, candidate, images, layer): tf.function}
 
@@ -58,16 +65,16 @@ def clear():
 
 @tf.autograph.experimental.do_not_convert
 def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order=None,
-            workspace_limit=0, batch=None, images=None, budget_s=None, per_image_s=None,
-            probe=()):
+            workspace_limit=0, batch=None, budget_s=None, per_image_s=None, probe=()):
     """{candidate: seconds} for one pass, timed on random data of `batch` images
-    (default TIMING_BATCH; `images`: {candidate: fewer images} for some) and
-    scaled to the real batch. With budget_s, no call starts once the calls have
+    (default TIMING_BATCH) and scaled to the real batch. With budget_s, no call starts once the calls have
     taken that long, and with per_image_s ({candidate: estimated seconds per
     image}) a candidate after the first is not started when its estimated call
     is over what is left; a candidate never called gets math.inf. A candidate in
     `probe` (one whose estimate is not trusted) first runs on one image; if its
-    call on all of them would then overrun the budget, that probe is its time.
+    call on all of them would then overrun the budget, or be HOPELESS_FACTOR x
+    the quickest so far, that probe is its time. A candidate whose first call
+    took HOPELESS_FACTOR x the quickest so far (per image) is not called again.
 
     Each candidate runs as its own traced graph (_pass_fn) on `device`, outside
     any tf.function being traced.
@@ -98,17 +105,14 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
             return fn
 
         order = list(order or names)
-        # dimension 0 is the batch in NHWC and NCHW
-        count = {n: max(1, min(small, (images or {}).get(n, small))) for n in order}
-        calls = {n: traced(n, count[n]) for n in order}
+        count = {n: small for n in order}  # images per call: 1 for a probed one
+        calls = {n: traced(n, small) for n in order}
 
         spent = [0.0]
 
         def timed(name, call=None):
             """Seconds of one call of `name` (or of `call`, e.g. its probe), counted as spent."""
-            start = time.perf_counter()
-            _sync((call or calls[name])())
-            took = time.perf_counter() - start
+            took = timer.call_seconds(call or calls[name])
             spent[0] += took
             return took
 
@@ -118,19 +122,28 @@ def measure(pass_, names, input_shape, filter_shape, attrs, dtype, device, order
 
         best = {}  # name -> shortest call so far
         probed = set()  # judged on a one-image call: not called again
+        # Speeds compare per image: a probed candidate ran one; costs
+        # (REPEAT_BELOW_S, EXTRA_ROUNDS_BELOW_S) are the calls' own.
+        per_batch = lambda n: best[n] * small / count[n]  # noqa: E731
+
+        def hopeless(took, images):
+            """Whether a call of `images` images that took `took` ran HOPELESS_FACTOR
+            x the quickest so far."""
+            return (bool(best) and took >= HOPELESS_ABOVE_S and took * small / images
+                    >= HOPELESS_FACTOR * min(map(per_batch, best)))
+
         for name in order:  # warm-up, in the order of the estimates
             if best and over(name):
                 continue
-            if name in probe and count[name] > 1 and budget_s is not None:
+            if name in probe and small > 1 and budget_s is not None:
                 took = timed(name, traced(name, 1))
-                if spent[0] + took * count[name] >= budget_s:
+                if spent[0] + took * small >= budget_s or hopeless(took, 1):
                     best[name], count[name] = took, 1
                     probed.add(name)
                     continue
             best[name] = timed(name)
-        # Speeds compare per image: a screened candidate runs fewer; costs
-        # (REPEAT_BELOW_S, EXTRA_ROUNDS_BELOW_S) are the calls' own.
-        per_batch = lambda n: best[n] * small / count[n]  # noqa: E731
+        # Called once only: what ran HOPELESS_FACTOR x the quickest.
+        probed |= {n for n in best if hopeless(best[n], count[n])}
         # A first run can carry one-time costs (TF's kernel setup added 8-20 ms
         # to 7-14 ms gradients on 4 images; a process's first calls of ours
         # 4-6 ms to 0.5 ms), so a cheap candidate is not abandoned on its
@@ -214,8 +227,3 @@ def _pass_fn(pass_, name, x, w, dy, a, device):
     fn = tf.function(body, autograph=False)
     fn.get_concrete_function()  # trace now: tracing is not timed
     return fn
-
-
-def _sync(t):
-    for v in tf.nest.flatten(t):
-        v.numpy()  # waits for the device
