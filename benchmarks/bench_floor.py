@@ -39,7 +39,7 @@ workspace.
 
     python benchmarks/bench_floor.py [--cases seed_fwd,seed_grad,hyena,dw21]
         [--onednn 0,1] [--rounds 3] [--quick] [--no-rss]
-(--cases defaults to all but dw31, a target without an FFT floor question.)
+(dw31, issue 59's keep-30x case, runs only when --cases names it.)
 """
 import argparse
 import json
