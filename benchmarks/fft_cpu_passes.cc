@@ -10,7 +10,9 @@
 // does above glibc's 32 MiB mmap threshold). L=length times the 1-D causal case
 // x (N, 1, L, C) x w (1, K, CI, C) instead (issue 38's Hyena case: N=8 L=16384
 // C=256 K=16384). D=depth times the 3-D case x (N, D, H, H, C) x w (K, K, K, CI, C)
-// in NDHWC (issue 38's depthwise 21^3: N=2 D=48 H=48 C=64 K=21).
+// in NDHWC (issue 38's depthwise 21^3: N=2 D=48 H=48 C=64 K=21). SEED=1 times
+// the motivating case (N, 321, 481, 1) x (135, 135, 1, 3) VALID; FLOOR=1 also
+// times each pass's floor (fft_cpu_floor.h) and prints path / floor.
 //
 // Build (after pip install, which leaves the static core library) and run:
 //   g++ -std=c++17 -O2 -Icsrc/core benchmarks/fft_cpu_passes.cc \
@@ -26,6 +28,7 @@
 #include <vector>
 #include <algorithm>
 #include "fft_cpu.h"
+#include "fft_cpu_floor.h"
 #include "geometry.h"
 #include "parallel.h"
 #include "plan.h"
@@ -37,6 +40,7 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? atoi(argv[1]) : 2;
   const int reps = argc > 2 ? atoi(argv[2]) : 5;
   const bool phases = argc > 3 && atoi(argv[3]);
+  const bool floor = getenv("FLOOR") && atoi(getenv("FLOOR"));  // FLOOR=1: each pass's floor too
   int64_t N = getenv("N") ? atoll(getenv("N")) : 8, H = getenv("H") ? atoll(getenv("H")) : 56,
           C = getenv("C") ? atoll(getenv("C")) : 128, K = getenv("K") ? atoll(getenv("K")) : 31;
   int64_t CI = getenv("CI") ? atoll(getenv("CI")) : 1;  // filter in-depth
@@ -58,11 +62,18 @@ int main(int argc, char** argv) {
     ParseDataFormat("NDHWC", &a.data_format);
     a.strides = a.dilations = {1, 1, 1, 1, 1};
   }
-  std::string err = L > 0   ? ComputeConvGeometry({N, 1, L, C}, {1, K, CI, C}, a, &g)
+  // SEED=1: the motivating case instead, x (N, 321, 481, 1), w (135, 135, 1, 3), VALID.
+  const bool seed = getenv("SEED") && atoi(getenv("SEED"));
+  if (seed) {
+    H = 321, K = 135, CI = 1, C = 3;
+    a.padding = Padding::kValid;
+  }
+  std::string err = seed    ? ComputeConvGeometry({N, 321, 481, 1}, {135, 135, 1, 3}, a, &g)
+                    : L > 0 ? ComputeConvGeometry({N, 1, L, C}, {1, K, CI, C}, a, &g)
                     : D > 0 ? ComputeConvGeometry({N, D, H, H, C}, {K, K, K, CI, C}, a, &g)
                             : ComputeConvGeometry({N, H, H, C}, {K, K, CI, C}, a, &g);
   if (!err.empty()) { fprintf(stderr, "%s\n", err.c_str()); return 1; }
-  std::vector<float> x(L > 0 ? N * L * C : N * std::max<int64_t>(D, 1) * H * H * C),
+  std::vector<float> x(seed ? N * 321 * 481 : L > 0 ? N * L * C : N * std::max<int64_t>(D, 1) * H * H * C),
       w(L > 0 ? K * CI * C : K * K * (D > 0 ? K : 1) * CI * C), y(g.output_elements()), out(std::max(x.size(), w.size()) * 2);
   std::mt19937 rng(0);
   std::normal_distribution<float> nd;
@@ -118,6 +129,15 @@ int main(int argc, char** argv) {
            pname, q.tile_h, q.tile_w, q.fft_h, q.fft_w, q.chunk, q.items, q.ci_block, int(q.fused_mix),
            q.workspace_bytes / 1048576.0, ts[ts.size() / 2] * 1e3, ts[0] * 1e3);
     total_best += ts[ts.size() / 2];
+    if (floor) {  // its transforms alone (fft_cpu_floor.h), the weights' not counted
+      std::vector<double> fl;
+      for (int r = 0; r < reps; ++r)
+        fl.push_back(TimeFftFloor(p.problem.g, DType::kFloat, p.plan,
+                                  ps == "backprop_filter" ? FloorFilter::kData : FloorFilter::kCached, pf).seconds);
+      std::sort(fl.begin(), fl.end());
+      printf("   floor: median %.2f ms min %.2f ms (path / floor %.2f)\n", fl[fl.size() / 2] * 1e3,
+             fl[0] * 1e3, ts[ts.size() / 2] / fl[fl.size() / 2]);
+    }
     if (phases) {
       printf("   phases (ms/call):");
       for (double t : phase_t) printf(" %.2f", t / reps * 1e3);

@@ -116,8 +116,6 @@ class FftRunner : public FftRunnerBase<S, T> {
   }
 
  private:
-  // Bins of one depth slice of a spectrum.
-  int64_t SliceBins() const { return pl_.fft_h * bw_; }
   // A problem of height and depth 1 (1-D): one row per plane.
   bool OneRow() const { return pl_.fft_h == 1 && pl_.fft_d == 1; }
   C* WorkerSpectrum(int worker) const {
@@ -138,26 +136,9 @@ class FftRunner : public FftRunnerBase<S, T> {
     return wspec_ + (co * pl_.ci_block + ci % pl_.ci_block) * bins_;
   }
 
-  void ZeroRows(C* spec, int64_t r0, int64_t r1) const {
-    if (r1 > r0) std::fill(spec + r0 * bw_, spec + r1 * bw_, C(0));
-  }
-
-  // The spectrum of a staged plane whose nonzero values lie in slices [z0,
-  // z1) and, in each, rows [r0, r1): staged slice z - z0 row r - r0 at
-  // st + (z - z0) * Slice() + (r - r0) * fft_w. Rows and slices that are zero
-  // skip their transforms; the depth transform (3-D) runs last.
+  // The spectrum of a staged plane (ForwardPlaneSpectrum).
   void ForwardSpectrum(const T* st, C* spec, int64_t z0, int64_t z1, int64_t r0, int64_t r1) const {
-    const int64_t fw = pl_.fft_w, sb = SliceBins();
-    std::fill(spec, spec + z0 * sb, C(0));
-    std::fill(spec + z1 * sb, spec + pl_.fft_d * sb, C(0));
-    for (int64_t z = z0; z < z1; ++z) {
-      C* slice = spec + z * sb;
-      ZeroRows(slice, 0, r0);
-      fft::RealRowsForward(st + (z - z0) * Slice(), fw, r1 - r0, fw, slice + r0 * bw_, bw_);
-      ZeroRows(slice, r1, pl_.fft_h);
-      fft::ComplexColumns(slice, pl_.fft_h, bw_, bw_, true);
-    }
-    fft::ComplexColumns(spec, pl_.fft_d, sb, sb, true);
+    ForwardPlaneSpectrum(pl_, st, spec, z0, z1, r0, r1);
   }
 
   // Spectra of the dilated filter tap planes i in [i0, i1) of the block
@@ -219,18 +200,10 @@ class FftRunner : public FftRunnerBase<S, T> {
     const Tile t = TileOf(item);
     const int64_t fw = pl_.fft_w, ud = g_.in_dilation[kD], uh = g_.in_dilation[kH];
     const int64_t uw = g_.in_dilation[kW];
-    const int64_t need_d = (t.vd - 1) * g_.stride[kD] + g_.effective_filter(kD);
-    const int64_t need_h = (t.vh - 1) * g_.stride[kH] + g_.effective_filter(kH);
-    const int64_t need_w = (t.vw - 1) * g_.stride[kW] + g_.effective_filter(kW);
-    const int64_t id0 = t.od0 * g_.stride[kD] - g_.pad_before[kD];
-    const int64_t ih0 = t.oh0 * g_.stride[kH] - g_.pad_before[kH];
-    const int64_t iw0 = t.ow0 * g_.stride[kW] - g_.pad_before[kW];
-    const int64_t z_lo = std::min(need_d, std::max<int64_t>(0, -id0));
-    const int64_t z_hi = std::max(z_lo, std::min(need_d, g_.virtual_in(kD) - id0));
-    const int64_t r_lo = std::min(need_h, std::max<int64_t>(0, -ih0));
-    const int64_t r_hi = std::max(r_lo, std::min(need_h, g_.virtual_in(kH) - ih0));
-    const int64_t c_lo = std::min(need_w, std::max<int64_t>(0, -iw0));
-    const int64_t c_hi = std::max(c_lo, std::min(need_w, g_.virtual_in(kW) - iw0));
+    const Window win = WindowOf(g_, t);
+    const int64_t id0 = win.d0, ih0 = win.h0, iw0 = win.w0;
+    const int64_t z_lo = win.z_lo, z_hi = win.z_hi, r_lo = win.r_lo, r_hi = win.r_hi;
+    const int64_t c_lo = win.c_lo, c_hi = win.c_hi;
     const int64_t np = j1 - j0;
     C* spec[kMaxStagePlanes];
     const S* src[kMaxStagePlanes];
@@ -239,7 +212,7 @@ class FftRunner : public FftRunnerBase<S, T> {
       spec[p] = block_spectra ? block_spectra + p * bins_ : X(slot, grp, ci);
       src[p] = in_ + t.n * iv_.n + grp * iv_.g + ci * iv_.c;
     }
-    if (z_hi == z_lo || r_hi == r_lo || c_hi == c_lo) {  // the window sees only padding
+    if (win.only_padding()) {
       for (int64_t p = 0; p < np; ++p) std::fill(spec[p], spec[p] + bins_, C(0));
       return;
     }
@@ -328,7 +301,6 @@ class FftRunner : public FftRunnerBase<S, T> {
     const Tile t = TileOf(item);
     const int64_t fw = pl_.fft_w, cog = g_.out_c_per_group();
     const T scale = T(1) / (T(pl_.fft_d) * T(pl_.fft_h) * T(fw));
-    const int64_t sb = SliceBins();
     T* st = Staging(worker);
     S* dst[kMaxStagePlanes];
     C* spec[kMaxStagePlanes];
@@ -346,15 +318,7 @@ class FftRunner : public FftRunnerBase<S, T> {
       spec[p] = y;
       dst[p] = out_ + t.n * ov_.n + t.od0 * ov_.d + t.oh0 * ov_.h + t.ow0 * ov_.w +
                (co / cog) * ov_.g + (co % cog) * ov_.c;
-      if (!rows_1d) {  // the depth transform, then the slices the stride keeps
-        fft::ComplexColumns(y, pl_.fft_d, sb, sb, false);
-        for (int64_t z = 0; z < t.vd; ++z) {
-          C* slice = y + z * g_.stride[kD] * sb;
-          fft::ComplexColumns(slice, pl_.fft_h, bw_, bw_, false);
-          fft::RealRowsBackward(slice, g_.stride[kH] * bw_, t.vh, fw,
-                                st + p * Plane() + z * Slice(), fw, scale);
-        }
-      }
+      if (!rows_1d) InversePlaneSpectrum(g_, pl_, t, y, st + p * Plane(), scale);
     }
     int64_t step;
     if (rows_1d && EvenlySpaced(spec, np, &step)) {

@@ -13,6 +13,7 @@
 #include "dtypes.h"
 #include "fft_backend_cpu.h"
 #include "fft_plan.h"
+#include "geometry.h"
 
 namespace tfbigconv {
 namespace fft_cpu_internal {
@@ -108,6 +109,30 @@ T* AlignLanes(char* p) {
   return reinterpret_cast<T*>((u + kLaneAlignBytes - 1) & ~uintptr_t(kLaneAlignBytes - 1));
 }
 
+// |v| as an unsigned integer of v's width: ordered as the magnitudes are,
+// with Inf and then NaN above every finite value. An integer max over them
+// vectorizes where a float max (whose NaN order is the operands') does not;
+// the lane kit's staging takes its largest magnitude and its finiteness check
+// from one such max.
+template <typename T>
+struct MagnitudeBits;
+template <>
+struct MagnitudeBits<float> {
+  using U = uint32_t;
+  static constexpr U kAbs = 0x7fffffffu, kInf = 0x7f800000u;
+};
+template <>
+struct MagnitudeBits<double> {
+  using U = uint64_t;
+  static constexpr U kAbs = 0x7fffffffffffffffull, kInf = 0x7ff0000000000000ull;
+};
+template <typename T>
+typename MagnitudeBits<T>::U Magnitude(T v) {
+  typename MagnitudeBits<T>::U u;
+  std::memcpy(&u, &v, sizeof(v));
+  return u & MagnitudeBits<T>::kAbs;
+}
+
 // Lane transforms on group buffers: kFftLanes rows of n points each, in
 // fft::LaneFft's layout (lane j's position i at off_[j] + i * v, v the
 // backend's vector width, a group being kFftLanes / v vector blocks).
@@ -149,8 +174,8 @@ class LaneKit {
     // lines, fetched a few rows ahead (the rows are the tensor's width apart).
     const bool dense = lane_stride == 1 && v_ == kFftLanes;
     const int64_t row_bytes = nl * int64_t(sizeof(S));
-    T most = 0;
-    bool ok = true;
+    using M = MagnitudeBits<T>;
+    typename M::U most = 0;
     for (int64_t s = 0; s < count; ++s) {
       const S* row = base + s * step;
       if (lane_stride == 1)
@@ -165,22 +190,22 @@ class LaneKit {
           for (int64_t j = 0; j < kFftLanes; ++j) {
             const T v = Load<T>(r[j]);
             d[j] = v;
-            most = std::max(most, std::abs(v));
-            ok &= std::abs(v) <= std::numeric_limits<T>::max();  // false for NaN
+            most = std::max(most, Magnitude(v));
           }
         } else {
           T* d = bufs[q] + pos * v_;
           for (int64_t j = 0; j < kFftLanes; ++j) {
             const T v = j < n_in ? Load<T>(r[j * lane_stride]) : T(0);
             d[off_[j]] = v;
-            most = std::max(most, std::abs(v));
-            ok &= std::abs(v) <= std::numeric_limits<T>::max();
+            most = std::max(most, Magnitude(v));
           }
         }
       }
     }
-    *finite &= ok;
-    return most;
+    if (most >= M::kInf) *finite = false;  // an Inf or a NaN
+    T largest;
+    std::memcpy(&largest, &most, sizeof(largest));
+    return largest;
   }
 
   // Lanes [0, nl) of positions first + c * spacing, c < count, of the
@@ -224,7 +249,24 @@ class LaneKit {
   // y = x * conj(w) (conj) or x * w, or y += it, on halfcomplex lane
   // spectra; y may be x.
   void Mul(const T* x, const T* w, T* y, bool conj, bool accumulate) const {
-    const int64_t n = n_, v = v_;
+    if (v_ == kFftLanes) return MulOf<kFftLanes>(x, w, y, conj, accumulate);
+    MulOf<0>(x, w, y, conj, accumulate);
+  }
+
+  // The fused backward's two products in one pass over the spectra:
+  // sum (+)= x * conj(dy), then dy = dy * w.
+  void MulBackprop(const T* x, T* dy, const T* w, T* sum, bool accumulate) const {
+    if (v_ == kFftLanes) return MulBackpropOf<kFftLanes>(x, dy, w, sum, accumulate);
+    MulBackpropOf<0>(x, dy, w, sum, accumulate);
+  }
+
+ private:
+  // Mul and MulBackprop for vectors of V values (0: the backend's v_). A
+  // fixed V lets the compiler unroll and vectorise the lanes; each position
+  // pair's products go through locals, so that y may be x.
+  template <int64_t V>
+  void MulOf(const T* x, const T* w, T* y, bool conj, bool accumulate) const {
+    const int64_t n = n_, v = V > 0 ? V : v_;
     const T sign = conj ? T(1) : T(-1);
     for (int64_t blk = 0; blk < kFftLanes / v; ++blk) {
       const int64_t o = blk * n * v;
@@ -243,20 +285,30 @@ class LaneKit {
         const T* xr = xb + i * v;
         const T* wr = wb + i * v;
         T* yr = yb + i * v;
+        T re[kFftLanes], im[kFftLanes];
         for (int64_t j = 0; j < v; ++j) {
           const T a = xr[j], b = xr[v + j], c = wr[j], d = sign * wr[v + j];
-          const T re = a * c + b * d, im = b * c - a * d;
-          yr[j] = accumulate ? yr[j] + re : re;
-          yr[v + j] = accumulate ? yr[v + j] + im : im;
+          re[j] = a * c + b * d;
+          im[j] = b * c - a * d;
+        }
+        if (accumulate) {
+          for (int64_t j = 0; j < v; ++j) {
+            yr[j] += re[j];
+            yr[v + j] += im[j];
+          }
+        } else {
+          for (int64_t j = 0; j < v; ++j) {
+            yr[j] = re[j];
+            yr[v + j] = im[j];
+          }
         }
       }
     }
   }
 
-  // The fused backward's two products in one pass over the spectra:
-  // sum (+)= x * conj(dy), then dy = dy * w.
-  void MulBackprop(const T* x, T* dy, const T* w, T* sum, bool accumulate) const {
-    const int64_t n = n_, v = v_;
+  template <int64_t V>
+  void MulBackpropOf(const T* x, T* dy, const T* w, T* sum, bool accumulate) const {
+    const int64_t n = n_, v = V > 0 ? V : v_;
     for (int64_t blk = 0; blk < kFftLanes / v; ++blk) {
       const int64_t o = blk * n * v;
       const T *xb = x + o, *wb = w + o;
@@ -276,20 +328,25 @@ class LaneKit {
         const T* wr = wb + i * v;
         T* dr = db + i * v;
         T* sr = sb + i * v;
+        T re[kFftLanes], im[kFftLanes], dre[kFftLanes], dim[kFftLanes];
         for (int64_t j = 0; j < v; ++j) {
           const T a = xr[j], b = xr[v + j], c = dr[j], d = dr[v + j];
-          const T re = a * c + b * d, im = b * c - a * d;
-          sr[j] = accumulate ? sr[j] + re : re;
-          sr[v + j] = accumulate ? sr[v + j] + im : im;
+          re[j] = a * c + b * d;
+          im[j] = b * c - a * d;
           const T e = wr[j], f = wr[v + j];
-          dr[j] = c * e - d * f;
-          dr[v + j] = d * e + c * f;
+          dre[j] = c * e - d * f;
+          dim[j] = d * e + c * f;
+        }
+        for (int64_t j = 0; j < v; ++j) {
+          sr[j] = accumulate ? sr[j] + re[j] : re[j];
+          sr[v + j] = accumulate ? sr[v + j] + im[j] : im[j];
+          dr[j] = dre[j];
+          dr[v + j] = dim[j];
         }
       }
     }
   }
 
- private:
   // Positions [a, b) of every lane of a group buffer.
   void ZeroPositions(T* buf, int64_t a, int64_t b) const {
     if (b <= a) return;
@@ -322,6 +379,84 @@ T FftInputLimit(double points, double terms, double taps, T w_max) {
 struct Tile {
   int64_t n, od0, oh0, ow0, vd, vh, vw;
 };
+
+// Item `item` of plan p: images in order, each's tiles depth-, then row-,
+// then column-major.
+inline Tile TileOfItem(const ConvGeometry& g, const FftPlan& p, int64_t item) {
+  const int64_t per_image = p.tiles_d * p.tiles_h * p.tiles_w;
+  const int64_t t = item % per_image;
+  Tile r;
+  r.n = item / per_image;
+  r.od0 = (t / (p.tiles_h * p.tiles_w)) * p.tile_d;
+  r.oh0 = (t / p.tiles_w % p.tiles_h) * p.tile_h;
+  r.ow0 = (t % p.tiles_w) * p.tile_w;
+  r.vd = std::min(p.tile_d, g.out[kD] - r.od0);
+  r.vh = std::min(p.tile_h, g.out[kH] - r.oh0);
+  r.vw = std::min(p.tile_w, g.out[kW] - r.ow0);
+  return r;
+}
+
+// A tile's input window: it starts at (virtual, see in_dilation) input
+// position (d0, h0, w0), and only its slices [z_lo, z_hi), rows [r_lo, r_hi)
+// and columns [c_lo, c_hi) can hold input values; the rest is padding.
+struct Window {
+  int64_t d0, h0, w0, z_lo, z_hi, r_lo, r_hi, c_lo, c_hi;
+  bool only_padding() const { return z_hi == z_lo || r_hi == r_lo || c_hi == c_lo; }
+};
+
+inline Window WindowOf(const ConvGeometry& g, const Tile& t) {
+  const int64_t need[kSpatialAxes] = {(t.vd - 1) * g.stride[kD] + g.effective_filter(kD),
+                                      (t.vh - 1) * g.stride[kH] + g.effective_filter(kH),
+                                      (t.vw - 1) * g.stride[kW] + g.effective_filter(kW)};
+  const int64_t first[kSpatialAxes] = {t.od0 * g.stride[kD] - g.pad_before[kD],
+                                       t.oh0 * g.stride[kH] - g.pad_before[kH],
+                                       t.ow0 * g.stride[kW] - g.pad_before[kW]};
+  int64_t lo[kSpatialAxes], hi[kSpatialAxes];
+  for (int a = 0; a < kSpatialAxes; ++a) {
+    lo[a] = std::min(need[a], std::max<int64_t>(0, -first[a]));
+    hi[a] = std::max(lo[a], std::min(need[a], g.virtual_in(a) - first[a]));
+  }
+  return {first[kD], first[kH], first[kW], lo[kD], hi[kD], lo[kH], hi[kH], lo[kW], hi[kW]};
+}
+
+// The spectrum (fft_d x fft_h x bins_w) of a real plane of plan p whose
+// nonzero values lie in slices [z0, z1) and, in each, rows [r0, r1): staged
+// slice z - z0 row r - r0 at st + (z - z0) * fft_h * fft_w + (r - r0) *
+// fft_w. Rows and slices that are zero skip their transforms; the depth
+// transform (3-D) runs last.
+template <typename T>
+void ForwardPlaneSpectrum(const FftPlan& p, const T* st, std::complex<T>* spec, int64_t z0,
+                          int64_t z1, int64_t r0, int64_t r1) {
+  using C = std::complex<T>;
+  const int64_t fw = p.fft_w, bw = p.bins_w(), sb = p.fft_h * bw;
+  std::fill(spec, spec + z0 * sb, C(0));
+  std::fill(spec + z1 * sb, spec + p.fft_d * sb, C(0));
+  for (int64_t z = z0; z < z1; ++z) {
+    C* slice = spec + z * sb;
+    std::fill(slice, slice + r0 * bw, C(0));
+    fft::RealRowsForward(st + (z - z0) * p.fft_h * fw, fw, r1 - r0, fw, slice + r0 * bw, bw);
+    std::fill(slice + r1 * bw, slice + p.fft_h * bw, C(0));
+    fft::ComplexColumns(slice, p.fft_h, bw, bw, true);
+  }
+  fft::ComplexColumns(spec, p.fft_d, sb, sb, true);
+}
+
+// The inverse of a mixed spectrum y of a plan with fft_h > 1 or fft_d > 1,
+// in place, keeping what tile t's stride samples: the depth transform, then
+// of each kept slice the columns and the kept rows, slice z's rows at st + z
+// * fft_h * fft_w, fft_w apart, times scale.
+template <typename T>
+void InversePlaneSpectrum(const ConvGeometry& g, const FftPlan& p, const Tile& t,
+                          std::complex<T>* y, T* st, T scale) {
+  const int64_t bw = p.bins_w(), sb = p.fft_h * bw;
+  fft::ComplexColumns(y, p.fft_d, sb, sb, false);
+  for (int64_t z = 0; z < t.vd; ++z) {
+    std::complex<T>* slice = y + z * g.stride[kD] * sb;
+    fft::ComplexColumns(slice, p.fft_h, bw, bw, false);
+    fft::RealRowsBackward(slice, g.stride[kH] * bw, t.vh, p.fft_w, st + z * p.fft_h * p.fft_w,
+                          p.fft_w, scale);
+  }
+}
 
 }  // namespace fft_cpu_internal
 }  // namespace tfbigconv

@@ -97,19 +97,7 @@ class FftRunnerBase {
   int64_t Plane() const { return pl_.fft_d * Slice(); }
   int64_t Slice() const { return pl_.fft_h * pl_.fft_w; }
 
-  Tile TileOf(int64_t item) const {
-    const int64_t per_image = pl_.tiles_d * pl_.tiles_h * pl_.tiles_w;
-    const int64_t t = item % per_image;
-    Tile r;
-    r.n = item / per_image;
-    r.od0 = (t / (pl_.tiles_h * pl_.tiles_w)) * pl_.tile_d;
-    r.oh0 = (t / pl_.tiles_w % pl_.tiles_h) * pl_.tile_h;
-    r.ow0 = (t % pl_.tiles_w) * pl_.tile_w;
-    r.vd = std::min(pl_.tile_d, g_.out[kD] - r.od0);
-    r.vh = std::min(pl_.tile_h, g_.out[kH] - r.oh0);
-    r.vw = std::min(pl_.tile_w, g_.out[kW] - r.ow0);
-    return r;
-  }
+  Tile TileOf(int64_t item) const { return TileOfItem(g_, pl_, item); }
 
   const FftParams params_;
   const ConvGeometry g_;

@@ -352,6 +352,8 @@ void BindTypes(py::module_& m) {
 
 }  // namespace
 
+#include "fft_cpu_floor.h"  // fft_floor, the last entry
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "tfbigconv core: geometry and CPU kernels on numpy arrays (no TensorFlow).";
   BindTypes(m);
@@ -496,4 +498,47 @@ PYBIND11_MODULE(_core, m) {
   m.def("active_isa", [] { return std::string(IsaName(ActiveIsa())); });
   m.def("good_fft_size", &GoodFftSize, py::arg("n"),
         "Smallest size >= n with no prime factor above 7 (the FFT planners' sizes).");
+  m.def(
+      "fft_floor",
+      [](GEOMETRY_PARAMS, const std::string& pass, const std::string& dtype,
+         int64_t workspace_limit, int num_threads, py::object count_filter) {
+        const ConvGeometry g = GeometryOf(GEOMETRY_ARGS);
+        const DType dt = DTypeFromName(dtype);
+        const ParallelFor pf = StdThreadParallelFor(num_threads);
+        FftFloorTiming t;
+        py::dict plan;
+        if (pass == "lane_backprop") {
+          const LaneBackpropPlan lp = LanePlanOrThrow(g, dt, workspace_limit, pf.num_workers());
+          plan = LanePlanDict(lp);
+          py::gil_scoped_release release;
+          t = TimeLaneBackpropFloor(g, dt, lp, pf);
+        } else {
+          const Pass ps = PassFromName(pass);
+          const ConvGeometry pg = PassProblem(g, ps).g;
+          const FftPlan fp = PlanOrThrow(pg, dt, workspace_limit, pf.num_workers());
+          plan = PlanDict(fp);
+          // By default the weights' transforms are cached (one per step could serve
+          // every pass); dL/doutput's, the filter gradient's filter, never are.
+          const bool data = count_filter.is_none() ? ps == Pass::kBackpropFilter
+                                                   : count_filter.cast<bool>();
+          const FloorFilter filter = data ? FloorFilter::kData : FloorFilter::kCached;
+          py::gil_scoped_release release;
+          t = TimeFftFloor(pg, dt, fp, filter, pf);
+        }
+        py::dict d;
+        d["seconds"] = t.seconds;
+        d["flops"] = t.flops;
+        d["transforms"] = t.transforms;
+        d["plan"] = plan;
+        return d;
+      },
+      GEOMETRY_PY_ARGS, py::arg("pass_"), py::arg("dtype") = "float32",
+      py::arg("workspace_limit") = 0, py::arg("num_threads") = 0,
+      py::arg("count_filter") = py::none(),
+      "One timing of the floor of one pass of the forward geometry with the plan RunPass "
+      "would use (pass_ forward, backprop_input, backprop_filter, or lane_backprop for the "
+      "fused 1-D backward): its unavoidable transforms alone (fft_cpu_floor.h). "
+      "count_filter: whether the pass problem's filter transforms count (None: in "
+      "backprop_filter only; lane_backprop never counts the weights'). "
+      "{seconds, flops, transforms, plan}.");
 }
