@@ -169,7 +169,7 @@ def worker(spec):
                                count_filter=True if fwd_bwd and p == "forward" else None)
                for p in passes]
         floors.append(res)
-        return sum(r["seconds"] for r in res)
+        return sum(r.seconds for r in res)
 
     timed = {"ours": user_step(lambda x, w: ours(x, w, "auto")),
              "path": lambda: path_fn(x, w),
@@ -194,10 +194,15 @@ def worker(spec):
     last = floors[-1]
     print(json.dumps({
         "case": name, "x": xs, "w": list(ws), "seconds": seconds, "passes": passes,
-        "floor_flops": sum(r["flops"] for r in last),
-        "floor_transforms": sum(r["transforms"] for r in last),
-        "plans": [r["plan"] for r in last], "threads": threads,
+        "floor_flops": sum(r.flops for r in last),
+        "floor_transforms": sum(r.transforms for r in last),
+        "plans": [fields(r.plan) for r in last], "threads": threads,
         "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")}))
+
+
+def fields(plan):
+    """A _core plan's fields, for JSON."""
+    return {k: getattr(plan, k) for k in dir(plan) if not k.startswith("_")}
 
 
 def rss_worker(xs, ws, padding):
@@ -215,7 +220,7 @@ def rss_worker(xs, ws, padding):
     plan = _core.fft_plan(**core_geometry(xs, ws, padding), workers=host.workers())
     out = call().shape.num_elements() * 4
     return {"rss_increase_bytes": m["rss_increase_bytes"], "in_bytes": int(np.prod(xs)) * 4,
-            "out_bytes": out, "workspace_bytes": plan["workspace_bytes"]}
+            "out_bytes": out, "workspace_bytes": plan.workspace_bytes}
 
 
 def ratio_stats(num, den):

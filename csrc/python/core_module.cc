@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "direct_cpu.h"
+#include "fft_cpu_floor.h"
 #include "fft_sizes.h"
 #include "memory_info.h"
 #include "plan.h"
@@ -350,9 +351,13 @@ void BindTypes(py::module_& m) {
       .def_readonly("reason", &PassPlan::reason);
 }
 
-}  // namespace
+// One timing of a pass's floor (fft_floor) and the plan it timed.
+struct FftFloor {
+  FftFloorTiming timing;
+  py::object plan;
+};
 
-#include "fft_cpu_floor.h"  // fft_floor, the last entry
+}  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "tfbigconv core: geometry and CPU kernels on numpy arrays (no TensorFlow).";
@@ -498,6 +503,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("active_isa", [] { return std::string(IsaName(ActiveIsa())); });
   m.def("good_fft_size", &GoodFftSize, py::arg("n"),
         "Smallest size >= n with no prime factor above 7 (the FFT planners' sizes).");
+  py::class_<FftFloor>(m, "FftFloor")
+      .def_property_readonly("seconds", [](const FftFloor& f) { return f.timing.seconds; })
+      .def_property_readonly("flops", [](const FftFloor& f) { return f.timing.flops; })
+      .def_property_readonly("transforms", [](const FftFloor& f) { return f.timing.transforms; })
+      .def_readonly("plan", &FftFloor::plan);
   m.def(
       "fft_floor",
       [](GEOMETRY_PARAMS, const std::string& pass, const std::string& dtype,
@@ -505,32 +515,26 @@ PYBIND11_MODULE(_core, m) {
         const ConvGeometry g = GeometryOf(GEOMETRY_ARGS);
         const DType dt = DTypeFromName(dtype);
         const ParallelFor pf = StdThreadParallelFor(num_threads);
-        FftFloorTiming t;
-        py::dict plan;
+        FftFloor r;
         if (pass == "lane_backprop") {
           const LaneBackpropPlan lp = LanePlanOrThrow(g, dt, workspace_limit, pf.num_workers());
-          plan = LanePlanDict(lp);
+          r.plan = py::cast(lp);
           py::gil_scoped_release release;
-          t = TimeLaneBackpropFloor(g, dt, lp, pf);
+          r.timing = TimeLaneBackpropFloor(g, dt, lp, pf);
         } else {
           const Pass ps = PassFromName(pass);
           const ConvGeometry pg = PassProblem(g, ps).g;
           const FftPlan fp = PlanOrThrow(pg, dt, workspace_limit, pf.num_workers());
-          plan = PlanDict(fp);
+          r.plan = py::cast(fp);
           // By default the weights' transforms are cached (one per step could serve
           // every pass); dL/doutput's, the filter gradient's filter, never are.
           const bool data = count_filter.is_none() ? ps == Pass::kBackpropFilter
                                                    : count_filter.cast<bool>();
           const FloorFilter filter = data ? FloorFilter::kData : FloorFilter::kCached;
           py::gil_scoped_release release;
-          t = TimeFftFloor(pg, dt, fp, filter, pf);
+          r.timing = TimeFftFloor(pg, dt, fp, filter, pf);
         }
-        py::dict d;
-        d["seconds"] = t.seconds;
-        d["flops"] = t.flops;
-        d["transforms"] = t.transforms;
-        d["plan"] = plan;
-        return d;
+        return r;
       },
       GEOMETRY_PY_ARGS, py::arg("pass_"), py::arg("dtype") = "float32",
       py::arg("workspace_limit") = 0, py::arg("num_threads") = 0,
@@ -540,5 +544,5 @@ PYBIND11_MODULE(_core, m) {
       "fused 1-D backward): its unavoidable transforms alone (fft_cpu_floor.h). "
       "count_filter: whether the pass problem's filter transforms count (None: in "
       "backprop_filter only; lane_backprop never counts the weights'). "
-      "{seconds, flops, transforms, plan}.");
+      "An FftFloor: seconds, flops, transforms and the plan (FftPlan or LaneBackpropPlan).");
 }

@@ -19,11 +19,16 @@ def complex_flops(n):
     return 2 * real_flops(n)
 
 
+def fields(core_struct):
+    """A _core struct's fields as a dict (the tests change some)."""
+    return {k: getattr(core_struct, k) for k in dir(core_struct) if not k.startswith("_")}
+
+
 def expected_plane_floor(geometry, plan, in_planes, out_planes, filter_planes, filter_extent):
     """(transforms, flops) of a 2-D/3-D plan: per item, each input plane's forward
     transform over the window's rows and slices that hold input, each output plane's
     inverse over the rows and slices the tile keeps; filter planes over their extent."""
-    fd, fh, fw = plan["fft_d"], plan["fft_h"], plan["fft_w"]
+    fd, fh, fw = plan.fft_d, plan.fft_h, plan.fft_w
     bw = fw // 2 + 1
 
     def forward(z, r):
@@ -39,13 +44,13 @@ def expected_plane_floor(geometry, plan, in_planes, out_planes, filter_planes, f
     transforms = filter_planes
     flops = filter_planes * forward(*filter_extent)
     for n in range(g["batch"]):
-        for td in range(plan["tiles_d"]):
-            for th in range(plan["tiles_h"]):
-                for tw in range(plan["tiles_w"]):
+        for td in range(plan.tiles_d):
+            for th in range(plan.tiles_h):
+                for tw in range(plan.tiles_w):
                     extent = {}
                     for (a, pad), t in zip(axes, (td, th, tw)):
-                        o0 = t * plan[f"tile_{a}"]
-                        v = min(plan[f"tile_{a}"], g[f"out_{a}"] - o0)
+                        o0 = t * getattr(plan, f"tile_{a}")
+                        v = min(getattr(plan, f"tile_{a}"), g[f"out_{a}"] - o0)
                         need = v - 1 + g[f"filter_{a}"]
                         first = o0 - g[f"pad_{pad}"]
                         lo = min(need, max(0, -first))
@@ -70,12 +75,12 @@ CASES_2D = [  # x, w, padding: one tile, several tiles with padding, grouped
 def test_2d_forward_counts_input_and_output_planes_pruned(x, w, padding):
     r = _core.fft_floor(list(x), list(w), padding=padding, pass_="forward", num_threads=2,
                         **ATTRS2)
-    g = _core.conv_geometry(list(x), list(w), padding=padding, **ATTRS2)
+    g = fields(_core.conv_geometry(list(x), list(w), padding=padding, **ATTRS2))
     g["pad_front"], g["in_d"], g["filter_d"], g["out_d"] = 0, 1, 1, 1
-    transforms, flops = expected_plane_floor(g, r["plan"], x[3], w[3], 0, (0, 0))
-    assert r["transforms"] == transforms
-    assert r["flops"] == pytest.approx(flops, rel=1e-12)
-    assert r["seconds"] > 0
+    transforms, flops = expected_plane_floor(g, r.plan, x[3], w[3], 0, (0, 0))
+    assert r.transforms == transforms
+    assert r.flops == pytest.approx(flops, rel=1e-12)
+    assert r.seconds > 0
 
 
 def test_filter_planes_count_where_asked_and_in_the_filter_gradient():
@@ -85,25 +90,25 @@ def test_filter_planes_count_where_asked_and_in_the_filter_gradient():
     cached = _core.fft_floor(pass_="forward", **args)
     counted = _core.fft_floor(pass_="forward", count_filter=True, **args)
     # One forward transform of each (co, ci) filter plane over its 9 x 9 taps.
-    plan = counted["plan"]
-    bw = plan["fft_w"] // 2 + 1
-    one = 9 * real_flops(plan["fft_w"]) + bw * complex_flops(plan["fft_h"])
-    assert counted["transforms"] - cached["transforms"] == 2 * 3
-    assert counted["flops"] - cached["flops"] == pytest.approx(6 * one, rel=1e-12)
+    plan = counted.plan
+    bw = plan.fft_w // 2 + 1
+    one = 9 * real_flops(plan.fft_w) + bw * complex_flops(plan.fft_h)
+    assert counted.transforms - cached.transforms == 2 * 3
+    assert counted.flops - cached.flops == pytest.approx(6 * one, rel=1e-12)
     # The filter gradient's filter is dL/doutput: always transformed.
     bpf = _core.fft_floor(pass_="backprop_filter", **args)
     bpf_cached = _core.fft_floor(pass_="backprop_filter", count_filter=False, **args)
-    assert bpf["transforms"] > bpf_cached["transforms"]
+    assert bpf.transforms > bpf_cached.transforms
 
 
 def test_3d_same_prunes_padding_slices():
     x, w = (1, 10, 12, 11, 2), (5, 5, 5, 1, 2)
     r = _core.fft_floor(list(x), list(w), padding="SAME", pass_="forward", num_threads=2,
                         **ATTRS3)
-    g = _core.conv_geometry(list(x), list(w), padding="SAME", **ATTRS3)
-    transforms, flops = expected_plane_floor(g, r["plan"], x[4], w[4], 0, (0, 0))
-    assert r["transforms"] == transforms
-    assert r["flops"] == pytest.approx(flops, rel=1e-12)
+    g = fields(_core.conv_geometry(list(x), list(w), padding="SAME", **ATTRS3))
+    transforms, flops = expected_plane_floor(g, r.plan, x[4], w[4], 0, (0, 0))
+    assert r.transforms == transforms
+    assert r.flops == pytest.approx(flops, rel=1e-12)
 
 
 def causal_1d(batch, length, channels, taps):
@@ -116,20 +121,20 @@ def causal_1d(batch, length, channels, taps):
 def test_lane_plans_count_lane_group_transforms():
     args = causal_1d(3, 500, 20, 300)
     r = _core.fft_floor(pass_="forward", num_threads=2, **args)
-    assert r["plan"]["lanes"]
+    assert r.plan.lanes
     groups = math.ceil(20 / 8)
     # Per item and lane group: a forward and an inverse transform of 8 rows.
-    assert r["transforms"] == r["plan"]["items"] * groups * 2
-    assert r["flops"] == pytest.approx(r["transforms"] * 8 * real_flops(r["plan"]["fft_w"]))
+    assert r.transforms == r.plan.items * groups * 2
+    assert r.flops == pytest.approx(r.transforms * 8 * real_flops(r.plan.fft_w))
 
 
 def test_fused_backward_counts_three_per_image_and_one_for_the_filter():
     args = causal_1d(3, 500, 20, 300)
     r = _core.fft_floor(pass_="lane_backprop", num_threads=2, **args)
     groups = math.ceil(20 / 8)
-    assert r["transforms"] == groups * (3 * 3 + 1)
-    assert r["flops"] == pytest.approx(r["transforms"] * 8 * real_flops(r["plan"]["fft_w"]))
-    assert r["plan"]["fft_w"] >= 500 + 299
+    assert r.transforms == groups * (3 * 3 + 1)
+    assert r.flops == pytest.approx(r.transforms * 8 * real_flops(r.plan.fft_w))
+    assert r.plan.fft_w >= 500 + 299
 
 
 def test_bad_pass_and_unserved_fused_backward_raise_value_error():

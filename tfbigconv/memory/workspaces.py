@@ -244,8 +244,8 @@ def patch_matrix_bytes(geometry, dtype):
     """One image's im2col patch matrix: out_h x out_w x KH x KW x in_c elements
     (tf_estimate.cc's col_buffer of one image)."""
     g = geometry
-    return (g["out_h"] * g["out_w"] * g["filter_h"] * g["filter_w"] * g["in_c"]
-            * tf.as_dtype(dtype).size if g["batch"] else 0)
+    return (g.out_h * g.out_w * g.filter_h * g.filter_w * g.in_c
+            * tf.as_dtype(dtype).size if g.batch else 0)
 
 
 def tf_conv2d_onednn(dtype, explicit_padding):
