@@ -11,8 +11,8 @@ import tensorflow as tf
 
 import tfbigconv
 from tfbigconv import host
-from tfbigconv.memory import simulate as S
-from tfbigconv.memory.rules import fmt_bytes
+from tfbigconv.memory import opgraph as S
+from tfbigconv.text import fmt_bytes
 from tfbigconv.memory.workspaces import ConvPlans
 
 v1 = tf.compat.v1
@@ -135,7 +135,7 @@ def test_tf1_graph_hand_checked(eigen_kernels):
     # The conv's backward: minimize's gating (GATE_OP: a tuple of the op's
     # gradients) runs its input gradient too, beside the filter gradient.
     trace = r._trace
-    ops = {op.type: op for op in trace.ops if trace.phase[op.name] == "backward"}
+    ops = {op.type: op for op in trace.ops if op.phase == "backward"}
     plans = ConvPlans(trace, "CPU")
     ws_in = plans.tf_workspace(ops["Conv2DBackpropInput"], b)["backprop_input"]
     ws = plans.tf_workspace(ops["Conv2DBackpropFilter"], b)["backprop_filter"]

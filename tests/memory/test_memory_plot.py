@@ -17,9 +17,9 @@ import tfbigconv
 from tfbigconv.cli import main as cli_main
 from tfbigconv.memory import plot as P
 from tfbigconv.memory import report as MR
-from tfbigconv.memory import simulate as S
+from tfbigconv.memory import opgraph as S
 from tfbigconv.memory import timeline as T
-from tfbigconv.memory.rules import fmt_bytes
+from tfbigconv.text import fmt_bytes
 from conftest import run_python
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -3,8 +3,10 @@ one change (a layer converted by convert_model, a batch size, a
 mixed-precision clone of the model, a layer under tf.recompute_grad). A
 mixin of MemoryReport; a graph's report (no Keras model) gives the batch
 and workspace_limit lines only."""
-from tfbigconv.memory.rules import SAFETY_MARGIN, fmt_bytes
-from tfbigconv.memory.trace import Trace, flavour_of
+from tfbigconv.keras_model import clone_model, keras_of
+from tfbigconv.memory.rules import SAFETY_MARGIN
+from tfbigconv.memory.trace import Trace
+from tfbigconv.text import fmt_bytes
 
 
 class Advice:
@@ -13,7 +15,7 @@ class Advice:
     def convertible_layers(self):
         """Layers convert_model would swap for tfbigconv's (exact Conv2D and
         DepthwiseConv2D of the model's Keras), in model order."""
-        keras = flavour_of(self._model).keras
+        keras = keras_of(self._model)
         seen, out = set(), []
         for call in self._trace.calls:
             layer = call.layer
@@ -54,14 +56,13 @@ class Advice:
         policy = policy or ("mixed_float16" if self.device == "GPU" else "mixed_bfloat16")
         if self._model is None:
             raise ValueError("the report was made without the model")
-        flavour = flavour_of(self._model)
 
         def clone(layer):
             config = layer.get_config()
             config["dtype"] = policy
             return layer.__class__.from_config(config)
 
-        copy = flavour.clone_model(self._model, clone)
+        copy = clone_model(self._model, clone)
         trace = Trace(copy, self._input_shape, self.training)
         report = type(self)(trace, self.batch_size, self.device, self.training,
                               self._optimizer, self.budget, advise=False)
