@@ -17,7 +17,7 @@ class Advice:
         DepthwiseConv2D of the model's Keras), in model order."""
         keras = keras_of(self._model)
         seen, out = set(), []
-        for call in self._trace.calls:
+        for call in self._source.calls:
             layer = call.layer
             if type(layer) in (keras.layers.Conv2D, keras.layers.DepthwiseConv2D) \
                     and id(layer) not in seen:
@@ -41,10 +41,10 @@ class Advice:
         tensors of their own for the backward pass, lowest peak first."""
         b = batch_size or self.batch_size
         out = []
-        for call in self._trace.calls:
+        for call in self._source.calls:
             if hasattr(call.layer, "layers"):  # models: their layers are listed themselves
                 continue
-            own = [op for op in call.ops if self._trace.saved(op)[0]]
+            own = [op for op in call.ops if self._source.saved(op)[0]]
             if not own:
                 continue
             out.append((call, self._run(b, recompute=[call]).peak))

@@ -78,7 +78,7 @@ class MemoryReport(Advice):
 
     def __init__(self, source, batch_size, device, training, optimizer, budget, advise=True,
                  model=None, input_shape=None):
-        self._trace, self.batch_size, self.device = source, batch_size, device
+        self._source, self.batch_size, self.device = source, batch_size, device
         self.training, self.budget = training, budget
         self._model, self._input_shape, self._optimizer = model, input_shape, optimizer
         self._plans = ConvPlans(source, device)
@@ -126,14 +126,14 @@ class MemoryReport(Advice):
     def persistent_bytes(self, batch_size=None):
         """What lives across steps: weights, optimizer slots and the input batch."""
         batch = batch_size or self.batch_size
-        data = sum(self._trace.tensors[n].bytes(batch) for n in self._trace.input_names)
+        data = sum(self._source.tensors[n].bytes(batch) for n in self._source.input_names)
         return self.param_bytes + self.slot_bytes + data
 
     _persistent = persistent_bytes
 
     def _step(self, convert=(), recompute=()):
         """The source's step (an OpGraph) with the changes, oneDNN's workspaces added."""
-        step = self._trace.step(recompute, convert)
+        step = self._source.step(recompute, convert)
         if self._onednn:
             step.add_onednn_workspaces(onednn_maxpool_workspace)
         return step
@@ -165,7 +165,7 @@ class MemoryReport(Advice):
     def varies_with_batch(self):
         """Whether the step's shapes depend on the batch size: False for a
         graph whose inputs' shapes are all known (its batch is fixed)."""
-        return self._trace.has_batch
+        return self._source.has_batch
 
     def batch_fit(self, budget_bytes=None, margin=SAFETY_MARGIN):
         """(budget, largest batch) as max_batch_size finds it, without its
@@ -274,7 +274,7 @@ class MemoryReport(Advice):
         auto, or BigConv3D)."""
         b = batch_size or self.batch_size
         out = []
-        for op in self._trace.ops:
+        for op in self._source.ops:
             failed = self._plans.limit_failures(op, b)
             if not failed:
                 continue
