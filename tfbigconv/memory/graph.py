@@ -242,7 +242,8 @@ class GraphTrace(OpGraph):
                 self.weights.append((name, size, sorted(
                     (r for r in readers if self.op_named[r].phase == Phase.FORWARD),
                     key=lambda r: (self.op_named[r].type in ("ReadVariableOp", "Identity"), r))))
-                if any(self.op_named[u].phase == Phase.UPDATE and self.op_named[u].type != "ReadVariableOp"
+                if any(self.op_named[u].phase == Phase.UPDATE and
+                       self.op_named[u].type != "ReadVariableOp"
                        for u in users):
                     updated += size
         self.param_bytes = sum(w[1] for w in self.weights)

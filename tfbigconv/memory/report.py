@@ -39,7 +39,8 @@ from tfbigconv.memory.advice import Advice
 from tfbigconv.memory.rules import SAFETY_MARGIN
 from tfbigconv.memory.simulate import simulate
 from tfbigconv.memory.timeline import BATCH, SLOTS, WEIGHTS, MemoryTimeline
-from tfbigconv.memory.workspaces import ConvPlans, decode, onednn_maxpool_workspace, tf_conv2d_onednn
+from tfbigconv.memory.workspaces import (ConvPlans, decode, onednn_maxpool_workspace,
+                                         tf_conv2d_onednn)
 from tfbigconv.text import fmt_bytes, render_table
 
 # ---------------------------------------------------------------------------

@@ -168,7 +168,8 @@ class Trace:
         k * b + c at all three becomes (k, c) (dim_at). None stays the batch
         where that fails; a tensor of unknown rank counts as 0 bytes."""
         unknown = [t for t in self.tensors.values()
-                   if t.kind == Kind.ACTIVATION and t.itemsize and (t.dims is None or None in t.dims)]
+                   if t.kind == Kind.ACTIVATION and t.itemsize and
+                   (t.dims is None or None in t.dims)]
         if not unknown:
             return
         inputs = {name: (self.tensors[name].dtype, self.tensors[name].dims)
