@@ -175,7 +175,7 @@ def test_without_matplotlib(tmp_path):
     """In a process where matplotlib cannot be imported, tfbigconv imports and
     reports; plot and to_tensorboard raise ImportError saying how to install
     it, and to_tensorboard writes nothing."""
-    out = run_python(f"""
+    out = run_python("""
         import os, sys
         sys.modules["matplotlib"] = None   # import matplotlib raises ImportError
         import keras, tfbigconv

@@ -146,6 +146,6 @@ def workspace_limit_advice(report, failures):
         lines.append(f"{layer} does not fit its workspace_limit of {mine[0].limit} bytes: "
                      f"{passes}. Fix: " + ", or ".join(fixes))
     smaller = report.largest_batch_within_workspace_limits()
-    batch = (f"a smaller batch does not help (batch 1 does not fit either)" if smaller == 0
+    batch = ("a smaller batch does not help (batch 1 does not fit either)" if smaller == 0
              else f"the largest batch within the limits is {smaller}" if smaller else "")
     return " ".join(lines) + (f"; {batch}." if batch else ".")

@@ -9,7 +9,6 @@ import math
 
 import tensorflow as tf
 
-from tfbigconv.keras_model import keras_of
 from tfbigconv.memory.opgraph import (Kind, OpGraph, Phase, Row, Scope, Tensor, WeightMemory,
                                       affine, shapes_at)
 from tfbigconv.memory.rules import (ALIASES, BUFFER_RULES, NO_GRADIENT, OPTIMIZER_UPDATE,
