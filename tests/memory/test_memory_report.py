@@ -117,6 +117,7 @@ def _build(op_type):
         "ReverseV2": lambda: _raw("ReverseV2", _ph([2, 3]), [1]),
         "RFFT": lambda: _raw("RFFT", _ph([2, 8]), [8]),  # its gradient: unpadded only
         "IRFFT": lambda: _raw("IRFFT", _ph([2, 5], tf.complex64), [8]),
+        "IdentityN": lambda: tf.raw_ops.IdentityN(input=[_ph([2, 3]), _ph([2, 3])])[0],
     }
     out = builders[op_type]()
     op = out.op

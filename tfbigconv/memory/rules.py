@@ -90,8 +90,12 @@ SAVED_FOR_BACKWARD = {
     # incoming gradient, scaled (fft_ops.py); the forward tensors' shapes only.
     "RFFT": {0: ()},
     "IRFFT": {0: ()},
+    # IdentityN's gradient is the incoming one (TF's _IdentityNGrad): a
+    # tf.custom_gradient's forward (IdentityN of its outputs and inputs) keeps
+    # what its ops' own rules keep (a routed Conv2D: its input and filter).
+    "IdentityN": {},
 }
-VARIADIC_NOTHING = ("AddN", "ConcatV2", "Pack")  # any input index: nothing kept
+VARIADIC_NOTHING = ("AddN", "ConcatV2", "Pack", "IdentityN")  # any input index: nothing kept
 
 # Op type -> (tensor, bytes per element, what): a transient buffer that TF's
 # own CPU gradient kernel (oneDNN off, or not rewritten) allocates while it
@@ -204,14 +208,22 @@ class BufferRules:
     def passes_gradient_through(self, op_type, index, input_dims, output_dims):
         """Whether the gradient of input `index` is the incoming gradient
         itself (TensorFlow returns it unchanged, no new buffer): aliases,
-        BiasAdd's value, and AddV2/Sub/AddN operands of the output's shape."""
-        if op_type in self.aliases:
+        BiasAdd's value, and AddV2/Sub/AddN operands of the output's shape;
+        IdentityN's input i takes output i's gradient (gradient_output)."""
+        if op_type in self.aliases or op_type == "IdentityN":
             return True
         if op_type == "BiasAdd":
             return index == 0
         if op_type in ("AddV2", "AddN") or (op_type == "Sub" and index == 0):
             return input_dims == output_dims
         return False
+
+
+    @staticmethod
+    def gradient_output(op_type, index):
+        """The output whose gradient input `index` takes where it passes
+        through: IdentityN's output i for input i, else output 0."""
+        return index if op_type == "IdentityN" else 0
 
 
 BUFFER_RULES = BufferRules()

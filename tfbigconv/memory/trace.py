@@ -414,9 +414,11 @@ class _Backward:
         t = self.trace
         x = t.tensors[f.inputs[i]]
         name = f"{f.name}/grad_{i}"
-        if outs and BUFFER_RULES.passes_gradient_through(f.type, i, x.dims,
-                                                        t.tensors[f.outputs[0]].dims):
-            return Tensor(name, None, x.dtype, x.dims, base=self.step.tensors[outs[0]].base)
+        out = f.outputs[BUFFER_RULES.gradient_output(f.type, i)]
+        incoming = self.done.get(out)
+        if incoming and BUFFER_RULES.passes_gradient_through(f.type, i, x.dims,
+                                                            t.tensors[out].dims):
+            return Tensor(name, None, x.dtype, x.dims, base=self.step.tensors[incoming].base)
         v = t.variable(x.name)
         what = (f"gradient of {getattr(v, 'path', v.name)}" if v is not None  # Keras 3, tf_keras
                 else f"gradient of {x.op.type} output")
