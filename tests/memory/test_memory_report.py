@@ -195,7 +195,7 @@ def test_liveness_hand_checked_mlp():
     d2's kernel gradient (16x1). ReluGrad then writes dL/dh into dL/dr.
     """
     model = _mlp()
-    for b in (100, 1000):  # below ~20, the optimizer's update is the peak
+    for b in (100, 1000):
         r = tfbigconv.memory_report(model, b, advice=False, device="CPU")
         act = 16 * 4 * b
         assert r.step_peak_bytes == 2 * act + 4 * b + 16 * 4

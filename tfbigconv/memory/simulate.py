@@ -61,10 +61,14 @@ def gradient_temporary(forward, step, batch):
 
 
 def update_temporaries(op, step, batch, slots):
-    """Bytes of the temporaries of the optimizer's update (OPTIMIZER_UPDATE): a
-    few of the largest weight gradient's size (1 + the slots, at most 3)."""
+    """Bytes of the temporaries of the optimizer's update (OPTIMIZER_UPDATE): one
+    of the largest weight gradient's size per slot, at most 2. Its element-wise
+    arithmetic writes into buffers nothing else reads, as the step's does:
+    Adam's holds m * alpha and sqrt(v) + epsilon before the division writes
+    into one (TF's allocator log, oneDNN on: 2.0 and 2.5 times a U-Net's
+    largest kernel at its update); plain SGD's lr * g writes into g."""
     largest = max((step.tensors[n].bytes(batch) for n in op.inputs), default=0)
-    return (1 + min(slots, 2)) * largest
+    return min(slots, 2) * largest
 
 
 def forwarded_input(op, out, step, uses, live, batch, taken=()):
