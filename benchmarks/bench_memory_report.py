@@ -401,8 +401,8 @@ def measure(name, variant, batch, onednn=ONEDNN):
     """The measured step peak in a fresh process, with oneDNN on or off
     (TF_ENABLE_ONEDNN_OPTS): {"measured": bytes, ...} or {"error": line};
     with oneDNN, "logged" is the logged tensors' peak and "allocator" the
-    allocator's own peak (above); measured is the first for graphs, the second
-    for Keras models. variant: "tf" or "bigconv" for MODELS, "graph" for GRAPH_MODELS."""
+    allocator's own peak (above); measured is the first. variant: "tf" or
+    "bigconv" for MODELS, "graph" for GRAPH_MODELS."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", MALLOC_MMAP_THRESHOLD_="65536",
                TFBIGCONV_AUTOTUNE="0", TF_ENABLE_ONEDNN_OPTS="1" if onednn else "0")
     if onednn:  # TF's allocator log (above)
@@ -414,11 +414,9 @@ def measure(name, variant, batch, onednn=ONEDNN):
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
     result = json.loads(r.stdout.strip().splitlines()[-1])
     if onednn:
-        # Graph reports model TF's buffer reuse and are held to the logged
-        # tensors; the Keras-model simulation does not yet (docs/memory_report.md)
-        # and stays held to the allocator's peak, its measure before.
-        result["logged"] = logged_peak(r.stderr)
-        result["measured"] = result["logged"] if variant == "graph" else result["allocator"]
+        # Keras models and graphs alike are held to the logged tensors: both
+        # simulations model TF's buffer reuse (one simulation, memory/simulate.py).
+        result["logged"] = result["measured"] = logged_peak(r.stderr)
     return result
 
 
@@ -439,7 +437,8 @@ def main():
     parser.add_argument("--max-batch", action="store_true",
                         help="check max_batch_size: a budget, its suggested batch, and +25%%")
     parser.add_argument("--onednn", action="store_true",
-                        help="oneDNN on; measure TF's allocator's peak bytes in use (above)")
+                        help="oneDNN on; measure the peak of the step's tensors in TF's "
+                        "allocator log (above)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated subset of " + ", ".join(VARIANTS))
     parser.add_argument("--batches", help="comma-separated batch sizes (default: per model)")

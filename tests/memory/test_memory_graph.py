@@ -11,8 +11,8 @@ import tensorflow as tf
 
 import tfbigconv
 from tfbigconv import host
-from tfbigconv.memory import simulate as S
-from tfbigconv.memory.rules import fmt_bytes
+from tfbigconv.memory import opgraph as S
+from tfbigconv.text import fmt_bytes
 from tfbigconv.memory.workspaces import ConvPlans
 
 v1 = tf.compat.v1
@@ -134,8 +134,8 @@ def test_tf1_graph_hand_checked(eigen_kernels):
     assert r.persistent_bytes() == params + r.slot_bytes + b * (16 * 16 * 3 + 8 * 8 * 8) * 4
     # The conv's backward: minimize's gating (GATE_OP: a tuple of the op's
     # gradients) runs its input gradient too, beside the filter gradient.
-    trace = r._trace
-    ops = {op.type: op for op in trace.ops if trace.phase[op.name] == "backward"}
+    trace = r._source
+    ops = {op.type: op for op in trace.ops if op.phase == "backward"}
     plans = ConvPlans(trace, "CPU")
     ws_in = plans.tf_workspace(ops["Conv2DBackpropInput"], b)["backprop_input"]
     ws = plans.tf_workspace(ops["Conv2DBackpropFilter"], b)["backprop_filter"]
@@ -172,8 +172,8 @@ def test_tf1_ref_variables_and_a_static_batch(eigen_kernels):
 def test_onednn_maxpool_workspace_lives_until_its_gradient(onednn_kernels):
     graph, train, loss = _tf1_graph()
     r = tfbigconv.memory_report(graph, 8, fetches=[train, loss], device="CPU", advice=False)
-    ws = [n for n in r._trace.tensors if n.endswith(":workspace")]
-    assert len(ws) == 1 and r._trace.tensors[ws[0]].bytes(8) == 8 * 8 * 8 * 8  # uint8 argmax
+    ws = [n for n in r._source.tensors if n.endswith(":workspace")]
+    assert len(ws) == 1 and r._source.tensors[ws[0]].bytes(8) == 8 * 8 * 8 * 8  # uint8 argmax
     kept = next(row for row in r.rows if row.layer == "pool" and not row.op)
     assert kept.kept_bytes == 8 * 8 * 8 * 8 * (4 + 1)  # the pool's output and its workspace
     assert "MaxPool keeps a workspace for its gradient" in r.table()
@@ -194,7 +194,7 @@ def test_elementwise_ops_write_into_a_buffer_no_one_else_reads():
     buffer = 8 * 256 * 4
     assert r.step_peak_bytes == 2 * buffer, r.alive_at_peak
     assert r.persistent_bytes() == buffer  # the batch
-    mul = [op for op in r._trace.ops if op.type == "Mul"][-1]
+    mul = [op for op in r._source.ops if op.type == "Mul"][-1]
     assert [step.total for step in r.timeline.steps if step.op == mul.name] == \
         [r.persistent_bytes() + 2 * buffer]
 
@@ -236,7 +236,7 @@ def test_our_ops_scopes_fold_into_their_callers_scope(eigen_kernels):
             loss = tf.reduce_sum(conv2d(tf.reshape(h, [-1, 8, 8, 2])))
         return tape.gradient(loss, [w2, w1])
     r = tfbigconv.memory_report(step, 2, device="CPU", advice=False)
-    forward = {op.name: op.layer.label for op in r._trace.ops
+    forward = {op.name: op.layer.label for op in r._source.ops
                if op.type in ("BigConv2D", "BigConv2DBackpropInput")}
     assert sorted(set(forward.values())) == ["bigconv2d", "block", "seq"], forward
     assert any("/bigconv2d_1/" in name for name in forward), forward  # TF's second scope
@@ -348,7 +348,7 @@ def test_unknown_dims_get_the_sizes_the_graph_gives_them():
     ns = docs_graph_steps.example("tf1")
     graph, train_op, loss = ns["graph"], ns["train_op"], ns["loss"]
     r = tfbigconv.memory_report(graph, 4, fetches=[train_op, loss], device="CPU", advice=False)
-    t = r._trace
+    t = r._source
     unknown = [n for n, x in t.tensors.items() if x.itemsize and x.dtype.is_floating
                and x.op.type != "Placeholder" and
                (graph.get_tensor_by_name(n).shape.rank is None or
@@ -379,7 +379,7 @@ def test_tf_function_gradient_sizes_and_a_size_only_the_run_knows():
     import docs_graph_steps
     r = tfbigconv.memory_report(docs_graph_steps.example("fn")["train_step"], 256, device="CPU",
                                 advice=False)
-    sums = [x for n, x in r._trace.tensors.items()
+    sums = [x for n, x in r._source.tensors.items()
             if n.startswith("gradient_tape/sub/") and x.op.type == "Sum"]
     assert sums and all(x.shape(256) == [256, 10] for x in sums)
     assert not any("shape inference" in note for note in r.notes), r.notes
@@ -392,7 +392,7 @@ def test_tf_function_gradient_sizes_and_a_size_only_the_run_knows():
     r = tfbigconv.memory_report(graph, 8, fetches=[total], device="CPU", advice=False)
     note = next(n for n in r.notes if "shape inference cannot know" in n)
     assert "boolean_mask" in note and "sized as the batch" in note
-    mul = next(x for x in r._trace.tensors.values() if x.op.type == "Mul")
+    mul = next(x for x in r._source.tensors.values() if x.op.type == "Mul")
     assert mul.shape(8) == [8]
 
 

@@ -17,9 +17,9 @@ import tfbigconv
 from tfbigconv.cli import main as cli_main
 from tfbigconv.memory import plot as P
 from tfbigconv.memory import report as MR
-from tfbigconv.memory import simulate as S
+from tfbigconv.memory import opgraph as S
 from tfbigconv.memory import timeline as T
-from tfbigconv.memory.rules import fmt_bytes
+from tfbigconv.text import fmt_bytes
 from conftest import run_python
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -175,7 +175,7 @@ def test_without_matplotlib(tmp_path):
     """In a process where matplotlib cannot be imported, tfbigconv imports and
     reports; plot and to_tensorboard raise ImportError saying how to install
     it, and to_tensorboard writes nothing."""
-    out = run_python(f"""
+    out = run_python("""
         import os, sys
         sys.modules["matplotlib"] = None   # import matplotlib raises ImportError
         import keras, tfbigconv

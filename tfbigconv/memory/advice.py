@@ -3,8 +3,10 @@ one change (a layer converted by convert_model, a batch size, a
 mixed-precision clone of the model, a layer under tf.recompute_grad). A
 mixin of MemoryReport; a graph's report (no Keras model) gives the batch
 and workspace_limit lines only."""
-from tfbigconv.memory.rules import SAFETY_MARGIN, fmt_bytes
-from tfbigconv.memory.trace import Trace, flavour_of
+from tfbigconv.keras_model import clone_model, keras_of
+from tfbigconv.memory.rules import SAFETY_MARGIN
+from tfbigconv.memory.trace import Trace
+from tfbigconv.text import fmt_bytes
 
 
 class Advice:
@@ -13,9 +15,9 @@ class Advice:
     def convertible_layers(self):
         """Layers convert_model would swap for tfbigconv's (exact Conv2D and
         DepthwiseConv2D of the model's Keras), in model order."""
-        keras = flavour_of(self._model).keras
+        keras = keras_of(self._model)
         seen, out = set(), []
-        for call in self._trace.calls:
+        for call in self._source.calls:
             layer = call.layer
             if type(layer) in (keras.layers.Conv2D, keras.layers.DepthwiseConv2D) \
                     and id(layer) not in seen:
@@ -39,10 +41,10 @@ class Advice:
         tensors of their own for the backward pass, lowest peak first."""
         b = batch_size or self.batch_size
         out = []
-        for call in self._trace.calls:
+        for call in self._source.calls:
             if hasattr(call.layer, "layers"):  # models: their layers are listed themselves
                 continue
-            own = [op for op in call.ops if self._trace.saved(op)[0]]
+            own = [op for op in call.ops if self._source.saved(op)[0]]
             if not own:
                 continue
             out.append((call, self._run(b, recompute=[call]).peak))
@@ -54,14 +56,13 @@ class Advice:
         policy = policy or ("mixed_float16" if self.device == "GPU" else "mixed_bfloat16")
         if self._model is None:
             raise ValueError("the report was made without the model")
-        flavour = flavour_of(self._model)
 
         def clone(layer):
             config = layer.get_config()
             config["dtype"] = policy
             return layer.__class__.from_config(config)
 
-        copy = flavour.clone_model(self._model, clone)
+        copy = clone_model(self._model, clone)
         trace = Trace(copy, self._input_shape, self.training)
         report = type(self)(trace, self.batch_size, self.device, self.training,
                               self._optimizer, self.budget, advise=False)
@@ -145,6 +146,6 @@ def workspace_limit_advice(report, failures):
         lines.append(f"{layer} does not fit its workspace_limit of {mine[0].limit} bytes: "
                      f"{passes}. Fix: " + ", or ".join(fixes))
     smaller = report.largest_batch_within_workspace_limits()
-    batch = (f"a smaller batch does not help (batch 1 does not fit either)" if smaller == 0
+    batch = ("a smaller batch does not help (batch 1 does not fit either)" if smaller == 0
              else f"the largest batch within the limits is {smaller}" if smaller else "")
     return " ".join(lines) + (f"; {batch}." if batch else ".")

@@ -5,9 +5,10 @@ and is simulated as it runs (graph.GraphTrace)."""
 import tensorflow as tf
 
 from tfbigconv import host
+from tfbigconv.keras_model import keras_of
 from tfbigconv.memory.graph import GraphTrace
 from tfbigconv.memory.report import MemoryReport
-from tfbigconv.memory.trace import Trace, flavour_of
+from tfbigconv.memory.trace import Trace
 
 
 def memory_report(model, batch_size=None, training=True, optimizer=None, device=None, *,
@@ -60,7 +61,7 @@ def memory_report(model, batch_size=None, training=True, optimizer=None, device=
     """
     graph = isinstance(model, tf.Graph) or hasattr(model, "get_concrete_function") or \
         (hasattr(model, "graph") and hasattr(model, "structured_input_signature"))
-    if not graph and flavour_of(model) is None:
+    if not graph and keras_of(model) is None:
         raise ValueError("memory_report: model must be a Keras model (Keras 3 or tf_keras), a "
                          "tf.function, a ConcreteFunction or a tf.Graph, got "
                          f"{type(model).__name__}")

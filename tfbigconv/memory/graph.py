@@ -5,35 +5,26 @@ it fetches (tf.gradients, an optimizer's minimize). Its "layers" are its name
 scopes; its weights are its variables, and the variables only its update
 reads (an optimizer's slots, its step counter) are the optimizer's slots.
 
-simulate.simulate_graph runs the ops; graph_rows gives the report's rows."""
-import collections
+A GraphTrace is the step's OpGraph itself (opgraph.py's builder reads its
+ops); simulate.simulate runs it."""
 import math
 import re
 
 import tensorflow as tf
 
-from tfbigconv.memory.rules import ALIASES, NO_GRADIENT, fmt_bytes
-from tfbigconv.memory.simulate import GRADS, KEPT, OUTPUTS, PARAM_GRADS, WORKSPACES
-from tfbigconv.memory.trace import Op, Tensor, affine, onednn_workspace, shapes_at
-from tfbigconv.memory.workspaces import CONV_OPERANDS
+from tfbigconv.memory.opgraph import (KEPT, PARAM_GRADS, VARIABLE_OPS, Kind, OpGraph, Phase, Row,
+                                      Scope, WeightMemory, affine, shapes_at)
+from tfbigconv.memory.rules import ALIASES, NO_GRADIENT
+from tfbigconv.text import fmt_bytes
 
 # The name scope TensorFlow builds gradients under: tf.gradients' "gradients"
 # (or "gradients_1", ...), GradientTape's "gradient_tape", maybe nested.
 GRADIENT_SCOPE = re.compile(r"^(?:.*/)?(?:gradients(?:_\d+)?|gradient_tape)/")
-VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
 # Ops whose memory is inside them (a called function, a loop): counted by
 # their outputs only.
 OPAQUE = ("PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile", "If",
           "StatelessIf", "Case")
 UPDATE = "(optimizer)"
-
-
-class Scope:
-    """A name scope of the graph: the report's layer. ops: its ops, the
-    gradient ops of its forward ops included."""
-
-    def __init__(self, label):
-        self.label, self.ops, self.layer = label, [], None
 
 
 # The name scopes tfbigconv's functions open around their ops (bigconv1d's,
@@ -60,13 +51,12 @@ def variable_bytes(op):
         else 0
 
 
-class GraphTrace:
+class GraphTrace(OpGraph):
     """The ops a graph runs for its fetches, with static shapes (the batch
-    may be unknown), phases (forward, backward, update), scopes and variables.
+    may be unknown), phases (forward, backward, update), scopes (the report's
+    layers: `calls`) and variables.
 
     Build it with from_function or from_graph."""
-    is_graph = True
-    loss = None
 
     @classmethod
     def from_function(cls, fn, scope_depth=None):
@@ -130,15 +120,15 @@ class GraphTrace:
 
     def __init__(self, graph, fetched, fetched_ops, inputs, variables, scope_depth,
                  handles=None):
+        super().__init__()
         self.graph = graph
         self._handles = handles or {}
         needed = self._ancestors(fetched, fetched_ops)
-        tf_ops = [op for op in graph.get_operations() if op.name in needed]
+        self.add_tf_ops([op for op in graph.get_operations() if op.name in needed],
+                        lambda op: None, lambda op: Phase.FORWARD)
         self.fetched = [t.name for t in fetched]
         self.input_names = [t.name for t in inputs]
         self.plan_failures, self.notes = [], []
-        self.extra_outputs, self.extra_inputs = {}, {}
-        self._ops(tf_ops)
         self._phases()
         self._variables(variables)
         self._scopes(scope_depth)
@@ -150,55 +140,12 @@ class GraphTrace:
             self.notes.append("the memory inside " + ", ".join(opaque) + " ops (a called "
                               "function, a loop) is not simulated: their outputs count only")
 
-    def _ops(self, tf_ops):
-        self.ops, self.tensors, self.op_named = [], {}, {}
-        names = {op.name for op in tf_ops}
-        self.producers, self.consumers = {}, collections.defaultdict(list)
-        for i, tf_op in enumerate(tf_ops):
-            op = Op()
-            op.index, op.name, op.type, op.tf_op = i, tf_op.name, tf_op.type, tf_op
-            op.inputs = [t.name for t in tf_op.inputs]
-            op.outputs = [t.name for t in tf_op.outputs]
-            op.layer = op.attrs = None
-            self.op_named[op.name] = op
-            producers = {t.op.name for t in tf_op.inputs} | {c.name for c in tf_op.control_inputs}
-            self.producers[op.name] = producers & names
-            for p in self.producers[op.name]:
-                self.consumers[p].append(op.name)
-            for index, t in enumerate(tf_op.outputs):
-                tensor = Tensor()
-                tensor.name, tensor.op, tensor.dtype = t.name, op, t.dtype
-                tensor.dims = t.shape.as_list() if t.shape.rank is not None else None
-                base_dtype = t.dtype.base_dtype
-                tensor.itemsize = base_dtype.size if base_dtype not in (
-                    tf.resource, tf.variant, tf.string) else 0
-                tensor.kind, tensor.base = "activation", t.name
-                if op.type == "Const":
-                    tensor.kind = "constant"
-                elif op.type in VARIABLE_OPS or op.type == "ReadVariableOp":
-                    tensor.kind = "parameter"  # the variable's own buffer
-                elif op.type == "Placeholder":
-                    tensor.kind = "input"
-                elif t.dtype._is_ref_dtype and op.inputs:  # Assign, ApplyAdam: the variable
-                    tensor.base = self.tensors[op.inputs[0]].base
-                elif op.type in ALIASES and op.inputs:
-                    tensor.base = self.tensors[op.inputs[0]].base
-                elif op.type == "IdentityN" and index < len(op.inputs):
-                    tensor.base = self.tensors[op.inputs[index]].base
-                self.tensors[t.name] = tensor
-            self.ops.append(op)
-        # buffer -> the ops that read it (through views)
-        self.readers = collections.defaultdict(set)
-        for op in self.ops:
-            for name in op.inputs:
-                self.readers[self.tensors[name].base].add(op.name)
-
     def size_unknown_dims(self, batch):
         """Gives the dimensions the graph's static shapes leave unknown (None)
         their sizes as TensorFlow's shape inference finds them with the
         inputs' unknown dimensions set to the batch: the graph's ops imported
         again (shape_inference_at) at batch, 2 * batch and 3 * batch. A
-        dimension that is k * b + c at all three is (k, c) (trace.dim_at); the
+        dimension that is k * b + c at all three is (k, c) (opgraph.dim_at); the
         inputs' unknown dimensions are the batch, (1, 0). What stays unknown
         (a data-dependent size: Where, Unique) is sized as the batch, and a
         note names it. Once, before the simulation."""
@@ -238,14 +185,14 @@ class GraphTrace:
                               f"cannot know before the step runs ({named}): each such "
                               "dimension is sized as the batch")
         rankless = sum(1 for t in self.tensors.values()
-                       if t.dims is None and t.kind == "activation" and t.itemsize)
+                       if t.dims is None and t.kind == Kind.ACTIVATION and t.itemsize)
         if rankless:
             self.notes.append(f"{rankless} tensors of unknown rank count as 0 bytes")
 
     def shape_inference_at(self, batch):
         """{tensor name: its shape as a list (None: unknown rank)} as
         TensorFlow's shape inference gives it with the inputs' unknown
-        dimensions set to batch (trace.shapes_at). Raises ValueError where the
+        dimensions set to batch (opgraph.shapes_at). Raises ValueError where the
         shapes contradict the graph."""
         inputs = {name: (self.tensors[name].dtype, self.tensors[name].dims)
                   for name in self.input_names}
@@ -256,7 +203,8 @@ class GraphTrace:
     def _phases(self):
         """phase[op]: "backward" for the gradient ops (under a gradient name
         scope); "update" for the ops that run after them and for those that
-        only feed such ops (an optimizer's reads of its slots); else "forward"."""
+        only feed such ops (an optimizer's reads of its slots); else "forward"
+        (op.phase)."""
         backward = {op.name for op in self.ops if GRADIENT_SCOPE.match(op.name)}
         update = set()
         for op in self.ops:  # graph order: producers first
@@ -269,8 +217,9 @@ class GraphTrace:
             if op.name not in backward and op.name not in fetched_ops and users and \
                     all(u in update for u in users):
                 update.add(op.name)
-        self.phase = {op.name: "backward" if op.name in backward else
-                      "update" if op.name in update else "forward" for op in self.ops}
+        for op in self.ops:
+            op.phase = Phase.BACKWARD if op.name in backward else \
+                Phase.UPDATE if op.name in update else Phase.FORWARD
         self.training = bool(backward)
 
     def _variables(self, variables):
@@ -286,14 +235,15 @@ class GraphTrace:
             for u in users:
                 readers |= set(self.consumers[u]) if self.op_named[u].type in (
                     "ReadVariableOp", "Identity") else set()
-            if readers and all(self.phase[r] == "update" for r in readers):
+            if readers and all(self.op_named[r].phase == Phase.UPDATE for r in readers):
                 self.slots.append((name, size))
             else:
                 # its forward readers, those that compute with its value first
                 self.weights.append((name, size, sorted(
-                    (r for r in readers if self.phase[r] == "forward"),
+                    (r for r in readers if self.op_named[r].phase == Phase.FORWARD),
                     key=lambda r: (self.op_named[r].type in ("ReadVariableOp", "Identity"), r))))
-                if any(self.phase[u] == "update" and self.op_named[u].type != "ReadVariableOp"
+                if any(self.op_named[u].phase == Phase.UPDATE and
+                       self.op_named[u].type != "ReadVariableOp"
                        for u in users):
                     updated += size
         self.param_bytes = sum(w[1] for w in self.weights)
@@ -313,22 +263,22 @@ class GraphTrace:
 
         def resolve(label):
             """A scope that is an op's name (its ReadVariableOp, its Shape) is that op's."""
-            while label in self.op_named and self.phase[label] == "forward":
+            while label in self.op_named and self.op_named[label].phase == Phase.FORWARD:
                 label = scope_of(label, depth)
             return label
 
         for op in self.ops:
-            phase = self.phase[op.name]
-            if phase == "update":
+            phase = op.phase
+            if phase == Phase.UPDATE:
                 label = UPDATE
-            elif phase == "backward":
+            elif phase == Phase.BACKWARD:
                 label = None
                 rest = op.name[GRADIENT_SCOPE.match(op.name).end():].split("/")
                 for k in range(len(rest) - 1, 0, -1):
                     name = "/".join(rest[:k])
                     name = name[:-5] if name.endswith("_grad") else name
                     forward = self.op_named.get(name)
-                    if forward is not None and self.phase[name] == "forward":
+                    if forward is not None and self.op_named[name].phase == Phase.FORWARD:
                         label = forward.layer.label
                         break
                 for k in range(len(rest) - 1, 0, -1) if label is None else ():
@@ -349,81 +299,58 @@ class GraphTrace:
         self.calls = sorted(scopes.values(),
                             key=lambda s: order.get(s.label, (0, s.ops[0].index)))
 
-    def add_onednn_workspaces(self, per_element_of):
-        """The workspace oneDNN's MaxPool keeps for its gradient (TF's graph
-        rewrite adds it as an output where the MaxPoolGrad is in the graph),
-        alive until the MaxPoolGrad ops that read the pool's output have run.
-        Once per trace."""
-        if getattr(self, "onednn", False):
-            return
-        self.onednn = True
-        for op in self.ops:
-            per_element = per_element_of(op)
-            grads = [self.op_named[r] for r in self.readers[self.tensors[op.outputs[0]].base]
-                     if self.op_named[r].type == "MaxPoolGrad"] if op.outputs else []
-            if not per_element or not grads:
-                continue
-            workspace = onednn_workspace(self, op, per_element)
-            for g in grads:
-                self.extra_inputs.setdefault(g.name, []).append(workspace)
+    def step(self, recompute=(), convert=()):
+        """The step's OpGraph: the graph itself. recompute and convert change a
+        Keras model (ValueError here)."""
+        if recompute or convert:
+            raise ValueError("peak_at: convert and recompute need a Keras model's report, "
+                             "not a graph's (its ops are given)")
+        return self
+
+    def weight_memory(self, optimizer=None):
+        """WeightMemory: the variables its forward or backward pass reads, and
+        those only its update reads (an optimizer's slots)."""
+        return WeightMemory(self.param_bytes, self.slot_bytes,
+                            round(self.slot_bytes / self.updated_bytes) if self.updated_bytes
+                            else 0,
+                            f"{len(self.slots)} slot variables" if self.slots else
+                            "no slot variables")
+
+    def rows(self, batch, plans, slots_per_weight, step):
+        """The report's rows and notes (graph_rows; no notes); step is self."""
+        return graph_rows(self, batch, plans), []
 
     def saved(self, op):
         """(op's buffers that a gradient op reads, True): kept for the backward pass."""
-        if self.phase[op.name] != "forward":
+        if op.phase != Phase.FORWARD:
             return [], True
-        names = [n for n in op.outputs + self.extra_outputs.get(op.name, [])
-                 if self.tensors[n].base == n and self.kind_of(n) == KEPT]
+        readers = self.readers()
+        names = [n for n in self.makes(op)
+                 if self.tensors[n].base == n and self.kind_of(n, readers) == KEPT]
         return names, True
-
-    def kind_of(self, name):
-        """The timeline's kind of a buffer the step allocates."""
-        tensor = self.tensors[name]
-        phase = self.phase[tensor.op.name]
-        readers = [self.phase[r] for r in self.readers[name]] + \
-            [self.phase[g] for g, ins in self.extra_inputs.items() if name in ins]
-        if phase == "forward":
-            return KEPT if "backward" in readers else OUTPUTS
-        if phase == "backward":
-            return PARAM_GRADS if "update" in readers else GRADS
-        return WORKSPACES
-
-    def describe(self, name):
-        tensor = self.tensors[name]
-        if tensor.kind == "workspace":
-            return f"oneDNN {tensor.op.type} workspace"
-        phase = self.phase[tensor.op.name]
-        return (f"{tensor.op.type} output" if phase == "forward" else
-                f"{tensor.op.type} output (gradient)" if phase == "backward" else
-                f"{tensor.op.type} output (update)")
-
-    def grad_inputs(self, op):
-        return []
-
-    def batched(self, name):
-        t = self.tensors[name]
-        return t.dims is not None and any(not isinstance(d, int) for d in t.dims)
 
 
 def kept_label(tensor, batch):
     """A kept buffer in a row's "kept for backward": oneDNN's workspace (an
     output TF's rewrite adds) or the op's output, and its bytes."""
-    what = f"oneDNN {tensor.op.type} workspace" if tensor.kind == "workspace" else "output"
+    what = f"oneDNN {tensor.op.type} workspace" if tensor.kind == Kind.WORKSPACE else "output"
     return f"{what} {fmt_bytes(tensor.bytes(batch))}"
 
 
-def graph_rows(report, batch, Row):
-    """The report's rows for a graph: one per name scope (its forward output:
-    its last forward op's largest output; params: the variables named under
-    it; kept: its forward buffers a gradient reads; workspaces: forward /
-    backward), then one per op with a batch-sized output or a workspace."""
-    t, plans, rows = report._trace, report._plans, []
+def graph_rows(t, batch, plans):
+    """The report's rows for a graph (GraphTrace.rows): one per name scope
+    (its forward output: its last forward op's largest output; params: the
+    variables named under it; kept: its forward buffers a gradient reads;
+    workspaces: forward / backward), then one per op with a batch-sized
+    output or a workspace."""
+    rows, readers = [], t.readers()
     for s in t.calls:
         op_rows, kept_all = [], 0
-        forward = [op for op in s.ops if t.phase[op.name] == "forward"
+        forward = [op for op in s.ops if op.phase == Phase.FORWARD
                    and op.type not in NO_GRADIENT and op.type != "ReadVariableOp"]
         final = None
         for op in reversed(forward):
-            outs = [t.tensors[n] for n in op.outputs if t.tensors[n].kind == "activation"]
+            outs = [t.tensors[n] for n in op.outputs if t.tensors[n].kind == Kind.ACTIVATION]
             if outs:
                 final = max(outs, key=lambda o: o.bytes(batch))
                 break
@@ -437,14 +364,14 @@ def graph_rows(report, batch, Row):
             kept = [t.tensors[n] for n in t.saved(op)[0]]
             kept_all += sum(k.bytes(batch) for k in kept)
             ws = None
-            if op.type in CONV_OPERANDS:
-                what, n = plans.graph_run(op, batch)
-                ws = (n, 0) if t.phase[op.name] == "forward" else (0, n)
-            if ws is None and not any(t.batched(o.name) for o in outs):
+            if op.passes:
+                n, what = plans.workspace(op, batch)
+                ws = (n, 0) if op.phase == Phase.FORWARD else (0, n)
+            if ws is None and not any(o.batched for o in outs):
                 continue
             ours = op.type.startswith("BigConv")
-            op_rows.append(Row(s.label, op.type if t.phase[op.name] == "forward" else
-                               f"{op.type} ({t.phase[op.name]})",
+            op_rows.append(Row(s.label, op.type if op.phase == Phase.FORWARD else
+                               f"{op.type} ({op.phase})",
                                outs[0].shape(batch) if outs else None,
                                sum(o.bytes(batch) for o in outs if o.base == o.name), 0, 0, 0,
                                sum(k.bytes(batch) for k in kept),
@@ -456,8 +383,8 @@ def graph_rows(report, batch, Row):
                    key=lambda op: sum(t.tensors[n].bytes(batch) for n in op.outputs
                                       if t.tensors[n].base == n), default=None)
         grads = sum(t.tensors[n].bytes(batch) for op in s.ops for n in op.outputs
-                    if t.phase[op.name] == "backward" and t.tensors[n].base == n
-                    and t.kind_of(n) == PARAM_GRADS)
+                    if op.phase == Phase.BACKWARD and t.tensors[n].base == n
+                    and t.kind_of(n, readers) == PARAM_GRADS)
         if not (op_rows or params or grads or slots or final):
             continue  # a scope of small ops (shapes, constants)
         rows.append(Row(s.label, "", final.shape(batch) if final else None,

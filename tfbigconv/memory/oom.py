@@ -7,7 +7,8 @@ import sys
 import tensorflow as tf
 
 from tfbigconv.memory.advice import workspace_limit_advice
-from tfbigconv.memory.rules import fmt_bytes
+from tfbigconv.memory.api import memory_report
+from tfbigconv.text import fmt_bytes
 
 
 class explain_oom(contextlib.ContextDecorator):
@@ -50,7 +51,6 @@ class explain_oom(contextlib.ContextDecorator):
         if kind is not None and issubclass(kind, tf.errors.ResourceExhaustedError):
             out = self.file or sys.stderr
             try:
-                from tfbigconv.memory.api import memory_report
                 self.report = memory_report(self.model, self.batch_size, optimizer=self.optimizer,
                                             device=self.device, budget=self.budget,
                                             input_shape=self.input_shape, fetches=self.fetches)

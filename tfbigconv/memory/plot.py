@@ -9,7 +9,7 @@ import io
 import os
 import struct
 
-from tfbigconv.memory.rules import fmt_bytes
+from tfbigconv.text import fmt_bytes
 from tfbigconv.memory.timeline import KINDS
 
 FORMATS = ("png", "svg")

@@ -1,23 +1,25 @@
 """MemoryReport: which tensors a step keeps, its peak, and what to change
 (memory_report in api.py makes it; the advice is advice.py's, explain_oom
-oom.py's). A Keras model's step is simulated as below; a graph that holds its
-own gradients (graph.py) runs its ops as they are (simulate.simulate_graph).
+oom.py's). It reads its step from a source, a Keras model's Trace (trace.py)
+or a GraphTrace (graph.py), through the same methods (step, weight_memory,
+rows, saved), and never asks which.
 
 How it works:
-- The model is traced symbolically into a graph of TensorFlow ops, with the
-  batch dimension left unknown (as Keras' fit traces it); no data is needed.
-  Each tensor's size at any batch size follows from its static shape.
+- The step is an OpGraph (opgraph.py): a Keras model traced symbolically, with
+  the batch dimension left unknown (as Keras' fit traces it), its gradient
+  and update ops synthesized from the rules; or a graph's own ops. No data is
+  needed: each tensor's size at any batch size follows from its static
+  shape (and TensorFlow's shape inference at three batches).
 - Every op's gradient reads some of the op's inputs and outputs; those are
   kept from the forward pass until the gradient runs. SAVED_FOR_BACKWARD holds
   these rules, one entry per op type, as TensorFlow's gradient functions
   (nn_grad.py, math_grad.py, array_grad.py) and tfbigconv's own define them.
-- A liveness simulation runs the forward ops in graph order, then the gradient
-  ops in reverse order (with more than one CPU thread, a convolution's filter
-  gradient runs on beside the ops after it, as TF's executor runs it). A
-  tensor lives while a forward op still reads it or a gradient rule keeps it.
-  Gradients live until their producer's gradient has used them; the
-  parameters' gradients until the optimizer's update. Each convolution adds
-  its transient workspace while it runs: TensorFlow's kernel (CPU: the
+- One liveness simulation (simulate.py) runs the ops as TensorFlow's
+  executor does, first ready first run (with more than one CPU thread, a
+  convolution's filter gradient runs on beside the ops after it). A tensor
+  lives until its last reader has run; an element-wise kernel writes its
+  output into an input nothing else reads (BufferRules). Each convolution
+  adds its transient workspace while it runs: TensorFlow's kernel (CPU: the
   gradient kernels' col_buffer, as tfbigconv's planner estimates it; none
   where TF runs oneDNN, its default on many CPUs, whose MaxPool instead keeps
   a workspace for its gradient) or tfbigconv's planned algorithm. The largest
@@ -27,30 +29,25 @@ How it works:
   layer wrapped in `tf.recompute_grad`.
 """
 import collections
-import math
 import warnings
 
 import tensorflow as tf
 
 from tfbigconv import _core, host
+from tfbigconv.memory import plot
 from tfbigconv.memory.advice import Advice
-from tfbigconv.memory.rules import ALIASES, CONVS, NO_GRADIENT, fmt_bytes, optimizer_slots
 from tfbigconv.memory.rules import SAFETY_MARGIN
-from tfbigconv.memory.trace import Trace
-from tfbigconv.memory.workspaces import (ConvPlans, decode, gradient_workspace,
-                                         onednn_maxpool_workspace,
-                                         tf_conv2d_onednn)
-from tfbigconv.memory.simulate import simulate, simulate_graph
+from tfbigconv.memory.simulate import simulate
 from tfbigconv.memory.timeline import BATCH, SLOTS, WEIGHTS, MemoryTimeline
+from tfbigconv.memory.workspaces import (ConvPlans, decode, onednn_maxpool_workspace,
+                                         tf_conv2d_onednn)
+from tfbigconv.text import fmt_bytes, render_table
 
 # ---------------------------------------------------------------------------
 # The report
 
 LimitFailure = collections.namedtuple(
     "LimitFailure", "layer op pass_ algorithm limit message auto_fits")
-Row = collections.namedtuple(
-    "Row", "layer op output_shape output_bytes param_bytes grad_bytes slot_bytes kept_bytes "
-           "kept tf_workspace bigconv_workspace note")
 
 
 class MemoryReport(Advice):
@@ -80,51 +77,41 @@ class MemoryReport(Advice):
       advice: list of lines, computed (see `advise`).
     """
 
-    def __init__(self, trace, batch_size, device, training, optimizer, budget, advise=True,
+    def __init__(self, source, batch_size, device, training, optimizer, budget, advise=True,
                  model=None, input_shape=None):
-        self._trace, self.batch_size, self.device = trace, batch_size, device
+        self._source, self.batch_size, self.device = source, batch_size, device
         self.training, self.budget = training, budget
         self._model, self._input_shape, self._optimizer = model, input_shape, optimizer
-        self._plans = ConvPlans(trace, device)
-        self.notes = []
+        self._plans = ConvPlans(source, device)
+        self.notes = list(source.notes)
         # TF's CPU executor runs ready ops on as many threads as the host has
         # workers (inter-op threads default to the cores, as intra-op ones);
         # a GPU's kernels queue on one stream.
         self._overlap = device == "CPU" and host.current().threads() > 1
-        if getattr(trace, "is_graph", False):
-            # A graph's variables: its weights, and those only its update reads.
-            self.param_bytes, self.slot_bytes = trace.param_bytes, trace.slot_bytes
-            self.slots_per_weight = (round(trace.slot_bytes / trace.updated_bytes)
-                                     if trace.updated_bytes else 0)
-            self.optimizer = (f"{len(trace.slots)} slot variables" if trace.slots else
-                              "no slot variables")
-            self.notes += trace.notes
-        else:
-            self.slots_per_weight, self.optimizer = (optimizer_slots(optimizer) if training
-                                                     else (0, ""))
-            self.param_bytes = sum(var_bytes(v) for v in trace.weights)
-            trainable = [v for v in trace.weights if id(v) in trace.trainable]
-            self.slot_bytes = self.slots_per_weight * sum(var_bytes(v) for v in trainable)
-        if device == "CPU" and host.current().runs_onednn():
-            trace.add_onednn_workspaces(onednn_maxpool_workspace)
+        weights = source.weight_memory(optimizer)
+        self.param_bytes, self.slot_bytes = weights.param_bytes, weights.slot_bytes
+        self.slots_per_weight, self.optimizer = weights.slots_per_weight, weights.optimizer
+        self._onednn = device == "CPU" and host.current().runs_onednn()
+        step = self._step()
+        if self._onednn:
             onednn_convs = any(
                 tf_conv2d_onednn(op.tf_op.get_attr("T").name,
-                                  decode(op.tf_op.get_attr("padding")) == "EXPLICIT")
-                for op in trace.ops
+                                 decode(op.tf_op.get_attr("padding")) == "EXPLICIT")
+                for op in source.ops
                 if op.type in ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"))
             what = (["its Conv2D kernels hold no patch matrices"] if onednn_convs else []) + \
-                (["MaxPool keeps a workspace for its gradient"] if trace.extra_outputs else [])
+                (["MaxPool keeps a workspace for its gradient"] if step.extra_outputs else [])
             if what:
                 self.notes.append("TensorFlow runs oneDNN here (TF_ENABLE_ONEDNN_OPTS=0 turns it "
                                   "off): " + "; ".join(what))
-        unknown = sorted({op.type for op in trace.ops if not trace.saved(op)[1]})
+        unknown = sorted({op.type for op in source.ops if not source.saved(op)[1]})
         if unknown:
             self.notes.append("no saved-for-backward rule for " + ", ".join(unknown) +
                               ": assumed to keep all their inputs and outputs")
         if device == "GPU":
             self.notes.append("GPU: cuDNN's and tfbigconv's workspaces are estimates, and the "
                               "simulation has not been checked against measured GPU peaks")
-        for message in dict.fromkeys(trace.plan_failures):
+        for message in dict.fromkeys(source.plan_failures):
             self.notes.append(f"a tfbigconv layer does not fit its workspace_limit: {message}")
         result = self._run(batch_size, record=True)
         self.timeline = MemoryTimeline.from_simulation(result.timeline, {
@@ -133,30 +120,29 @@ class MemoryReport(Advice):
         self.peak_bytes = result.peak
         self.step_peak_bytes = result.peak - self._persistent(batch_size)
         self.peak_step, self.alive_at_peak = result.step, result.alive
-        self.rows = self._rows(batch_size)
-        self.notes = list(dict.fromkeys(self.notes))
+        self.rows, notes = source.rows(batch_size, self._plans, self.slots_per_weight, step)
+        self.notes = list(dict.fromkeys(self.notes + notes))
         self.advice = self.advise() if advise else []
 
     def persistent_bytes(self, batch_size=None):
         """What lives across steps: weights, optimizer slots and the input batch."""
         batch = batch_size or self.batch_size
-        data = sum(self._trace.tensors[n].bytes(batch) for n in self._trace.input_names)
+        data = sum(self._source.tensors[n].bytes(batch) for n in self._source.input_names)
         return self.param_bytes + self.slot_bytes + data
 
     _persistent = persistent_bytes
 
-    def _run(self, batch, **kw):
-        trace = self._trace
-        if getattr(trace, "is_graph", False):
-            if kw.get("convert") or kw.get("recompute"):
-                raise ValueError("peak_at: convert and recompute need a Keras model's report, "
-                                 "not a graph's (its ops are given)")
-            return simulate_graph(trace, self._plans, batch, self._persistent(batch),
-                                  overlap=self._overlap, record=kw.get("record", False))
-        if not self.training:
-            trace = inference_view(trace)
-        return simulate(trace, self._plans, batch, self._persistent(batch),
-                         slots=self.slots_per_weight, overlap=self._overlap, **kw)
+    def _step(self, convert=(), recompute=()):
+        """The source's step (an OpGraph) with the changes, oneDNN's workspaces added."""
+        step = self._source.step(recompute, convert)
+        if self._onednn:
+            step.add_onednn_workspaces(onednn_maxpool_workspace)
+        return step
+
+    def _run(self, batch, convert=(), recompute=(), record=False):
+        return simulate(self._step(convert, recompute), self._plans, batch,
+                        self._persistent(batch), slots=self.slots_per_weight,
+                        overlap=self._overlap, record=record)
 
     def peak_at(self, batch_size, convert=(), recompute=()):
         """The simulated peak in bytes at another batch size, optionally with the
@@ -180,7 +166,7 @@ class MemoryReport(Advice):
     def varies_with_batch(self):
         """Whether the step's shapes depend on the batch size: False for a
         graph whose inputs' shapes are all known (its batch is fixed)."""
-        return not getattr(self._trace, "is_graph", False) or self._trace.has_batch
+        return self._source.has_batch
 
     def batch_fit(self, budget_bytes=None, margin=SAFETY_MARGIN):
         """(budget, largest batch) as max_batch_size finds it, without its
@@ -289,7 +275,7 @@ class MemoryReport(Advice):
         auto, or BigConv3D)."""
         b = batch_size or self.batch_size
         out = []
-        for op in self._trace.ops:
+        for op in self._source.ops:
             failed = self._plans.limit_failures(op, b)
             if not failed:
                 continue
@@ -322,71 +308,6 @@ class MemoryReport(Advice):
         return lo
 
 
-    def _rows(self, batch):
-        if getattr(self._trace, "is_graph", False):
-            from tfbigconv.memory.graph import graph_rows
-            return graph_rows(self, batch, Row)
-        t, rows, seen_layers = self._trace, [], set()
-        slot = self.slots_per_weight if self.training else 0
-        for call in t.calls:
-            if hasattr(call.layer, "layers") and not call.ops:
-                continue
-            first = id(call.layer) not in seen_layers
-            seen_layers.add(id(call.layer))
-            own = [] if hasattr(call.layer, "layers") else call.layer.weights
-            params = sum(var_bytes(v) for v in own) if first else 0
-            trainable = sum(var_bytes(v) for v in own if id(v) in t.trainable) if first else 0
-            grads = trainable if self.training else 0
-            op_rows, kept_all = [], {}
-            made = [op for op in call.ops if op.outputs and op.type not in NO_GRADIENT
-                    and op.type != "ReadVariableOp"]
-            final = t.tensors[made[-1].outputs[0]] if made else None
-            for op in call.ops:
-                if op.type in ("Const", "Placeholder", "ReadVariableOp", "NoOp") or op.type in ALIASES:
-                    continue
-                outs = [t.tensors[o] for o in op.outputs]
-                batched = any(o.dims is not None and any(not isinstance(d, int) for d in o.dims)
-                              for o in outs)  # None or (k, c): scales with the batch
-                kept_names = t.saved(op)[0] if self.training else []
-                kept = [(n, t.tensors[t.tensors[n].base]) for n in kept_names]
-                kept = [(n, k) for n, k in kept if k.kind in ("activation", "workspace")]
-                for n, k in kept:
-                    kept_all[k.name] = k.bytes(batch)
-                tf_ws = big_ws = None
-                if op.type in CONVS:
-                    tf_w = self._plans.tf_workspace(op, batch)
-                    big = self._plans.runs(op, batch, True) if op.type != "Conv2DBackpropInput" \
-                        else None
-                    # The gradient passes that run: the input's only if it needs a gradient.
-                    gi = set(t.grad_inputs(op)) if self.training else set()
-                    grad_passes = [p for p, i in (("backprop_input", 0), ("backprop_filter", 1))
-                                   if i in gi]
-                    tf_ws = (tf_w["forward"], sum(tf_w[p] for p in grad_passes))
-                    if big:
-                        big_ws = (big["forward"][1], gradient_workspace(big, grad_passes)[0])
-                    for p, (algorithm, _, note) in (big or {}).items():
-                        if note and op.type == "BigConv2D":
-                            self.notes.append(f"{call.label}, {p} ({algorithm}): {note}")
-                if not batched and tf_ws is None:
-                    continue
-                what = ", ".join(("input " if n in op.inputs else "output " if n in op.outputs
-                                  else f"oneDNN {op.type} workspace ") + fmt_bytes(k.bytes(batch))
-                                 for n, k in kept)
-                op_rows.append(Row(call.label, op.type, outs[0].shape(batch) if outs else None,
-                                   sum(o.bytes(batch) for o in outs), 0, 0, 0,
-                                   sum(k.bytes(batch) for _, k in kept), what, tf_ws, big_ws, ""))
-            total = lambda pairs: (tuple(map(sum, zip(*pairs))) if pairs else None)
-            rows.append(Row(call.label, "", final.shape(batch) if final else None,
-                            t.tensors[final.base].bytes(batch) if final else 0,
-                            params, grads, slot * trainable, sum(kept_all.values()),
-                            type(call.layer).__name__,
-                            total([r.tf_workspace for r in op_rows if r.tf_workspace]),
-                            total([r.bigconv_workspace for r in op_rows if r.bigconv_workspace]),
-                            ""))
-            if len(op_rows) > 1 or any(r.tf_workspace for r in op_rows):
-                rows.extend(op_rows)
-        return rows
-
     def table(self, max_alive=10, ops=True):
         """The report as text: the table (ops=False: layer rows only), the peak,
         the max_alive largest tensors alive at it, the advice and notes."""
@@ -407,14 +328,10 @@ class MemoryReport(Advice):
             shape = "x".join(str(d) for d in r.output_shape) if r.output_shape else ""
             lines.append([name, shape, b(r.output_bytes), b(r.param_bytes), b(r.grad_bytes),
                           b(r.slot_bytes), kept, pair(r.tf_workspace), pair(r.bigconv_workspace)])
-        widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
-        fmt = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
         out = [f"Memory report: batch {self.batch_size}, "
                f"{'training' if self.training else 'inference'}, device {self.device}"
                + (f", optimizer {self.optimizer} ({self.slots_per_weight} slots per weight)"
-                  if self.training else ""),
-               fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-        out += [fmt(line) for line in lines]
+                  if self.training else "")] + render_table(head, lines)
         s = self.peak_step
         out.append(f"Peak: {fmt_bytes(self.peak_bytes)} = weights {fmt_bytes(self.param_bytes)}"
                    f" + optimizer slots {fmt_bytes(self.slot_bytes)} + batch "
@@ -443,7 +360,6 @@ class MemoryReport(Advice):
 
         Needs matplotlib (an optional dependency; ImportError without it).
         Raises ValueError for another suffix."""
-        from tfbigconv.memory import plot
         return plot.plot(self, path)
 
     def to_tensorboard(self, logdir, step=0):
@@ -452,25 +368,10 @@ class MemoryReport(Advice):
         "memory_report/timeline") at `step` into an event file in logdir,
         with TensorFlow's own summary writer (the tensorboard package is not
         needed to write them). Needs matplotlib for the plot."""
-        from tfbigconv.memory import plot
         plot.to_tensorboard(self, logdir, step)
 
     def __repr__(self):
         return f"<MemoryReport batch={self.batch_size} peak={fmt_bytes(self.peak_bytes)}>"
-
-
-def var_bytes(v):
-    return int(math.prod(v.shape)) * tf.as_dtype(v.dtype).size
-
-
-def inference_view(trace):
-    """The trace with no gradients: nothing kept for backward."""
-    view = object.__new__(Trace)
-    view.__dict__.update(trace.__dict__)
-    view.has_grad, view.needs_grad = set(), set()
-    view._grad_inputs = {op.name: [] for op in trace.ops}
-    view._saved = {op.name: ([], True) for op in trace.ops}
-    return view
 
 
 def free_memory(device):

@@ -1,5 +1,11 @@
 """The memory report's rules: which tensors each op type's gradient keeps
-(SAVED_FOR_BACKWARD), optimizer slots, and the constants the report uses."""
+(SAVED_FOR_BACKWARD), which buffer each op's output lives on (BufferRules,
+read alike for a Keras trace and a graph), optimizer slots, and the
+constants the report uses."""
+import dataclasses
+import types
+
+import keras
 
 # Op type -> {index of an input that gets a gradient: the op's tensors its
 # gradient reads ("in<i>" for input i, "out<k>" for output k)}. Only data
@@ -84,8 +90,12 @@ SAVED_FOR_BACKWARD = {
     # incoming gradient, scaled (fft_ops.py); the forward tensors' shapes only.
     "RFFT": {0: ()},
     "IRFFT": {0: ()},
+    # IdentityN's gradient is the incoming one (TF's _IdentityNGrad): a
+    # tf.custom_gradient's forward (IdentityN of its outputs and inputs) keeps
+    # what its ops' own rules keep (a routed Conv2D: its input and filter).
+    "IdentityN": {},
 }
-VARIADIC_NOTHING = ("AddN", "ConcatV2", "Pack")  # any input index: nothing kept
+VARIADIC_NOTHING = ("AddN", "ConcatV2", "Pack", "IdentityN")  # any input index: nothing kept
 
 # Op type -> (tensor, bytes per element, what): a transient buffer that TF's
 # own CPU gradient kernel (oneDNN off, or not rewritten) allocates while it
@@ -137,7 +147,10 @@ NO_GRADIENT = ("Shape", "ShapeN", "Size", "Rank", "StopGradient", "PreventGradie
                 "RandomStandardNormal", "StatelessRandomUniformV2", "StatelessRandomNormalV2",
                 "BroadcastGradientArgs", "AssignVariableOp", "AssignAddVariableOp",
                 "AssignSubVariableOp", "NoOp", "Const", "Placeholder", "VarHandleOp")
-CONVS = ("Conv2D", "DepthwiseConv2dNative", "BigConv2D", "Conv2DBackpropInput", "BigConv3D")
+# The optimizer's update as a Keras trace synthesizes it (trace.py): one op that
+# reads every weight's gradient and holds a few temporaries of one weight's
+# size while it runs (simulate.update_temporaries).
+OPTIMIZER_UPDATE = "ApplyGradients"
 # max_batch_size keeps this fraction of the simulated peak in reserve: the
 # simulation has been 17% under measured peaks on the CPU (a ResNet-style
 # model at batch 15; benchmarks/RESULTS.md).
@@ -150,11 +163,70 @@ OPTIMIZER_SLOTS = {"SGD": 0, "Adam": 2, "AdamW": 2, "Adamax": 2, "Nadam": 2, "La
                    "Adafactor": 2}
 
 
-def fmt_bytes(n):
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
+@dataclasses.dataclass(frozen=True)
+class BufferRules:
+    """Which buffer each op's output lives on, and what its gradient keeps:
+    the tables above, read one way for a Keras model's trace and for a graph.
+
+    aliases: ops whose output views their input's buffer (TensorFlow forwards
+      it); forwards_input: {op type: the inputs whose buffer its kernel may
+      write its output into (None: any)}; saved_for_backward: {op type:
+      {input index with a gradient: the tensors that gradient reads}};
+      variadic_nothing: op types whose every input's gradient keeps nothing."""
+    aliases: tuple = ALIASES
+    forwards_input: types.MappingProxyType = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType(FORWARDS_INPUT))
+    saved_for_backward: types.MappingProxyType = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType(SAVED_FOR_BACKWARD))
+    variadic_nothing: tuple = VARIADIC_NOTHING
+
+    def viewed_input(self, op_type, index, n_inputs, is_ref=False):
+        """The input whose buffer output `index` of an op views, or None (a
+        buffer of its own): a ref output (Assign, ApplyAdam: the variable's),
+        an alias's, tf.custom_gradient's IdentityN (output i is input i)."""
+        if not n_inputs:
+            return None
+        if is_ref or op_type in self.aliases:
+            return 0
+        if op_type == "IdentityN" and index < n_inputs:
+            return index
+        return None
+
+    def forwardable(self, op_type, n_inputs):
+        """Indices of the inputs an op's kernel may write its output into."""
+        indices = self.forwards_input.get(op_type, ())
+        return range(n_inputs) if indices is None else [i for i in indices if i < n_inputs]
+
+    def saved(self, op_type, grad_index):
+        """The refs ("in<i>", "out<k>") the gradient of input grad_index of
+        an op reads, or None where no rule is known."""
+        rule = self.saved_for_backward.get(op_type)
+        if rule is None:
+            return None
+        return rule.get(grad_index, () if op_type in self.variadic_nothing else None) or ()
+
+    def passes_gradient_through(self, op_type, index, input_dims, output_dims):
+        """Whether the gradient of input `index` is the incoming gradient
+        itself (TensorFlow returns it unchanged, no new buffer): aliases,
+        BiasAdd's value, and AddV2/Sub/AddN operands of the output's shape;
+        IdentityN's input i takes output i's gradient (gradient_output)."""
+        if op_type in self.aliases or op_type == "IdentityN":
+            return True
+        if op_type == "BiasAdd":
+            return index == 0
+        if op_type in ("AddV2", "AddN") or (op_type == "Sub" and index == 0):
+            return input_dims == output_dims
+        return False
+
+
+    @staticmethod
+    def gradient_output(op_type, index):
+        """The output whose gradient input `index` takes where it passes
+        through: IdentityN's output i for input i, else output 0."""
+        return index if op_type == "IdentityN" else 0
+
+
+BUFFER_RULES = BufferRules()
 
 
 def optimizer_slots(optimizer):
@@ -163,7 +235,6 @@ def optimizer_slots(optimizer):
     if optimizer is None:
         return 0, "none (plain SGD assumed)"
     if isinstance(optimizer, str):
-        import keras
         optimizer = keras.optimizers.get(optimizer)
     name = type(optimizer).__name__
     if name not in OPTIMIZER_SLOTS:

@@ -4,7 +4,7 @@ it, and MemoryReport.plot draws it (plot.py)."""
 import dataclasses
 from typing import Tuple
 
-from tfbigconv.memory.simulate import STEP_KINDS
+from tfbigconv.memory.opgraph import STEP_KINDS
 
 WEIGHTS, SLOTS, BATCH = "weights", "optimizer slots", "input batch"
 # Bottom to top of the stack: what lives across steps, then what the step allocates.

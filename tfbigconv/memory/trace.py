@@ -1,41 +1,21 @@
-"""Tracing a Keras model's training step into ops and tensors, with the batch
-dimension unknown (as Keras' fit traces it)."""
+"""A Keras model's training step as an OpGraph: its forward ops traced with
+the batch dimension unknown (as Keras' fit traces it), then the gradient and
+update ops TensorFlow would run, synthesized from the rules (rules.py: what
+each op's gradient reads, BufferRules) with one gradient op per forward op
+(one per pass for a convolution)."""
 import collections
 import contextlib
+import math
 
 import tensorflow as tf
 
+from tfbigconv.memory.opgraph import (Kind, OpGraph, Phase, Row, Scope, Tensor, WeightMemory,
+                                      affine, shapes_at)
+from tfbigconv.memory.rules import (ALIASES, BUFFER_RULES, NO_GRADIENT, OPTIMIZER_UPDATE,
+                                    optimizer_slots)
+from tfbigconv.memory.workspaces import GRADIENT_PASSES, gradient_workspace
 from tfbigconv.planning import planner
-from tfbigconv.memory.rules import ALIASES, NO_GRADIENT, SAVED_FOR_BACKWARD, VARIADIC_NOTHING
-
-# ---------------------------------------------------------------------------
-# Tracing
-
-
-def dim_at(d, batch):
-    """A dimension's size at `batch`: d an int (fixed), None (the batch), or
-    (k, c): k * batch + c (a graph's dimension as its shape inference scales
-    it with the batch, graph.GraphTrace.size_unknown_dims)."""
-    return batch if d is None else d if isinstance(d, int) else d[0] * batch + d[1]
-
-
-class Tensor:
-    __slots__ = ("name", "dims", "itemsize", "op", "kind", "base", "dtype")
-
-    def bytes(self, batch):
-        if self.dims is None:
-            return 0
-        n = self.itemsize
-        for d in self.dims:
-            n *= dim_at(d, batch)
-        return n
-
-    def shape(self, batch):
-        return None if self.dims is None else [dim_at(d, batch) for d in self.dims]
-
-
-class Op:
-    __slots__ = ("index", "name", "type", "inputs", "outputs", "layer", "attrs", "tf_op")
+from tfbigconv.text import fmt_bytes
 
 
 def differentiable(dtype):
@@ -45,55 +25,8 @@ def differentiable(dtype):
     return dtype.is_floating or dtype.is_complex
 
 
-def affine(sizes, batches):
-    """(k, c) where sizes[i] = k * batches[i] + c for all i (c alone where
-    k is 0), else None (unknown somewhere, or not affine in the batch)."""
-    if None in sizes:
-        return None
-    k, rest = divmod(sizes[1] - sizes[0], batches[1] - batches[0])
-    c = sizes[0] - k * batches[0]
-    if rest or any(s != k * b + c for s, b in zip(sizes, batches)):
-        return None
-    return (k, c) if k else c
-
-
-
-def shapes_at(graph, inputs, handles, batch):
-    """{tensor name: its shape as a list (None: unknown rank)} as TensorFlow's
-    shape inference gives it with the inputs' unknown dimensions set to batch:
-    the graph imported into a new one, its inputs ({name: (dtype, dims)})
-    placeholders of those shapes, its captured variables ({handle tensor name:
-    (dtype, shape)}) variable handles of their shapes, as the handles carry
-    them. Raises ValueError where the shapes contradict the graph."""
-    inferred = tf.Graph()
-    with inferred.as_default():
-        feeds = {}
-        for i, (name, (dtype, dims)) in enumerate(inputs.items()):
-            shape = None if dims is None else [batch if d is None else d for d in dims]
-            feeds[name] = tf.compat.v1.placeholder(dtype, shape, name=f"input_{i}")
-        for i, (name, (dtype, shape)) in enumerate(handles.items()):
-            feeds[name] = tf.raw_ops.VarHandleOp(dtype=dtype, shape=shape,
-                                                 shared_name=f"variable_{i}",
-                                                 name=f"variable_{i}")
-        tf.graph_util.import_graph_def(graph.as_graph_def(), input_map=feeds, name="graph")
-    shape = lambda t: t.shape.as_list() if t.shape.rank is not None else None
-    return {op.name[len("graph/"):] + f":{k}": shape(t)
-            for op in inferred.get_operations() if op.name.startswith("graph/")
-            for k, t in enumerate(op.outputs)}
-
-
-def onednn_workspace(trace, op, per_element):
-    """Registers the workspace oneDNN's kernel keeps beside op's first output (TF's
-    graph rewrite adds it as an extra output), per_element bytes per output
-    element, in trace.tensors and trace.extra_outputs; returns its name."""
-    out = trace.tensors[op.outputs[0]]
-    tensor = Tensor()
-    tensor.name = tensor.base = f"{op.name}:workspace"
-    tensor.op, tensor.dtype, tensor.kind = op, tf.uint8, "workspace"
-    tensor.dims, tensor.itemsize = out.dims, per_element
-    trace.tensors[tensor.name] = tensor
-    trace.extra_outputs[op.name] = [tensor.name]
-    return tensor.name
+def var_bytes(v):
+    return int(math.prod(v.shape)) * tf.as_dtype(v.dtype).size
 
 
 class LayerCall:
@@ -138,16 +71,6 @@ def recording_layer_calls(model, calls, graph):
             object.__delattr__(layer, "call")
 
 
-def flavour_of(model):
-    """The Keras flavour (tfbigconv.keras.flavours: Keras 3 or tf_keras) of
-    `model`, or None for neither."""
-    from tfbigconv.keras import flavours
-    try:
-        return flavours.of(model)
-    except ValueError:
-        return None
-
-
 def input_specs(model, input_shape):
     """[(shape without batch, dtype)] for each model input."""
     if input_shape is not None:
@@ -163,8 +86,10 @@ def input_specs(model, input_shape):
 
 
 class Trace:
-    """The model's ops with static shapes (batch unknown), layer calls and
-    weights; with training, the loss (`loss`), else none (`loss` None)."""
+    """The model's forward ops (an OpGraph, `forward`) with static shapes
+    (batch unknown), layer calls and weights; with training, the loss
+    (`loss`), else none (`loss` None). step() adds the gradient and update
+    ops."""
 
     def __init__(self, model, input_shape=None, training=True):
         from tensorflow.python.framework import func_graph
@@ -199,9 +124,11 @@ class Trace:
         self.loss = loss.name if loss is not None else None
         self.outputs = [y.name for y in tf.nest.flatten(ys)]
         self.input_names = [x.name for x in xs]
+        self.notes, self.has_batch, self._steps = [], True, {}
         self._variables(model, graph)
         self._ops(graph, owner)
         self._size_unknown_dims()
+        self._gradient_flow()
 
     def _variables(self, model, graph):
         by_handle = {}
@@ -220,36 +147,17 @@ class Trace:
         self.weights = list(model.weights)
 
     def _ops(self, graph, owner):
-        self.ops, self.tensors = [], {}
-        for i, tf_op in enumerate(graph.get_operations()):
-            op = Op()
-            op.index, op.name, op.type, op.tf_op = i, tf_op.name, tf_op.type, tf_op
-            op.inputs = [t.name for t in tf_op.inputs]
-            op.outputs = [t.name for t in tf_op.outputs]
-            op.layer = owner.get(tf_op.name)
-            if op.layer is not None:
-                op.layer.ops.append(op)
-            for index, t in enumerate(tf_op.outputs):
-                tensor = Tensor()
-                tensor.name, tensor.op, tensor.dtype = t.name, op, t.dtype
-                tensor.dims = t.shape.as_list() if t.shape.rank is not None else None
-                tensor.itemsize = t.dtype.size if t.dtype not in (tf.resource, tf.variant,
-                                                                   tf.string) else 0
-                tensor.kind, tensor.base = "activation", t.name
-                if op.type == "Const":
-                    tensor.kind = "constant"
-                elif op.type == "Placeholder":
-                    tensor.kind = "input"
-                elif op.type == "ReadVariableOp":
-                    tensor.kind = "parameter"
-                elif op.type in ALIASES and op.inputs:
-                    tensor.base = self.tensors[op.inputs[0]].base
-                elif op.type == "IdentityN" and index < len(op.inputs):
-                    # tf.custom_gradient's IdentityN: output i is input i's buffer.
-                    tensor.base = self.tensors[op.inputs[index]].base
-                self.tensors[t.name] = tensor
-            self.ops.append(op)
-        self._gradient_flow()
+        """The forward OpGraph: each op's layer call (LayerCall), or the
+        "(loss)" or "(model)" scope for those outside every layer."""
+        scopes = {"loss": Scope("(loss)"), "model": Scope("(model)")}
+        layer_of = lambda op: owner.get(op.name) or scopes[
+            "loss" if op.name.startswith("loss/") else "model"]
+        self.forward = OpGraph()
+        self.forward.add_tf_ops(graph.get_operations(), layer_of, lambda op: Phase.FORWARD)
+        self.forward.input_names = list(self.input_names)
+        self.ops, self.tensors = self.forward.ops, self.forward.tensors
+        for op in self.ops:
+            op.layer.ops.append(op)
 
     def _size_unknown_dims(self):
         """Sizes the dimensions that the static shapes leave unknown: not all are
@@ -259,7 +167,8 @@ class Trace:
         k * b + c at all three becomes (k, c) (dim_at). None stays the batch
         where that fails; a tensor of unknown rank counts as 0 bytes."""
         unknown = [t for t in self.tensors.values()
-                   if t.kind == "activation" and t.itemsize and (t.dims is None or None in t.dims)]
+                   if t.kind == Kind.ACTIVATION and t.itemsize and
+                   (t.dims is None or None in t.dims)]
         if not unknown:
             return
         inputs = {name: (self.tensors[name].dtype, self.tensors[name].dims)
@@ -284,7 +193,7 @@ class Trace:
     def variable(self, tensor_name):
         """The Keras variable a ReadVariableOp output reads, or None."""
         t = self.tensors[tensor_name]
-        if t.kind != "parameter":
+        if t.kind != Kind.PARAMETER:
             return None
         return self.variable_of.get(t.op.inputs[0])
 
@@ -315,24 +224,6 @@ class Trace:
 
         self._grad_inputs = {op.name: self._find_grad_inputs(op) for op in self.ops}
         self._saved = {op.name: self._find_saved(op) for op in self.ops}
-        # op name -> tensors the op makes beyond its graph outputs (a kernel's
-        # workspace kept for the gradient: add_onednn_workspaces)
-        self.extra_outputs = {}
-
-    def add_onednn_workspaces(self, per_element_of):
-        """Adds the tensors oneDNN's CPU kernels keep for the backward pass beyond
-        the op's own outputs (TF's graph rewrite adds them as extra outputs):
-        per_element_of(op) gives the bytes per output element of an op's
-        (workspaces.onednn_maxpool_workspace), 0 for none. Once per trace."""
-        if getattr(self, "onednn", False):
-            return
-        self.onednn = True
-        for op in self.ops:
-            per_element = per_element_of(op)
-            names, known = self._saved[op.name]
-            if not per_element or not self._grad_inputs[op.name]:
-                continue
-            self._saved[op.name] = (names + [onednn_workspace(self, op, per_element)], known)
 
     def grad_inputs(self, op):
         """Indices of op's inputs that receive a gradient in the backward pass."""
@@ -349,18 +240,204 @@ class Trace:
                 if name in self.needs_grad and name in self.has_grad]
 
     def _find_saved(self, op):
-        grads = self._grad_inputs[op.name]
-        if not grads:
-            return [], True
-        rule = SAVED_FOR_BACKWARD.get(op.type)
-        if rule is None:  # unknown: assume it keeps every input and output
-            names = [n for n in op.inputs + op.outputs if differentiable(self.tensors[n].dtype)]
-            return names, False
         keep = []
-        for i in grads:
-            for ref in rule.get(i, () if op.type in VARIADIC_NOTHING else None) or ():
-                which, k = ref[:-1], int(ref[-1])
-                name = op.inputs[k] if which == "in" else op.outputs[k]
-                if name not in keep:
-                    keep.append(name)
-        return keep, True
+        for i in self._grad_inputs[op.name]:
+            keep += [n for n in self.saved_by_gradient(op, i) if n not in keep]
+        # unknown: the gradient is assumed to keep every input and output
+        return keep, op.type in BUFFER_RULES.saved_for_backward or not keep
+
+    def saved_by_gradient(self, op, index):
+        """The tensors the gradient of op's input `index` reads (all its
+        differentiable inputs and outputs where no rule is known)."""
+        refs = BUFFER_RULES.saved(op.type, index)
+        if refs is None:
+            return [n for n in op.inputs + op.outputs if differentiable(self.tensors[n].dtype)]
+        return [op.inputs[int(r[2:])] if r.startswith("in") else op.outputs[int(r[3:])]
+                for r in refs]
+
+    def weight_memory(self, optimizer):
+        """WeightMemory: the model's weights, and the slots `optimizer` (a Keras
+        optimizer, its name, or None: plain SGD) keeps per trainable weight."""
+        slots, name = optimizer_slots(optimizer) if self.training else (0, "")
+        trainable = [v for v in self.weights if id(v) in self.trainable]
+        return WeightMemory(sum(var_bytes(v) for v in self.weights),
+                            slots * sum(var_bytes(v) for v in trainable), slots, name)
+
+    def step(self, recompute=(), convert=()):
+        """The step's OpGraph: in training the forward ops, then one gradient
+        op per forward op that passes a gradient (one per pass of a
+        convolution), an AddN where a tensor's gradient has several parts,
+        and the optimizer's update (OPTIMIZER_UPDATE), which reads every
+        weight's gradient; in inference the forward ops, the outputs fetched.
+        recompute: layer calls under tf.recompute_grad (their kept tensors
+        made again when their gradient starts); convert: ids of the Keras
+        layers whose convolutions run as tfbigconv's. Cached."""
+        key = (tuple(sorted(id(c) for c in recompute)), frozenset(convert))
+        if key not in self._steps:
+            step = self.forward.copy()
+            step.convert = frozenset(convert)
+            if self.loss is None:
+                step.fetched = list(self.outputs)
+            else:
+                _Backward(self, step, {id(c) for c in recompute}).build()
+            self._steps[key] = step
+        return self._steps[key]
+
+    def rows(self, batch, plans, slots_per_weight, step):
+        """The report's rows (opgraph.Row; see MemoryReport.rows) and notes:
+        one per layer call, then one per op of it with batch-sized outputs
+        or a workspace; step: the simulated one (its oneDNN workspaces)."""
+        rows, notes, seen_layers = [], [], set()
+        for call in self.calls:
+            if hasattr(call.layer, "layers") and not call.ops:
+                continue
+            first = id(call.layer) not in seen_layers
+            seen_layers.add(id(call.layer))
+            own = [] if hasattr(call.layer, "layers") else call.layer.weights
+            params = sum(var_bytes(v) for v in own) if first else 0
+            trainable = sum(var_bytes(v) for v in own if id(v) in self.trainable) if first else 0
+            grads = trainable if self.training else 0
+            op_rows, kept_all = [], {}
+            made = [op for op in call.ops if op.outputs and op.type not in NO_GRADIENT
+                    and op.type != "ReadVariableOp"]
+            final = self.tensors[made[-1].outputs[0]] if made else None
+            for op in call.ops:
+                if op.type in ("Const", "Placeholder", "ReadVariableOp", "NoOp") or \
+                        op.type in ALIASES:
+                    continue
+                outs = [self.tensors[o] for o in op.outputs]
+                kept = self.saved(op)[0] + (step.extra_outputs.get(op.name, [])
+                                            if self.grad_inputs(op) else [])
+                kept = [(n, step.tensors[step.tensors[n].base]) for n in kept]
+                kept = [(n, k) for n, k in kept if k.kind in (Kind.ACTIVATION, Kind.WORKSPACE)]
+                for n, k in kept:
+                    kept_all[k.name] = k.bytes(batch)
+                tf_ws = big_ws = None
+                if op.type in GRADIENT_PASSES:
+                    tf_w = plans.tf_workspace(op, batch)
+                    big = plans.runs(op, batch, True) if op.type != "Conv2DBackpropInput" \
+                        else None
+                    # The gradient passes that run: the input's only if it needs a gradient.
+                    gi = set(self.grad_inputs(op)) if self.training else set()
+                    grad_passes = [p for p, i in (("backprop_input", 0), ("backprop_filter", 1))
+                                   if i in gi]
+                    tf_ws = (tf_w["forward"], sum(tf_w[p] for p in grad_passes))
+                    if big:
+                        big_ws = (big["forward"][1], gradient_workspace(big, grad_passes)[0])
+                    for p, (algorithm, _, note) in (big or {}).items():
+                        if note and op.type == "BigConv2D":
+                            notes.append(f"{call.label}, {p} ({algorithm}): {note}")
+                if not any(o.batched for o in outs) and tf_ws is None:
+                    continue
+                what = ", ".join(("input " if n in op.inputs else "output " if n in op.outputs
+                                  else f"oneDNN {op.type} workspace ") + fmt_bytes(k.bytes(batch))
+                                 for n, k in kept)
+                op_rows.append(Row(call.label, op.type, outs[0].shape(batch) if outs else None,
+                                   sum(o.bytes(batch) for o in outs), 0, 0, 0,
+                                   sum(k.bytes(batch) for _, k in kept), what, tf_ws, big_ws, ""))
+            total = lambda pairs: (tuple(map(sum, zip(*pairs))) if pairs else None)
+            rows.append(Row(call.label, "", final.shape(batch) if final else None,
+                            self.tensors[final.base].bytes(batch) if final else 0,
+                            params, grads, slots_per_weight * trainable, sum(kept_all.values()),
+                            type(call.layer).__name__,
+                            total([r.tf_workspace for r in op_rows if r.tf_workspace]),
+                            total([r.bigconv_workspace for r in op_rows if r.bigconv_workspace]),
+                            ""))
+            if len(op_rows) > 1 or any(r.tf_workspace for r in op_rows):
+                rows.extend(op_rows)
+        return rows, notes
+
+
+class _Backward:
+    """Adds a trace's gradient and update ops to `step` (Trace.step)."""
+
+    def __init__(self, trace, step, recompute):
+        self.trace, self.step, self.recompute = trace, step, recompute
+        self.parts = collections.defaultdict(list)  # forward tensor -> its gradient's parts
+        self.done = {}  # forward tensor -> its complete gradient
+        self.copies = {}  # forward buffer -> its recomputed copy (recompute)
+
+    def build(self):
+        t, step = self.trace, self.step
+        expected = collections.Counter(op.inputs[i] for op in t.ops for i in t.grad_inputs(op))
+        seed = Tensor("gradients/loss:0", None, t.tensors[t.loss].dtype, [],
+                      what="gradient of the loss")
+        loss_scope = t.tensors[t.loss].op.layer
+        step.add_op("gradients/loss", "OnesLike", [t.loss], [seed], loss_scope, Phase.BACKWARD)
+        self.parts[t.loss].append(seed.name)
+        started = set()
+        for f in reversed(t.ops):
+            gi = t.grad_inputs(f)
+            if not gi:
+                continue
+            if id(f.layer) in self.recompute and id(f.layer) not in started:
+                started.add(id(f.layer))
+                self._recompute(f.layer)
+            outs = [self.gradient(o, f.layer) for o in f.outputs
+                    if expected[o] or o == t.loss]
+            passes = GRADIENT_PASSES.get(f.type)
+            groups = [[i] for i in gi] if passes else [gi]
+            for group in groups:
+                saved = [n for i in group for n in t.saved_by_gradient(f, i)]
+                saved = [self.copies.get(t.tensors[n].base, n) for n in dict.fromkeys(saved)]
+                grads = [self._gradient_tensor(f, i, outs) for i in group]
+                p = (passes[group[0]],) if passes else ()
+                step.add_op(f"{f.name}/grad" + (f"/{p[0]}" if p else ""), f"{f.type}Grad",
+                            outs + saved, grads, f.layer, Phase.BACKWARD, forward=f,
+                            conv=f if p else None, passes=p)
+                for i, g in zip(group, grads):
+                    self.parts[f.inputs[i]].append(g.name)
+        update = Scope("(optimizer)")
+        weights = [self.gradient(n, update) for n in list(self.parts)
+                   if t.variable(n) is not None]
+        if weights:
+            step.add_op("apply_gradients", OPTIMIZER_UPDATE, weights, [], update, Phase.UPDATE)
+
+    def gradient(self, name, layer):
+        """The complete gradient of forward tensor `name`: its one part, or an
+        AddN of its parts."""
+        if name not in self.done:
+            parts = self.parts[name]
+            if len(parts) > 1:
+                t = self.trace.tensors[name]
+                total = Tensor(f"{name}/grad_sum", None, t.dtype, t.dims,
+                               what=f"gradient of {t.op.type} output (sum)")
+                self.step.add_op(f"{name}/grad_sum", "AddN", parts, [total], layer,
+                                 Phase.BACKWARD)
+                parts = [total.name]
+            self.done[name] = parts[0]
+        return self.done[name]
+
+    def _gradient_tensor(self, f, i, outs):
+        """The gradient of f's input i: a view of the incoming gradient where
+        it passes through, else a buffer of the input's size."""
+        t = self.trace
+        x = t.tensors[f.inputs[i]]
+        name = f"{f.name}/grad_{i}"
+        out = f.outputs[BUFFER_RULES.gradient_output(f.type, i)]
+        incoming = self.done.get(out)
+        if incoming and BUFFER_RULES.passes_gradient_through(f.type, i, x.dims,
+                                                            t.tensors[out].dims):
+            return Tensor(name, None, x.dtype, x.dims, base=self.step.tensors[incoming].base)
+        v = t.variable(x.name)
+        what = (f"gradient of {getattr(v, 'path', v.name)}" if v is not None  # Keras 3, tf_keras
+                else f"gradient of {x.op.type} output")
+        return Tensor(name, None, x.dtype, x.dims, what=what)
+
+    def _recompute(self, call):
+        """tf.recompute_grad around `call`: once the gradients reaching it are
+        in, its kept tensors are made again (the forward ones are then not
+        kept)."""
+        t = self.trace
+        kept = {t.tensors[n].base for op in call.ops for n in t.saved(op)[0]}
+        kept = [b for b in kept if t.tensors[b].op.layer is call]
+        incoming = [g for name, parts in self.parts.items()
+                    if t.tensors[name].op.layer is call for g in parts]
+        copies = []
+        for base in sorted(kept, key=lambda b: t.tensors[b].op.index):
+            x = t.tensors[base]
+            copies.append(Tensor(f"{base}/recomputed", None, x.dtype, x.dims,
+                                 what=f"{x.op.type} output (recomputed)"))
+            self.copies[base] = copies[-1].name
+        self.step.add_op(f"{call.label}/recompute", "Recompute", incoming or ["gradients/loss:0"],
+                         copies, call, Phase.BACKWARD)

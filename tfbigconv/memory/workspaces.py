@@ -163,14 +163,32 @@ class ConvPlans:
             key = ("big", op.name, batch, algorithm, limit)
         return {p: (runs[p][0], message) for p, message in self.failures.get(key, {}).items()}
 
-    def runs(self, op, batch, convert):
-        """{pass: (algorithm, bytes, note)} of what runs for op; convert: as
-        tfbigconv's BigConv2D (auto, no limit) instead of TF's kernel."""
-        if op.type == "BigConv3D":
+    def workspace(self, op, batch, convert=False):
+        """(bytes, what runs) of op's passes (op.passes) under its convolution's
+        (op.conv's) plan: a graph's conv op or a Keras trace's forward conv
+        runs its own plan (runs(planned=True)), a synthesized gradient its
+        conv's algorithm."""
+        runs = self.runs(op.conv, batch, convert, planned=op.conv is op)
+        if len(op.passes) == 1:
+            return runs[op.passes[0]][1], runs[op.passes[0]][0]
+        return gradient_workspace(runs, op.passes)
+
+    def runs(self, op, batch, convert=False, planned=False):
+        """{pass: (algorithm, bytes, note)} of what runs for a convolution op
+        (CONV_OPERANDS: a forward op, or a graph's gradient op, whose geometry
+        is its forward conv's), FUSED added where one op computes both
+        gradients. convert: a TF convolution run as tfbigconv's BigConv2D
+        (auto, no limit) instead of TF's kernel; planned: a BigConv2D op runs
+        the algorithm its trace planned (planned_algorithm), as its own
+        pass does (a Keras trace's synthesized gradients plan their passes
+        from its algorithm, as its registered gradient does)."""
+        if op.type.startswith("BigConv3D"):
             return self.bigconv3d(op, batch)
-        if op.type == "BigConv2D":
+        if op.type.startswith("BigConv2D"):
             a = op.tf_op
-            return self.bigconv(op, batch, decode(a.get_attr("algorithm")),
+            algorithm = decode(a.get_attr("algorithm"))
+            chosen = decode(a.get_attr("planned_algorithm")) if planned else None
+            return self.bigconv(op, batch, chosen if chosen in ("direct", "fft") else algorithm,
                                 int(a.get_attr("workspace_limit_bytes")))
         if convert and op.type in ("Conv2D", "DepthwiseConv2dNative"):
             return self.bigconv(op, batch)
@@ -183,28 +201,6 @@ class ConvPlans:
         return runs
 
 
-    def graph_run(self, op, batch):
-        """(what runs, workspace bytes) of one convolution op (CONV_OPERANDS) of a
-        graph that holds its gradients as ops: the pass it is, under TF's kernel
-        or, for tfbigconv's ops, the algorithm its trace planned."""
-        p = CONV_OPERANDS[op.type][2]
-        if op.type.startswith("BigConv3D"):
-            runs = self.bigconv3d(op, batch)
-        elif op.type.startswith("BigConv2D"):
-            a = op.tf_op
-            algorithm = decode(a.get_attr("algorithm"))
-            planned = decode(a.get_attr("planned_algorithm"))
-            runs = self.bigconv(op, batch, planned if planned in ("direct", "fft") else algorithm,
-                                int(a.get_attr("workspace_limit_bytes")))
-        else:
-            ws = self.tf_workspace(op, batch)[p]
-            return ("cuDNN (est.)" if self.device == "GPU" else self._tf_name(op)), ws
-        if p is None:  # BigConv2DBackprop: both gradients in one op
-            ws, what = gradient_workspace(runs, ["backprop_input", "backprop_filter"])
-            return what, ws
-        return runs[p][0], runs[p][1]
-
-
 # Convolution op type -> (its input's tensor, its filter's tensor, the pass it
 # runs): "in<i>" is the op's input i, "out<k>" its output k. A gradient op's
 # geometry is its forward conv's; BigConv2DBackprop runs both gradients (None).
@@ -215,6 +211,20 @@ for _prefix in ("Conv2D", "DepthwiseConv2dNative", "BigConv2D", "BigConv3D"):
         _prefix + "BackpropInput": ("out0", "in1", "backprop_input"),
         _prefix + "BackpropFilter": ("in0", "out0", "backprop_filter")})
 CONV_OPERANDS["BigConv2DBackprop"] = ("in0", "in1", None)
+BOTH_GRADIENTS = ("backprop_input", "backprop_filter")
+
+
+def conv_passes(op_type):
+    """The passes a convolution op (CONV_OPERANDS) runs."""
+    p = CONV_OPERANDS[op_type][2]
+    return BOTH_GRADIENTS if p is None else (p,)
+
+
+# A forward convolution's type -> {input index: the pass that computes its
+# gradient}: a Keras trace synthesizes one gradient op per pass.
+GRADIENT_PASSES = {t: {0: "backprop_input", 1: "backprop_filter"}
+                   for t in ("Conv2D", "DepthwiseConv2dNative", "BigConv2D", "BigConv3D")}
+GRADIENT_PASSES["Conv2DBackpropInput"] = {2: "forward", 1: "backprop_filter"}  # Conv2DTranspose
 
 
 # The entry of ConvPlans.bigconv's runs for BigConv2DBackprop, which computes
@@ -226,7 +236,7 @@ def gradient_workspace(runs, passes):
     """(bytes, what runs) of the gradient passes `passes` (names) of one
     convolution, which may run at once: one fused op where both gradients are
     wanted and it serves them."""
-    if FUSED in runs and set(passes) == {"backprop_input", "backprop_filter"}:
+    if FUSED in runs and set(passes) == set(BOTH_GRADIENTS):
         return runs[FUSED][1], runs[FUSED][0]
     return (sum(runs[p][1] for p in passes),
             " + ".join(f"{p} ({runs[p][0]})" for p in passes))

@@ -9,19 +9,13 @@ from tfbigconv.arguments import Algorithm, Pass
 from tfbigconv.cost_model import profiles
 from tfbigconv.planning import autotune as tuner, planner
 from tfbigconv.planning.plan import CANDIDATES
+from tfbigconv.text import fmt_bytes, render_table
 
 Row = collections.namedtuple(
     "Row", "pass_ algorithm seconds workspace_bytes peak_bytes available fits chosen note "
            "measured_seconds")
 # The planner's candidates (plan.CANDIDATES); the "tf" row is named for the
 # TensorFlow kernel that runs the case, e.g. "tf.Conv2D" or "tf.DepthwiseConv2dNative".
-
-
-def _bytes(n):
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def _seconds(s):
@@ -85,14 +79,11 @@ class Explanation:
             lines.append([r.pass_, r.algorithm,
                           _seconds(r.seconds) if r.available else "-",
                           _seconds(r.measured_seconds) if r.measured_seconds is not None else "-",
-                          _bytes(r.workspace_bytes) if sized else "-",
-                          _bytes(r.peak_bytes) if sized else "-",
+                          fmt_bytes(r.workspace_bytes) if sized else "-",
+                          fmt_bytes(r.peak_bytes) if sized else "-",
                           "yes" if r.available and r.fits else "no", "<==" if r.chosen else "",
                           r.note])
-        widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
-        fmt = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
-        out = [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-        out += [fmt(line) for line in lines]
+        out = render_table(head, lines)
         g = self.geometry
         out.append(f"output shape {g.output_shape}, {2 * g.macs / 1e9:.3g} GFLOP per pass; "
                    f"device {self.device}; workspace budget {self._budget()}; "
@@ -108,14 +99,14 @@ class Explanation:
             f = self.fused_backward
             out.append(f"backward: both gradients in one op (BigConv2DBackprop), dL/doutput "
                        f"transformed once for both: {f.fft_w}-point transforms, workspace "
-                       f"{_bytes(f.workspace_bytes)} in place of the two passes' (when both "
+                       f"{fmt_bytes(f.workspace_bytes)} in place of the two passes' (when both "
                        "gradients are wanted)")
         return "\n".join(out)
 
     def _budget(self):
         if self.budget >= 1 << 62:  # no trace-time limit: the GPU kernels plan at run time
             return "TensorFlow's GPU allocator, at run time"
-        return _bytes(self.budget)
+        return fmt_bytes(self.budget)
 
     __str__ = table
 
@@ -143,7 +134,7 @@ class XlaExplanation:
         transforms = ("rfft2d/irfft2d" if len(self.fft) == 2 else "rfft2d/irfft2d over height "
                       "and width, fft/ifft over depth")
         runs = {"fft": f"FFT convolution ({transforms} {size}, one tile "
-                       f"per image, batch chunks of {_bytes(self.per_image_bytes)} per image)",
+                       f"per image, batch chunks of {fmt_bytes(self.per_image_bytes)} per image)",
                 "tf": "TensorFlow's convolution (tf.nn.conv2d / tf.nn.depthwise_conv2d / "
                       "tf.nn.conv3d)"}
         return "\n".join([
