@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 SOURCES := $(shell find csrc cuda tfbigconv -type f \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.inc' -o -name '*.py' -o -name '*.json' \)) \
 	CMakeLists.txt cuda/CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: all venv deps install test demo bench clean
+.PHONY: all venv deps install lint test demo bench clean
 
 all: install
 
@@ -49,7 +49,14 @@ PURE_TF_TESTS = ops/test_conv2d.py ops/test_conv1d.py ops/test_conv3d.py ops/tes
 	ops/test_depthwise.py \
 	test_pure_tf.py ops/test_graph_mode.py test_arguments.py keras
 
+# ruff, configured in pyproject.toml: any finding fails `make lint` and `make test`.
+LINT = $(PY) -m ruff check tfbigconv tests benchmarks examples
+
+lint: deps
+	$(LINT)
+
 test: install
+	$(LINT)
 	cd tests && ../$(PY) -m pytest -q $(PYTEST_ARGS)
 	cd tests && ../$(PY) -m pytest -q --pure-tf $(PURE_TF_TESTS) $(PYTEST_ARGS)
 

@@ -496,7 +496,7 @@ def measure_geometry(spec):
                 times[key] = []
         # Then the timed calls, interleaved: one call of each contender per cycle, so
         # that a burst of load on the shared machine hits all of them alike.
-        for cycle in range(MAX_CALLS):
+        for _cycle in range(MAX_CALLS):
             live = [k for k in order_r if k in times and wants_more(times[k])]
             if not live:
                 break

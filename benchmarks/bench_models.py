@@ -260,7 +260,7 @@ def memory_worker(spec):
     import keras
     import tfbigconv
     import bench_memory_report as bmr
-    model_name, point, mks = spec["model"], spec["point"], spec.get("min_kernel_size")
+    model_name, point = spec["model"], spec["point"]
     net, _ = one_variant(keras, model_name, point, spec["variant"], spec)
     x, y = data(model_name, point, net)
     compile_model(keras, model_name, net)

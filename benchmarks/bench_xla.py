@@ -126,7 +126,7 @@ def rates(reps_s=1.0):
     for xs, ws in RATE_CASES:
         x = tf.constant(np.random.default_rng(0).standard_normal(xs).astype(np.float32))
         w = tf.constant(np.random.default_rng(1).standard_normal(ws).astype(np.float32))
-        t = {alg: timed(tf.function(lambda x, w: tfbigconv.bigconv2d(  # noqa: B023
+        t = {alg: timed(tf.function(lambda x, w: tfbigconv.bigconv2d(
             x, w, 1, "SAME", algorithm=alg), jit_compile=True), x, w) for alg in ("direct", "fft")}
         flops = 2.0 * xs[0] * xs[1] * xs[2] * ws[3] * ws[0] * ws[1] * ws[2]
         e = tfbigconv.explain(xs, ws, padding="SAME", xla=True)

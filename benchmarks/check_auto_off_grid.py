@@ -65,7 +65,7 @@ for xs, ws, s, pad, dt, kind, *dil in cases:
         tfconv = lambda a, b: tf.nn.conv2d(a, b, s, pad, dilations=d)
     try:
         t_tf = timeit(step(tfconv), x, w, g)
-    except Exception as e:
+    except Exception:
         t_tf = float("nan")
     t_auto = timeit(auto, x, w, g)
     extra = ""

@@ -18,7 +18,6 @@ import os
 import time
 
 import numpy as np
-import tensorflow as tf
 
 import keras
 import tfbigconv

@@ -406,7 +406,7 @@ def test_active_inside_and_restored():
     assert pure_tf.active() == ""
     with pytest.raises(ZeroDivisionError):
         with tfbigconv.portable():
-            1 / 0
+            _ = 1 / 0
     assert pure_tf.active() == ""
 
 

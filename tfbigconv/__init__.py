@@ -63,7 +63,7 @@ from tfbigconv import fusion as fuse
 from tfbigconv.fusion import train as fuse_train
 from tfbigconv.keras.fuse_model import SubgraphReport, fuse_linear
 from tfbigconv.routing import route
-from tfbigconv.version import __version__
+from tfbigconv.version import __version__ as __version__  # public: the alias re-exports it
 
 # tfbigconv.fuse and tfbigconv.fuse_train, public modules before the package was
 # layered, stay importable by those names (import tfbigconv.fuse, from ... import).

@@ -1,8 +1,6 @@
 """The core in 3-D (geometry with depth, the direct and FFT kernels on numpy arrays
 through _core.run_pass): every pass against the float64 reference, across depth
 tiles, strides, dilations, padding, groups, layouts and dtypes."""
-import itertools
-
 import numpy as np
 import pytest
 

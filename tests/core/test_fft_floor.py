@@ -43,7 +43,7 @@ def expected_plane_floor(geometry, plan, in_planes, out_planes, filter_planes, f
     axes = [("d", "front"), ("h", "top"), ("w", "left")]
     transforms = filter_planes
     flops = filter_planes * forward(*filter_extent)
-    for n in range(g["batch"]):
+    for _image in range(g["batch"]):
         for td in range(plan.tiles_d):
             for th in range(plan.tiles_h):
                 for tw in range(plan.tiles_w):

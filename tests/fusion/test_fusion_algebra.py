@@ -158,7 +158,6 @@ def test_regroup_and_dilate():
       dict(op="add", srcs=[1, 2])], None),  # shapes differ: Keras would not build it
 ])
 def test_refusals_say_why(program, reason):
-    x = tf.constant(random_case((1, 9, 9, 3), 0, np.float64))
     w = weights_for({"a": (3, 3, 3, 3)}, 1)
     with pytest.raises(fuse.NotFusable) as e:
         fuse.compose_program(program, w, (9, 9), 3, tf.float64)

@@ -103,7 +103,7 @@ def test_seed_block(flavour, k, c, bias):
 
 
 def test_seed_block_trainable_forward(flavour):
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras, big = flavour.keras, flavour.big
     model = randomize(seed_block(keras, 30, 28, 16, 7))
     fused, (report,) = check(keras, model, trainable=True)
     assert any(isinstance(layer, big.FusedLinearConv) for layer in fused.layers)
@@ -112,7 +112,7 @@ def test_seed_block_trainable_forward(flavour):
 
 
 def test_repvgg_block(flavour):
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras = flavour.keras
     model = randomize(repvgg_block(keras, 20, 18, 8))
     fused, (report,) = check(keras, model)
     assert report.kernel_size == (3, 3) and report.bias == "vector"
@@ -120,14 +120,14 @@ def test_repvgg_block(flavour):
 
 
 def test_replknet_block(flavour):
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras = flavour.keras
     model = randomize(replknet_block(keras, 40, 38, 16))
     fused, (report,) = check(keras, model)
     assert report.kernel_size == (31, 31) and report.groups == 16 and report.bias == "vector"
 
 
 def test_depthwise_chain_valid_fuses_to_19(flavour):
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras = flavour.keras
     model = randomize(depthwise_chain(keras, 40, 36, 8, "valid"))
     fused, (report,) = check(keras, model)
     assert report.kernel_size == (19, 19) and report.groups == 8
@@ -137,7 +137,7 @@ def test_depthwise_chain_valid_fuses_to_19(flavour):
 def test_depthwise_chain_same_fuses_with_patched_borders(flavour, trainable):
     """Three SAME 7x7 convs: the intermediates' zero padding is not a single conv's, so
     the outputs within 9 of the borders come from the unfused convs on input strips."""
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras, big = flavour.keras, flavour.big
     model = randomize(depthwise_chain(keras, 48, 44, 8, "same"))
     fused, (report,) = check(keras, model, trainable=trainable)
     assert report.status == "fused" and report.kernel_size == (19, 19)
@@ -147,7 +147,7 @@ def test_depthwise_chain_same_fuses_with_patched_borders(flavour, trainable):
 
 
 def test_strided_same_chain_is_refused_with_reason(flavour):
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras, L = flavour.keras, flavour.layers
     x = keras.Input((30, 30, 4))
     y = L.DepthwiseConv2D(3, padding="same", name="a")(x)
     y = L.DepthwiseConv2D(3, strides=2, padding="same", name="b")(y)
@@ -172,7 +172,7 @@ def test_pad_once_then_valid_and_strides(flavour):
 def test_resnet_style_conv_bn_next_to_other_layers(flavour):
     """conv + BN before an Add with a projection shortcut: two subgraphs, both fused;
     the ReLU between blocks is kept."""
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras, L = flavour.keras, flavour.layers
     x = keras.Input((16, 16, 8))
     a = L.BatchNormalization()(L.Conv2D(8, 3, padding="same")(x))
     s = L.BatchNormalization()(L.Conv2D(8, 1)(x))
@@ -185,7 +185,7 @@ def test_resnet_style_conv_bn_next_to_other_layers(flavour):
 
 
 def test_measure_fills_times(flavour):
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras = flavour.keras
     model = randomize(seed_block(keras, 20, 20, 8, 5))
     _, (report,) = tfbigconv.fuse_linear(model, measure=2)
     assert report.seconds_before > 0 and report.seconds_after > 0
@@ -193,7 +193,7 @@ def test_measure_fills_times(flavour):
 
 
 def test_bad_arguments(flavour):
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras = flavour.keras
     with pytest.raises(ValueError, match="model"):
         tfbigconv.fuse_linear("not a model")
     model = seed_block(keras, 10, 10, 4, 3)
@@ -204,7 +204,7 @@ def test_bad_arguments(flavour):
 
 
 def test_unknown_spatial_size_is_refused(flavour):
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras, L = flavour.keras, flavour.layers
     x = keras.Input((None, None, 4))
     y = L.Conv2D(4, 3)(L.Conv2D(4, 3)(x))
     _, (report,) = tfbigconv.fuse_linear(keras.Model(x, y))
@@ -212,7 +212,7 @@ def test_unknown_spatial_size_is_refused(flavour):
 
 
 def test_saving_fused_models(flavour, tmp_path):
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras, big = flavour.keras, flavour.big
     model = randomize(seed_block(keras, 20, 18, 8, 5))
     x = random_case((2, 20, 18, 8), 3)
     for trainable in (False, True):
@@ -226,7 +226,7 @@ def test_saving_fused_models(flavour, tmp_path):
 
 
 def test_max_mac_ratio_refuses_costlier_kernels(flavour):
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras = flavour.keras
     model = randomize(seed_block(keras, 20, 20, 8, 5))
     _, (report,) = tfbigconv.fuse_linear(model, max_mac_ratio=2)
     assert report.status == "refused" and "multiply-adds" in report.reason
@@ -238,7 +238,7 @@ def test_max_mac_ratio_refuses_costlier_kernels(flavour):
 
 
 def test_same_chain_with_batchnorm_patched_for_inference(flavour, tmp_path):
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras, L = flavour.keras, flavour.layers
     x = keras.Input((36, 34, 6))
     y = L.BatchNormalization(name="bn0")(x)
     y = L.Conv2D(6, 5, padding="same", name="a")(y)
@@ -257,7 +257,7 @@ def test_same_chain_with_batchnorm_patched_for_inference(flavour, tmp_path):
 @pytest.mark.parametrize("rank", [1, 3])
 def test_chains_of_1d_and_3d_convolutions_are_refused_with_reason(flavour, rank):
     """fuse_linear stays 2-D: a linear chain in another rank is reported, not merged."""
-    keras, L, big = flavour.keras, flavour.layers, flavour.big
+    keras, big = flavour.keras, flavour.big
     conv = keras.layers.Conv1D if rank == 1 else keras.layers.Conv3D
     shape = (40, 3) if rank == 1 else (8, 9, 10, 3)
     inp = keras.Input(shape)

@@ -103,7 +103,7 @@ def test_wrong_rank_found_when_run_names_the_operand():
     """
     results = json.loads(run_python(code, TESTS_DIR).strip().splitlines()[-1])
     assert len(results) == 4 * len(WRONG)
-    for (rank, operand, algorithm, cls, message), (_, _, shape, fragment) in zip(
+    for (rank, operand, algorithm, cls, message), (*_, fragment) in zip(
             results, [c for c in WRONG for _ in range(4)]):
         assert cls == "InvalidArgumentError" and fragment in message, (rank, operand,
                                                                        algorithm, message)

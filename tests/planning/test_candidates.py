@@ -7,7 +7,6 @@ import pytest
 import tensorflow as tf
 
 import tfbigconv
-from tfbigconv.arguments import Algorithm
 from tfbigconv.planning import candidates, planner, tf_rules
 from conftest import TOLERANCE, random_case
 from reference import (conv2d_reference, conv2d_reference_backprop_filter,

@@ -352,7 +352,7 @@ def update_profile(path, values, meta):
             values_there, old_meta = read_profile_and_meta(path, current)
             current = dict(zip(fields, values_there))
         except (ValueError, OSError) as e:
-            warnings.warn(f"tfbigconv: replacing invalid profile {path}: {e}")
+            warnings.warn(f"tfbigconv: replacing invalid profile {path}: {e}", stacklevel=2)
     current.update(values)
     write_profile(path, [current[name] for name in fields], dict(old_meta, **meta))
 
@@ -388,6 +388,11 @@ def set_active(source, path, meta):
     active_source, active_path, active_meta = source, path, meta
 
 
+# load_active runs from tfbigconv/__init__.py: its warnings name the user's
+# `import tfbigconv` (warnings skip the import machinery's frames).
+_IMPORTER_STACKLEVEL = 3
+
+
 def load_active(op_library_path):
     """Applies the first valid profile of: $TFBIGCONV_COST_MODEL, the user's, the
     shipped one for this machine scaled to it (probe.py; only while it was scaled
@@ -404,7 +409,8 @@ def load_active(op_library_path):
     for source, path in candidates:
         if not path or not os.path.exists(path):
             if source == "env" and path:
-                warnings.warn(f"TFBIGCONV_COST_MODEL={path} does not exist; ignored")
+                warnings.warn(f"TFBIGCONV_COST_MODEL={path} does not exist; ignored",
+                              stacklevel=_IMPORTER_STACKLEVEL)
             continue
         try:
             values, meta = read_profile_and_meta(path, defaults)
@@ -417,7 +423,7 @@ def load_active(op_library_path):
                           for name, v in zip(_core.cost_model_fields(), values)]
             apply(values, op_library_path)
         except (ValueError, OSError) as e:
-            warnings.warn(f"tfbigconv: ignoring cost model {path}: {e}")
+            warnings.warn(f"tfbigconv: ignoring cost model {path}: {e}", stacklevel=_IMPORTER_STACKLEVEL)
             continue
         if "gpu_grids" not in meta and "gpu_grids" in main_meta:
             # A CPU-only profile: its GPU values are the main profile's fit.

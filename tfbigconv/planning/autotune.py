@@ -139,7 +139,7 @@ def _load(path, warn=True):
             raise ValueError("no entries")
     except (OSError, ValueError) as e:
         if warn:
-            warnings.warn(f"tfbigconv: ignoring autotune cache {path}: {e}")
+            warnings.warn(f"tfbigconv: ignoring autotune cache {path}: {e}", stacklevel=2)
         return {}
     good, stale = {}, 0
     for key, e in entries.items():
@@ -153,7 +153,8 @@ def _load(path, warn=True):
         else:
             stale += 1
     if stale and warn:
-        warnings.warn(f"tfbigconv: ignoring {stale} stale or invalid entries of autotune cache {path}")
+        warnings.warn(f"tfbigconv: ignoring {stale} stale or invalid entries of autotune cache {path}",
+                      stacklevel=2)
     return good
 
 
@@ -188,7 +189,7 @@ def _store(key, entry):
                 json.dump({"format": FORMAT, "entries": on_disk}, f, indent=1)
             os.replace(tmp, path)
         except OSError as e:
-            warnings.warn(f"tfbigconv: could not write autotune cache {path}: {e}")
+            warnings.warn(f"tfbigconv: could not write autotune cache {path}: {e}", stacklevel=2)
 
 
 def clear_memory():
@@ -341,7 +342,7 @@ def budget_seconds(best_on_batch_s, count):
         except ValueError:
             pass
         warnings.warn(f"tfbigconv: ignoring {ENV_BUDGET}={value!r} (not a positive number "
-                      "of seconds)")
+                      "of seconds)", stacklevel=2)
     return max(MIN_BUDGET_S, BUDGET_FACTOR * best_on_batch_s * count)
 
 
