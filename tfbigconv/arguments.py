@@ -37,6 +37,9 @@ class Pass(enum.StrEnum):
     BACKPROP_INPUT = "backprop_input"
     BACKPROP_FILTER = "backprop_filter"
 
+    def __repr__(self):  # as the string it equals: explain's dicts print as before
+        return repr(self.value)
+
 
 PASSES = tuple(Pass)
 # The dtypes our kernels run; TF_ONLY_DTYPES: tf.nn.conv2d takes them, and

@@ -310,7 +310,7 @@ class Trace:
                                             if self.grad_inputs(op) else [])
                 kept = [(n, step.tensors[step.tensors[n].base]) for n in kept]
                 kept = [(n, k) for n, k in kept if k.kind in (Kind.ACTIVATION, Kind.WORKSPACE)]
-                for n, k in kept:
+                for _, k in kept:
                     kept_all[k.name] = k.bytes(batch)
                 tf_ws = big_ws = None
                 if op.type in GRADIENT_PASSES:

@@ -22,6 +22,9 @@ class Verdict(enum.StrEnum):
     MEASURED = "measured"
     NEVER = "never"
 
+    def __repr__(self):  # as the string it equals (explain, calibrate's output)
+        return repr(self.value)
+
 
 def fft_points(fft_plan):
     """N: the points of one FFT of a CPU fft plan (a _core.FftPlan); None
