@@ -590,7 +590,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress, cpu_only, budget_s
                 seconds=round(time.perf_counter() - clock.start, 1),
                 fits={"direct": fits["direct"], "fft": fits["fft"]})
     if "gpu_grids" in profiles.active_meta and not cpu_only:  # the GPU section kept, and its source
-        meta["gpu_grids"] = profiles.active_meta["gpu_grids"]
+        meta.update(gpu_grids=profiles.active_meta.get("gpu_grids"))
     profiles.write_profile(output, ordered, meta, cpu_only=cpu_only)
     log(f"wrote {output}")
     return ordered

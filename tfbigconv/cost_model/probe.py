@@ -218,10 +218,10 @@ def fit(path=None):
     except OSError as e:
         path, where = None, f"not cached ({e})"
     if gpu_grids:
-        meta["gpu_grids"] = gpu_grids
+        meta.update(gpu_grids=gpu_grids)
     profiles.set_active("scaled", path, meta)
     logging.info("tfbigconv: %s, in %.1f s; %s", profiles.how_fitted(meta),
-                 meta["probe_seconds"], where)
+                 meta.get("probe_seconds"), where)
     return ratios
 
 

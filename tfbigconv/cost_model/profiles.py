@@ -154,7 +154,7 @@ def machine_mismatch(meta=None, cpu=None, tensorflow=None, onednn=None):
             cpu["name"], _isa(cpu), cpu["cpus"]):
         reasons.append(f"the profile was measured on {_describe(theirs)}, this machine is "
                        f"{_describe(cpu)}")
-    if meta.get("tensorflow") and meta["tensorflow"] != tensorflow:
+    if meta.get("tensorflow") and meta.get("tensorflow") != tensorflow:
         reasons.append(f"the profile was measured with TensorFlow {meta['tensorflow']}, this "
                        f"is {tensorflow}")
     onednn = host.current().runs_onednn() if onednn is None else onednn
@@ -171,7 +171,7 @@ def how_fitted(meta=None):
     active one's): calibrated, or scaled from a shipped one by probe.py."""
     meta = active_meta if meta is None else meta
     if isinstance(meta.get("probe"), dict):
-        levels = {k: r for k, r in meta["probe"].items() if k.count(".") < 2}
+        levels = {k: r for k, r in meta.get("probe").items() if k.count(".") < 2}
         ratios = ", ".join(f"{k} x{r:.2f}" for k, r in levels.items())
         base = meta.get("scaled_from", {}).get("path", "a shipped profile")
         return (f"{base} scaled to this host on {meta.get('created', '?')} by timings (time "
@@ -427,7 +427,7 @@ def load_active(op_library_path):
             continue
         if "gpu_grids" not in meta and "gpu_grids" in main_meta:
             # A CPU-only profile: its GPU values are the main profile's fit.
-            meta = dict(meta, gpu_grids=main_meta["gpu_grids"])
+            meta = dict(meta, gpu_grids=main_meta.get("gpu_grids"))
         set_active(source, path, meta)
         return
     set_active("built-in", None, {})
