@@ -71,15 +71,15 @@ def test_im2col_table_cases_fill_the_channel_block():
     """With a block of 1 the table's cases are the square-ish ones it always
     had; with 16 the written channels are a whole block wherever the product
     allows; every case has the product it stands for."""
-    assert calibrate.IM2COL_PRODUCTS == (1, 16, 256, 2048)
-    assert [calibrate.table_case(p, 1) for p in calibrate.IM2COL_PRODUCTS] == \
+    assert calibrate.im2col_axes()[1] == (1, 16, 256, 2048)
+    assert [calibrate.table_case(p, 1) for p in calibrate.im2col_axes()[1]] == \
         [(1, 1), (4, 4), (16, 16), (32, 64)]
-    assert [calibrate.table_case(p, 16) for p in calibrate.IM2COL_PRODUCTS] == \
+    assert [calibrate.table_case(p, 16) for p in calibrate.im2col_axes()[1]] == \
         [(1, 1), (1, 16), (16, 16), (32, 64)]
-    assert [calibrate.table_case(p, 2) for p in calibrate.IM2COL_PRODUCTS] == \
+    assert [calibrate.table_case(p, 2) for p in calibrate.im2col_axes()[1]] == \
         [(1, 1), (4, 4), (16, 16), (32, 64)]
     for block in (1, 2, 4, 8, 16, 32):
-        for p in calibrate.IM2COL_PRODUCTS:
+        for p in calibrate.im2col_axes()[1]:
             other, written = calibrate.table_case(p, block)
             assert other * written == p
             assert written % block == 0 or written == p

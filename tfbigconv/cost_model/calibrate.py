@@ -10,6 +10,7 @@ GPU constants are kept from the active profile (gpu_fit.py fits those).
 budget (BUDGET_S); benchmarks/calibrate.py writes the one shipped in the package.
 """
 import datetime
+import functools
 import math
 import time
 
@@ -22,14 +23,16 @@ from tfbigconv import _core, arguments, host, kernels, timer
 from tfbigconv._native import ops as native
 from tfbigconv.cost_model import profiles
 
-# The im2col table's filter sides and channel products (cost_model.h:
-# kIm2colSideAxis, kIm2colChannelAxis, read from the field names).
-IM2COL_SIDES = tuple(sorted({int(name.split(".side")[1].split(".")[0])
-                             for name in _core.cost_model_fields()
-                             if name.startswith("im2col_flops_per_second.forward.side")}))
-IM2COL_PRODUCTS = tuple(sorted({int(name.split(".channels")[1])
-                                for name in _core.cost_model_fields()
-                                if name.startswith("im2col_flops_per_second.forward.side")}))
+@functools.cache
+def im2col_axes():
+    """The im2col table's (filter sides, channel products) (cost_model.h: kIm2colSideAxis,
+    kIm2colChannelAxis), read from the field names: not at import, which needs no library."""
+    names = [n for n in _core.cost_model_fields()
+             if n.startswith("im2col_flops_per_second.forward.side")]
+    return (tuple(sorted({int(n.split(".side")[1].split(".")[0]) for n in names})),
+            tuple(sorted({int(n.split(".channels")[1]) for n in names})))
+
+
 SLOWDOWN_DTYPES = ("float16", "bfloat16", "float64")
 # TF's Conv2D channel block per pass and filter side (cost_model.h,
 # im2col_channel_block): the channels the pass writes are timed at these
@@ -214,10 +217,10 @@ class _Progress:
 
 def _measurements(cases, rounds):
     """How many measurements calibrate takes at most (its progress bar's total)."""
-    passes, sides = len(arguments.PASSES), len(IM2COL_SIDES)
+    passes, sides = len(arguments.PASSES), len(im2col_axes()[0])
     kernels = 2 * len(cases) * passes
     blocks = passes * sides * len(BLOCK_PROBE)  # the probe stops early where it can
-    tables = (passes * sides * len(IM2COL_PRODUCTS) + 2 * passes * sides
+    tables = (passes * sides * len(im2col_axes()[1]) + 2 * passes * sides
               + len(profiles.DTYPE_SLOWDOWNS) * passes * (1 + len(SLOWDOWN_DTYPES)))
     return (kernels + blocks + tables) * rounds
 
@@ -338,8 +341,8 @@ def half_slow_path_side(seconds_at, fast_side, sides, none):
 def _half_slow_path_sides(log):
     """{profile field: side} for each half type (half_slow_path_side)."""
     (n, h, w, cin), cout = HALF_SLOW_PATH_CASE
-    fast_side = IM2COL_SIDES[1]
-    sides = list(range(fast_side + 1, IM2COL_SIDES[-1] + 1))
+    fast_side = im2col_axes()[0][1]
+    sides = list(range(fast_side + 1, im2col_axes()[0][-1] + 1))
     defaults = dict(zip(_core.cost_model_fields(), _core.default_cost_model()))
     values = {}
     for dtype in profiles.HALF_TYPES:
@@ -412,7 +415,7 @@ def _channel_blocks(quick, rounds, budget_s, log, progress, clock=None, prior=No
     clock, prior = clock or _Clock(None), prior or {}
     values = {}
     for pass_ in arguments.PASSES:
-        for side in IM2COL_SIDES:
+        for side in im2col_axes()[0]:
             seconds = {}
             rate = prior.get(f"im2col_flops_per_second.{pass_}.side{side}.channels256")
             work = _sized(1e9, rate, call_s=clock.call_s())
@@ -519,9 +522,9 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress, cpu_only, budget_s
     fns, macs = {}, {}
     call_s = clock.call_s()
     for pass_ in arguments.PASSES:
-        for side in IM2COL_SIDES:
+        for side in im2col_axes()[0]:
             block = int(values[f"{profiles.CHANNEL_BLOCK}{pass_}.side{side}"])
-            for product in IM2COL_PRODUCTS:
+            for product in im2col_axes()[1]:
                 cin, cout = _in_out(pass_, *table_case(product, block))
                 key = f"im2col_flops_per_second.{pass_}.side{side}.channels{cin * cout}"
                 work = _sized(target, prior.get(key), call_s=call_s)
@@ -531,7 +534,7 @@ def _calibrate_cpu(output, quick, rounds, log, show_progress, cpu_only, budget_s
                                                 **ATTRS).macs
     for table, multiplier in ((profiles.DEPTHWISE_TABLE, 1), (profiles.MULTIPLIER_TABLE, 2)):
         for pass_ in arguments.PASSES:
-            for side in IM2COL_SIDES:
+            for side in im2col_axes()[0]:
                 # TF's depthwise kernels run at ~10 GFLOP/s: a tenth of the work.
                 key = f"{table}{pass_}.side{side}"
                 work = _sized(target / 10, prior.get(key), call_s=call_s)
